@@ -1,0 +1,5 @@
+import sys
+
+from plexus_tune.cli import main
+
+sys.exit(main())

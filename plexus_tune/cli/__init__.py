@@ -1,0 +1,83 @@
+"""The ``plexus-tune`` command line.
+
+Each sub-command lives in its own module of this package and exposes
+``register(subparsers)``; the module must stay cheap to import (argparse only at
+module level, heavy imports such as numpy, pandas or torch inside the handler), so
+that ``plexus-tune predict`` starts fast and never imports torch.
+
+Handlers raise :class:`plexus_tune.errors.UserError` for bad input; ``main`` prints
+it as one line on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from plexus_tune import __version__
+from plexus_tune.errors import EXIT_USER_ERROR, UserError
+
+# Sub-command modules, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "predict",
+    "datasets",
+    "machines",
+    "search",
+    "run",
+    "graph",
+    "train",
+    "measure",
+    "calibrate",
+    "fit",
+    "validate",
+    "plot",
+)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line and exit with code 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="plexus-tune",
+        description="Predict, search, measure and calibrate 3D-parallel (Plexus) GCN training grids.",
+    )
+    parser.add_argument("--version", action="version", version=f"plexus-tune {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"plexus_tune.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"plexus_tune.cli.{name}":
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        code = args.handler(args)
+    except UserError as exc:
+        print(f"plexus-tune: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("plexus-tune: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return int(code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

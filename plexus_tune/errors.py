@@ -1,0 +1,8 @@
+"""Errors that the command line reports as one line with exit code 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user: the message says what is wrong and how to fix it."""
+
+
+EXIT_USER_ERROR = 2

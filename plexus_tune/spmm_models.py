@@ -1,0 +1,96 @@
+"""Per-SpMM time models, evaluated with numpy (no scikit-learn, no torch).
+
+One SpMM multiplies a sparse ``rows x common`` matrix holding ``nnz`` nonzeros by a
+dense ``common x dense_cols`` matrix (``dense_cols`` is written k below). A model is a
+plain dict (the ``spmm`` entry of a machine profile, or what
+:mod:`plexus_tune.fitting` writes) with a ``kind`` key; :func:`predict_spmm_ms`
+evaluates it on arrays of shapes and returns milliseconds.
+
+Kinds:
+
+``paper``
+    The paper's form (DESIGN.md 4.1) at the level of one SpMM, with f = nnz * k::
+
+        t = c0 sqrt(f) + c1 sqrt(f) common / k + c2 sqrt(f) rows / k
+
+    For the forward A F of a layer, common / k is the paper's forward penalty
+    (N/g_o)(g_n/D_i); for the backward A^T dH it is the backward penalty.
+``roofline``
+    Non-negative costs per unit of work and traffic::
+
+        t = sum_j coef[j] * term_j(nnz, rows, common, k)
+
+    with the terms of :data:`ROOFLINE_TERMS` (s = ``bytes_per_element``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+
+#: Roofline terms: name -> (description, function of (nnz, rows, common, k, s)).
+ROOFLINE_TERMS = {
+    "const": ("kernel launch and fixed overhead", lambda nnz, rows, common, k, s: np.ones_like(nnz)),
+    "flops": ("multiply-adds counted as 2 nnz k", lambda nnz, rows, common, k, s: 2.0 * nnz * k),
+    "sparse_bytes": ("CSR values and int32 column indices, nnz (s + 4)", lambda nnz, rows, common, k, s: nnz * (s + 4.0)),
+    "dense_in_bytes": ("dense operand read once, s common k", lambda nnz, rows, common, k, s: s * common * k),
+    "out_bytes": ("output written once, s rows k", lambda nnz, rows, common, k, s: s * rows * k),
+    "rows": ("per-row overhead (row pointers, scheduling)", lambda nnz, rows, common, k, s: rows * 1.0),
+}
+
+
+def shape_arrays(nnz, rows, common, dense_cols):
+    """Broadcast the four shape descriptors to float64 arrays of one shape."""
+    return np.broadcast_arrays(
+        np.asarray(nnz, dtype=np.float64),
+        np.asarray(rows, dtype=np.float64),
+        np.asarray(common, dtype=np.float64),
+        np.asarray(dense_cols, dtype=np.float64),
+    )
+
+
+def paper_terms(nnz, rows, common, dense_cols) -> np.ndarray:
+    """Design matrix of the paper form: columns sqrt(f), sqrt(f) common/k, sqrt(f) rows/k."""
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    root_f = np.sqrt(nnz * k)
+    return np.stack([root_f, root_f * common / k, root_f * rows / k], axis=-1)
+
+
+def roofline_terms(nnz, rows, common, dense_cols, bytes_per_element: float = 4.0) -> np.ndarray:
+    """Design matrix of the roofline form, one column per entry of :data:`ROOFLINE_TERMS`."""
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    return np.stack([fn(nnz, rows, common, k, float(bytes_per_element)) for _, fn in ROOFLINE_TERMS.values()], axis=-1)
+
+
+def _predict_paper(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+    coef = np.array([float(model["c0"]), float(model["c1"]), float(model["c2"])])
+    return paper_terms(nnz, rows, common, dense_cols) @ coef
+
+
+def _predict_roofline(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+    coefs = model["coefficients"]
+    missing = [name for name in ROOFLINE_TERMS if name not in coefs]
+    if missing:
+        raise UserError(f"roofline SpMM model lacks coefficients {missing}; refit it with 'plexus-tune fit'")
+    coef = np.array([float(coefs[name]) for name in ROOFLINE_TERMS])
+    terms = roofline_terms(nnz, rows, common, dense_cols, model.get("bytes_per_element", 4))
+    return terms @ coef
+
+
+#: kind -> evaluator(model, nnz, rows, common, dense_cols) -> ms
+EVALUATORS = {
+    "paper": _predict_paper,
+    "roofline": _predict_roofline,
+}
+
+
+def predict_spmm_ms(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+    """Time in ms of each SpMM described by the (broadcast) shape arrays."""
+    kind = model.get("kind")
+    evaluator = EVALUATORS.get(kind)
+    if evaluator is None:
+        raise UserError(f"unknown SpMM model kind {kind!r}; known kinds: {', '.join(sorted(EVALUATORS))}")
+    return np.asarray(evaluator(model, nnz, rows, common, dense_cols), dtype=np.float64)
