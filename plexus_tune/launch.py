@@ -1,0 +1,290 @@
+"""Start ``torch.distributed`` process sets: local processes, torchrun or SLURM.
+
+``launch_local(fn, world_size, args)`` starts ``world_size`` processes on this host,
+initializes a process group in each (free TCP port on 127.0.0.1), runs
+``fn(rank, world_size, *args)`` and returns the list of per-rank return values.
+A rank that raises, is killed (SIGKILL, out of memory) or exits without a result
+stops the whole set: the parent notices it at once through the child's pipe or
+process sentinel, terminates the other ranks (SIGTERM, then SIGKILL after a short
+grace period) and raises :class:`RankFailure` naming the rank and its reason. A set
+that runs longer than ``timeout_s`` is killed the same way, so a launch never hangs.
+
+``detect_environment()`` recognises processes started by torchrun (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...) or srun (``SLURM_PROCID``, ``SLURM_NTASKS``...);
+``run_in_environment(fn, env, args)`` then runs ``fn`` in the current process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+DEFAULT_TIMEOUT_S = 1800.0
+KILL_GRACE_S = 3.0
+
+
+class RankFailure(RuntimeError):
+    """A rank of a launched process set failed; ``rank`` and ``reason`` say which and why."""
+
+    def __init__(self, rank: int | None, reason: str, details: str = ""):
+        self.rank = rank
+        self.reason = reason
+        self.details = details
+        where = "launch" if rank is None else f"rank {rank}"
+        super().__init__(f"{where} failed: {reason}")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in a process set started by an external launcher."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun" or "slurm"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First host name of a SLURM node list such as ``nid[001-004,010]`` or ``a,b``."""
+    match = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        return nodelist
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def detect_environment(environ: dict[str, str] | None = None) -> DistEnv | None:
+    """The torchrun or srun process-set description in ``environ``, or None when run by hand."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+            source="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+        port = env.get("MASTER_PORT")
+        if port is None:  # same on every task of a job, away from the ephemeral range
+            port = str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 10000)
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            master_addr=env.get("MASTER_ADDR", _first_slurm_host(nodelist)),
+            master_port=int(port),
+            source="slurm",
+        )
+    return None
+
+
+def _init_process_group(rank: int, world_size: int, backend: str, addr: str, port: int,
+                        timeout_s: float, local_rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, threads, env_extra):
+    """Body of one local rank: init, run, send ("ok", value) or ("error", reason, traceback)."""
+    os.environ.update(env_extra)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        _init_process_group(rank, world_size, backend, "127.0.0.1", port, timeout_s, rank)
+        value = fn(rank, world_size, *args)
+        conn.send(("ok", value))
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            pass
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        reason = f"{type(exc).__name__}: {exc}".strip()
+        try:
+            conn.send(("error", reason.splitlines()[0] if reason else type(exc).__name__,
+                       traceback.format_exc()))
+        except Exception:  # noqa: BLE001
+            pass
+        conn.close()
+        os._exit(1)
+    conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed; out of memory?)" if -code == signal.SIGKILL else ""
+        return f"process was terminated by {name}{hint}"
+    return f"process exited with code {code} without a result"
+
+
+def _stop_all(procs, grace_s: float = KILL_GRACE_S) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+
+
+def default_threads_per_rank(world_size: int) -> int:
+    """CPU threads for each of ``world_size`` local ranks: max(1, cores // world_size)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, world_size))
+
+
+def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
+                 backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 threads_per_rank: int | None = None, env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh local processes.
+
+    ``fn`` must be importable (a module-level function): processes are spawned. Returns
+    the per-rank return values (rank order). Raises :class:`RankFailure` as soon as a
+    rank fails or when ``timeout_s`` passes, after stopping every other rank.
+    """
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    threads = threads_per_rank if threads_per_rank is not None else default_threads_per_rank(world_size)
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs, conns = [], []
+    env_extra = dict(env or {})
+    for rank in range(world_size):
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_child_main,
+            args=(child_conn, fn, rank, world_size, tuple(args), backend, port, timeout_s, threads, env_extra),
+            name=f"plexus-rank{rank}",
+            daemon=False,
+        )
+        proc.start()
+        child_conn.close()
+        procs.append(proc)
+        conns.append(parent_conn)
+
+    results: list[Any] = [None] * world_size
+    done = [False] * world_size
+    deadline = time.monotonic() + timeout_s
+    failure: RankFailure | None = None
+    try:
+        while not all(done) and failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                failure = RankFailure(None, f"timed out after {timeout_s:g} s; stopped all {world_size} ranks")
+                break
+            waitables = {}
+            for rank in range(world_size):
+                if not done[rank]:
+                    waitables[conns[rank]] = ("conn", rank)
+                    waitables[procs[rank].sentinel] = ("proc", rank)
+            ready = wait(list(waitables), timeout=min(remaining, 5.0))
+            # read every message first: a finished rank's result beats its sentinel
+            for obj in ready:
+                kind, rank = waitables[obj]
+                if kind != "conn" or done[rank]:
+                    continue
+                try:
+                    message = conns[rank].recv()
+                except (EOFError, OSError):
+                    procs[rank].join(2.0)
+                    failure = failure or RankFailure(rank, _describe_exit(procs[rank].exitcode))
+                    continue
+                if message[0] == "ok":
+                    results[rank] = message[1]
+                    done[rank] = True
+                else:
+                    failure = failure or RankFailure(rank, message[1], message[2])
+            for obj in ready:
+                kind, rank = waitables[obj]
+                if kind != "proc" or done[rank] or failure is not None:
+                    continue
+                if conns[rank].poll():  # a message arrived just before exit: read it next turn
+                    continue
+                procs[rank].join(1.0)
+                failure = RankFailure(rank, _describe_exit(procs[rank].exitcode))
+        if failure is None:
+            for proc in procs:
+                proc.join(30.0)
+    except BaseException:
+        _stop_all(procs)
+        raise
+    finally:
+        if failure is not None:
+            _stop_all(procs)
+        for proc in procs:
+            if proc.is_alive():
+                _stop_all(procs)
+                break
+        for conn in conns:
+            conn.close()
+    if failure is not None:
+        raise failure
+    return results
+
+
+def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any] = (), *,
+                       backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+                       threads_per_rank: int | None = None) -> Any:
+    """Run ``fn(rank, world_size, *args)`` in this process, one rank of an external launch."""
+    import torch
+    import torch.distributed as dist
+
+    if threads_per_rank:
+        torch.set_num_threads(int(threads_per_rank))
+    _init_process_group(env.rank, env.world_size, backend, env.master_addr, env.master_port,
+                        timeout_s, env.local_rank)
+    try:
+        return fn(env.rank, env.world_size, *args)
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
