@@ -1,0 +1,251 @@
+"""The analytic epoch-time model of a 3D-parallel GCN, vectorized over grids.
+
+Input: a :class:`~plexus_tune.workload.Workload` (N, NNZ, widths D_0..D_L, element
+size u), a :class:`~plexus_tune.machine.Machine` and a (K, 3) array of grids. Every
+quantity is computed for all K grids at once; the only Python loop is over layers.
+
+Notation for layer i with roles (outer o, inner n, depth d) from
+:func:`plexus_tune.grid.layer_roles` and axis sizes g_o, g_n, g_d; padded local
+sizes (a dimension n split over g ranks holds ceil(n / g) entries)::
+
+    r_d = ceil(N / g_d)   rows of H = A F_i and of Q = H W_i
+    r_o = ceil(N / g_o)   rows of F_i (the common dimension of A F_i)
+    c_i = ceil(D_i / g_n)      columns of F_i and H
+    c_o = ceil(D_{i+1} / g_o)  columns of Q
+    z   = ceil(NNZ / (g_d g_o))  nonzeros of the local A shard
+
+SpMM (``spmm_ms``)
+    Machine kind ``paper``: the paper's epoch-level form (DESIGN.md 4.1, eq. 4.4),
+    with the paper's unpadded sizes (exact division, as the paper writes N/G and
+    D_i/g and as its published model code computes)::
+
+        F = sum_i NNZ D_i / G,  P_fwd = sum_i (N / g_o)(g_n / D_i),
+        P_bwd = sum_i (N / g_d)(g_n / D_i)
+        spmm = c0 sqrt(F) + c1 sqrt(F) P_fwd + c2 sqrt(F) P_bwd          [ms]
+
+    The result is not clipped at zero (the paper's c2 is negative).
+    Any other kind: the per-SpMM model of :mod:`plexus_tune.spmm_models` summed
+    over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
+    the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
+    layer. With ``block_rows`` the forward SpMM runs as b = ceil(r_d / block_rows)
+    blocks of ceil(r_d / b) rows and z / b nonzeros each.
+
+Communication (``comm_ms``): every collective of DESIGN.md 4.2 per layer, with the
+padded sizes above, timed by :func:`plexus_tune.machine.collective_time_ms` (ring
+alpha-beta, topology of DESIGN.md 4.3 or the machine's measured table), M in bytes:
+
+    forward   layer 0: all-gather F over d,  M = u r_o c_i
+              all-reduce H over o,           M = u r_d c_i   (b messages if blocked)
+              all-gather W over d,           M = u c_i c_o
+              all-reduce Q over n,           M = u r_d c_o
+    backward  reduce-scatter dW over d,      M = u c_i c_o
+              all-gather W over d,           M = u c_i c_o
+              all-reduce dH over o,          M = u r_d c_i
+              layer 0: reduce-scatter dF over d, other layers: all-reduce dF
+              over d,                        M = u r_o c_i
+
+The W all-gather and dW reduce-scatter are always counted (W split over depth).
+``comm_x_ms``/``comm_y_ms``/``comm_z_ms`` split the time by grid axis and
+``all_reduce_ms``/``all_gather_ms``/``reduce_scatter_ms`` by collective kind.
+
+Dense GEMM (``gemm_ms``): forward Q = H W_i, backward dW = H^T dQ and dH = dQ W^T,
+each 2 r_d c_i c_o flops, at the machine's ``gemm_tflops``: 6 r_d c_i c_o / rate.
+
+Elementwise (``other_ms``): bytes moved at the machine's ``elementwise_gbps``
+(0 when the profile lacks it): the activation (or loss) of each layer reads and
+writes its output forward and reads two and writes one array backward,
+5 u r_d c_o; Adam touches 7 arrays (param, grad, two moments read, three written)
+per local parameter element, 7 u (ceil(c_i c_o / g_d) + [layer 0] ceil(r_o c_0 / g_d)).
+
+``total_ms`` = spmm + gemm + comm + other. Memory per GPU is
+:func:`plexus_tune.memory.memory_bytes`; a grid is ``feasible`` when it fits the
+machine's usable device memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
+from plexus_tune.machine import GIB, Machine, collective_time_ms, load_machine
+from plexus_tune.memory import memory_breakdown
+
+#: Keys of every prediction, in report order.
+PREDICTION_KEYS = (
+    "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "total_ms",
+    "memory_bytes", "memory_gib", "feasible",
+)
+
+
+def _ceil_div(a, b):
+    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))
+
+
+def _as_grids(grids) -> np.ndarray:
+    if isinstance(grids, (int, np.integer)) and not isinstance(grids, bool):
+        return enumerate_grids(int(grids))
+    arr = np.asarray(grids, dtype=np.int64)
+    if arr.ndim == 1 and arr.size == 3:
+        arr = arr.reshape(1, 3)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise UserError(f"grids must be a (K, 3) array of axis sizes, got shape {arr.shape}")
+    if arr.size and arr.min() < 1:
+        raise UserError("grid axis sizes must be at least 1")
+    return arr
+
+
+def paper_spmm_ms(workload, grids, c0: float, c1: float, c2: float) -> np.ndarray:
+    """The paper's epoch-level SpMM time (DESIGN.md 4.1), unpadded sizes, in ms."""
+    grids = _as_grids(grids).astype(np.float64)
+    n, nnz, widths = float(workload.nodes), float(workload.nnz), workload.widths
+    total = grids.prod(axis=1)
+    flops = np.zeros(len(grids))
+    p_fwd = np.zeros(len(grids))
+    p_bwd = np.zeros(len(grids))
+    for i in range(workload.layers):
+        o, inner, d = layer_roles(i)
+        d_i = float(widths[i])
+        flops += nnz * d_i / total
+        p_fwd += (n / grids[:, o]) * (grids[:, inner] / d_i)
+        p_bwd += (n / grids[:, d]) * (grids[:, inner] / d_i)
+    root = np.sqrt(flops)
+    return c0 * root + c1 * root * p_fwd + c2 * root * p_bwd
+
+
+def _check_block_rows(block_rows):
+    if block_rows is None:
+        return None
+    if isinstance(block_rows, bool) or int(block_rows) != block_rows or int(block_rows) < 1:
+        raise UserError(f"block_rows must be a positive integer, got {block_rows!r}")
+    return int(block_rows)
+
+
+def predict_grids(workload, machine, grids, *, block_rows=None) -> dict[str, np.ndarray]:
+    """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`."""
+    machine = load_machine(machine) if not isinstance(machine, Machine) else machine
+    grids = _as_grids(grids)
+    block_rows = _check_block_rows(block_rows)
+    k = grids.shape[0]
+    u = float(workload.bytes_per_element)
+    n_nodes, nnz, widths = int(workload.nodes), int(workload.nnz), workload.widths
+    zeros = lambda: np.zeros(k, dtype=np.float64)  # noqa: E731
+    comm_axis = [zeros(), zeros(), zeros()]
+    comm_kind = {"all_reduce": zeros(), "all_gather": zeros(), "reduce_scatter": zeros()}
+    strides = [axis_stride(a, grids) for a in range(3)]
+    gemm_flops = zeros()
+    elementwise_bytes = zeros()
+    spmm_kind = machine.spmm.get("kind")
+    spmm = zeros()
+    if spmm_kind != "paper":
+        from plexus_tune.spmm_models import predict_spmm_ms
+
+    def add(op, axis, message_bytes, messages=1):
+        t = collective_time_ms(machine, op, grids[:, axis], strides[axis], message_bytes, messages)
+        comm_axis[axis] += t
+        comm_kind[op] += t
+
+    for i in range(workload.layers):
+        o, inner, d = layer_roles(i)
+        g_o, g_n, g_d = grids[:, o], grids[:, inner], grids[:, d]
+        r_d, r_o = _ceil_div(n_nodes, g_d), _ceil_div(n_nodes, g_o)
+        c_i, c_o = _ceil_div(widths[i], g_n), _ceil_div(widths[i + 1], g_o)
+        blocks = _ceil_div(r_d, block_rows) if block_rows else np.ones(k, dtype=np.int64)
+        h_bytes = u * r_d * c_i
+        f_bytes = u * r_o * c_i
+        w_bytes = u * c_i * c_o
+        q_bytes = u * r_d * c_o
+        # forward
+        if i == 0:
+            add("all_gather", d, f_bytes)
+        add("all_reduce", o, h_bytes, blocks)
+        add("all_gather", d, w_bytes)
+        add("all_reduce", inner, q_bytes)
+        # backward
+        add("reduce_scatter", d, w_bytes)
+        add("all_gather", d, w_bytes)
+        add("all_reduce", o, h_bytes)
+        add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes)
+
+        gemm_flops += 6.0 * r_d * c_i * c_o
+        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * _ceil_div(c_i * c_o, g_d)
+        if i == 0:
+            elementwise_bytes += 7.0 * u * _ceil_div(r_o * c_i, g_d)
+
+        if spmm_kind != "paper":
+            z = _ceil_div(nnz, g_d * g_o).astype(np.float64)
+            fwd_rows = _ceil_div(r_d, blocks)
+            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, fwd_rows, r_o, c_i)
+            spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i)
+
+    if spmm_kind == "paper":
+        spmm = paper_spmm_ms(workload, grids, float(machine.spmm["c0"]), float(machine.spmm["c1"]),
+                             float(machine.spmm["c2"]))
+    gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
+    other = elementwise_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else zeros()
+    comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
+    mem = memory_breakdown(workload, grids)["total"]
+    out = {
+        "gx": grids[:, 0].copy(), "gy": grids[:, 1].copy(), "gz": grids[:, 2].copy(),
+        "spmm_ms": np.asarray(spmm, dtype=np.float64), "gemm_ms": gemm, "comm_ms": comm,
+    }
+    for a, name in enumerate(AXIS_NAMES):
+        out[f"comm_{name}_ms"] = comm_axis[a]
+    for op, t in comm_kind.items():
+        out[f"{op}_ms"] = t
+    out["other_ms"] = other
+    out["total_ms"] = out["spmm_ms"] + gemm + comm + other
+    out["memory_bytes"] = mem
+    out["memory_gib"] = mem / GIB
+    out["feasible"] = mem <= machine.usable_memory_bytes
+    return out
+
+
+class CostModel:
+    """Estimator-style wrapper: ``CostModel(machine).predict(workload, grids)``."""
+
+    def __init__(self, machine, *, block_rows=None):
+        self.machine = load_machine(machine)
+        self.block_rows = _check_block_rows(block_rows)
+
+    def predict(self, workload, grids) -> dict[str, np.ndarray]:
+        """Breakdown of every grid (``grids`` may also be a GPU count: all its grids)."""
+        return predict_grids(workload, self.machine, grids, block_rows=self.block_rows)
+
+
+def rank_order(pred: dict) -> np.ndarray:
+    """Indices ranking grids: feasible ones first, each group by increasing total_ms."""
+    total = np.asarray(pred["total_ms"], dtype=np.float64)
+    feasible = np.asarray(pred["feasible"], dtype=bool)
+    return np.lexsort((total, ~feasible))
+
+
+def prediction_records(pred: dict, order=None, top: int | None = None) -> list[dict]:
+    """Plain-Python records (JSON-ready) in ``order`` (default :func:`rank_order`), the first ``top``."""
+    order = rank_order(pred) if order is None else np.asarray(order)
+    if top:
+        order = order[:top]
+    records = []
+    for rank, idx in enumerate(order, start=1):
+        rec = {"rank": rank, "grid": format_grid((pred["gx"][idx], pred["gy"][idx], pred["gz"][idx]))}
+        for key in PREDICTION_KEYS:
+            value = pred[key][idx]
+            if key in ("gx", "gy", "gz"):
+                rec[key] = int(value)
+            elif key == "feasible":
+                rec[key] = bool(value)
+            elif key == "memory_bytes":
+                rec[key] = int(round(float(value)))
+            else:
+                rec[key] = float(value)
+        records.append(rec)
+    return records
+
+
+def predict_table(workload, machine, grids, *, block_rows=None, top: int | None = None):
+    """Ranked predictions as a pandas DataFrame (one row per grid, columns rank, grid, keys)."""
+    import pandas as pd
+
+    pred = predict_grids(workload, machine, grids, block_rows=block_rows)
+    return pd.DataFrame.from_records(prediction_records(pred, top=top))

@@ -1,0 +1,143 @@
+"""Workloads (graph size and GCN layer widths) and the built-in dataset catalog.
+
+A :class:`Workload` is what the cost model needs: N nodes, NNZ nonzeros of the
+normalized adjacency (self-loops included), the layer widths D_0..D_L (input
+features, hidden widths, classes) and the byte size of one element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plexus_tune.errors import UserError
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One catalog entry. ``nnz`` counts the adjacency nonzeros with self-loops."""
+
+    name: str
+    nodes: int
+    edges: int
+    nnz: int
+    features: int
+    classes: int
+    source: str
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise UserError(f"{what} must be a positive integer, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a positive integer, got {value!r}") from None
+    if isinstance(value, float) and not value.is_integer():
+        raise UserError(f"{what} must be a positive integer, got {value!r}")
+    if number < 1:
+        raise UserError(f"{what} must be a positive integer, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A GCN training workload.
+
+    ``widths`` = (D_0, ..., D_L): layer i maps D_i columns to D_{i+1}; so
+    ``layers`` = len(widths) - 1.
+    """
+
+    name: str
+    nodes: int
+    nnz: int
+    widths: tuple[int, ...]
+    bytes_per_element: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "nodes", _positive_int(self.nodes, "the number of nodes"))
+        object.__setattr__(self, "nnz", _positive_int(self.nnz, "the number of nonzeros"))
+        widths = tuple(self.widths)
+        if len(widths) < 2:
+            raise UserError(f"a workload needs at least two widths (input and output), got {widths!r}")
+        object.__setattr__(
+            self, "widths", tuple(_positive_int(w, f"layer width D_{i}") for i, w in enumerate(widths))
+        )
+        object.__setattr__(self, "bytes_per_element", _positive_int(self.bytes_per_element, "bytes per element"))
+
+    @property
+    def layers(self) -> int:
+        return len(self.widths) - 1
+
+    @classmethod
+    def from_graph_stats(cls, name, nodes, nnz, features, classes, layers=3, hidden=128, bytes_per_element=4):
+        """Workload of a ``layers``-layer GCN: widths (features, hidden x (layers-1), classes)."""
+        layers = _positive_int(layers, "the number of layers")
+        hidden = _positive_int(hidden, "the hidden width")
+        widths = (features,) + (hidden,) * (layers - 1) + (classes,)
+        return cls(name=name, nodes=nodes, nnz=nnz, widths=widths, bytes_per_element=bytes_per_element)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "nnz": self.nnz,
+            "widths": list(self.widths),
+            "layers": self.layers,
+            "bytes_per_element": self.bytes_per_element,
+        }
+
+
+_PAPER = "Plexus paper (SC25) Table 4"
+_DERIVED = "nnz derived as 2 * edges + nodes (undirected edges stored both ways plus self-loops)"
+
+_CATALOG = (
+    DatasetInfo("Reddit", 232_965, 57_307_946, 114_848_857, 602, 41, _PAPER),
+    DatasetInfo("ogbn-products", 2_449_029, 61_859_140, 126_167_053, 100, 47, _PAPER),
+    DatasetInfo("Isolate-3-8M", 8_745_542, 654_620_251, 1_317_986_044, 128, 32, _PAPER + "; synthetic features/labels"),
+    DatasetInfo("products-14M", 14_249_639, 115_394_635, 245_036_907, 128, 32, _PAPER + "; synthetic features/labels"),
+    DatasetInfo("europe_osm", 50_912_018, 54_054_660, 159_021_338, 128, 32, _PAPER + "; synthetic features/labels"),
+    DatasetInfo("ogbn-papers100M", 111_059_956, 1_615_685_872, 1_726_745_828, 100, 172, _PAPER),
+    DatasetInfo(
+        "ogbn-arxiv", 169_343, 1_166_243, 2 * 1_166_243 + 169_343, 128, 40,
+        "Plexus thesis/paper (nodes, edges, features, classes); " + _DERIVED,
+    ),
+    DatasetInfo(
+        "ogb-lsc-mag240M", 121_751_666, 2_593_241_212, 2 * 2_593_241_212 + 121_751_666, 768, 153,
+        "paper-citation part, as quoted in the Plexus papers; " + _DERIVED,
+    ),
+    DatasetInfo(
+        "IGB260M", 269_346_174, 3_995_777_033, 2 * 3_995_777_033 + 269_346_174, 1024, 19,
+        "as quoted in the Plexus papers; " + _DERIVED,
+    ),
+    DatasetInfo(
+        "UK-2007-05", 105_896_555, 3_738_733_648, 2 * 3_738_733_648 + 105_896_555, 128, 32,
+        "nodes and edges as quoted in the Plexus papers; " + _DERIVED
+        + "; no features or labels: 128 random features and 32 degree-derived classes assumed, "
+        "as for the paper's synthetic datasets",
+    ),
+)
+
+_BY_KEY = {info.name.lower(): info for info in _CATALOG}
+
+
+def list_datasets() -> list[DatasetInfo]:
+    """Every catalog entry, in catalog order."""
+    return list(_CATALOG)
+
+
+def get_dataset(name: str) -> DatasetInfo:
+    """Catalog entry by name (case-insensitive); UserError lists the known names."""
+    info = _BY_KEY.get(str(name).strip().lower())
+    if info is None:
+        known = ", ".join(d.name for d in _CATALOG)
+        raise UserError(f"unknown dataset {name!r}; known datasets: {known} (or give --nodes/--nnz/--features/--classes)")
+    return info
+
+
+def workload_from_dataset(name: str, layers: int = 3, hidden: int = 128, bytes_per_element: int = 4) -> Workload:
+    """Workload of a catalog dataset trained by a ``layers``-layer GCN of width ``hidden``."""
+    info = get_dataset(name)
+    return Workload.from_graph_stats(
+        info.name, info.nodes, info.nnz, info.features, info.classes, layers=layers, hidden=hidden,
+        bytes_per_element=bytes_per_element,
+    )
