@@ -1,0 +1,341 @@
+"""Seeded synthetic graphs: R-MAT (Graph500 parameters) and a road-like 2D lattice.
+
+Both generators return an undirected simple graph as a symmetric CSR matrix with unit
+weights, no duplicate edges and no self-loops (GCN normalization adds the self-loops).
+``edges`` always counts undirected edges, so the raw adjacency stores ``2 * edges``
+nonzeros and the normalized one ``2 * edges + nodes`` (the paper's "nonzeros").
+
+Labels are derived from the degree distribution (equal-frequency classes of degree
+rank), features are standard-normal float32; everything is reproducible from one seed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import scipy.sparse as sp
+
+from plexus_tune.errors import UserError
+from plexus_tune.graph.core import Graph
+
+GRAPH500_PROBS = (0.57, 0.19, 0.19, 0.05)
+DEFAULT_FEATURES = 128
+DEFAULT_CLASSES = 32
+
+_MAX_ROUNDS = 64
+
+
+def _seed_streams(seed: int, count: int) -> list[np.random.Generator]:
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(count)]
+
+
+def _symmetric_from_pairs(lo: np.ndarray, hi: np.ndarray, nodes: int) -> sp.csr_matrix:
+    """Symmetric unit-weight CSR from unique undirected pairs (lo < hi)."""
+    rows = np.concatenate([lo, hi])
+    cols = np.concatenate([hi, lo])
+    data = np.ones(rows.shape[0], dtype=np.float32)
+    adj = sp.coo_matrix((data, (rows, cols)), shape=(nodes, nodes)).tocsr()
+    adj.sum_duplicates()
+    return adj
+
+
+def _rmat_sample(scale: int, count: int, probs, noise: float, rng: np.random.Generator):
+    """``count`` R-MAT edge samples on ``2**scale`` vertices: one quadrant choice per level.
+
+    At each level a uniform r picks quadrant (0,0) if r < a, (0,1) if r < a+b, (1,0) if
+    r < a+b+c, else (1,1); the row and column bits are appended to the ids. With
+    ``noise > 0`` every level uses its own (a, b, c, d), each multiplied by a factor
+    uniform in [1 - noise, 1 + noise] and renormalized.
+    """
+    u = np.zeros(count, dtype=np.int64)
+    v = np.zeros(count, dtype=np.int64)
+    base = np.asarray(probs, dtype=np.float64)
+    for _ in range(scale):
+        p = base
+        if noise > 0:
+            p = base * rng.uniform(1.0 - noise, 1.0 + noise, size=4)
+            p = p / p.sum()
+        a, b, c = float(p[0]), float(p[1]), float(p[2])
+        r = rng.random(count, dtype=np.float32)
+        row_bit = r >= (a + b)
+        col_bit = (r >= a) & (r < a + b)
+        col_bit |= r >= (a + b + c)
+        np.left_shift(u, 1, out=u)
+        np.left_shift(v, 1, out=v)
+        np.bitwise_or(u, row_bit, out=u)
+        np.bitwise_or(v, col_bit, out=v)
+    return u, v
+
+
+def rmat_adjacency(
+    nodes: int,
+    edges: int,
+    *,
+    probs=GRAPH500_PROBS,
+    noise: float = 0.0,
+    scramble: bool = True,
+    seed: int = 0,
+    progress=None,
+) -> sp.csr_matrix:
+    """Symmetric R-MAT adjacency with exactly ``edges`` distinct undirected edges.
+
+    Samples are drawn on ``2**ceil(log2 nodes)`` vertices; samples with an endpoint
+    ``>= nodes`` and self-loops are rejected, each pair is canonicalized to (min, max) and
+    deduplicated via int64 keys ``lo * nodes + hi``. Rounds of sampling repeat until at
+    least ``edges`` distinct pairs exist; a seeded random subset of exactly ``edges`` is
+    kept. With ``scramble`` the vertex ids are randomly relabelled afterwards (as Graph500
+    does), otherwise the hubs sit at the lowest ids.
+    """
+    nodes = int(nodes)
+    edges = int(edges)
+    if nodes < 2:
+        raise UserError(f"rmat needs at least 2 nodes, got {nodes}")
+    if edges < 1:
+        raise UserError(f"rmat needs at least 1 edge, got {edges}")
+    max_edges = nodes * (nodes - 1) // 2
+    if edges > max_edges // 2:
+        raise UserError(
+            f"rmat: {edges} edges is too dense for {nodes} nodes (at most {max_edges // 2}, half the "
+            "complete graph); ask for fewer edges or more nodes"
+        )
+    probs = tuple(float(x) for x in probs)
+    if len(probs) != 4 or min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
+        raise UserError(f"rmat probabilities a,b,c,d must be >= 0 and sum to 1, got {probs}")
+    if not 0 <= noise < 1:
+        raise UserError(f"rmat noise must be in [0, 1), got {noise}")
+    sample_rng, subset_rng, label_rng = _seed_streams(seed, 3)
+    scale = max(1, math.ceil(math.log2(nodes)))
+    keys = np.empty(0, dtype=np.int64)
+    accept = 0.7  # distinct new pairs per sample; refined after every round
+    for _ in range(_MAX_ROUNDS):
+        need = edges - keys.size
+        if need <= 0:
+            break
+        batch = int(need / max(accept, 0.02) * 1.05) + 64
+        u, v = _rmat_sample(scale, batch, probs, noise, sample_rng)
+        lo = np.minimum(u, v)
+        np.maximum(u, v, out=v)
+        del u
+        ok = (lo != v) & (v < nodes)
+        new = lo[ok] * nodes + v[ok]
+        del lo, v, ok
+        before = keys.size
+        keys = np.unique(np.concatenate([keys, new]))
+        del new
+        accept = max((keys.size - before) / batch, 1e-3)
+        if progress is not None:
+            progress(min(keys.size, edges), edges)
+    else:
+        raise UserError(
+            f"rmat: could not draw {edges} distinct edges on {nodes} nodes with these probabilities; "
+            "ask for fewer edges"
+        )
+    if keys.size > edges:
+        keep = subset_rng.choice(keys.size, size=edges, replace=False)
+        keep.sort()
+        keys = keys[keep]
+    lo = keys // nodes
+    hi = keys - lo * nodes
+    del keys
+    if scramble:
+        relabel = label_rng.permutation(nodes)
+        lo = relabel[lo]
+        hi = relabel[hi]
+    return _symmetric_from_pairs(lo, hi, nodes)
+
+
+def grid2d_adjacency(
+    nodes: int,
+    *,
+    neighbors: int = 4,
+    drop: float = 0.1,
+    long_edges: float = 0.01,
+    seed: int = 0,
+) -> sp.csr_matrix:
+    """Road-like lattice: nodes on a ``rows x cols`` grid in row-major order.
+
+    ``cols = ceil(sqrt(nodes))``; node i sits at (i // cols, i % cols) and links to its
+    right and lower neighbours (``neighbors=8`` adds both lower diagonals). A seeded
+    fraction ``drop`` of lattice edges is removed, and ``long_edges * lattice edges``
+    uniformly random pairs are added. In natural order every lattice edge lies within
+    ``cols + 1`` of the diagonal, which is what makes a plain 2D block split imbalanced.
+    """
+    nodes = int(nodes)
+    if nodes < 2:
+        raise UserError(f"grid2d needs at least 2 nodes, got {nodes}")
+    if neighbors not in (4, 8):
+        raise UserError(f"grid2d neighbors must be 4 or 8, got {neighbors}")
+    if not 0 <= drop < 1:
+        raise UserError(f"grid2d drop must be in [0, 1), got {drop}")
+    if not 0 <= long_edges <= 1:
+        raise UserError(f"grid2d long must be in [0, 1], got {long_edges}")
+    drop_rng, long_rng = _seed_streams(seed, 2)
+    cols = math.ceil(math.sqrt(nodes))
+    ids = np.arange(nodes, dtype=np.int64)
+    col = ids % cols
+    parts_lo = []
+    parts_hi = []
+    right = ids[(col < cols - 1) & (ids + 1 < nodes)]
+    parts_lo.append(right)
+    parts_hi.append(right + 1)
+    down = ids[ids + cols < nodes]
+    parts_lo.append(down)
+    parts_hi.append(down + cols)
+    if neighbors == 8:
+        diag_r = ids[(col < cols - 1) & (ids + cols + 1 < nodes)]
+        parts_lo.append(diag_r)
+        parts_hi.append(diag_r + cols + 1)
+        diag_l = ids[(col > 0) & (ids + cols - 1 < nodes)]
+        parts_lo.append(diag_l)
+        parts_hi.append(diag_l + cols - 1)
+    lo = np.concatenate(parts_lo)
+    hi = np.concatenate(parts_hi)
+    lattice = lo.size
+    if drop > 0:
+        keep = drop_rng.random(lattice) >= drop
+        lo, hi = lo[keep], hi[keep]
+    extra = int(round(long_edges * lattice))
+    if extra:
+        a = long_rng.integers(0, nodes, size=extra, dtype=np.int64)
+        b = long_rng.integers(0, nodes, size=extra, dtype=np.int64)
+        ok = a != b
+        lo = np.concatenate([lo, np.minimum(a, b)[ok]])
+        hi = np.concatenate([hi, np.maximum(a, b)[ok]])
+    keys = np.unique(lo * nodes + hi)
+    lo = keys // nodes
+    return _symmetric_from_pairs(lo, keys - lo * nodes, nodes)
+
+
+def degree_labels(adj, num_classes: int, seed: int = 0) -> np.ndarray:
+    """Classes from the degree distribution: equal-frequency bins of degree rank.
+
+    Nodes are sorted by in-degree (row nonzeros), ties broken by a seeded random key;
+    the node of rank k gets class ``k * num_classes // N``, so class c holds the c-th
+    ``1/num_classes`` quantile of degrees and every class has N/C nodes (+-1).
+    """
+    n = adj.shape[0]
+    if num_classes < 1:
+        raise UserError(f"classes must be >= 1, got {num_classes}")
+    degree = np.diff(sp.csr_matrix(adj).indptr)
+    tie = np.random.default_rng(np.random.SeedSequence([int(seed), 1])).random(n)
+    order = np.lexsort((tie, degree))
+    labels = np.empty(n, dtype=np.int64)
+    labels[order] = np.arange(n, dtype=np.int64) * num_classes // max(n, 1)
+    return labels
+
+
+def random_features(n: int, width: int, seed: int = 0) -> np.ndarray:
+    """Standard-normal float32 features of shape (n, width)."""
+    if width < 1:
+        raise UserError(f"features must be >= 1, got {width}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2]))
+    return rng.standard_normal((int(n), int(width)), dtype=np.float32)
+
+
+# --- spec strings ------------------------------------------------------------------
+
+_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9}
+_INT_KEYS = {"nodes", "edges", "features", "classes", "seed", "neighbors"}
+_FLOAT_KEYS = {"a", "b", "c", "d", "noise", "drop", "long"}
+_BOOL_KEYS = {"scramble"}
+_KIND_KEYS = {
+    "rmat": {"nodes", "edges", "features", "classes", "seed", "a", "b", "c", "d", "noise", "scramble"},
+    "grid2d": {"nodes", "features", "classes", "seed", "neighbors", "drop", "long"},
+}
+GENERATORS = tuple(_KIND_KEYS)
+
+
+def parse_count(text: str, what: str = "value") -> int:
+    """Parse ``4096``, ``65_536``, ``1e6``, ``16M``, ``4k`` (k/M/G are powers of ten)."""
+    t = str(text).strip().replace("_", "")
+    mult = 1
+    if t and t[-1].lower() in _SUFFIX:
+        mult = _SUFFIX[t[-1].lower()]
+        t = t[:-1]
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise UserError(f"{what} must be a whole number such as 4096, 1e6 or 16M, got {text!r}") from None
+    if not math.isfinite(value) or value != int(value):
+        raise UserError(f"{what} must be a whole number, got {text!r}")
+    return int(value)
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``"rmat:nodes=4096,edges=65536"`` -> ``("rmat", {"nodes": 4096, "edges": 65536})``."""
+    match = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*(?::(.*))?", spec or "")
+    if not match:
+        raise UserError(f"bad graph spec {spec!r}; expected KIND:key=value,... e.g. rmat:nodes=4096,edges=65536")
+    kind = match.group(1).lower()
+    if kind not in _KIND_KEYS:
+        raise UserError(f"unknown graph generator {kind!r}; known: {', '.join(GENERATORS)}")
+    params: dict = {}
+    body = (match.group(2) or "").strip()
+    for item in filter(None, (x.strip() for x in body.split(","))):
+        if "=" not in item:
+            raise UserError(f"bad item {item!r} in graph spec {spec!r}; expected key=value")
+        key, value = (x.strip() for x in item.split("=", 1))
+        key = key.lower()
+        if key not in _KIND_KEYS[kind]:
+            raise UserError(f"{kind} does not take {key!r}; it takes {', '.join(sorted(_KIND_KEYS[kind]))}")
+        if key in _INT_KEYS:
+            params[key] = parse_count(value, key)
+        elif key in _FLOAT_KEYS:
+            try:
+                params[key] = float(value)
+            except ValueError:
+                raise UserError(f"{key} must be a number, got {value!r}") from None
+        elif key in _BOOL_KEYS:
+            if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise UserError(f"{key} must be true or false, got {value!r}")
+            params[key] = value.lower() in ("1", "true", "yes")
+    return kind, params
+
+
+def generate(kind: str, *, progress=None, **params) -> Graph:
+    """Build a synthetic :class:`Graph` (see :func:`synthetic` for the parameters)."""
+    kind = kind.lower()
+    if kind not in _KIND_KEYS:
+        raise UserError(f"unknown graph generator {kind!r}; known: {', '.join(GENERATORS)}")
+    unknown = set(params) - _KIND_KEYS[kind]
+    if unknown:
+        raise UserError(f"{kind} does not take {', '.join(sorted(unknown))}")
+    if "nodes" not in params:
+        raise UserError(f"{kind} needs nodes=N")
+    nodes = int(params["nodes"])
+    seed = int(params.get("seed", 0))
+    features = int(params.get("features", DEFAULT_FEATURES))
+    classes = int(params.get("classes", DEFAULT_CLASSES))
+    if kind == "rmat":
+        edges = int(params.get("edges", 16 * nodes))
+        probs = tuple(params.get(k, d) for k, d in zip("abcd", GRAPH500_PROBS))
+        adj = rmat_adjacency(
+            nodes, edges, probs=probs, noise=float(params.get("noise", 0.0)),
+            scramble=bool(params.get("scramble", True)), seed=seed, progress=progress,
+        )
+        name = f"rmat-n{nodes}-e{edges}-s{seed}"
+    else:
+        adj = grid2d_adjacency(
+            nodes, neighbors=int(params.get("neighbors", 4)), drop=float(params.get("drop", 0.1)),
+            long_edges=float(params.get("long", 0.01)), seed=seed,
+        )
+        name = f"grid2d-n{nodes}-s{seed}"
+    labels = degree_labels(adj, classes, seed)
+    feats = random_features(nodes, features, seed)
+    meta = {"generator": kind, "params": dict(params, seed=seed, features=features, classes=classes),
+            "symmetric": True}
+    return Graph(adj, feats, labels, classes, name=name, meta=meta)
+
+
+def synthetic(spec: str, *, progress=None) -> Graph:
+    """Synthetic graph from a spec string.
+
+    ``rmat:nodes=N,edges=E[,a=,b=,c=,d=,noise=,scramble=]`` (E undirected edges, default
+    16 N; Graph500 a=.57 b=.19 c=.19 d=.05) or ``grid2d:nodes=N[,neighbors=4|8,drop=0.1,
+    long=0.01]``; both take ``features`` (default 128), ``classes`` (default 32) and
+    ``seed`` (default 0). Counts accept 1e6 / 16M / 4k.
+    """
+    kind, params = parse_spec(spec)
+    return generate(kind, progress=progress, **params)

@@ -1,0 +1,163 @@
+"""Random permutations of the adjacency and the 2D load-balance report.
+
+Convention: a permutation ``perm`` lists old ids in their new order, so the permuted
+matrix is ``B = A[row_perm][:, col_perm]``, i.e. ``B[i, j] = A[row_perm[i], col_perm[j]]``
+(``B = P_r A P_c^T`` with ``(P x)[i] = x[perm[i]]``). Features then travel with the
+columns: ``B @ X[col_perm] = (A @ X)[row_perm]``, and ``unpermute_rows`` undoes the row
+permutation of a result.
+
+Modes: ``none`` (identity), ``single`` (the same permutation on rows and columns, seed
+``seed``) and ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+from plexus_tune.errors import UserError
+
+PERMUTE_MODES = ("none", "single", "double")
+
+
+def make_permutation(n: int, seed: int) -> np.ndarray:
+    """Uniformly random permutation of ``range(n)`` (int64), reproducible from ``seed``."""
+    return np.random.default_rng(int(seed)).permutation(int(n)).astype(np.int64, copy=False)
+
+
+def invert_permutation(perm: np.ndarray) -> np.ndarray:
+    """``inv`` with ``inv[perm[i]] = i``."""
+    perm = np.asarray(perm)
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
+    return inv
+
+
+def permutations_for(mode: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_perm, col_perm)`` for a mode in ``none | single | double``."""
+    if mode not in PERMUTE_MODES:
+        raise UserError(f"unknown permutation mode {mode!r}; use one of {', '.join(PERMUTE_MODES)}")
+    if mode == "none":
+        ident = np.arange(n, dtype=np.int64)
+        return ident, ident
+    row = make_permutation(n, seed)
+    if mode == "single":
+        return row, row
+    return row, make_permutation(n, seed + 1)
+
+
+def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None) -> sp.csr_matrix:
+    """``B = A[row_perm][:, col_perm]`` as canonical CSR without densifying.
+
+    Rows are gathered by CSR row indexing; columns are relabelled through the inverse
+    column permutation (old column c becomes ``inv_col[c]``) and re-sorted per row.
+    """
+    csr = sp.csr_matrix(adj)
+    n_rows, n_cols = csr.shape
+    if col_perm is None:
+        col_perm = row_perm
+    row_perm = np.asarray(row_perm)
+    col_perm = np.asarray(col_perm)
+    if row_perm.shape != (n_rows,) or col_perm.shape != (n_cols,):
+        raise ValueError("permutation length does not match the matrix")
+    rows = csr[row_perm]
+    inv_col = invert_permutation(col_perm).astype(rows.indices.dtype, copy=False)
+    out = sp.csr_matrix((rows.data, inv_col[rows.indices], rows.indptr), shape=(n_rows, n_cols))
+    out.has_sorted_indices = False
+    out.sort_indices()
+    return out
+
+
+def double_permute(adj, seed: int = 0, mode: str = "double"):
+    """Permute ``adj`` for load balance: ``(B, row_perm, col_perm)`` with
+    ``B = A[row_perm][:, col_perm]`` (see :func:`permutations_for` for the seeds).
+
+    For a normalized adjacency ``A_hat``, a layer computes ``B @ X[col_perm]`` which equals
+    ``(A_hat @ X)[row_perm]``; the next layer uses ``A_hat[col_perm][:, row_perm]``.
+    """
+    n = adj.shape[0]
+    row_perm, col_perm = permutations_for(mode, n, seed)
+    if mode == "none":
+        return sp.csr_matrix(adj), row_perm, col_perm
+    return permute_matrix(adj, row_perm, col_perm), row_perm, col_perm
+
+
+def permute_rows(x: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """``x[perm]``: bring node-indexed rows into permuted order."""
+    return np.asarray(x)[np.asarray(perm)]
+
+
+def unpermute_rows(x: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`permute_rows`: ``y`` with ``y[perm] = x``."""
+    x = np.asarray(x)
+    y = np.empty_like(x)
+    y[np.asarray(perm)] = x
+    return y
+
+
+def parse_blocks(text: str) -> tuple[int, int]:
+    """``"8x8"`` -> ``(8, 8)``; ``"4"`` -> ``(4, 4)``."""
+    t = str(text).strip().lower()
+    parts = t.split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise UserError(f"bad block grid {text!r}; expected RxC such as 8x8") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise UserError(f"bad block grid {text!r}; expected RxC with R, C >= 1, such as 8x8")
+    return values[0], values[1]
+
+
+def block_nnz(adj, row_blocks: int, col_blocks: int) -> np.ndarray:
+    """Nonzeros per block of an R x C grid, blocks of ``ceil(N/R)`` rows and ``ceil(M/C)``
+    columns (the last ones may be smaller). Works one row block at a time, never dense."""
+    csr = sp.csr_matrix(adj)
+    n_rows, n_cols = csr.shape
+    br = max(1, math.ceil(n_rows / row_blocks))
+    bc = max(1, math.ceil(n_cols / col_blocks))
+    counts = np.zeros((row_blocks, col_blocks), dtype=np.int64)
+    indptr = csr.indptr
+    for r in range(row_blocks):
+        lo = min(r * br, n_rows)
+        hi = min(lo + br, n_rows)
+        cols = csr.indices[indptr[lo]:indptr[hi]]
+        if cols.size:
+            counts[r] = np.bincount(cols // bc, minlength=col_blocks)[:col_blocks]
+    return counts
+
+
+def with_self_loops_pattern(adj) -> sp.csr_matrix:
+    """Sparsity pattern of ``A + I`` (unit values), the pattern GCN normalization produces."""
+    csr = sp.csr_matrix(adj)
+    pattern = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float32), csr.indices, csr.indptr), shape=csr.shape)
+    pattern = (pattern + sp.eye(csr.shape[0], dtype=np.float32, format="csr")).tocsr()
+    pattern.sum_duplicates()
+    return pattern
+
+
+def balance_report(adj, blocks=(8, 8), mode: str = "double", seed: int = 0, *, self_loops: bool = True) -> dict:
+    """Load balance of a 2D block split: ``max/mean`` nonzeros over an R x C grid.
+
+    The counted matrix is the pattern of ``A + I`` (``self_loops=True``, what GCN
+    normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``.
+    """
+    rb, cb = blocks
+    pattern = with_self_loops_pattern(adj) if self_loops else sp.csr_matrix(adj)
+    permuted, _, _ = double_permute(pattern, seed=seed, mode=mode)
+    counts = block_nnz(permuted, rb, cb)
+    total = int(counts.sum())
+    mean = total / (rb * cb)
+    return {
+        "mode": mode,
+        "blocks": [rb, cb],
+        "nnz": total,
+        "max_nnz": int(counts.max()),
+        "min_nnz": int(counts.min()),
+        "mean_nnz": mean,
+        "max_over_mean": float(counts.max() / mean) if mean > 0 else float("nan"),
+        "block_nnz": counts.tolist(),
+    }
