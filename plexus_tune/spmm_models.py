@@ -21,6 +21,18 @@ Kinds:
         t = sum_j coef[j] * term_j(nnz, rows, common, k)
 
     with the terms of :data:`ROOFLINE_TERMS` (s = ``bytes_per_element``).
+``paper-spmm``
+    The same as ``paper``: the name machine profiles use, because there kind
+    ``paper`` means the paper's epoch-level form.
+``learned``
+    A ridge regression on polynomial features of log shapes, predicting log time::
+
+        z = (log(nnz + 1), log rows, log common, log k)
+        phi_m = prod_j z_j ** exponents[m][j]          (every monomial up to ``degree``)
+        log t = intercept + sum_m coef[m] (phi_m - mean[m]) / scale[m]  [+ log base(t)]
+
+    With a ``base`` model (a roofline dict) the regression is a multiplicative
+    correction of that model: t = base(t) * exp(...).
 """
 
 from __future__ import annotations
@@ -80,10 +92,59 @@ def _predict_roofline(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarr
     return terms @ coef
 
 
+def log_shape_features(nnz, rows, common, dense_cols) -> np.ndarray:
+    """The log shape vector z = (log(nnz + 1), log rows, log common, log k), shape (..., 4)."""
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    return np.stack([np.log1p(nnz), np.log(rows), np.log(common), np.log(k)], axis=-1)
+
+
+def monomial_exponents(variables: int, degree: int) -> list[list[int]]:
+    """Exponent vectors of every monomial of total degree 1..degree, in a fixed order."""
+    out: list[list[int]] = []
+
+    def rec(prefix: list[int], left: int) -> None:
+        if len(prefix) == variables:
+            if 0 < sum(prefix):
+                out.append(prefix)
+            return
+        for e in range(left + 1):
+            rec(prefix + [e], left - e)
+
+    rec([], degree)
+    return sorted(out, key=lambda e: (sum(e), [-x for x in e]))
+
+
+def polynomial_features(z: np.ndarray, exponents) -> np.ndarray:
+    """phi[..., m] = prod_j z[..., j] ** exponents[m][j]."""
+    exps = np.asarray(exponents, dtype=np.int64)
+    return np.prod(z[..., None, :] ** exps, axis=-1)
+
+
+def _predict_learned(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+    try:
+        exponents = model["exponents"]
+        mean = np.asarray(model["mean"], dtype=np.float64)
+        scale = np.asarray(model["scale"], dtype=np.float64)
+        coef = np.asarray(model["coef"], dtype=np.float64)
+        intercept = float(model["intercept"])
+    except KeyError as exc:
+        raise UserError(f"learned SpMM model lacks {exc.args[0]!r}; refit it with 'plexus-tune fit'") from None
+    if not (len(exponents) == len(mean) == len(scale) == len(coef)):
+        raise UserError("learned SpMM model is inconsistent: exponents, mean, scale and coef differ in length")
+    phi = polynomial_features(log_shape_features(nnz, rows, common, dense_cols), exponents)
+    log_t = intercept + ((phi - mean) / scale) @ coef
+    base = model.get("base")
+    if base:
+        log_t = log_t + np.log(np.maximum(predict_spmm_ms(base, nnz, rows, common, dense_cols), 1e-12))
+    return np.exp(log_t)
+
+
 #: kind -> evaluator(model, nnz, rows, common, dense_cols) -> ms
 EVALUATORS = {
     "paper": _predict_paper,
+    "paper-spmm": _predict_paper,
     "roofline": _predict_roofline,
+    "learned": _predict_learned,
 }
 
 

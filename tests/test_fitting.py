@@ -1,0 +1,193 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from plexus_tune import spmm_models
+from plexus_tune.errors import UserError
+from plexus_tune.fitting import (
+    bus_bandwidth_gbps,
+    fit_collectives,
+    fit_epoch,
+    fit_gemm,
+    fit_spmm,
+    load_table,
+    regression_scores,
+    split_indices,
+)
+
+
+def _shapes(n, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = np.round(np.exp(rng.uniform(np.log(50), np.log(20000), n)))
+    common = np.round(np.exp(rng.uniform(np.log(50), np.log(20000), n)))
+    k = 2.0 ** rng.integers(2, 8, n)
+    nnz = np.round(rows * np.exp(rng.uniform(0, np.log(30), n)))
+    return pd.DataFrame({"nnz": nnz, "rows": rows, "common": common, "dense_cols": k})
+
+
+def test_regression_scores_by_hand():
+    s = regression_scores([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 6.0])
+    # ss_res = 4, ss_tot = 5 -> R^2 = 0.2; RMSE = sqrt(4/4) = 1; MAPE = 100 * (2/4)/4 = 12.5 %
+    assert s["r2"] == pytest.approx(0.2)
+    assert s["rmse_ms"] == pytest.approx(1.0)
+    assert s["mape"] == pytest.approx(12.5)
+
+
+def test_splits_are_70_30_partitions():
+    train, test = split_indices(10, 50, seed=3)
+    assert train.shape == (50, 7) and test.shape == (50, 3)
+    for tr, te in zip(train, test):
+        assert sorted(np.concatenate([tr, te]).tolist()) == list(range(10))
+    assert len({tuple(sorted(t)) for t in train}) > 1
+
+
+def test_paper_kind_recovers_its_coefficients_and_serializes_as_paper_spmm():
+    df = _shapes(60)
+    f = df.nnz * df.dense_cols
+    # t = c0 sqrt(f) + c1 sqrt(f) common/k + c2 sqrt(f) rows/k
+    df["time_ms"] = 2e-3 * np.sqrt(f) + 3e-6 * np.sqrt(f) * df.common / df.dense_cols + 1e-6 * np.sqrt(f) * df.rows / df.dense_cols
+    model = fit_spmm(df, "paper", n_splits=20)
+    d = model.to_dict()
+    assert d["kind"] == "paper-spmm"
+    assert [d["c0"], d["c1"], d["c2"]] == pytest.approx([2e-3, 3e-6, 1e-6], rel=1e-6)
+    assert model.scores["test_r2"] == pytest.approx(1.0, abs=1e-9)
+    # one hand-computed point: nnz=100, k=4 -> sqrt(f)=20; common=400, rows=200
+    one = pd.DataFrame({"nnz": [100], "rows": [200], "common": [400], "dense_cols": [4]})
+    assert model.predict(one)[0] == pytest.approx(20 * (2e-3 + 3e-6 * 100 + 1e-6 * 50))
+
+
+def test_roofline_kind_recovers_non_negative_costs():
+    df = _shapes(80, seed=1)
+    truth = {"const": 0.01, "flops": 2e-9, "sparse_bytes": 0.0, "dense_in_bytes": 1e-8, "out_bytes": 3e-8, "rows": 0.0}
+    X = spmm_models.roofline_terms(df.nnz, df.rows, df.common, df.dense_cols)
+    df["time_ms"] = X @ np.array([truth[k] for k in spmm_models.ROOFLINE_TERMS])
+    model = fit_spmm(df, "roofline", n_splits=10)
+    got = model.to_dict()["coefficients"]
+    assert all(v >= 0 for v in got.values())
+    assert model.scores["test_mape"] < 1e-3
+    for name in ("const", "flops", "dense_in_bytes", "out_bytes"):
+        assert got[name] == pytest.approx(truth[name], rel=1e-3)
+
+
+def test_learned_kind_fits_a_power_law_and_round_trips_through_json():
+    df = _shapes(120, seed=2)
+    df["time_ms"] = 1e-5 * df.nnz**0.9 * df.dense_cols**1.1 * df.rows**0.1
+    model = fit_spmm(df, "learned", n_splits=10)
+    assert model.scores["test_mape"] < 1.0
+    entry = json.loads(json.dumps(model.to_dict()))
+    assert entry["kind"] == "learned"
+    again = spmm_models.predict_spmm_ms(entry, df.nnz, df.rows, df.common, df.dense_cols)
+    np.testing.assert_allclose(again, model.predict(df), rtol=1e-12)
+    np.testing.assert_allclose(again, df.time_ms, rtol=0.02)
+
+
+def test_learned_roofline_is_a_correction_of_the_roofline():
+    df = _shapes(150, seed=3)
+    X = spmm_models.roofline_terms(df.nnz, df.rows, df.common, df.dense_cols)
+    base = X @ np.array([0.02, 1e-9, 0.0, 0.0, 2e-8, 0.0])
+    df["time_ms"] = base * (1.0 + 0.5 * np.log(df.dense_cols) / np.log(128))  # shape-dependent efficiency
+    model = fit_spmm(df, "learned-roofline", n_splits=10)
+    entry = model.to_dict()
+    assert entry["kind"] == "learned" and entry["base"]["kind"] == "roofline"
+    assert model.scores["test_mape"] < 2.0
+    plain = fit_spmm(df, "roofline", n_splits=10)
+    assert model.scores["test_mape"] < plain.scores["test_mape"]
+
+
+def test_auto_picks_the_lowest_held_out_error_and_reports_every_kind():
+    df = _shapes(100, seed=4)
+    rng = np.random.default_rng(0)
+    df["time_ms"] = 3e-6 * df.nnz**0.8 * df.dense_cols**1.2 * np.exp(rng.normal(0, 0.02, len(df)))
+    model = fit_spmm(df, "auto", n_splits=30)
+    assert set(model.all_scores) == {"paper", "roofline", "learned", "learned-roofline"}
+    best = min(model.all_scores, key=lambda k: model.all_scores[k]["test_mape"])
+    assert model.kind == best
+    assert model.scores["test_mape"] < model.all_scores["paper"]["test_mape"]
+    assert model.scores["test_r2"] > 0.95
+
+
+def test_collectives_recover_alpha_beta_per_tier():
+    rows = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for g in (2, 4, 8):
+            for m in (1024, 65536, 1 << 22):
+                for nodes, alpha_us, beta in ((1, 20.0, 5.0), (2, 50.0, 1.0)):
+                    steps = (2 if op == "all_reduce" else 1) * (g - 1)
+                    factor = steps / g
+                    t = steps * alpha_us * 1e-3 + factor * m / (beta * 1e9) * 1e3
+                    rows.append({"op": op, "group_size": g, "nodes": nodes, "message_bytes": m, "time_ms": t})
+    df = pd.DataFrame(rows)
+    model = fit_collectives(df, n_splits=10)
+    assert model.tiers["intra"]["alpha_us"] == pytest.approx(20.0, rel=1e-6)
+    assert model.tiers["intra"]["beta_gbps"] == pytest.approx(5.0, rel=1e-6)
+    assert model.tiers["inter"]["alpha_us"] == pytest.approx(50.0, rel=1e-6)
+    assert model.tiers["inter"]["beta_gbps"] == pytest.approx(1.0, rel=1e-6)
+    # all-reduce of 1 MB on 4 ranks in a node: 6 * 20 us + 1.5 * 1e6 B / 5 GB/s = 0.12 + 0.3 ms
+    one = pd.DataFrame({"op": ["all_reduce"], "group_size": [4], "nodes": [1], "message_bytes": [1e6]})
+    assert model.predict(one)[0] == pytest.approx(0.42)
+    d = model.to_dict()
+    assert d["beta_inter_gbps"] == pytest.approx(1.0, rel=1e-6) and "note" not in d
+    assert model.scores["test_mape"] < 1e-3
+
+
+def test_collectives_single_tier_copies_intra_into_profile():
+    df = pd.DataFrame(
+        {"op": ["all_gather"] * 4, "group_size": [2, 2, 4, 4], "nodes": [1] * 4, "message_bytes": [1e3, 1e6, 1e3, 1e6]}
+    )
+    df["time_ms"] = [0.0105, 0.02, 0.0307, 0.045]
+    d = fit_collectives(df, n_splits=0).to_dict()
+    assert d["alpha_inter_us"] == d["alpha_intra_us"] and "note" in d
+
+
+def test_busbw_follows_nccl_tests():
+    algbw, busbw = bus_bandwidth_gbps(np.array(["all_reduce", "all_gather"]), np.array([4, 4]), np.array([1e9, 1e9]), np.array([1000.0, 500.0]))
+    np.testing.assert_allclose(algbw, [1.0, 2.0])
+    np.testing.assert_allclose(busbw, [1.5, 1.5])  # 2(g-1)/g = 1.5 and (g-1)/g = 0.75
+
+
+def test_gemm_and_epoch_fits_recover_coefficients():
+    rng = np.random.default_rng(5)
+    g = pd.DataFrame({"rows": rng.integers(64, 4096, 40), "inner": rng.integers(8, 256, 40), "cols": rng.integers(8, 256, 40)})
+    g["time_ms"] = 0.005 + 2.0 * g.rows * g.inner * g.cols / 50e9 * 1e3
+    gm = fit_gemm(g, n_splits=5)
+    assert gm.tflops == pytest.approx(0.05, rel=1e-6)
+    assert gm.overhead_ms == pytest.approx(0.005, rel=1e-6)
+    runs = pd.DataFrame({"spmm_ms": rng.uniform(1, 50, 30), "gemm_ms": rng.uniform(1, 10, 30), "comm_ms": rng.uniform(0, 40, 30), "other_ms": 0.0})
+    runs["epoch_ms"] = 1.3 * runs.spmm_ms + 2.0 * runs.gemm_ms + 0.7 * runs.comm_ms + 4.0
+    em = fit_epoch(runs, n_splits=5)
+    assert em.scales["spmm_ms"] == pytest.approx(1.3, rel=1e-6)
+    assert em.scales["gemm_ms"] == pytest.approx(2.0, rel=1e-6)
+    assert em.scales["comm_ms"] == pytest.approx(0.7, rel=1e-6)
+    assert em.scales["other_ms"] == 1.0  # all zero: left alone
+    assert em.overhead_ms == pytest.approx(4.0, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda df: df.drop(columns="common"), "missing column 'common'"),
+        (lambda df: df.assign(time_ms=df.time_ms.where(df.index != 7, np.nan)), "row 8: column 'time_ms'"),
+        (lambda df: df.assign(time_ms=df.time_ms.where(df.index != 3, 0.0)), "row 4: time_ms = 0 must be > 0"),
+        (lambda df: df.assign(time_ms=df.time_ms.where(df.index != 5, -1.0)), "row 6: time_ms = -1 must be > 0"),
+        (lambda df: df.head(9), "9 rows"),
+    ],
+)
+def test_bad_spmm_input_names_the_column_or_row(mutate, message):
+    df = _shapes(40)
+    df["time_ms"] = 1.0 + df.nnz * 1e-6
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        fit_spmm(mutate(df), "roofline", n_splits=5)
+
+
+def test_load_table_names_file_lines(tmp_path):
+    path = tmp_path / "spmm.csv"
+    path.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 + i},{5 + i},8,4,{0.1 * (i + 1)}" for i in range(30)) + "\n10,5,8,4,-3\n")
+    df = load_table(path)
+    with pytest.raises(UserError, match=r"spmm.csv line 32: time_ms = -3 must be > 0"):
+        fit_spmm(df, "paper", n_splits=5)
+    with pytest.raises(UserError, match="does not exist"):
+        load_table(tmp_path / "nope.csv")
+    with pytest.raises(UserError, match="unknown collective op 'broadcast'"):
+        fit_collectives(pd.DataFrame({"op": ["broadcast", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
