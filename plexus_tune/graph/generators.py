@@ -31,13 +31,38 @@ def _seed_streams(seed: int, count: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(count)]
 
 
+def unique_sorted(keys: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of an int array (sort + neighbour compare; faster than
+    ``np.unique`` on tens of millions of int64 keys)."""
+    keys = np.sort(keys)
+    if keys.size < 2:
+        return keys
+    keep = np.empty(keys.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=keep[1:])
+    return keys[keep]
+
+
 def _symmetric_from_pairs(lo: np.ndarray, hi: np.ndarray, nodes: int) -> sp.csr_matrix:
-    """Symmetric unit-weight CSR from unique undirected pairs (lo < hi)."""
-    rows = np.concatenate([lo, hi])
-    cols = np.concatenate([hi, lo])
-    data = np.ones(rows.shape[0], dtype=np.float32)
-    adj = sp.coo_matrix((data, (rows, cols)), shape=(nodes, nodes)).tocsr()
-    adj.sum_duplicates()
+    """Symmetric unit-weight CSR from distinct undirected pairs (lo < hi).
+
+    Both directions are encoded as sorted keys ``row * nodes + col``, which is directly
+    the CSR order: ``indptr`` from per-row counts, ``indices = key % nodes``.
+    """
+    keys = np.concatenate([lo * nodes + hi, hi * nodes + lo])
+    keys.sort()
+    rows = keys // nodes
+    counts = np.bincount(rows, minlength=nodes)
+    del rows
+    idx_dtype = np.int32 if nodes < 2**31 and keys.size < 2**31 else np.int64
+    indices = (keys % nodes).astype(idx_dtype)
+    del keys
+    indptr = np.zeros(nodes + 1, dtype=idx_dtype)
+    np.cumsum(counts, out=indptr[1:])
+    data = np.ones(indices.size, dtype=np.float32)
+    adj = sp.csr_matrix((data, indices, indptr), shape=(nodes, nodes))
+    adj.has_sorted_indices = True
+    adj.has_canonical_format = True
     return adj
 
 
@@ -122,7 +147,7 @@ def rmat_adjacency(
         new = lo[ok] * nodes + v[ok]
         del lo, v, ok
         before = keys.size
-        keys = np.unique(np.concatenate([keys, new]))
+        keys = unique_sorted(np.concatenate([keys, new]))
         del new
         accept = max((keys.size - before) / batch, 1e-3)
         if progress is not None:
@@ -203,7 +228,7 @@ def grid2d_adjacency(
         ok = a != b
         lo = np.concatenate([lo, np.minimum(a, b)[ok]])
         hi = np.concatenate([hi, np.maximum(a, b)[ok]])
-    keys = np.unique(lo * nodes + hi)
+    keys = unique_sorted(lo * nodes + hi)
     lo = keys // nodes
     return _symmetric_from_pairs(lo, keys - lo * nodes, nodes)
 
