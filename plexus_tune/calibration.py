@@ -1,0 +1,479 @@
+"""Microbenchmarks that calibrate a machine profile: collectives, SpMM and GEMM.
+
+Collectives (:func:`calibrate_collectives`)
+    Starts G local ranks (``plexus_tune.launch.launch_local``; gloo on CPU, nccl on
+    GPUs) and, for every (group size g, stride p) an axis of some grid of G can have,
+    splits the G ranks into the G / g groups of that axis (ranks r, r + p, ..., the
+    placement rank = z Gx Gy + x Gy + y) and times all-reduce, all-gather and
+    reduce-scatter on all groups at once, as training does. Per message size: warm-up
+    calls, then ``repeats`` timed calls each started after a barrier; a call's time is
+    the slowest rank's, the reported time is the median over calls. M is the full
+    buffer (the reduced or gathered result); algbw = M / t and busbw = algbw * 2(g-1)/g
+    for all-reduce, (g-1)/g for the others (nccl-tests). Groups with stride 1 are
+    contiguous, the others strided; ``nodes`` is how many nodes (of
+    ``gpus_per_node`` ranks each) a group spans.
+
+SpMM and GEMM (:func:`spmm_sweep`, :func:`calibrate_graph_shards`)
+    Time ``torch.sparse.mm`` of a CSR matrix by a dense matrix, the kernel the bundled
+    trainer uses, either on random shard shapes (a sweep over nnz, rows, common and
+    dense columns) or on the real shards of a graph for every grid of G and every layer
+    (forward A F and backward A^T dH, plus the three GEMMs of a layer) on one device:
+    the compute cost of any G, measured without G devices.
+
+Each measurement is a plain record (``plexus_tune.store`` schemas collective-v1,
+spmm-v1, gemm-v1) with what was measured, on what and when.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+KIB = 1024
+DEFAULT_MESSAGE_BYTES = tuple(KIB * 4**k for k in range(9))  # 1 KiB .. 64 MiB, factor 4
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def collective_shapes(gpus: int) -> list[tuple[int, int]]:
+    """Every (group size, stride) that an axis of size > 1 of some grid of ``gpus`` has."""
+    from plexus_tune.grid import axis_stride, enumerate_grids
+
+    shapes = set()
+    for grid in enumerate_grids(gpus):
+        for axis in range(3):
+            g = int(grid[axis])
+            if g > 1:
+                shapes.add((g, int(axis_stride(axis, grid))))
+    return sorted(shapes)
+
+
+def group_members(rank: int, group_size: int, stride: int) -> list[int]:
+    """Ranks of ``rank``'s group along an axis of size ``group_size`` and ``stride``."""
+    coord = (rank // stride) % group_size
+    base = rank - coord * stride
+    return [base + j * stride for j in range(group_size)]
+
+
+def partition(world: int, group_size: int, stride: int) -> list[list[int]]:
+    """The world's ranks split into the groups of one axis, in order of their first rank."""
+    if world % (group_size * stride) != 0:
+        raise UserError(f"a group of {group_size} ranks at stride {stride} does not tile {world} ranks")
+    seen, groups = set(), []
+    for r in range(world):
+        if r not in seen:
+            members = group_members(r, group_size, stride)
+            seen.update(members)
+            groups.append(members)
+    return groups
+
+
+def nodes_spanned(members: Iterable[int], gpus_per_node: int) -> int:
+    """How many nodes (consecutive blocks of ``gpus_per_node`` ranks) hold the members."""
+    return len({m // gpus_per_node for m in members})
+
+
+def collective_elements(op: str, message_bytes: int, group_size: int, element_size: int = 4) -> int:
+    """Elements of the full buffer, rounded so that all-gather and reduce-scatter split evenly."""
+    elems = max(1, int(round(message_bytes / element_size)))
+    if op != "all_reduce":
+        elems = max(group_size, int(round(elems / group_size)) * group_size)
+    return elems
+
+
+def bandwidths_gbps(op: str, group_size: int, message_bytes: float, time_ms: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s, nccl-tests conventions."""
+    algbw = message_bytes / (time_ms * 1e-3) / 1e9
+    factor = 2.0 * (group_size - 1) / group_size if op == "all_reduce" else (group_size - 1) / group_size
+    return algbw, algbw * factor
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def _collective_call(dist, op: str, group, buf, out):
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(buf, group=group)
+    if op == "all_gather":
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: fn(out, buf, group=group)
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return lambda: fn(out, buf, group=group)
+
+
+def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device):
+    """Body of one rank: times every (shape, op, size); returns rank-local times in seconds.
+
+    Result: list of (group_size, stride, op, elements, [seconds per timed call]).
+    """
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    dev = torch.device(device)
+    results = []
+    for g, p in shapes:
+        groups = [dist.new_group(ranks=members) for members in partition(world, g, p)]
+        mine = groups[[i for i, members in enumerate(partition(world, g, p)) if rank in members][0]]
+        for op in ops:
+            for size in sizes:
+                elems = collective_elements(op, size, g)
+                if op == "all_reduce":
+                    buf, out = torch.ones(elems, device=dev), None
+                elif op == "all_gather":
+                    buf, out = torch.ones(elems // g, device=dev), torch.empty(elems, device=dev)
+                else:
+                    buf, out = torch.ones(elems, device=dev), torch.empty(elems // g, device=dev)
+                call = _collective_call(dist, op, mine, buf, out)
+                for _ in range(warmup):
+                    call()
+                times = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    call()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    times.append(time.perf_counter() - t0)
+                results.append((g, p, op, elems, times))
+        for grp in groups:
+            dist.destroy_process_group(grp)
+    return results
+
+
+def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backend: str, element_size: int = 4, extra: dict | None = None) -> list[dict]:
+    """Reduce per-rank timings to records: per call the slowest rank, then the median."""
+    records = []
+    stamp = now_utc()
+    for idx, (g, p, op, elems, _) in enumerate(per_rank[0]):
+        calls = np.max(np.array([rank_results[idx][4] for rank_results in per_rank]), axis=0)
+        t_ms = float(statistics.median(calls)) * 1e3
+        m = elems * element_size
+        algbw, busbw = bandwidths_gbps(op, g, m, t_ms)
+        spans = [nodes_spanned(members, gpus_per_node) for members in partition(world, g, p)]
+        records.append(
+            {
+                "schema": COLLECTIVE_SCHEMA,
+                "op": op,
+                "group_size": g,
+                "stride": p,
+                "contiguous": p == 1,
+                "groups": world // g,
+                "nodes": max(spans),
+                "message_bytes": m,
+                "time_ms": t_ms,
+                "time_min_ms": float(np.min(calls)) * 1e3,
+                "time_max_ms": float(np.max(calls)) * 1e3,
+                "repeats": len(calls),
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "world_size": world,
+                "gpus_per_node": gpus_per_node,
+                "backend": backend,
+                "measured_at": stamp,
+                **(extra or {}),
+            }
+        )
+    return records
+
+
+def calibrate_collectives(
+    gpus: int,
+    *,
+    gpus_per_node: int | None = None,
+    sizes=DEFAULT_MESSAGE_BYTES,
+    ops=COLLECTIVE_OPS,
+    warmup: int = 2,
+    repeats: int = 5,
+    backend: str | None = None,
+    shapes=None,
+    timeout_s: float = 1800.0,
+) -> list[dict]:
+    """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
+    from plexus_tune.launch import RankFailure, launch_local
+    from plexus_tune.store import environment_info
+
+    if gpus < 2:
+        raise UserError("calibrating collectives needs --gpus 2 or more")
+    gpus_per_node = gpus if gpus_per_node is None else int(gpus_per_node)
+    if gpus_per_node < 1:
+        raise UserError("--gpus-per-node must be at least 1")
+    bad = [op for op in ops if op not in COLLECTIVE_OPS]
+    if bad:
+        raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
+    if backend is None:
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= gpus else "gloo"
+    device = "cuda" if backend == "nccl" else "cpu"
+    shapes = collective_shapes(gpus) if shapes is None else [tuple(s) for s in shapes]
+    try:
+        per_rank = launch_local(
+            collective_worker,
+            gpus,
+            args=(shapes, list(sizes), list(ops), int(warmup), int(repeats), device),
+            backend=backend,
+            timeout_s=timeout_s,
+        )
+    except RankFailure as exc:
+        raise UserError(f"collective calibration failed: {exc}") from None
+    env = environment_info()
+    return collective_records(per_rank, world=gpus, gpus_per_node=gpus_per_node, backend=backend, extra={"machine_info": env})
+
+
+# --------------------------------------------------------------------------- SpMM / GEMM
+
+
+def random_csr(rows: int, common: int, nnz: int, rng: np.random.Generator):
+    """A torch CSR float32 matrix rows x common with about nnz nonzeros (uniform positions)."""
+    import torch
+
+    nnz = int(min(nnz, rows * common))
+    # row lengths: multinomial over rows, columns uniform without duplicates per row
+    counts = np.minimum(rng.multinomial(nnz, np.full(rows, 1.0 / rows)), common)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    total = int(indptr[-1])
+    cols = rng.integers(0, common, size=total, dtype=np.int64)
+    vals = rng.random(total, dtype=np.float32)
+    return _csr_tensor(indptr, cols, vals, (rows, common))
+
+
+def _csr_tensor(indptr, indices, values, shape):
+    import torch
+
+    # int32 indices when they fit, as the trainer stores its shards
+    index = np.int32 if len(indices) < 2**31 - 1 and max(shape) < 2**31 - 1 else np.int64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta" and invariant-check notes
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(np.asarray(indptr, dtype=index)),
+            torch.from_numpy(np.asarray(indices, dtype=index)),
+            torch.from_numpy(np.asarray(values, dtype=np.float32)),
+            size=tuple(int(v) for v in shape),
+        )
+
+
+def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, budget_s: float = 0.5, sync=None) -> float:
+    """Median wall time of fn() in ms; fewer repeats when one call exceeds the budget share."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - t0)
+        if i >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return float(statistics.median(times)) * 1e3
+
+
+def spmm_ms(A, B, **kw) -> float:
+    """Median ms of torch.sparse.mm(A, B)."""
+    import torch
+
+    return time_call(lambda: torch.sparse.mm(A, B), **kw)
+
+
+def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 65536), dense_cols=(1, 256), degree=(1.0, 64.0), max_nnz: int = 4_000_000):
+    """Random log-uniform shard shapes: rows, common, dense_cols (powers of two and odd), nnz = rows * degree."""
+    rng = np.random.default_rng(seed)
+
+    def log_uniform(lo, hi, n):
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), n))
+
+    r = np.round(log_uniform(*rows, count)).astype(np.int64)
+    c = np.round(log_uniform(*common, count)).astype(np.int64)
+    k = np.maximum(1, np.round(log_uniform(*dense_cols, count))).astype(np.int64)
+    nnz = np.round(r * log_uniform(*degree, count)).astype(np.int64)
+    nnz = np.minimum(np.minimum(nnz, max_nnz), r * c)
+    return [dict(nnz=int(a), rows=int(b), common=int(d), dense_cols=int(e)) for a, b, d, e in zip(nnz, r, c, k)]
+
+
+def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, progress=None) -> list[dict]:
+    """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm-v1 records."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    rng = np.random.default_rng(seed)
+    records = []
+    for shape in shapes:
+        A = random_csr(shape["rows"], shape["common"], shape["nnz"], rng)
+        B = torch.rand(shape["common"], shape["dense_cols"])
+        t = spmm_ms(A, B, repeats=repeats)
+        records.append(
+            {
+                "schema": SPMM_SCHEMA,
+                "source": "sweep",
+                "nnz": int(A._nnz()),
+                "rows": shape["rows"],
+                "common": shape["common"],
+                "dense_cols": shape["dense_cols"],
+                "time_ms": t,
+                "threads": torch.get_num_threads(),
+                "kernel": "torch.sparse.mm(csr int32, dense)",
+                "measured_at": now_utc(),
+            }
+        )
+        if progress is not None:
+            progress()
+    return records
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shard(matrix, row_block: int, col_block: int, row_index: int, col_index: int):
+    """Block (row_index, col_index) of a scipy CSR matrix cut into row_block x col_block tiles (padded)."""
+    n_rows, n_cols = matrix.shape
+    r0, c0 = row_index * row_block, col_index * col_block
+    part = matrix[min(r0, n_rows) : min(r0 + row_block, n_rows), min(c0, n_cols) : min(c0 + col_block, n_cols)]
+    import scipy.sparse as sp
+
+    out = sp.csr_matrix((part.data, part.indices, part.indptr), shape=(part.shape[0], part.shape[1]))
+    out.resize((row_block, col_block))
+    return out
+
+
+def _torch_csr(m):
+    import torch
+
+    m = m.tocsr()
+    return _csr_tensor(m.indptr, m.indices, m.data, m.shape)
+
+
+def calibrate_graph_shards(
+    adjacency,
+    widths,
+    gpus: int,
+    *,
+    grids=None,
+    seed: int = 0,
+    threads: int = 1,
+    repeats: int = 5,
+    all_shards: bool = False,
+    graph_name: str = "graph",
+    progress=None,
+) -> list[dict]:
+    """Time the real shard SpMMs (forward A F, backward A^T dH) and GEMMs of every grid and layer.
+
+    ``adjacency`` is the GCN-normalized N x N CSR matrix; it is double-permuted, layer i
+    uses P_r A P_c^T for even i and its transpose layout for odd i. The shard of a rank
+    is rows ceil(N/g_d), columns ceil(N/g_o) of that layout at its (depth, outer)
+    coordinates; shards are the same along the inner axis, so each distinct shard is
+    timed once (``all_shards``; otherwise the one with the most nonzeros, which decides
+    the epoch). Returns spmm-v1 and gemm-v1 records.
+    """
+    import torch
+
+    from plexus_tune.graph import double_permute
+    from plexus_tune.grid import enumerate_grids, format_grid, layer_roles
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    n = adjacency.shape[0]
+    perm, _, _ = double_permute(adjacency, seed=seed)
+    layouts = [perm.tocsr(), perm.T.tocsr()]
+    grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    stamp = now_utc()
+    records: list[dict] = []
+    for grid in grids:
+        grid = tuple(int(v) for v in grid)
+        for layer in range(len(widths) - 1):
+            o, inner, d = layer_roles(layer)
+            g_o, g_n, g_d = grid[o], grid[inner], grid[d]
+            r_d, r_o = _ceil_div(n, g_d), _ceil_div(n, g_o)
+            c_i, c_o = _ceil_div(widths[layer], g_n), _ceil_div(widths[layer + 1], g_o)
+            layout = layouts[layer % 2]
+            # nonzeros of every (depth, outer) shard, from one pass over the layout
+            coo = layout.tocoo()
+            counts = np.zeros((g_d, g_o), dtype=np.int64)
+            np.add.at(counts, (coo.row // r_d, coo.col // r_o), 1)
+            picks = [(a, b) for a in range(g_d) for b in range(g_o)] if all_shards else [np.unravel_index(int(np.argmax(counts)), counts.shape)]
+            base = {
+                "graph": graph_name,
+                "nodes": n,
+                "grid": format_grid(grid),
+                "gx": grid[0],
+                "gy": grid[1],
+                "gz": grid[2],
+                "gpus": gpus,
+                "layer": layer,
+                "threads": threads,
+                "measured_at": stamp,
+            }
+            imbalance = float(counts.max() / max(counts.mean(), 1e-12))
+            for a, b in picks:
+                A = shard(layout, r_d, r_o, int(a), int(b))
+                At = A.T.tocsr()
+                fwd = spmm_ms(_torch_csr(A), torch.rand(r_o, c_i), repeats=repeats)
+                bwd = spmm_ms(_torch_csr(At), torch.rand(r_d, c_i), repeats=repeats)
+                common = {**base, "shard": [int(a), int(b)], "nnz_imbalance": imbalance, "source": "graph", "kernel": "torch.sparse.mm(csr int32, dense)"}
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "forward", "nnz": int(A.nnz), "rows": r_d, "common": r_o, "dense_cols": c_i, "time_ms": fwd})
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "backward", "nnz": int(A.nnz), "rows": r_o, "common": r_d, "dense_cols": c_i, "time_ms": bwd})
+            H, W, dQ = torch.rand(r_d, c_i), torch.rand(c_i, c_o), torch.rand(r_d, c_o)
+            for name, fn, shape in (
+                ("forward H W", lambda: H @ W, (r_d, c_i, c_o)),
+                ("backward H^T dQ", lambda: H.T @ dQ, (c_i, r_d, c_o)),
+                ("backward dQ W^T", lambda: dQ @ W.T, (r_d, c_o, c_i)),
+            ):
+                t = time_call(fn, repeats=repeats)
+                records.append({"schema": GEMM_SCHEMA, **base, "product": name, "rows": shape[0], "inner": shape[1], "cols": shape[2], "time_ms": t})
+            if progress is not None:
+                progress()
+    return records
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Message sizes like '1K:64M' (factor 4 steps), '1K:64M:x2' or '4096,1M' in bytes."""
+    units = {"": 1, "B": 1, "K": KIB, "KIB": KIB, "M": KIB**2, "MIB": KIB**2, "G": KIB**3, "GIB": KIB**3}
+
+    def one(tok: str) -> int:
+        tok = tok.strip().upper()
+        num = tok.rstrip("KMGIB")
+        unit = tok[len(num) :]
+        try:
+            value = float(num) * units[unit]
+        except (ValueError, KeyError):
+            raise UserError(f"bad message size {tok!r}; write e.g. 1K, 64M or 4096") from None
+        if value < 1:
+            raise UserError(f"message size {tok!r} must be at least 1 byte")
+        return int(value)
+
+    text = text.strip()
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise UserError(f"bad size range {text!r}; write LOW:HIGH or LOW:HIGH:xFACTOR")
+        lo, hi = one(parts[0]), one(parts[1])
+        factor = 4.0
+        if len(parts) == 3:
+            try:
+                factor = float(parts[2].lstrip("xX"))
+            except ValueError:
+                raise UserError(f"bad size factor {parts[2]!r}; write e.g. x2") from None
+        if factor <= 1 or hi < lo:
+            raise UserError(f"bad size range {text!r}: need LOW <= HIGH and a factor > 1")
+        out, v = [], float(lo)
+        while v <= hi * (1 + 1e-9):
+            out.append(int(round(v)))
+            v *= factor
+        return out
+    return [one(t) for t in text.split(",") if t.strip()]

@@ -1,0 +1,200 @@
+"""``plexus-tune calibrate``: microbenchmarks of collectives and SpMM/GEMM, logged as JSON Lines."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="time collectives and SpMM/GEMM on this machine and log them",
+        description="Microbenchmarks for a machine profile. Results are appended to a JSON Lines "
+        "measurement log (--out); fit them with 'plexus-tune fit'.",
+    )
+    sub = parser.add_subparsers(dest="what", metavar="WHAT", parser_class=type(parser))
+    sub.required = True
+
+    coll = sub.add_parser(
+        "collectives",
+        help="all-reduce, all-gather, reduce-scatter for every group shape of G ranks",
+        description="Start G local ranks and time all-reduce, all-gather and reduce-scatter for every "
+        "(group size, stride) an axis of some grid of G has (contiguous and strided groups), "
+        "over message sizes (full buffer) from 1 KiB to 64 MiB. Median of --repeats calls after "
+        "--warmup calls; algbw and busbw follow nccl-tests.",
+    )
+    coll.add_argument("--gpus", type=int, required=True, metavar="G", help="ranks to start (G)")
+    coll.add_argument("--gpus-per-node", type=int, default=None, metavar="N", help="ranks per node, to record how many nodes a group spans (default: G, one node)")
+    coll.add_argument("--sizes", default="1K:64M", help="message sizes: LOW:HIGH[:xFACTOR] (default 1K:64M, factor 4) or a list 4K,1M")
+    coll.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", help="comma-separated collectives (default: all three)")
+    coll.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
+    coll.add_argument("--repeats", type=int, default=5, help="timed calls per size (default 5)")
+    coll.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with enough GPUs, else gloo")
+    coll.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop all ranks after S seconds (default 1800)")
+    coll.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    coll.set_defaults(handler=run_collectives)
+
+    spmm = sub.add_parser(
+        "spmm",
+        help="time SpMM (and GEMM) on synthetic shard shapes or a graph's real shards",
+        description="--sweep: time torch.sparse.mm on random CSR shard shapes (nnz, rows, common, "
+        "dense columns). --graph: on this one device, time the real shard SpMMs (forward A F, "
+        "backward A^T dH) and GEMMs of every grid of --gpus and every layer.",
+    )
+    mode = spmm.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sweep", action="store_true", help="random shard shapes")
+    mode.add_argument("--graph", metavar="GRAPH", help="graph file or synthetic spec (e.g. rmat:nodes=16384,edges=262144,features=64,classes=8)")
+    spmm.add_argument("--gpus", type=int, metavar="G", help="with --graph: time the shards of every grid of G")
+    spmm.add_argument("--count", type=int, default=500, help="with --sweep: number of shapes (default 500)")
+    spmm.add_argument("--max-rows", type=int, default=65536, help="with --sweep: largest rows/common (default 65536)")
+    spmm.add_argument("--max-cols", type=int, default=256, help="with --sweep: largest dense columns (default 256)")
+    spmm.add_argument("--max-nnz", type=int, default=4_000_000, help="with --sweep: largest nnz (default 4e6)")
+    spmm.add_argument("--layers", type=int, default=3, help="with --graph: GCN layers (default 3)")
+    spmm.add_argument("--hidden", type=int, default=128, help="with --graph: hidden width (default 128)")
+    spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
+    spmm.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as one rank of a local run)")
+    spmm.add_argument("--repeats", type=int, default=5, help="timed calls per shape (median; default 5)")
+    spmm.add_argument("--seed", type=int, default=0, help="random seed (shapes, matrices, permutation)")
+    spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    spmm.set_defaults(handler=run_spmm)
+
+
+def _positive(value, flag: str) -> int:
+    from plexus_tune.errors import UserError
+
+    if value is None or int(value) < 1:
+        raise UserError(f"{flag} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _quiet_torch_warnings() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def run_collectives(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune.calibration import calibrate_collectives, collective_shapes, parse_sizes
+    from plexus_tune.errors import UserError
+    from plexus_tune.store import append_records
+
+    _quiet_torch_warnings()
+    gpus = _positive(args.gpus, "--gpus")
+    if gpus < 2:
+        raise UserError("--gpus must be at least 2 to time collectives")
+    sizes = parse_sizes(args.sizes)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    _positive(args.repeats, "--repeats")
+    if args.warmup < 0:
+        raise UserError("--warmup must be >= 0")
+    console = Console(stderr=True)
+    shapes = collective_shapes(gpus)
+    console.print(
+        f"timing {len(ops)} collective(s) x {len(sizes)} sizes x {len(shapes)} group shapes "
+        f"{', '.join(f'g={g}/p={p}' for g, p in shapes)} on {gpus} ranks ..."
+    )
+    records = calibrate_collectives(
+        gpus,
+        gpus_per_node=args.gpus_per_node,
+        sizes=sizes,
+        ops=ops,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        backend=args.backend,
+        timeout_s=args.timeout,
+    )
+    append_records(args.out, records)
+    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}): median time and busbw")
+    for col in ("op", "group", "stride", "nodes", "smallest: ms", "largest: ms", "busbw GB/s"):
+        table.add_column(col, justify="right" if col not in ("op",) else "left")
+    keyed = {}
+    for r in records:
+        keyed.setdefault((r["op"], r["group_size"], r["stride"]), []).append(r)
+    for (op, g, p), rows in keyed.items():
+        rows.sort(key=lambda r: r["message_bytes"])
+        table.add_row(op, str(g), str(p), str(rows[-1]["nodes"]), f"{rows[0]['time_ms']:.3f}", f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
+    Console().print(table)
+    console.print(f"appended {len(records)} records to {args.out}")
+    return 0
+
+
+def _load_graph(text: str):
+    import os
+
+    from plexus_tune import graph as graph_pkg
+    from plexus_tune.errors import UserError
+
+    if os.path.exists(text):
+        loader = getattr(graph_pkg, "load_graph", None)
+        if loader is None:
+            raise UserError("this installation cannot read graph files; give a synthetic spec such as rmat:nodes=4096,edges=65536")
+        return loader(text)
+    if ":" not in text:
+        raise UserError(f"graph {text!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
+    return graph_pkg.synthetic(text)
+
+
+def run_spmm(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from plexus_tune.calibration import calibrate_graph_shards, spmm_sweep, sweep_shapes
+    from plexus_tune.errors import UserError
+    from plexus_tune.store import append_records, environment_info
+
+    _quiet_torch_warnings()
+    repeats = _positive(args.repeats, "--repeats")
+    threads = _positive(args.threads, "--threads")
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    env = environment_info()
+    if args.sweep:
+        count = _positive(args.count, "--count")
+        shapes = sweep_shapes(
+            count,
+            seed=args.seed,
+            rows=(min(256, args.max_rows), _positive(args.max_rows, "--max-rows")),
+            common=(min(256, args.max_rows), args.max_rows),
+            dense_cols=(1, _positive(args.max_cols, "--max-cols")),
+            max_nnz=_positive(args.max_nnz, "--max-nnz"),
+        )
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("SpMM sweep", total=len(shapes))
+            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, progress=lambda: progress.advance(task))
+    else:
+        if args.gpus is None:
+            raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")
+        gpus = _positive(args.gpus, "--gpus")
+        layers = _positive(args.layers, "--layers")
+        hidden = _positive(args.hidden, "--hidden")
+        graph = _load_graph(args.graph)
+        widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
+        from plexus_tune.grid import enumerate_grids
+
+        grids = enumerate_grids(gpus)
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(f"shards of {len(grids)} grids x {layers} layers", total=len(grids) * layers)
+            records = calibrate_graph_shards(
+                graph.normalized_adjacency(),
+                widths,
+                gpus,
+                grids=grids,
+                seed=args.seed,
+                threads=threads,
+                repeats=repeats,
+                all_shards=args.all_shards,
+                graph_name=graph.name,
+                progress=lambda: progress.advance(task),
+            )
+    for r in records:
+        r["machine_info"] = env
+    append_records(args.out, records)
+    spmm = [r for r in records if r["schema"].endswith("spmm-v1")]
+    gemm = len(records) - len(spmm)
+    total = sum(r["time_ms"] for r in spmm)
+    Console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
+    return 0
