@@ -23,6 +23,7 @@ from plexus_tune.graph.generators import (
     rmat_adjacency,
     synthetic,
 )
+from plexus_tune.graph.io import FORMATS, detect_format, load_graph, save_graph
 from plexus_tune.graph.permute import (
     PERMUTE_MODES,
     balance_report,
@@ -38,6 +39,10 @@ from plexus_tune.graph.permute import (
 )
 
 __all__ = [
+    "FORMATS",
+    "detect_format",
+    "load_graph",
+    "save_graph",
     "GENERATORS",
     "PERMUTE_MODES",
     "Graph",

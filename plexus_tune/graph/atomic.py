@@ -1,0 +1,58 @@
+"""Write-then-rename helpers: an output either appears complete or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from plexus_tune.errors import UserError
+
+
+def check_output_path(path, overwrite: bool) -> Path:
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already exists; remove it or pass --force")
+    if not path.parent.exists():
+        raise UserError(f"directory {path.parent} does not exist; create it first")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_file(path, *, overwrite: bool = False):
+    """Yield a temporary path in the target's directory (same suffix); on success it is
+    renamed onto ``path``, on any error it is removed."""
+    path = check_output_path(path, overwrite)
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if path.is_dir():
+            raise UserError(f"{path} is a directory; choose a file name")
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_directory(path, *, overwrite: bool = False):
+    """Yield a fresh temporary directory beside ``path``; on success it replaces ``path``
+    (an existing one is moved aside first and deleted after), on error it is deleted."""
+    path = check_output_path(path, overwrite)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.rename(path, old / "previous")
+        os.rename(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
