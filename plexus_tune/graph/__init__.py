@@ -24,6 +24,15 @@ from plexus_tune.graph.generators import (
     synthetic,
 )
 from plexus_tune.graph.io import FORMATS, detect_format, load_graph, save_graph
+from plexus_tune.graph.shards import (
+    load_node_rows,
+    load_permutations,
+    load_shard,
+    load_shard_range,
+    read_manifest,
+    shard_bounds,
+    write_shards,
+)
 from plexus_tune.graph.permute import (
     PERMUTE_MODES,
     balance_report,
@@ -68,4 +77,11 @@ __all__ = [
     "rmat_adjacency",
     "synthetic",
     "unpermute_rows",
+    "load_node_rows",
+    "load_permutations",
+    "load_shard",
+    "load_shard_range",
+    "read_manifest",
+    "shard_bounds",
+    "write_shards",
 ]

@@ -1,0 +1,253 @@
+"""Offline 2D shard files of the permuted normalized adjacency, and per-rank loading.
+
+:func:`write_shards` stores ``B = A_hat[row_perm][:, col_perm]`` where ``A_hat`` is the
+GCN-normalized adjacency (:func:`plexus_tune.graph.gcn_normalize`, float32) and the
+permutations come from :func:`plexus_tune.graph.permutations_for` (mode and seed are in
+the manifest, the permutations themselves in ``row_perm.npy`` / ``col_perm.npy``).
+
+The node count is padded to ``N_pad``, the next multiple of ``lcm(R, C)`` for a file grid
+R x C, so file block (r, c) covers rows ``[r*N_pad/R, (r+1)*N_pad/R)`` and columns
+``[c*N_pad/C, (c+1)*N_pad/C)`` of the zero-padded B. A rank whose target grid is
+``row_blocks x col_blocks`` with ``row_blocks | R`` and ``col_blocks | C`` owns a union of
+whole file blocks; :func:`load_shard` reads and merges only those files.
+
+Directory layout::
+
+    manifest.json              sizes, grid, permutation, nnz and sha256 per file
+    block_r{r}_c{c}.npz        local CSR: indptr (N_pad/R + 1), indices (local columns), data
+    row_perm.npy col_perm.npy  int64 permutations
+    features.npy labels.npy    node data in the original order (optional)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from plexus_tune.errors import UserError
+from plexus_tune.graph.atomic import atomic_directory
+from plexus_tune.graph.core import Graph, gcn_normalize
+from plexus_tune.graph.permute import permutations_for, permute_matrix
+
+SHARD_FORMAT = "plexus-shards"
+SHARD_VERSION = 1
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def block_file(r: int, c: int) -> str:
+    return f"block_r{r}_c{c}.npz"
+
+
+def padded_size(n: int, row_blocks: int, col_blocks: int) -> int:
+    """Smallest multiple of ``lcm(row_blocks, col_blocks)`` that is >= n."""
+    step = math.lcm(int(row_blocks), int(col_blocks))
+    return -(-int(n) // step) * step
+
+
+def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: int = 0,
+                 include_node_data: bool = True, overwrite: bool = False, progress=None) -> dict:
+    """Write the R x C shard files of the permuted normalized adjacency; returns the manifest.
+
+    ``graph`` is a :class:`Graph` or a raw square adjacency. Written atomically: the
+    directory appears complete or not at all. ``progress(done, total)`` is called per block.
+    """
+    rb, cb = (int(x) for x in blocks)
+    if rb < 1 or cb < 1:
+        raise UserError(f"bad block grid {rb}x{cb}; both sizes must be >= 1")
+    adj = graph.adjacency if isinstance(graph, Graph) else graph
+    n = adj.shape[0]
+    if adj.shape != (n, n):
+        raise UserError(f"adjacency must be square, got {adj.shape}")
+    n_pad = padded_size(n, rb, cb)
+    br, bc = n_pad // rb, n_pad // cb
+    row_perm, col_perm = permutations_for(mode, n, seed)
+    permuted = permute_matrix(gcn_normalize(adj), row_perm, col_perm)
+    index_dtype = np.int32 if max(br, bc) < 2**31 else np.int64
+    files = []
+    counts = np.zeros((rb, cb), dtype=np.int64)
+    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        for r in range(rb):
+            lo, hi = min(r * br, n), min((r + 1) * br, n)
+            rows = permuted[lo:hi]
+            # pad to br local rows: empty rows past N
+            indptr_full = np.full(br + 1, rows.indptr[-1], dtype=np.int64)
+            indptr_full[: hi - lo + 1] = rows.indptr
+            rows_padded = sp.csr_matrix((rows.data, rows.indices, indptr_full), shape=(br, n_pad))
+            for c in range(cb):
+                block = rows_padded[:, c * bc:(c + 1) * bc]
+                block.sort_indices()
+                name = block_file(r, c)
+                with open(tmp / name, "wb") as fh:
+                    np.savez(fh, indptr=block.indptr.astype(np.int64), indices=block.indices.astype(index_dtype),
+                             data=block.data.astype(np.float32))
+                counts[r, c] = block.nnz
+                files.append({"row": r, "col": c, "file": name, "nnz": int(block.nnz),
+                              "bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)})
+                if progress is not None:
+                    progress(r * cb + c + 1, rb * cb)
+        np.save(tmp / "row_perm.npy", row_perm)
+        np.save(tmp / "col_perm.npy", col_perm)
+        node_data = {}
+        if include_node_data and isinstance(graph, Graph):
+            np.save(tmp / "features.npy", np.asarray(graph.features, dtype=np.float32))
+            np.save(tmp / "labels.npy", np.asarray(graph.labels, dtype=np.int64))
+            node_data = {"features": "features.npy", "labels": "labels.npy",
+                         "num_features": int(graph.features.shape[1]), "num_classes": int(graph.num_classes)}
+        manifest = {
+            "format": SHARD_FORMAT,
+            "version": SHARD_VERSION,
+            "name": graph.name if isinstance(graph, Graph) else "adjacency",
+            "num_nodes": int(n),
+            "num_nodes_padded": int(n_pad),
+            "nnz": int(permuted.nnz),
+            "blocks": [rb, cb],
+            "block_rows": int(br),
+            "block_cols": int(bc),
+            "matrix": "B = A_hat[row_perm][:, col_perm], A_hat = D^-1/2 (A + I) D^-1/2 (float32), "
+                      "row v of A holds the in-neighbours of v; rows/columns >= num_nodes are zero padding",
+            "normalized": True,
+            "permutation": {"mode": mode, "seed": int(seed), "row_file": "row_perm.npy", "col_file": "col_perm.npy"},
+            "block_nnz": counts.tolist(),
+            "files": files,
+            "node_data": node_data,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def read_manifest(shard_dir) -> dict:
+    """The validated manifest of a shard directory (UserError if missing or corrupt)."""
+    shard_dir = Path(shard_dir)
+    path = shard_dir / "manifest.json"
+    if not path.is_file():
+        raise UserError(f"{shard_dir} is not a shard directory (no manifest.json); create one with "
+                        "plexus-tune graph shard")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is corrupt ({exc}); re-create the shards") from None
+    if manifest.get("format") != SHARD_FORMAT or manifest.get("version") != SHARD_VERSION:
+        raise UserError(f"{path}: not a version-{SHARD_VERSION} plexus shard manifest")
+    return manifest
+
+
+def _read_block(shard_dir: Path, entry: dict, br: int, bc: int, verify: bool) -> sp.csr_matrix:
+    path = shard_dir / entry["file"]
+    if not path.is_file():
+        raise UserError(f"{shard_dir}: shard file {entry['file']} is missing; re-create the shards")
+    if verify and _sha256(path) != entry["sha256"]:
+        raise UserError(f"{path}: checksum mismatch (truncated or corrupt); re-create the shards")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            indptr, indices, data = z["indptr"], z["indices"], z["data"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{path}: cannot read shard file ({exc}); re-create the shards") from None
+    if indptr.shape != (br + 1,) or indices.shape != data.shape or int(indptr[-1]) != indices.shape[0]:
+        raise UserError(f"{path}: shard arrays are inconsistent; re-create the shards")
+    return sp.csr_matrix((data, indices, indptr), shape=(br, bc))
+
+
+def load_shard_range(shard_dir, rows, cols, *, manifest: dict | None = None, verify: bool = True) -> sp.csr_matrix:
+    """Rows ``[i0, i1)`` x columns ``[j0, j1)`` of the padded permuted matrix B, reading
+    only the shard files that intersect that range."""
+    shard_dir = Path(shard_dir)
+    manifest = manifest or read_manifest(shard_dir)
+    n_pad, br, bc = manifest["num_nodes_padded"], manifest["block_rows"], manifest["block_cols"]
+    (i0, i1), (j0, j1) = (int(x) for x in rows), (int(x) for x in cols)
+    if not (0 <= i0 <= i1 <= n_pad and 0 <= j0 <= j1 <= n_pad):
+        raise UserError(f"range rows [{i0},{i1}) x cols [{j0},{j1}) is outside the {n_pad} x {n_pad} "
+                        "padded matrix")
+    entries = {(f["row"], f["col"]): f for f in manifest["files"]}
+    if i1 == i0 or j1 == j0:
+        return sp.csr_matrix((i1 - i0, j1 - j0), dtype=np.float32)
+    row_groups = []
+    for r in range(i0 // br, (i1 - 1) // br + 1):
+        parts = []
+        for c in range(j0 // bc, (j1 - 1) // bc + 1):
+            block = _read_block(shard_dir, entries[(r, c)], br, bc, verify)
+            r_lo, r_hi = max(i0 - r * br, 0), min(i1 - r * br, br)
+            c_lo, c_hi = max(j0 - c * bc, 0), min(j1 - c * bc, bc)
+            if (r_lo, r_hi, c_lo, c_hi) != (0, br, 0, bc):
+                block = block[r_lo:r_hi, c_lo:c_hi]
+            parts.append(block)
+        row_groups.append(parts[0] if len(parts) == 1 else sp.hstack(parts, format="csr"))
+    out = row_groups[0] if len(row_groups) == 1 else sp.vstack(row_groups, format="csr")
+    out = sp.csr_matrix(out, dtype=np.float32)
+    out.sort_indices()
+    return out
+
+
+def shard_bounds(manifest: dict, row_block: int, col_block: int, row_blocks: int, col_blocks: int):
+    """``((i0, i1), (j0, j1))`` of target block (row_block, col_block) of a
+    ``row_blocks x col_blocks`` grid; UserError unless the grid divides the file grid."""
+    fr, fc = manifest["blocks"]
+    if row_blocks < 1 or col_blocks < 1 or fr % row_blocks or fc % col_blocks:
+        raise UserError(f"block grid {row_blocks}x{col_blocks} does not divide the {fr}x{fc} shard files; "
+                        f"use sizes dividing {fr} and {fc}, or re-shard with a grid they divide")
+    if not (0 <= row_block < row_blocks and 0 <= col_block < col_blocks):
+        raise UserError(f"block ({row_block}, {col_block}) is outside the {row_blocks}x{col_blocks} grid")
+    n_pad = manifest["num_nodes_padded"]
+    h, w = n_pad // row_blocks, n_pad // col_blocks
+    return (row_block * h, (row_block + 1) * h), (col_block * w, (col_block + 1) * w)
+
+
+def load_shard(shard_dir, row_block: int, col_block: int, row_blocks: int, col_blocks: int, *,
+               transpose: bool = False, verify: bool = True) -> sp.csr_matrix:
+    """One rank's block of B: ``(N_pad/row_blocks) x (N_pad/col_blocks)`` CSR float32.
+
+    ``row_blocks`` must divide the file grid's R and ``col_blocks`` its C; only the
+    ``(R/row_blocks) * (C/col_blocks)`` covering files are read. With ``transpose`` the
+    block (row_block, col_block) of ``B^T`` is returned (read from B's block
+    (col_block, row_block) of the transposed grid), which the backward pass ``A^T dH`` uses.
+    """
+    manifest = read_manifest(shard_dir)
+    if transpose:
+        rows, cols = shard_bounds(manifest, col_block, row_block, col_blocks, row_blocks)
+        return load_shard_range(shard_dir, rows, cols, manifest=manifest, verify=verify).T.tocsr()
+    rows, cols = shard_bounds(manifest, row_block, col_block, row_blocks, col_blocks)
+    return load_shard_range(shard_dir, rows, cols, manifest=manifest, verify=verify)
+
+
+def load_permutations(shard_dir) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_perm, col_perm)`` stored with the shards."""
+    shard_dir = Path(shard_dir)
+    manifest = read_manifest(shard_dir)
+    try:
+        return (np.load(shard_dir / manifest["permutation"]["row_file"], allow_pickle=False),
+                np.load(shard_dir / manifest["permutation"]["col_file"], allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{shard_dir}: cannot read the permutations ({exc}); re-create the shards") from None
+
+
+def load_node_rows(shard_dir, start: int, stop: int, *, perm: str = "col"):
+    """Features and labels of permuted positions ``[start, stop)``: ``features[perm[i]]``
+    (zeros past N) and ``labels[perm[i]]`` (-1 past N), read memory-mapped, with ``perm``
+    the ``"row"`` or ``"col"`` permutation."""
+    shard_dir = Path(shard_dir)
+    manifest = read_manifest(shard_dir)
+    if not manifest.get("node_data"):
+        raise UserError(f"{shard_dir}: these shards were written without features and labels")
+    n = manifest["num_nodes"]
+    row_perm, col_perm = load_permutations(shard_dir)
+    order = {"row": row_perm, "col": col_perm}[perm]
+    feats = np.load(shard_dir / manifest["node_data"]["features"], mmap_mode="r")
+    labels = np.load(shard_dir / manifest["node_data"]["labels"], mmap_mode="r")
+    take = order[min(start, n):min(stop, n)]
+    out_f = np.zeros((stop - start, feats.shape[1]), dtype=np.float32)
+    out_l = np.full(stop - start, -1, dtype=np.int64)
+    out_f[: take.size] = feats[take]
+    out_l[: take.size] = labels[take]
+    return out_f, out_l
