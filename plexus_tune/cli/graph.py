@@ -1,0 +1,320 @@
+"""``plexus-tune graph``: generate, convert, inspect and shard graphs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+GENERATOR_KINDS = ("rmat", "grid2d")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "graph",
+        help="generate, convert, inspect and shard graphs",
+        description="Graph data for training and calibration: synthetic graphs, format conversion, "
+        "statistics with the 2D load-balance report, and offline 2D shard files.",
+    )
+    sub = parser.add_subparsers(dest="graph_command", metavar="ACTION", parser_class=type(parser))
+    sub.required = True
+
+    gen = sub.add_parser(
+        "generate",
+        help="make a seeded synthetic graph (R-MAT or road-like 2D lattice)",
+        description="rmat: Graph500 R-MAT (a=.57 b=.19 c=.19 d=.05), EDGES distinct undirected edges, "
+        "vertex ids scrambled. grid2d: nodes on a sqrt(N)-wide lattice in row-major order, 10%% of "
+        "lattice edges dropped and 1%% random long edges added (a locality-heavy, road-like graph). "
+        "Features are standard normal, labels are equal-frequency classes of node degree. "
+        "The output format follows OUT's suffix (a directory name gives the own memory-mapped format).",
+    )
+    gen.add_argument("kind", choices=GENERATOR_KINDS, metavar="KIND", help="rmat or grid2d")
+    gen.add_argument("--nodes", required=True, help="node count (4096, 1e6, 1M)")
+    gen.add_argument("--edges", default=None, help="rmat: undirected edges (default 16 x nodes)")
+    gen.add_argument("--features", default="128", help="feature width (default 128)")
+    gen.add_argument("--classes", default="32", help="label classes (default 32)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    gen.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="generator option: rmat a,b,c,d,noise,scramble; grid2d neighbors,drop,long (repeatable)")
+    gen.add_argument("--out", required=True, metavar="PATH", help="output path (directory, .npz, .mtx, .txt, .csv, .pt)")
+    gen.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    gen.set_defaults(handler=run_generate)
+
+    conv = sub.add_parser(
+        "convert",
+        help="convert a graph between formats",
+        description="Read IN (plexus directory, OGB directory, .npz, .mtx, .txt/.csv edge list, .pt PyG Data) "
+        "and write OUT in the format of its suffix. Edge lists and OGB edges are undirected unless "
+        "--directed. Formats without features/labels get random features and degree labels.",
+    )
+    conv.add_argument("input", metavar="IN")
+    conv.add_argument("output", metavar="OUT")
+    _add_load_options(conv)
+    conv.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    conv.set_defaults(handler=run_convert)
+
+    stats = sub.add_parser(
+        "stats",
+        help="sizes, degrees and the 2D load-balance report (max/mean nonzeros per block)",
+        description="Statistics of a graph (file, directory or synthetic spec such as grid2d:nodes=65536) "
+        "and max/mean nonzeros of A+I over an R x C block grid after no, one (single) or two (double) "
+        "random permutations. On a shard directory: the per-block nonzeros of a target grid that "
+        "divides the file grid.",
+    )
+    stats.add_argument("path", metavar="PATH", help="graph path, synthetic spec, or shard directory")
+    stats.add_argument("--blocks", default="8x8", help="block grid RxC (default 8x8)")
+    stats.add_argument("--permute", choices=("none", "single", "double", "all"), default="all",
+                       help="permutation(s) to report (default all)")
+    stats.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
+    stats.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    _add_load_options(stats)
+    stats.set_defaults(handler=run_stats)
+
+    shard = sub.add_parser(
+        "shard",
+        help="write 2D shard files of the permuted normalized adjacency",
+        description="Normalize (D^-1/2 (A+I) D^-1/2), permute (double by default) and cut the adjacency "
+        "into R x C block files plus manifest.json (sizes, permutation, nnz and sha256 per block), "
+        "the permutations and the node data. A rank of any grid whose sizes divide R and C reads only "
+        "the files covering its block (plexus_tune.graph.load_shard).",
+    )
+    shard.add_argument("path", metavar="PATH", help="graph path or synthetic spec")
+    shard.add_argument("--blocks", default="8x8", help="file grid RxC (default 8x8)")
+    shard.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist)")
+    shard.add_argument("--permute", choices=("none", "single", "double"), default="double",
+                       help="permutation (default double)")
+    shard.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
+    shard.add_argument("--no-node-data", action="store_true", help="do not copy features and labels")
+    shard.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    _add_load_options(shard)
+    shard.set_defaults(handler=run_shard)
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reading formats without features or labels")
+    group.add_argument("--directed", action="store_true", help="keep edge-list/OGB edges one-way (src -> dst)")
+    group.add_argument("--make-features", type=int, default=None, metavar="W",
+                       help="width of random features when the input has none (default 128)")
+    group.add_argument("--make-classes", type=int, default=None, metavar="C",
+                       help="degree-label classes when the input has no labels (default 32)")
+
+
+@contextlib.contextmanager
+def _progress(description: str):
+    """A rich progress bar on stderr; yields ``update(done, total)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done, total):
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _open_graph(text: str, args):
+    import os
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import GENERATORS, load_graph, synthetic
+
+    if os.path.exists(text):
+        return load_graph(text, directed=args.directed, features=args.make_features, classes=args.make_classes)
+    kind = text.split(":", 1)[0].lower()
+    if ":" in text and kind in GENERATORS:
+        with _progress(f"generating {kind}") as update:
+            return synthetic(text, progress=update)
+    raise UserError(f"no such file or directory: {text} (nor a synthetic spec such as grid2d:nodes=65536)")
+
+
+def run_generate(args) -> int:
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import generate, save_graph
+    from plexus_tune.graph.atomic import check_output_path
+    from plexus_tune.graph.generators import parse_spec
+    from plexus_tune.graph.io import save_format_for
+
+    save_format_for(args.out)
+    check_output_path(args.out, args.force)
+    spec = [f"nodes={args.nodes}", f"features={args.features}", f"classes={args.classes}", f"seed={args.seed}"]
+    if args.edges is not None:
+        if args.kind != "rmat":
+            raise UserError("--edges applies to rmat only; grid2d's edges follow from its lattice")
+        spec.append(f"edges={args.edges}")
+    for item in args.param:
+        if "=" not in item:
+            raise UserError(f"--param {item!r}: expected KEY=VALUE")
+        spec.append(item)
+    kind, params = parse_spec(f"{args.kind}:{','.join(spec)}")
+    with _progress(f"generating {kind}") as update:
+        graph = generate(kind, progress=update, **params)
+    fmt = save_graph(graph, args.out, overwrite=args.force)
+    print(f"wrote {args.out} ({fmt}): {graph.name}, {graph.num_nodes} nodes, {graph.num_edges} edges, "
+          f"{graph.nnz} nonzeros (+{graph.num_nodes} self-loops when normalized), "
+          f"{graph.num_features} features, {graph.num_classes} classes")
+    return 0
+
+
+def run_convert(args) -> int:
+    import os
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import load_graph, save_graph
+    from plexus_tune.graph.atomic import check_output_path
+    from plexus_tune.graph.io import save_format_for
+
+    fmt = save_format_for(args.output)
+    check_output_path(args.output, args.force)
+    if os.path.abspath(args.input) == os.path.abspath(args.output):
+        raise UserError("IN and OUT are the same path; choose another output")
+    graph = load_graph(args.input, directed=args.directed, features=args.make_features, classes=args.make_classes)
+    with _progress("writing"):
+        save_graph(graph, args.output, overwrite=args.force)
+    dropped = " (features and labels are not stored in this format)" if fmt in ("mtx", "edgelist") else ""
+    print(f"wrote {args.output} ({fmt}): {graph.num_nodes} nodes, {graph.nnz} nonzeros{dropped}")
+    return 0
+
+
+def _graph_stats(graph, blocks, modes, seed) -> dict:
+    import numpy as np
+
+    from plexus_tune.graph import balance_report
+
+    degree = np.diff(graph.adjacency.indptr)
+    out = {
+        "name": graph.name,
+        "nodes": graph.num_nodes,
+        "edges": graph.num_edges,
+        "nnz": graph.nnz,
+        "nnz_normalized": graph.nnz + int(np.count_nonzero(graph.adjacency.diagonal() == 0)),
+        "features": graph.num_features,
+        "classes": graph.num_classes,
+        "symmetric": bool(graph.meta.get("symmetric", False)),
+        "degree_min": int(degree.min()) if degree.size else 0,
+        "degree_mean": float(degree.mean()) if degree.size else 0.0,
+        "degree_max": int(degree.max()) if degree.size else 0,
+        "isolated_nodes": int(np.count_nonzero(degree == 0)),
+        "blocks": list(blocks),
+        "balance": {},
+    }
+    for mode in modes:
+        report = balance_report(graph.adjacency, blocks, mode, seed)
+        out["balance"][mode] = {k: report[k] for k in ("max_over_mean", "max_nnz", "mean_nnz", "min_nnz", "block_nnz")}
+    return out
+
+
+def _shard_stats(path, blocks) -> dict:
+    import numpy as np
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import read_manifest
+
+    manifest = read_manifest(path)
+    fr, fc = manifest["blocks"]
+    rb, cb = blocks
+    if fr % rb or fc % cb:
+        raise UserError(f"block grid {rb}x{cb} does not divide the {fr}x{fc} shard files; "
+                        f"use sizes dividing {fr} and {fc}")
+    counts = np.asarray(manifest["block_nnz"], dtype=np.int64).reshape(rb, fr // rb, cb, fc // cb).sum(axis=(1, 3))
+    mean = counts.sum() / counts.size
+    return {
+        "name": manifest["name"],
+        "nodes": manifest["num_nodes"],
+        "nodes_padded": manifest["num_nodes_padded"],
+        "nnz_normalized": manifest["nnz"],
+        "file_blocks": [fr, fc],
+        "permutation": manifest["permutation"],
+        "blocks": [rb, cb],
+        "block_shape": [manifest["num_nodes_padded"] // rb, manifest["num_nodes_padded"] // cb],
+        "max_over_mean": float(counts.max() / mean) if mean else float("nan"),
+        "block_nnz": counts.tolist(),
+    }
+
+
+def run_stats(args) -> int:
+    import json
+    import os
+
+    from plexus_tune.graph import parse_blocks
+
+    blocks = parse_blocks(args.blocks)
+    if os.path.isdir(args.path) and os.path.isfile(os.path.join(args.path, "manifest.json")):
+        stats = _shard_stats(args.path, blocks)
+        if args.format == "json":
+            print(json.dumps(stats, indent=1))
+            return 0
+        _print_shard_table(stats)
+        return 0
+    graph = _open_graph(args.path, args)
+    modes = ("none", "single", "double") if args.permute == "all" else (args.permute,)
+    with _progress("balance report"):
+        stats = _graph_stats(graph, blocks, modes, args.seed)
+    if args.format == "json":
+        print(json.dumps(stats, indent=1))
+        return 0
+    _print_graph_table(stats)
+    return 0
+
+
+def _print_graph_table(stats: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{stats['name']}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key in ("nodes", "edges", "nnz", "nnz_normalized", "features", "classes", "symmetric",
+                "degree_min", "degree_mean", "degree_max", "isolated_nodes"):
+        value = stats[key]
+        table.add_row(key, f"{value:.2f}" if isinstance(value, float) else str(value))
+    balance = Table(title=f"nonzeros of A+I per block, {stats['blocks'][0]}x{stats['blocks'][1]} grid")
+    for col in ("permutation", "max/mean", "max", "mean", "min"):
+        balance.add_column(col, justify="right")
+    for mode, rep in stats["balance"].items():
+        balance.add_row(mode, f"{rep['max_over_mean']:.3f}", str(rep["max_nnz"]), f"{rep['mean_nnz']:.1f}",
+                        str(rep["min_nnz"]))
+    console = Console()
+    console.print(table)
+    console.print(balance)
+
+
+def _print_shard_table(stats: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"shards of {stats['name']}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    perm = stats["permutation"]
+    rows = [("nodes (padded)", f"{stats['nodes']} ({stats['nodes_padded']})"),
+            ("nonzeros (normalized)", str(stats["nnz_normalized"])),
+            ("file grid", "x".join(map(str, stats["file_blocks"]))),
+            ("permutation", f"{perm['mode']}, seed {perm['seed']}"),
+            ("rank grid", "x".join(map(str, stats["blocks"]))),
+            ("rank block shape", "x".join(map(str, stats["block_shape"]))),
+            ("max/mean nnz per rank block", f"{stats['max_over_mean']:.3f}")]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
+
+
+def run_shard(args) -> int:
+    from plexus_tune.graph import parse_blocks, write_shards
+    from plexus_tune.graph.atomic import check_output_path
+
+    blocks = parse_blocks(args.blocks)
+    check_output_path(args.out, args.force)
+    graph = _open_graph(args.path, args)
+    with _progress(f"writing {blocks[0]}x{blocks[1]} shards") as update:
+        manifest = write_shards(graph, args.out, blocks, mode=args.permute, seed=args.seed,
+                                include_node_data=not args.no_node_data, overwrite=args.force, progress=update)
+    counts = [n for row in manifest["block_nnz"] for n in row]
+    mean = sum(counts) / len(counts)
+    ratio = max(counts) / mean if mean else float("nan")
+    print(f"wrote {args.out}: {len(counts)} blocks of {manifest['block_rows']}x{manifest['block_cols']} "
+          f"(N={manifest['num_nodes']} padded to {manifest['num_nodes_padded']}), {manifest['nnz']} nonzeros, "
+          f"{args.permute} permutation seed {args.seed}, max/mean nnz per block {ratio:.3f}")
+    return 0
