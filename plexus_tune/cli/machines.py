@@ -1,0 +1,116 @@
+"""``plexus-tune machines``: list machine profiles, or show one with its provenance."""
+
+from __future__ import annotations
+
+FORMATS = ("table", "json")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "machines",
+        help="list machine profiles, or show one",
+        description="List the machine profiles found by name (PLEXUS_TUNE_MODELS, then the shipped models/ "
+        "directory), or show one profile (name or path) with the provenance of its numbers.",
+    )
+    parser.add_argument("machine", nargs="?", help="profile name or path to show in full")
+    parser.add_argument("--fields", action="store_true", help="describe every field of a profile and exit")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    parser.set_defaults(handler=run)
+
+
+def _summary(machine) -> dict:
+    coll = machine.collectives
+    return {
+        "name": machine.name,
+        "gpus_per_node": machine.gpus_per_node,
+        "device_memory_gib": machine.device_memory_bytes / 2**30,
+        "gemm_tflops": machine.gemm_tflops,
+        "spmm_kind": machine.spmm.get("kind"),
+        "beta_intra_gbps": coll["beta_intra_gbps"],
+        "beta_inter_gbps": coll["beta_inter_gbps"],
+        "bandwidth_table": bool(coll.get("bandwidth_table")),
+        "description": machine.description,
+    }
+
+
+def run(args) -> int:
+    import json
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune.machine import FIELDS, list_machines, load_machine
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.fields:
+        if args.format == "json":
+            json.dump(FIELDS, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return 0
+        table = Table(title="Machine profile fields (GB = 1e9 bytes, GiB = 2**30 bytes)", title_justify="left")
+        table.add_column("field")
+        table.add_column("meaning", overflow="fold")
+        for key, text in FIELDS.items():
+            table.add_row(key, text)
+        console.print(table)
+        return 0
+    if args.machine:
+        machine = load_machine(args.machine)
+        if args.format == "json":
+            json.dump(machine.raw, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return 0
+        summary = _summary(machine)
+        table = Table(title=f"Machine {machine.name} ({machine.path})", title_justify="left")
+        table.add_column("field")
+        table.add_column("value", overflow="fold")
+        table.add_column("provenance", overflow="fold")
+        provenance = machine.raw.get("provenance", {})
+        rows = [
+            ("gpus_per_node", machine.gpus_per_node),
+            ("device_memory_gib", machine.raw.get("device_memory_gib")),
+            ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
+            ("gemm_tflops", machine.gemm_tflops),
+            ("elementwise_gbps", machine.elementwise_gbps),
+            ("spmm", json.dumps(machine.spmm)),
+        ]
+        for key in ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"):
+            rows.append((f"collectives.{key}", machine.collectives[key]))
+        table_raw = machine.raw["collectives"].get("bandwidth_table")
+        if table_raw:
+            rows.append(("collectives.bandwidth_table", "; ".join(
+                f"stride {e['stride']} group {e['group']}: {e['beta_gbps']} GB/s" for e in table_raw)))
+        for key, value in rows:
+            table.add_row(key, str(value), str(provenance.get(key, "")))
+        console.print(table)
+        if summary["description"]:
+            console.print(summary["description"])
+        return 0
+    entries = list_machines()
+    if args.format == "json":
+        out = []
+        for e in entries:
+            item = {"name": e["name"], "path": e["path"], "problem": e["problem"]}
+            if e["machine"] is not None:
+                item.update(_summary(e["machine"]))
+                item["name"] = e["name"]
+            out.append(item)
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title="Machine profiles", title_justify="left")
+    for col in ("name", "GPUs/node", "memory GiB", "GEMM TFLOP/s", "SpMM model", "beta intra/inter GB/s",
+                "measured table", "description"):
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        m = e["machine"]
+        if m is None:
+            table.add_row(e["name"], "", "", "", "", "", "", f"[red]invalid: {e['problem']}[/red]")
+            continue
+        s = _summary(m)
+        table.add_row(e["name"], str(s["gpus_per_node"]), f"{s['device_memory_gib']:g}", f"{s['gemm_tflops']:g}",
+                      str(s["spmm_kind"]), f"{s['beta_intra_gbps']:g} / {s['beta_inter_gbps']:g}",
+                      "yes" if s["bandwidth_table"] else "no", s["description"])
+    console.print(table)
+    return 0

@@ -1,0 +1,181 @@
+"""``plexus-tune predict``: rank every grid of G GPUs by predicted epoch time."""
+
+from __future__ import annotations
+
+import argparse
+
+FORMATS = ("table", "json", "csv")
+TABLE_COLUMNS = (
+    ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
+    ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"), ("comm_z_ms", "comm Z"), ("other_ms", "other"),
+)
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that describe a workload (shared with other sub-commands)."""
+    group = parser.add_argument_group("workload (a catalog dataset, or explicit statistics)")
+    group.add_argument("--dataset", help="catalog dataset name (see 'plexus-tune datasets'), case-insensitive")
+    group.add_argument("--nodes", help="explicit workload: number of graph nodes N")
+    group.add_argument("--nnz", help="explicit workload: adjacency nonzeros NNZ, self-loops included")
+    group.add_argument("--features", help="explicit workload (or override): input feature width D_0")
+    group.add_argument("--classes", help="explicit workload (or override): number of classes D_L")
+    group.add_argument("--layers", default="3", help="number of GCN layers (default 3)")
+    group.add_argument("--hidden", default="128", help="hidden width (default 128)")
+    group.add_argument("--bytes-per-element", default="4", help="bytes per matrix element (default 4, fp32)")
+
+
+def _int_option(value, option: str, *, minimum: int = 1) -> int:
+    from plexus_tune.errors import UserError
+
+    text = str(value).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise UserError(f"{option} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise UserError(f"{option} must be at least {minimum}, got {number}")
+    return number
+
+
+def workload_from_args(args):
+    """Build the Workload an argparse namespace describes (UserError on bad values)."""
+    from plexus_tune.errors import UserError
+    from plexus_tune.workload import Workload, get_dataset
+
+    layers = _int_option(args.layers, "--layers")
+    hidden = _int_option(args.hidden, "--hidden")
+    bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
+    features = None if args.features is None else _int_option(args.features, "--features")
+    classes = None if args.classes is None else _int_option(args.classes, "--classes")
+    if args.dataset:
+        if args.nodes is not None or args.nnz is not None:
+            raise UserError("give either --dataset or explicit --nodes/--nnz, not both")
+        info = get_dataset(args.dataset)
+        return Workload.from_graph_stats(
+            info.name, info.nodes, info.nnz, features or info.features, classes or info.classes,
+            layers=layers, hidden=hidden, bytes_per_element=bpe,
+        )
+    missing = [opt for opt, val in (("--nodes", args.nodes), ("--nnz", args.nnz), ("--features", features),
+                                    ("--classes", classes)) if val is None]
+    if missing:
+        raise UserError(f"give --dataset NAME, or an explicit workload (missing {' '.join(missing)})")
+    nodes = _int_option(args.nodes, "--nodes")
+    nnz = _int_option(args.nnz, "--nnz")
+    return Workload.from_graph_stats(
+        f"custom(N={nodes},NNZ={nnz})", nodes, nnz, features, classes, layers=layers, hidden=hidden,
+        bytes_per_element=bpe,
+    )
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "predict",
+        help="rank every Gx x Gy x Gz grid of G GPUs by predicted epoch time",
+        description="Predict the per-epoch time (SpMM, GEMM, communication per axis, memory) of every grid "
+        "of G GPUs on a machine, rank them and recommend the fastest that fits in memory.",
+    )
+    add_workload_arguments(parser)
+    parser.add_argument("--gpus", "-G", required=True, help="number of GPUs G (any positive integer)")
+    parser.add_argument("--machine", "-m", required=True,
+                        help="machine profile name (see 'plexus-tune machines') or path of a profile JSON file")
+    parser.add_argument("--top", default="10", help="show the best K grids (default 10; 0 = all)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    parser.add_argument("--powers-of-two", action="store_true", help="only grids whose sizes are powers of two")
+    parser.add_argument("--max-x", help="largest allowed Gx")
+    parser.add_argument("--max-y", help="largest allowed Gy")
+    parser.add_argument("--max-z", help="largest allowed Gz")
+    parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.set_defaults(handler=run)
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    widths = "-".join(str(w) for w in workload.widths)
+    title = (f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}; "
+             f"{gpus} GPUs on {machine.name}; {n_grids} grids, {n_feasible} fit in memory")
+    if block_rows:
+        title += f"; aggregation blocked by {block_rows} rows"
+    table = Table(title=title, title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("grid GxxGyxGz")
+    for _, label in TABLE_COLUMNS:
+        table.add_column(label, justify="right")
+    table.add_column("mem GiB", justify="right")
+    table.add_column("fits")
+    for rec in records:
+        style = None if rec["feasible"] else "red"
+        row = [str(rec["rank"]), rec["grid"]] + [_fmt(rec[key]) for key, _ in TABLE_COLUMNS]
+        row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
+        table.add_row(*row, style=style)
+    console.print(table)
+    console.print("times are ms per epoch; comm X/Y/Z split the communication by grid axis", style="dim")
+
+
+def run(args) -> int:
+    import json
+    import sys
+
+    from plexus_tune.costs import prediction_records, predict_grids, rank_order
+    from plexus_tune.errors import UserError
+    from plexus_tune.grid import check_gpus, enumerate_grids
+    from plexus_tune.machine import GIB, load_machine
+
+    workload = workload_from_args(args)
+    gpus = check_gpus(args.gpus)
+    top = _int_option(args.top, "--top", minimum=0)
+    block_rows = None if args.block_rows is None else _int_option(args.block_rows, "--block-rows")
+    bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
+              for a in "xyz"}
+    machine = load_machine(args.machine)
+    grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
+    if len(grids) == 0:
+        raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
+    pred = predict_grids(workload, machine, grids, block_rows=block_rows)
+    order = rank_order(pred)
+    records = prediction_records(pred, order, top=top or None)
+    n_feasible = int(pred["feasible"].sum())
+
+    if args.format == "json":
+        json.dump(records, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif args.format == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(records[0].keys()), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+    else:
+        _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
+
+    if n_feasible == 0:
+        smallest = int(pred["memory_bytes"].argmin())
+        need = pred["memory_gib"][smallest]
+        have = machine.usable_memory_bytes / GIB
+        raise UserError(
+            f"no grid of {gpus} GPUs fits: the smallest estimate is {need:.1f} GiB per GPU "
+            f"(grid {pred['gx'][smallest]}x{pred['gy'][smallest]}x{pred['gz'][smallest]}) but {machine.name} "
+            f"offers {have:.1f} GiB; use more GPUs or a machine with more device memory"
+        )
+    if args.format == "table":
+        best = records[0]
+        print(
+            f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
+            f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}; "
+            f"{best['memory_gib']:.2f} GiB per GPU)"
+        )
+    return 0
