@@ -369,18 +369,30 @@ def bus_bandwidth_gbps(op, group_size, message_bytes, time_ms) -> tuple[np.ndarr
 
 @dataclass
 class CollectiveModel:
-    """alpha (us per ring step) and beta (bus bandwidth, GB/s) per tier (intra, inter)."""
+    """alpha (us per ring step) and beta (bus bandwidth, GB/s) per tier (intra, inter).
+
+    With a ``table`` (entries op, stride, group, beta_gbps), a row whose (op, stride,
+    group size) is listed uses that bus bandwidth instead of its tier's beta.
+    """
 
     tiers: dict
+    table: list = field(default_factory=list)
     scores: dict = field(default_factory=dict)
     n_samples: int = 0
 
     def predict(self, df) -> np.ndarray:
         """time_ms = steps alpha + factor M / beta, with the tier chosen by nodes (1: intra)."""
-        steps, factor = ring_terms(np.asarray(df["op"]), np.asarray(df["group_size"]))
+        op = np.asarray(df["op"]).astype(str)
+        g = np.asarray(df["group_size"])
+        steps, factor = ring_terms(op, g)
         inter = np.asarray(df["nodes"], dtype=np.float64) > 1
         alpha_us = np.where(inter, self._get("inter", "alpha_us"), self._get("intra", "alpha_us"))
-        beta = np.where(inter, self._get("inter", "beta_gbps"), self._get("intra", "beta_gbps"))
+        beta = np.where(inter, self._get("inter", "beta_gbps"), self._get("intra", "beta_gbps")).astype(np.float64)
+        if self.table and "stride" in df:
+            stride = np.asarray(df["stride"])
+            for e in self.table:
+                hit = (op == e["op"]) & (stride == e["stride"]) & (g == e["group"])
+                beta = np.where(hit, e["beta_gbps"], beta)
         m = np.asarray(df["message_bytes"], dtype=np.float64)
         return steps * alpha_us * 1e-3 + factor * m / (beta * 1e9) * 1e3
 
@@ -398,6 +410,11 @@ class CollectiveModel:
             "alpha_inter_us": inter["alpha_us"],
             "beta_inter_gbps": inter["beta_gbps"],
         }
+        if self.table:
+            out["bandwidth_table"] = [
+                {"stride": [e["stride"], e["stride"]], "group": [e["group"], e["group"]], "beta_gbps": e["beta_gbps"], "ops": [e["op"]]}
+                for e in self.table
+            ]
         if "inter" not in self.tiers:
             out["note"] = "no inter-node measurements: inter-node values copy the intra-node fit"
         return out
@@ -410,38 +427,63 @@ def _fit_alpha_beta(steps, factor, m, y) -> tuple[float, float]:
     return float(alpha_us), float(beta)
 
 
-def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0) -> CollectiveModel:
+def _fit_beta_given_alpha(steps, factor, m, y, alpha_us) -> float:
+    """Least relative error 1/beta >= 0 with alpha fixed: t - steps alpha = factor M / beta."""
+    a = factor * m * 1e-6 / y
+    b = 1.0 - steps * alpha_us * 1e-3 / y
+    inv = max(float(a @ b) / float(a @ a), 1e-9)
+    return 1.0 / inv
+
+
+def _fit_collective_rows(idx, op, steps, factor, m, y, inter, stride, g, table: bool):
+    tiers = {}
+    for tier, mask in (("intra", ~inter), ("inter", inter)):
+        sel = idx[mask[idx]]
+        if len(sel) >= 2:
+            alpha, beta = _fit_alpha_beta(steps[sel], factor[sel], m[sel], y[sel])
+            tiers[tier] = {"alpha_us": alpha, "beta_gbps": beta, "samples": int(len(sel))}
+    entries = []
+    if table and stride is not None and tiers:
+        keys = sorted({(op[i], int(stride[i]), int(g[i])) for i in idx})
+        for o, p, gs in keys:
+            sel = idx[(op[idx] == o) & (stride[idx] == p) & (g[idx] == gs) & ~inter[idx]]
+            if len(sel) >= 2:
+                alpha = tiers.get("intra", tiers.get("inter"))["alpha_us"]
+                beta = _fit_beta_given_alpha(steps[sel], factor[sel], m[sel], y[sel], alpha)
+                entries.append({"op": o, "stride": p, "group": gs, "beta_gbps": float(beta)})
+    return tiers, entries
+
+
+def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, table: bool = False) -> CollectiveModel:
     """Fit alpha and beta per tier (intra: nodes == 1, inter: nodes > 1) to ring formulas.
 
-    df columns: op, group_size, nodes, message_bytes (full buffer), time_ms. Rows with a
-    group of one rank carry no ring term and are ignored. Least squares on relative error
-    with alpha, 1/beta >= 0.
+    df columns: op, group_size, nodes, message_bytes (full buffer), time_ms (and stride,
+    for ``table``). Rows with a group of one rank carry no ring term and are ignored.
+    Least squares on relative error with alpha, 1/beta >= 0. With ``table``, every
+    intra-node (op, stride, group size) also gets its own bus bandwidth (alpha kept
+    from the tier fit): the profile's ``bandwidth_table``.
     """
     check_frame(df, COLLECTIVE_COLUMNS, positive=("group_size", "nodes", "message_bytes", "time_ms"), min_count=2, what="collective measurements")
-    df = df[np.asarray(df["group_size"], dtype=np.float64) > 1]
+    df = df[np.asarray(df["group_size"], dtype=np.float64) > 1].reset_index(drop=True)
     if len(df) < 2:
         raise UserError("collective measurements: fewer than 2 rows with group_size > 1; measure groups of 2 or more ranks")
     op = np.asarray(df["op"]).astype(str)
-    steps, factor = ring_terms(op, np.asarray(df["group_size"]))
+    g = np.asarray(df["group_size"]).astype(np.int64)
+    steps, factor = ring_terms(op, g)
     m = np.asarray(df["message_bytes"], dtype=np.float64)
     y = np.asarray(df["time_ms"], dtype=np.float64)
     inter = np.asarray(df["nodes"], dtype=np.float64) > 1
-    tiers = {}
-    for tier, mask in (("intra", ~inter), ("inter", inter)):
-        if mask.sum() >= 2:
-            alpha, beta = _fit_alpha_beta(steps[mask], factor[mask], m[mask], y[mask])
-            tiers[tier] = {"alpha_us": alpha, "beta_gbps": beta, "samples": int(mask.sum())}
-    model = CollectiveModel(tiers=tiers, n_samples=len(y))
+    if table and "stride" not in df:
+        raise UserError("collective measurements: missing column 'stride' (needed for a bandwidth table)")
+    stride = np.asarray(df["stride"]).astype(np.int64) if "stride" in df else None
+    args = (op, steps, factor, m, y, inter, stride, g, table)
+    tiers, entries = _fit_collective_rows(np.arange(len(y)), *args)
+    model = CollectiveModel(tiers=tiers, table=entries, n_samples=len(y))
     if n_splits > 0 and len(y) >= 5:
 
         def fit_rows(idx):
-            t = {}
-            for tier, mask in (("intra", ~inter), ("inter", inter)):
-                sel = idx[mask[idx]]
-                if len(sel) >= 2:
-                    a, b = _fit_alpha_beta(steps[sel], factor[sel], m[sel], y[sel])
-                    t[tier] = {"alpha_us": a, "beta_gbps": b}
-            sub = CollectiveModel(tiers=t or tiers)
+            t, e = _fit_collective_rows(idx, *args)
+            sub = CollectiveModel(tiers=t or tiers, table=e)
             return lambda rows: sub.predict(df.iloc[rows])
 
         model.scores = repeated_split_scores(fit_rows, y, n_splits=n_splits, seed=seed)
@@ -552,3 +594,59 @@ def scores_table_rows(all_scores: Mapping) -> list[dict]:
     for kind, s in all_scores.items():
         rows.append({"kind": kind, **{k: s.get(k) for k in ("train_r2", "test_r2", "train_rmse_ms", "test_rmse_ms", "train_mape", "test_mape")}})
     return rows
+
+
+# --------------------------------------------------------------------------- profiles
+
+#: floor for a fitted epoch scale factor (a zero would make a rate infinite)
+MIN_SCALE = 0.05
+
+
+def scale_spmm_entry(entry: Mapping, s: float) -> dict:
+    """An SpMM model entry whose predictions are multiplied by s."""
+    entry = dict(entry)
+    kind = entry.get("kind")
+    if kind in ("paper", "paper-spmm"):
+        for key in ("c0", "c1", "c2"):
+            entry[key] = float(entry[key]) * s
+    elif kind == "roofline":
+        entry["coefficients"] = {k: float(v) * s for k, v in entry["coefficients"].items()}
+    elif kind == "learned":
+        entry["intercept"] = float(entry["intercept"]) + math.log(s)
+    else:
+        raise UserError(f"cannot rescale an SpMM model of kind {kind!r}")
+    return entry
+
+
+def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
+    """Fold epoch-level scale factors into a profile's rates; the overhead goes to ``epoch_overhead_ms``.
+
+    spmm times x s_spmm; gemm_tflops / s_gemm; collective alpha x s_comm and every beta
+    / s_comm; elementwise_gbps / s_other. Scales below :data:`MIN_SCALE` are raised to it.
+    """
+    out = json_copy(profile)
+    s = {k: max(float(v), MIN_SCALE) for k, v in epoch.scales.items()}
+    if "spmm_ms" in s:
+        out["spmm"] = scale_spmm_entry(out["spmm"], s["spmm_ms"])
+    if "gemm_ms" in s:
+        out["gemm_tflops"] = float(out["gemm_tflops"]) / s["gemm_ms"]
+    if "comm_ms" in s:
+        coll = dict(out["collectives"])
+        for key in ("alpha_intra_us", "alpha_inter_us"):
+            coll[key] = float(coll[key]) * s["comm_ms"]
+        for key in ("beta_intra_gbps", "beta_inter_gbps"):
+            coll[key] = float(coll[key]) / s["comm_ms"]
+        if coll.get("bandwidth_table"):
+            coll["bandwidth_table"] = [{**e, "beta_gbps": float(e["beta_gbps"]) / s["comm_ms"]} for e in coll["bandwidth_table"]]
+        out["collectives"] = coll
+    if "other_ms" in s and out.get("elementwise_gbps"):
+        out["elementwise_gbps"] = float(out["elementwise_gbps"]) / s["other_ms"]
+    out["epoch_overhead_ms"] = float(epoch.overhead_ms)
+    return out
+
+
+def json_copy(value):
+    """A deep copy made of plain JSON types."""
+    import json
+
+    return json.loads(json.dumps(value))

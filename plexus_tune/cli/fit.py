@@ -1,0 +1,209 @@
+"""``plexus-tune fit``: a machine profile from calibration logs and trainer runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "fit",
+        help="fit a machine profile from SpMM, collective and trainer-run logs",
+        description="Fit the SpMM model (every kind scored on repeated random 70/30 splits; --kind auto "
+        "keeps the lowest held-out MAPE), the collectives' alpha/beta per tier (and a bus bandwidth "
+        "per op, stride and group size), GEMM throughput, and, from trainer runs, the epoch-level "
+        "scale factors and overhead; write the profile with provenance and scores.",
+    )
+    parser.add_argument("--spmm", required=True, nargs="+", metavar="FILE", help="SpMM logs (calibrate spmm) or CSV with nnz,rows,common,dense_cols,time_ms")
+    parser.add_argument("--collectives", required=True, nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
+    parser.add_argument("--runs", nargs="+", metavar="FILE", help="trainer run logs (measure) for the epoch-level fit")
+    parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
+    parser.add_argument("--machine-name", required=True, help="name of the profile")
+    parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
+    parser.add_argument("--kind", default="auto", choices=("auto", "paper", "roofline", "learned", "learned-roofline"), help="SpMM model kind (default auto)")
+    parser.add_argument("--splits", type=int, default=1000, help="random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest world size of the collective logs")
+    parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
+    parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
+    parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
+    parser.add_argument("--description", default=None)
+    parser.set_defaults(handler=run)
+
+
+def _load(paths, schema):
+    import pandas as pd
+
+    from plexus_tune.fitting import load_table
+
+    frames = [load_table(p, schema=schema) for p in paths]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["source"] = ", ".join(map(str, paths))
+    return out
+
+
+def _file_info(path) -> dict:
+    import hashlib
+    from pathlib import Path
+
+    data = Path(path).read_bytes()
+    return {"path": str(path), "sha256": hashlib.sha256(data).hexdigest()[:16], "lines": data.count(b"\n")}
+
+
+def _fmt(v, pct=False):
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if pct else (f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}")
+
+
+def run(args) -> int:
+    import json
+    import os
+    import warnings
+
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune import fitting
+    from plexus_tune.errors import UserError
+    from plexus_tune.machine import Machine
+    from plexus_tune.store import environment_info, now_utc
+
+    console = Console(width=max(Console().width, 110))
+    if args.splits < 0:
+        raise UserError("--splits must be >= 0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        spmm_df = _load(args.spmm, "spmm")
+        coll_df = _load(args.collectives, "collective")
+        gemm_df = _load(args.gemm or args.spmm, "gemm")
+    if not len(spmm_df):
+        raise UserError(f"no SpMM measurements in {', '.join(args.spmm)}")
+    if not len(coll_df):
+        raise UserError(f"no collective measurements in {', '.join(args.collectives)}")
+
+    # SpMM: every kind on the same splits
+    spmm = fitting.fit_spmm(spmm_df, args.kind, n_splits=args.splits, seed=args.seed)
+    if args.kind != "auto":
+        others = [k for k in fitting.SPMM_KINDS if k != args.kind and len(spmm_df) >= fitting.min_rows(fitting.SPMM_PARAMETERS[k])]
+        for k in others:
+            spmm.all_scores[k] = fitting.fit_spmm(spmm_df, k, n_splits=args.splits, seed=args.seed).scores
+    table = Table(title=f"SpMM models on {len(spmm_df)} measurements, {args.splits} random 70/30 splits (means)")
+    for col in ("kind", "train R^2", "test R^2", "train RMSE ms", "test RMSE ms", "train MAPE %", "test MAPE %"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for row in fitting.scores_table_rows(spmm.all_scores):
+        mark = " (chosen)" if row["kind"] == spmm.kind else ""
+        table.add_row(row["kind"] + mark, _fmt(row["train_r2"]), _fmt(row["test_r2"]), _fmt(row["train_rmse_ms"]), _fmt(row["test_rmse_ms"]), _fmt(row["train_mape"], True), _fmt(row["test_mape"], True))
+    console.print(table)
+
+    # collectives
+    coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=not args.no_table and "stride" in coll_df)
+    plain = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=False) if coll.table else coll
+    ctable = Table(title=f"collectives on {coll.n_samples} measurements")
+    for col in ("model", "alpha intra us", "beta intra GB/s", "test R^2", "test MAPE %"):
+        ctable.add_column(col, justify="left" if col == "model" else "right")
+    intra = coll.tiers.get("intra") or coll.tiers.get("inter")
+    ctable.add_row("ring alpha-beta", _fmt(intra["alpha_us"]), _fmt(intra["beta_gbps"]), _fmt(plain.scores.get("test_r2")), _fmt(plain.scores.get("test_mape"), True))
+    if coll.table:
+        ctable.add_row(f"+ table ({len(coll.table)} betas)", _fmt(intra["alpha_us"]), "per entry", _fmt(coll.scores.get("test_r2")), _fmt(coll.scores.get("test_mape"), True))
+    console.print(ctable)
+
+    # GEMM
+    gemm = None
+    if len(gemm_df):
+        gemm = fitting.fit_gemm(gemm_df, n_splits=args.splits, seed=args.seed)
+        gemm_tflops = gemm.tflops
+        console.print(f"GEMM: {gemm.tflops:.4f} TFLOP/s + {gemm.overhead_ms:.4f} ms per call on {len(gemm_df)} measurements (test MAPE {gemm.scores.get('test_mape', float('nan')):.1f} %)")
+    elif args.gemm_tflops:
+        gemm_tflops = float(args.gemm_tflops)
+    else:
+        raise UserError("no GEMM measurements found; run 'plexus-tune calibrate spmm --graph ...' or give --gemm-tflops")
+
+    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
+    gpn = int(args.gpus_per_node or world)
+    if args.device_memory_gib:
+        mem = float(args.device_memory_gib)
+    else:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / gpn
+    env = environment_info()
+    stamp = now_utc()
+    profile = {
+        "schema": "plexus-tune/machine/1",
+        "name": args.machine_name,
+        "description": args.description or f"fitted on {env.get('host', 'this host')} ({env.get('processor', '')}, {env.get('cpu_count')} CPUs, {coll_df['backend'].iloc[0] if 'backend' in coll_df else 'gloo'}) on {stamp[:10]}",
+        "gpus_per_node": gpn,
+        "device_memory_gib": round(mem, 3),
+        "gemm_tflops": gemm_tflops,
+        "elementwise_gbps": float(args.elementwise_gbps),
+        "spmm": spmm.to_dict(),
+        "collectives": coll.to_dict(),
+    }
+    provenance = {
+        "gpus_per_node": "--gpus-per-node" if args.gpus_per_node else f"largest world size in the collective logs ({world})",
+        "device_memory_gib": "--device-memory-gib" if args.device_memory_gib else "host memory / gpus_per_node",
+        "gemm_tflops": f"fit_gemm on {len(gemm_df)} GEMM timings" if gemm else "--gemm-tflops",
+        "elementwise_gbps": f"starting value {args.elementwise_gbps} GB/s",
+        "spmm": f"fit_spmm kind {spmm.kind} (chosen {'by lowest held-out MAPE' if args.kind == 'auto' else 'by --kind'}) on {len(spmm_df)} SpMM timings",
+        "collectives": f"fit_collectives (ring alpha-beta per tier, relative least squares) on {coll.n_samples} timings"
+        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else ""),
+    }
+    fit_info = {
+        "date": stamp,
+        "environment": env,
+        "inputs": {
+            "spmm": [_file_info(p) for p in args.spmm],
+            "collectives": [_file_info(p) for p in args.collectives],
+            "runs": [_file_info(p) for p in (args.runs or [])],
+        },
+        "splits": args.splits,
+        "seed": args.seed,
+        "spmm": {"chosen": spmm.kind, "samples": len(spmm_df), "scores": spmm.all_scores},
+        "collectives": {"tiers": coll.tiers, "scores_formula": plain.scores, "scores_with_table": coll.scores if coll.table else None},
+        "gemm": {"tflops": gemm.tflops, "overhead_ms": gemm.overhead_ms, "scores": gemm.scores} if gemm else None,
+    }
+    Machine.from_dict(profile, source=args.out)  # validates before any epoch fit
+
+    if args.runs:
+        from plexus_tune.store import read_records
+        from plexus_tune.validation import COMPONENTS, predict_runs, runs_frame
+
+        records = []
+        for path in args.runs:
+            recs, problems = read_records(path, schema="run")
+            if problems:
+                warnings.warn(f"{path}: skipped {len(problems)} bad line(s)", stacklevel=1)
+            records.extend(recs)
+        runs = predict_runs(runs_frame(records), profile)
+        raw_mape = float(100 * np.mean(np.abs(runs["pred_total_ms"] - runs["epoch_ms"]) / runs["epoch_ms"]))
+        frame = runs[[f"pred_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
+        epoch = fitting.fit_epoch(frame, n_splits=args.splits, seed=args.seed)
+        profile = fitting.apply_epoch_fit(profile, epoch)
+        provenance["epoch_overhead_ms"] = f"fit_epoch on {len(runs)} trainer configurations (mean over trials)"
+        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
+            provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
+        fit_info["epoch"] = {"scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": len(runs), "mape_before_run_fit": raw_mape, "scores": epoch.scores}
+        s = epoch.scores
+        console.print(
+            f"epoch fit on {len(runs)} configurations: scales "
+            + ", ".join(f"{k} x{v:.3g}" for k, v in epoch.scales.items())
+            + f", overhead {epoch.overhead_ms:.2f} ms; MAPE {raw_mape:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
+        )
+    profile["provenance"] = provenance
+    profile["fit"] = fit_info
+    Machine.from_dict(profile, source=args.out)
+    tmp = f"{args.out}.tmp{os.getpid()}"
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(tmp, "w") as fh:
+        json.dump(fitting.json_copy(profile), fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, args.out)
+    console.print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,137 @@
+"""``plexus-tune measure``: train a graph on many grids, log each run, show predicted beside observed."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "measure",
+        help="run the trainer on many grids and log every run (resumable)",
+        description="Train GRAPH on G ranks for each chosen grid, TRIALS times, appending one record per "
+        "trial to --log (failed runs too). Runs already in the log are skipped unless --redo. "
+        "With --machine, the predicted epoch time is logged and shown beside the observed one.",
+    )
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--graph", help="graph file, or a synthetic spec such as rmat:nodes=16384,edges=262144,features=64,classes=8")
+    src.add_argument("--synthetic", metavar="SPEC", help="synthetic graph spec (same as --graph SPEC)")
+    parser.add_argument("--gpus", type=int, required=True, metavar="G", help="ranks per run")
+    parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2")
+    parser.add_argument("--trials", type=int, default=3, help="runs per grid (default 3)")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs per run, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up epochs left out of the timing (default 2)")
+    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default gloo")
+    parser.add_argument("--permute", choices=("double", "single", "none"), default="double")
+    parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
+    parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
+    parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
+    parser.add_argument("--batch", type=int, default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
+    parser.add_argument("--redo", action="store_true", help="run again what the log already holds")
+    parser.add_argument("--retry-failed", action="store_true", help="run again the logged failures")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.measure import choose_grids, load_stats, run_campaign, workload_of
+
+    graph = args.graph or args.synthetic
+    for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
+        if value < 1:
+            raise UserError(f"{flag} must be a positive integer, got {value}")
+    if not 0 <= args.warmup < args.epochs:
+        raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
+    machine = None
+    if args.machine:
+        from plexus_tune.machine import load_machine
+
+        machine = load_machine(args.machine)
+    stats = load_stats(graph) if machine is not None else None
+    workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine)
+    console = Console(width=max(Console().width, 140))
+    err = Console(stderr=True)
+    total = len(grids) * args.trials
+    rows = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task(f"measuring {len(grids)} grids x {args.trials} trials", total=total)
+
+        def on_skip(grid, trial):
+            progress.advance(task)
+
+        def on_result(record, grid):
+            progress.advance(task)
+            name = "x".join(map(str, grid))
+            pred = record.get("predicted", {}).get("total_ms")
+            if record.get("status") == "ok":
+                obs = record["epoch_ms"]
+                extra = f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%})" if pred is not None else ""
+                progress.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
+            else:
+                progress.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")
+            rows.append(record)
+
+        run_campaign(
+            graph,
+            args.gpus,
+            grids,
+            log=args.log,
+            trials=args.trials,
+            epochs=args.epochs,
+            warmup=args.warmup,
+            layers=args.layers,
+            hidden=args.hidden,
+            machine=machine,
+            stats=stats,
+            redo=args.redo,
+            retry_failed=args.retry_failed,
+            train_options={"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout},
+            on_result=on_result,
+            on_skip=on_skip,
+            batch=args.batch,
+        )
+    _summary(console, args.log, graph, args.gpus, machine)
+    failed = sum(1 for r in rows if r.get("status") != "ok")
+    err.print(f"{len(rows)} new run(s), {failed} failed; log: {args.log}")
+    return 0
+
+
+def _summary(console, log, graph, gpus, machine) -> None:
+    """Table of this graph's runs on G: mean observed (and predicted) epoch per grid."""
+    import numpy as np
+    from rich.table import Table
+
+    from plexus_tune.measure import graph_source_text
+    from plexus_tune.store import read_records
+
+    source = graph_source_text(graph)[0]
+    records, _ = read_records(log, schema="run")
+    mine = [r for r in records if r.get("graph_source") == source and r.get("gpus") == gpus]
+    by_grid: dict = {}
+    for r in mine:
+        by_grid.setdefault(r["grid"], []).append(r)
+    table = Table(title=f"{source} on {gpus} ranks")
+    for col in ("grid", "runs", "failed", "observed ms", "std", "predicted ms"):
+        table.add_column(col, justify="left" if col == "grid" else "right")
+    order = []
+    for grid, rs in by_grid.items():
+        ok = [r["epoch_ms"] for r in rs if r.get("status") == "ok"]
+        pred = [r["predicted"]["total_ms"] for r in rs if isinstance(r.get("predicted"), dict)]
+        order.append((np.mean(ok) if ok else np.inf, grid, len(rs), len(rs) - len(ok), ok, pred))
+    for mean, grid, n, bad, ok, pred in sorted(order):
+        table.add_row(
+            grid,
+            str(n),
+            str(bad),
+            f"{mean:.2f}" if ok else "-",
+            f"{np.std(ok):.2f}" if ok else "-",
+            f"{np.mean(pred):.2f}" if pred else "-",
+        )
+    console.print(table)

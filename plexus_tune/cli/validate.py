@@ -1,0 +1,60 @@
+"""``plexus-tune validate``: leave-one-(graph, G)-out check of a profile on logged runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="score a machine profile's grid choice on logged trainer runs",
+        description="For each (graph, G) in the run log held out in turn, refit the epoch-level "
+        "coefficients on the other runs and report the Spearman correlation of predicted and "
+        "observed epoch times, the regret of the recommended grid (observed time of the predicted "
+        "best / observed best) and the MAPE.",
+    )
+    parser.add_argument("--machine", required=True, help="profile name or JSON path")
+    parser.add_argument("--runs", required=True, nargs="+", metavar="FILE", help="trainer run log(s) (JSON Lines)")
+    parser.add_argument("--no-refit", action="store_true", help="score the profile as it is (no leave-one-out refit)")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    import json
+    import os
+    import warnings
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune.machine import load_machine
+    from plexus_tune.store import read_records
+    from plexus_tune.validation import leave_one_group_out, runs_frame
+
+    machine = load_machine(args.machine)
+    records = []
+    console = Console(width=max(Console().width, 140))
+    for path in args.runs:
+        recs, problems = read_records(path, schema="run")
+        if problems:
+            warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {'; '.join(map(str, problems[:3]))}", stacklevel=1)
+        records.extend(recs)
+    df = runs_frame(records)
+    result = leave_one_group_out(df, machine, refit=not args.no_refit)
+    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({'as is' if args.no_refit else 'refitted'})")
+    for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
+        table.add_column(col, justify="left" if col == "graph" else "right")
+    for g in result["groups"]:
+        table.add_row(g["graph"], str(g["gpus"]), str(g["grids"]), f"{g['spearman']:.3f}", f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
+    m = result["mean"]
+    table.add_row("mean", "", "", f"{m['spearman']:.3f}", f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
+    console.print(table)
+    console.print(f"worst regret {m['max_regret']:.3f} over {m['groups']} (graph, G) groups")
+    if args.json:
+        tmp = f"{args.json}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump({"machine": machine.name, "refit": not args.no_refit, **result}, fh, indent=2)
+        os.replace(tmp, args.json)
+    return 0

@@ -1,0 +1,264 @@
+"""Measurement campaigns: run the bundled trainer on a list of grids and log every run.
+
+A campaign trains one graph on G ranks for each chosen grid, ``trials`` times, and
+appends one record per trial (``plexus-tune/run-v1``) to a log, successes and failures
+alike. Each record carries the cost model's prediction for its grid (``predicted``:
+the breakdown and ``total_ms``) when a machine profile is given, and ``trial``.
+
+Campaigns are resumable: a (graph, grid, model, options, trial) already in the log is
+skipped (failed runs too, unless ``retry_failed``; everything with ``redo``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+
+PREDICTED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "total_ms")
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """What the cost model needs of a graph: N, NNZ (normalized, with self-loops), F, classes."""
+
+    name: str
+    source: str
+    nodes: int
+    nnz: int
+    features: int
+    classes: int
+
+
+def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
+    """(source description as the trainer logs it, graph path or None, synthetic spec or None)."""
+    if os.path.exists(graph):
+        return str(graph), str(graph), None
+    if ":" not in graph:
+        raise UserError(f"graph {graph!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
+    return f"synthetic:{graph}", None, graph
+
+
+def load_stats(graph: str) -> GraphStats:
+    """Load (or generate) the graph once to learn its statistics."""
+    from plexus_tune import graph as graph_pkg
+
+    source, path, spec = graph_source_text(graph)
+    if spec is not None:
+        g = graph_pkg.synthetic(spec)
+    else:
+        loader = getattr(graph_pkg, "load_graph", None)
+        if loader is None:
+            raise UserError("this installation cannot read graph files; give a synthetic spec")
+        g = loader(path)
+    nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
+    return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
+
+
+def workload_of(stats: GraphStats, layers: int, hidden: int):
+    from plexus_tune.workload import Workload
+
+    return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
+
+
+def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[tuple[int, int, int]]:
+    """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine``) or a list ``2x2x2,1x4x2``."""
+    from plexus_tune.grid import enumerate_grids, parse_grid
+
+    spec = (spec or "all").strip()
+    grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
+    if spec == "all":
+        return grids
+    if spec.startswith("top:"):
+        try:
+            k = int(spec[4:])
+        except ValueError:
+            raise UserError(f"bad --grids {spec!r}; write top:K with K a positive integer") from None
+        if k < 1:
+            raise UserError(f"bad --grids {spec!r}; K must be at least 1")
+        if machine is None or workload is None:
+            raise UserError("--grids top:K needs --machine (the profile that ranks the grids)")
+        from plexus_tune.costs import predict_grids, rank_order
+
+        pred = predict_grids(workload, machine, np.array(grids))
+        return [grids[i] for i in rank_order(pred)[:k]]
+    out = []
+    for text in spec.split(","):
+        grid = tuple(int(v) for v in parse_grid(text.strip()))
+        if int(np.prod(grid)) != gpus:
+            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not --gpus {gpus}")
+        out.append(grid)
+    return out
+
+
+def run_key(record: dict) -> tuple:
+    """What makes two runs the same measurement (trial included)."""
+    opts = record.get("options") or {}
+    return (
+        record.get("graph_source"),
+        str(record.get("grid")),
+        int(record.get("layers", 0)),
+        int(record.get("hidden", 0)),
+        int(record.get("epochs", 0)),
+        int(record.get("warmup", 0)),
+        opts.get("permute"),
+        opts.get("block_rows"),
+        bool(opts.get("overlap")),
+        int(record.get("trial", 0)),
+    )
+
+
+def predicted_fields(workload, machine, grid) -> dict:
+    from plexus_tune.costs import predict_grids
+
+    pred = predict_grids(workload, machine, np.array([grid]))
+    out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "total_ms")}
+    out["feasible"] = bool(pred["feasible"][0])
+    out["machine"] = machine.name
+    return out
+
+
+def run_campaign(
+    graph: str,
+    gpus: int,
+    grids: Sequence[tuple[int, int, int]],
+    *,
+    log,
+    trials: int = 3,
+    epochs: int = 10,
+    warmup: int = 2,
+    layers: int = 3,
+    hidden: int = 128,
+    machine=None,
+    stats: GraphStats | None = None,
+    redo: bool = False,
+    retry_failed: bool = False,
+    train_options: dict | None = None,
+    on_result: Callable[[dict, tuple], None] | None = None,
+    on_skip: Callable[[tuple, int], None] | None = None,
+    batch: int = 1,
+) -> list[dict]:
+    """Train every (grid, trial) not yet logged; returns the new records (also appended to log).
+
+    ``batch`` > 1 trains that many runs in one process set (one start and graph load).
+    """
+    from plexus_tune.store import append_records, read_records
+    from plexus_tune.trainer import TrainConfig, run_training
+
+    if machine is not None:
+        from plexus_tune.machine import load_machine
+
+        machine = load_machine(machine)
+    source, path, spec = graph_source_text(graph)
+    stats = stats or (load_stats(graph) if machine is not None else None)
+    workload = workload_of(stats, layers, hidden) if stats is not None else None
+    done: dict[tuple, str] = {}
+    if os.path.exists(log):
+        records, _ = read_records(log, schema="run")
+        for r in records:
+            done[run_key(r)] = r.get("status", "ok")
+    options = dict(train_options or {})
+    pending = []
+    for grid in grids:
+        for trial in range(trials):
+            config = TrainConfig(
+                grid=tuple(grid),
+                graph=path,
+                synthetic=spec,
+                layers=layers,
+                hidden=hidden,
+                epochs=epochs,
+                warmup=warmup,
+                machine=getattr(machine, "name", None),
+                **options,
+            )
+            probe = {
+                "graph_source": source,
+                "grid": "x".join(map(str, grid)),
+                "layers": layers,
+                "hidden": hidden,
+                "epochs": epochs,
+                "warmup": warmup,
+                "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap},
+                "trial": trial,
+            }
+            status = done.get(run_key(probe))
+            if status is not None and not redo and not (retry_failed and status != "ok"):
+                if on_skip is not None:
+                    on_skip(tuple(grid), trial)
+                continue
+            pending.append((tuple(grid), trial, config))
+
+    new = []
+
+    def finish(grid, trial, record):
+        record["trial"] = trial
+        record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
+        if workload is not None:
+            record["predicted"] = predicted_fields(workload, machine, grid)
+        append_records(log, [record])
+        new.append(record)
+        if on_result is not None:
+            on_result(record, grid)
+
+    batch = max(1, int(batch))
+    for start in range(0, len(pending), batch):
+        chunk = pending[start : start + batch]
+        records = _run_batch([c for _, _, c in chunk]) if len(chunk) > 1 else None
+        if records is None:  # one at a time (or the batch failed: redo its runs one by one)
+            for grid, trial, config in chunk:
+                finish(grid, trial, run_training(config, raise_on_failure=False))
+        else:
+            for (grid, trial, _), record in zip(chunk, records):
+                finish(grid, trial, record)
+    return new
+
+
+def _run_batch(configs) -> list[dict] | None:
+    """Train several configurations of one graph and world size in one process set.
+
+    Saves the process start and graph load per run; the records say ``batched``. Returns
+    None if the set fails, so that the caller can run the configurations one by one
+    (and log which one fails).
+    """
+    import time
+
+    from plexus_tune.launch import RankFailure, launch_local
+    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.run import build_record, graph_source, validate
+
+    first = configs[0]
+    world = int(np.prod(first.grid))
+    for config in configs:
+        validate(config)
+        if int(np.prod(config.grid)) != world:
+            raise UserError("a batch of runs must share the world size")
+    device_kind = "cuda" if first.backend == "nccl" else "cpu"
+    start = time.perf_counter()
+    try:
+        results = launch_local(
+            rank_main,
+            world,
+            args=(graph_source(first), list(configs), device_kind),
+            backend=first.backend,
+            timeout_s=first.timeout_s * len(configs),
+            threads_per_rank=first.threads_per_rank,
+        )[0]
+    except RankFailure:
+        return None
+    wall_s = (time.perf_counter() - start) / len(configs)
+    device = "cpu"
+    if device_kind == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+    out = []
+    for config, result in zip(configs, results):
+        record = build_record(config, result, wall_s, device)
+        record["batched"] = len(configs)
+        out.append(record)
+    return out

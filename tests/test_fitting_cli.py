@@ -1,0 +1,107 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from plexus_tune.cli import main
+from plexus_tune.costs import predict_grids
+from plexus_tune.grid import enumerate_grids
+from plexus_tune.machine import Machine, load_machine
+from plexus_tune.spmm_models import ROOFLINE_TERMS, roofline_terms
+from plexus_tune.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, append_records
+from plexus_tune.workload import Workload
+
+ROOF = {"const": 0.02, "flops": 1e-9, "sparse_bytes": 2e-9, "dense_in_bytes": 0.0, "out_bytes": 1e-8, "rows": 0.0}
+ALPHA_US, BETA = 40.0, 2.0
+TFLOPS = 0.02
+SCALES = {"spmm_ms": 1.5, "gemm_ms": 2.0, "comm_ms": 0.8, "other_ms": 3.0}
+
+
+def _truth_profile():
+    return {
+        "name": "truth", "gpus_per_node": 8, "device_memory_gib": 4, "gemm_tflops": TFLOPS, "elementwise_gbps": 10.0,
+        "spmm": {"kind": "roofline", "coefficients": ROOF},
+        "collectives": {"alpha_intra_us": ALPHA_US, "beta_intra_gbps": BETA, "alpha_inter_us": ALPHA_US, "beta_inter_gbps": BETA},
+    }
+
+
+def _logs(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 60
+    rows = rng.integers(100, 5000, n)
+    common = rng.integers(100, 5000, n)
+    k = rng.integers(1, 64, n)
+    nnz = rows * rng.integers(1, 20, n)
+    t = roofline_terms(nnz, rows, common, k) @ np.array([ROOF[name] for name in ROOFLINE_TERMS])
+    spmm = tmp_path / "spmm.jsonl"
+    append_records(spmm, [{"nnz": int(a), "rows": int(b), "common": int(c), "dense_cols": int(d), "time_ms": float(e)} for a, b, c, d, e in zip(nnz, rows, common, k, t)], schema=SPMM_SCHEMA)
+    m, i, c = rng.integers(10, 4000, 30), rng.integers(1, 128, 30), rng.integers(1, 128, 30)
+    append_records(spmm, [{"rows": int(a), "inner": int(b), "cols": int(d), "time_ms": float(2 * a * b * d / (TFLOPS * 1e12) * 1e3)} for a, b, d in zip(m, i, c)], schema=GEMM_SCHEMA)
+    coll = tmp_path / "coll.jsonl"
+    recs = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for g, p in ((2, 1), (2, 2), (4, 1)):
+            for size in (1024, 65536, 1 << 22):
+                steps = (2 if op == "all_reduce" else 1) * (g - 1)
+                t = steps * ALPHA_US * 1e-3 + steps / g * size / (BETA * 1e9) * 1e3
+                recs.append({"op": op, "group_size": g, "stride": p, "nodes": 1, "message_bytes": size, "time_ms": t, "world_size": 8, "backend": "gloo"})
+    append_records(coll, recs, schema=COLLECTIVE_SCHEMA)
+    truth = Machine.from_dict(_truth_profile())
+    runs = tmp_path / "runs.jsonl"
+    recs = []
+    for gi, (nodes, nnz_g, widths) in enumerate(((3000, 40000, (16, 32, 32, 4)), (6000, 30000, (8, 32, 32, 4)))):
+        w = Workload(name=f"g{gi}", nodes=nodes, nnz=nnz_g, widths=widths)
+        grids = enumerate_grids(4)
+        pred = predict_grids(w, truth, grids)
+        epoch = 2.5 + sum(SCALES[c] * pred[c] for c in SCALES)
+        for j, grid in enumerate(grids):
+            recs.append({"graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "nodes": nodes, "nnz": nnz_g, "widths": list(widths),
+                         "gx": int(grid[0]), "gy": int(grid[1]), "gz": int(grid[2]), "epoch_ms": float(epoch[j]), "status": "ok", "options": {}})
+    append_records(runs, recs)
+    return spmm, coll, runs
+
+
+def test_fit_writes_a_loadable_profile_with_provenance_and_scores(tmp_path, capsys):
+    spmm, coll, runs = _logs(tmp_path)
+    out = tmp_path / "models" / "fitted.json"
+    code = main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", "fitted",
+                 "--out", str(out), "--splits", "20", "--device-memory-gib", "4"])
+    assert code == 0
+    text = capsys.readouterr().out
+    for kind in ("paper", "roofline", "learned"):
+        assert kind in text
+    assert "test R^2" in text and "epoch fit on 12 configurations" in text
+    profile = json.loads(out.read_text())
+    machine = load_machine(str(out))
+    assert machine.name == "fitted" and machine.gpus_per_node == 8
+    assert set(profile["fit"]["spmm"]["scores"]) == {"paper", "roofline", "learned", "learned-roofline"}
+    assert profile["fit"]["spmm"]["scores"]["roofline"]["test_mape"] < 1e-3
+    assert "provenance" in profile and "spmm" in profile["provenance"]
+    # exact synthetic data: the epoch scales come back and are folded into the rates
+    scales = profile["fit"]["epoch"]["scales"]
+    for key, value in SCALES.items():
+        assert scales[key] == pytest.approx(value, rel=1e-4)
+    assert profile["gemm_tflops"] == pytest.approx(TFLOPS / SCALES["gemm_ms"], rel=1e-4)
+    assert profile["collectives"]["beta_intra_gbps"] == pytest.approx(BETA / SCALES["comm_ms"], rel=1e-4)
+    assert profile["epoch_overhead_ms"] == pytest.approx(2.5, rel=1e-3)
+    assert len(profile["collectives"]["bandwidth_table"]) == 9  # 3 ops x 3 (stride, group) shapes
+    # the profile now predicts the runs (mean over validation groups)
+    assert main(["validate", "--machine", str(out), "--runs", str(runs), "--no-refit"]) == 0
+    assert "1.000" in capsys.readouterr().out
+
+
+def test_fit_bad_csv_is_one_line_exit_2(tmp_path):
+    spmm, coll, _ = _logs(tmp_path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("nnz,rows,dense_cols,time_ms\n1,2,3,4\n")
+    proc = subprocess.run([sys.executable, "-m", "plexus_tune", "fit", "--spmm", str(bad), "--collectives", str(coll),
+                           "--machine-name", "x", "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "missing column 'common'" in proc.stderr
+    nan = tmp_path / "nan.csv"
+    nan.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 + i},5,8,4,{0.1 * (i + 1)}" for i in range(20)) + "\n10,5,8,4,nan\n")
+    assert main(["fit", "--spmm", str(nan), "--collectives", str(coll), "--machine-name", "x", "--out", str(tmp_path / "x.json"), "--splits", "5"]) == 2
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,87 @@
+import pytest
+
+import plexus_tune.trainer as trainer_pkg
+from plexus_tune.cli import main
+from plexus_tune.errors import UserError
+from plexus_tune.measure import choose_grids, load_stats, run_campaign
+from plexus_tune.store import read_records
+
+SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
+
+
+def _fake_trainer(calls, fail_grids=()):
+    def run_training(config, raise_on_failure=True):
+        calls.append((tuple(config.grid), config.synthetic))
+        grid = "x".join(map(str, config.grid))
+        base = {"kind": "train", "status": "ok", "graph_source": f"synthetic:{config.synthetic}", "grid": grid,
+                "gx": config.grid[0], "gy": config.grid[1], "gz": config.grid[2], "layers": config.layers,
+                "hidden": config.hidden, "epochs": config.epochs, "warmup": config.warmup,
+                "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap}}
+        if config.grid in fail_grids:
+            return {**base, "status": "oom", "reason": "rank 1 failed: MemoryError"}
+        return {**base, "epoch_ms": 10.0 + config.grid[0]}
+
+    return run_training
+
+
+def test_campaign_logs_every_trial_keeps_failures_and_resumes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls, fail_grids={(1, 2, 1)}))
+    log = tmp_path / "runs.jsonl"
+    grids = [(2, 1, 1), (1, 2, 1)]
+    new = run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, machine="perlmutter")
+    assert len(new) == 4 and len(calls) == 4
+    records, problems = read_records(log)
+    assert problems == [] and len(records) == 4
+    assert sorted((r["grid"], r["trial"]) for r in records) == [("1x2x1", 0), ("1x2x1", 1), ("2x1x1", 0), ("2x1x1", 1)]
+    failed = [r for r in records if r["status"] != "ok"]
+    assert len(failed) == 2 and all(r["reason"].startswith("rank 1 failed") for r in failed)
+    assert all(r["predicted"]["machine"] == "perlmutter" and r["predicted"]["total_ms"] > 0 for r in records)
+    # resume: nothing new; retry_failed reruns only the failures; a third trial runs once per grid
+    assert run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8) == []
+    again = run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, retry_failed=True)
+    assert [tuple(r["grid"].split("x")) for r in again] == [("1", "2", "1")] * 2
+    more = run_campaign(SPEC, 2, grids, log=log, trials=3, epochs=3, warmup=1, hidden=8)
+    assert sorted(r["grid"] for r in more) == ["1x2x1", "2x1x1"] and all(r["trial"] == 2 for r in more)
+    # a different model is a different measurement
+    assert len(run_campaign(SPEC, 2, grids[:1], log=log, trials=1, epochs=3, warmup=1, hidden=16)) == 1
+
+
+def test_choose_grids():
+    assert choose_grids(4, "all") == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    assert choose_grids(4, "2x2x1,1x1x4") == [(2, 2, 1), (1, 1, 4)]
+    with pytest.raises(UserError, match="has 8 ranks"):
+        choose_grids(4, "2x2x2")
+    with pytest.raises(UserError, match="needs --machine"):
+        choose_grids(4, "top:2")
+    from plexus_tune.costs import predict_grids, rank_order
+    from plexus_tune.machine import load_machine
+    from plexus_tune.measure import workload_of
+
+    stats = load_stats(SPEC)
+    assert stats.nodes == 256 and stats.features == 8 and stats.classes == 3
+    w = workload_of(stats, 3, 16)
+    top = choose_grids(8, "top:3", workload=w, machine=load_machine("perlmutter"))
+    grids = choose_grids(8, "all")
+    import numpy as np
+
+    pred = predict_grids(w, load_machine("perlmutter"), np.array(grids))
+    assert top == [grids[i] for i in rank_order(pred)[:3]]
+
+
+def test_measure_cli_runs_the_real_trainer_in_one_process_set(tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    args = ["measure", "--graph", SPEC, "--gpus", "2", "--grids", "2x1x1,1x1x2", "--trials", "1", "--epochs", "3",
+            "--warmup", "1", "--hidden", "8", "--machine", "perlmutter", "--batch", "2", "--log", str(log)]
+    assert main(args) == 0
+    records, _ = read_records(log)
+    assert [r["grid"] for r in records] == ["2x1x1", "1x1x2"]
+    for r in records:
+        assert r["status"] == "ok" and r["epoch_ms"] > 0 and r["batched"] == 2
+        assert r["predicted"]["total_ms"] > 0 and r["widths"] == [8, 8, 8, 3]
+    out = capsys.readouterr().out
+    assert "2x1x1" in out and "predicted ms" in out
+    assert main(args) == 0  # resumed: nothing to run
+    assert len(read_records(log)[0]) == 2
+    assert main(["measure", "--graph", SPEC, "--gpus", "2", "--warmup", "5", "--epochs", "3", "--log", str(log)]) == 2
+    assert "--warmup" in capsys.readouterr().err

@@ -1,0 +1,109 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from plexus_tune.cli import main
+from plexus_tune.costs import predict_grids
+from plexus_tune.errors import UserError
+from plexus_tune.fitting import EpochModel, apply_epoch_fit, scale_spmm_entry
+from plexus_tune.grid import enumerate_grids
+from plexus_tune.machine import Machine
+from plexus_tune.spmm_models import predict_spmm_ms
+from plexus_tune.store import append_records
+from plexus_tune.validation import leave_one_group_out, regret, runs_frame, spearman
+from plexus_tune.workload import Workload
+
+PROFILE = {
+    "name": "toy",
+    "gpus_per_node": 8,
+    "device_memory_gib": 16,
+    "gemm_tflops": 0.05,
+    "elementwise_gbps": 5.0,
+    "spmm": {"kind": "roofline", "coefficients": {"const": 0.01, "flops": 2e-9, "sparse_bytes": 1e-9, "dense_in_bytes": 1e-8, "out_bytes": 2e-8, "rows": 1e-6}},
+    "collectives": {"alpha_intra_us": 50.0, "beta_intra_gbps": 1.0, "alpha_inter_us": 50.0, "beta_inter_gbps": 1.0},
+}
+TRUE_SCALES = {"spmm_ms": 2.0, "gemm_ms": 1.5, "comm_ms": 0.5, "other_ms": 1.0}
+OVERHEAD = 3.0
+
+
+def _runs(graphs=((4096, 60000, (32, 64, 64, 8)), (8192, 40000, (16, 64, 64, 4))), gpus=(4, 8)):
+    """Run records whose observed epoch is an exact rescaling of the toy profile's prediction."""
+    machine = Machine.from_dict(PROFILE)
+    records = []
+    for gi, (n, nnz, widths) in enumerate(graphs):
+        w = Workload(name=f"g{gi}", nodes=n, nnz=nnz, widths=widths)
+        for g in gpus:
+            grids = enumerate_grids(g)
+            pred = predict_grids(w, machine, grids)
+            epoch = OVERHEAD + sum(TRUE_SCALES[k] * pred[k] for k in TRUE_SCALES)
+            for j, grid in enumerate(grids):
+                for trial in range(2):
+                    records.append(
+                        {
+                            "graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "status": "ok", "nodes": n, "nnz": nnz,
+                            "widths": list(widths), "gx": int(grid[0]), "gy": int(grid[1]), "gz": int(grid[2]),
+                            "epoch_ms": float(epoch[j]) * (1.01 if trial else 0.99), "options": {"block_rows": None},
+                        }
+                    )
+    records.append({"graph": "g0", "graph_source": "synthetic:g0", "status": "oom", "reason": "out of memory", "gx": 8, "gy": 1, "gz": 1})
+    return records
+
+
+def test_spearman_and_regret_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # ranks (1,2,3,4) vs (2,1,3,4): d^2 = 2 -> 1 - 6*2/(4*15) = 0.8
+    assert spearman([1, 2, 3, 4], [2, 1, 3, 4]) == pytest.approx(0.8)
+    assert regret([3.0, 1.0, 2.0], [10.0, 12.0, 11.0]) == pytest.approx(1.2)
+    assert regret([1.0, 2.0], [5.0, 6.0]) == 1.0
+
+
+def test_runs_frame_averages_trials_and_drops_failures():
+    df = runs_frame(_runs())
+    assert (df["trials"] == 2).all()
+    assert len(df) == 2 * (6 + 10)  # grids of 4 and of 8, two graphs
+    with pytest.raises(UserError, match="no successful"):
+        runs_frame([{"status": "failed"}])
+
+
+def test_leave_one_group_out_recovers_a_rescaled_model():
+    df = runs_frame(_runs())
+    result = leave_one_group_out(df, PROFILE)
+    assert result["mean"]["groups"] == 4
+    for g in result["groups"]:
+        assert g["spearman"] == pytest.approx(1.0)
+        assert g["regret"] == pytest.approx(1.0)
+        assert g["mape"] < 1e-6
+        assert g["predicted_best"] == g["observed_best"]
+    as_is = leave_one_group_out(df, PROFILE, refit=False)
+    assert as_is["mean"]["mape"] > 10  # the toy profile itself is off by the scales
+
+
+def test_epoch_fit_folds_into_the_profile_exactly():
+    s = {"spmm_ms": 2.0, "gemm_ms": 4.0, "comm_ms": 0.5, "other_ms": 2.0}
+    scaled = apply_epoch_fit(PROFILE, EpochModel(scales=s, overhead_ms=1.5))
+    w = Workload(name="w", nodes=1000, nnz=20000, widths=(16, 32, 4))
+    base = predict_grids(w, Machine.from_dict(PROFILE), enumerate_grids(4))
+    new = predict_grids(w, Machine.from_dict(scaled), enumerate_grids(4))
+    for key in s:
+        np.testing.assert_allclose(new[key], s[key] * base[key], rtol=1e-12)
+    assert scaled["epoch_overhead_ms"] == 1.5
+    learned = {"kind": "learned", "exponents": [[1, 0, 0, 0]], "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0}
+    assert predict_spmm_ms(scale_spmm_entry(learned, 3.0), 9, 1, 1, 1) == pytest.approx(30.0)
+
+
+def test_validate_cli_prints_and_writes_json(tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    append_records(log, _runs())
+    prof = tmp_path / "toy.json"
+    prof.write_text(json.dumps(PROFILE))
+    out = tmp_path / "v.json"
+    assert main(["validate", "--machine", str(prof), "--runs", str(log), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Spearman" in text and "synthetic:g1" in text
+    data = json.loads(out.read_text())
+    assert data["mean"]["spearman"] == pytest.approx(1.0) and data["mean"]["regret"] == pytest.approx(1.0)
+    assert main(["validate", "--machine", str(prof), "--runs", str(tmp_path / "missing.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
