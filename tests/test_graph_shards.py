@@ -91,6 +91,9 @@ def test_transpose_and_ranges_and_node_rows(tmp_path, graph):
     np.testing.assert_array_equal(feats[: graph.num_nodes - 96], graph.features[cp[96:]])
     assert np.all(feats[graph.num_nodes - 96:] == 0) and np.all(labels[graph.num_nodes - 96:] == -1)
     np.testing.assert_array_equal(labels[: graph.num_nodes - 96], graph.labels[cp[96:]])
+    feats, labels = load_node_rows(out, 10, 30, perm="row")
+    np.testing.assert_array_equal(feats, graph.features[rp[10:30]])
+    np.testing.assert_array_equal(labels, graph.labels[rp[10:30]])
 
 
 def test_shard_errors(tmp_path, graph):

@@ -16,7 +16,8 @@ Directory layout::
     manifest.json              sizes, grid, permutation, nnz and sha256 per file
     block_r{r}_c{c}.npz        local CSR: indptr (N_pad/R + 1), indices (local columns), data
     row_perm.npy col_perm.npy  int64 permutations
-    features.npy labels.npy    node data in the original order (optional)
+    features_col.npy           features[col_perm] (optional node data)
+    labels_row.npy labels_col.npy   labels[row_perm], labels[col_perm]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import scipy.sparse as sp
 from plexus_tune.errors import UserError
 from plexus_tune.graph.atomic import atomic_directory
 from plexus_tune.graph.core import Graph, gcn_normalize
-from plexus_tune.graph.permute import permutations_for, permute_matrix
+from plexus_tune.graph.permute import invert_permutation, permutations_for, permute_matrix
 
 SHARD_FORMAT = "plexus-shards"
 SHARD_VERSION = 1
@@ -102,10 +103,15 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
         np.save(tmp / "col_perm.npy", col_perm)
         node_data = {}
         if include_node_data and isinstance(graph, Graph):
-            np.save(tmp / "features.npy", np.asarray(graph.features, dtype=np.float32))
-            np.save(tmp / "labels.npy", np.asarray(graph.labels, dtype=np.int64))
-            node_data = {"features": "features.npy", "labels": "labels.npy",
-                         "num_features": int(graph.features.shape[1]), "num_classes": int(graph.num_classes)}
+            # stored in permuted order so that a rank reads one contiguous slice
+            feats = np.asarray(graph.features, dtype=np.float32)
+            labels = np.asarray(graph.labels, dtype=np.int64)
+            np.save(tmp / "features_col.npy", feats[col_perm])
+            np.save(tmp / "labels_row.npy", labels[row_perm])
+            np.save(tmp / "labels_col.npy", labels[col_perm])
+            node_data = {"features_col": "features_col.npy", "labels_row": "labels_row.npy",
+                         "labels_col": "labels_col.npy",
+                         "num_features": int(feats.shape[1]), "num_classes": int(graph.num_classes)}
         manifest = {
             "format": SHARD_FORMAT,
             "version": SHARD_VERSION,
@@ -234,20 +240,34 @@ def load_permutations(shard_dir) -> tuple[np.ndarray, np.ndarray]:
 
 def load_node_rows(shard_dir, start: int, stop: int, *, perm: str = "col"):
     """Features and labels of permuted positions ``[start, stop)``: ``features[perm[i]]``
-    (zeros past N) and ``labels[perm[i]]`` (-1 past N), read memory-mapped, with ``perm``
-    the ``"row"`` or ``"col"`` permutation."""
+    (zeros past N) and ``labels[perm[i]]`` (-1 past N), with ``perm`` the ``"row"`` or
+    ``"col"`` permutation. Features are stored in column-permuted order (the layer-0
+    input ``X[col_perm]``) and labels in both orders, so ``perm="col"`` reads contiguous
+    memory-mapped slices; ``perm="row"`` gathers the feature rows."""
     shard_dir = Path(shard_dir)
     manifest = read_manifest(shard_dir)
-    if not manifest.get("node_data"):
+    node_data = manifest.get("node_data")
+    if not node_data:
         raise UserError(f"{shard_dir}: these shards were written without features and labels")
+    if perm not in ("row", "col"):
+        raise UserError(f"perm must be 'row' or 'col', got {perm!r}")
     n = manifest["num_nodes"]
-    row_perm, col_perm = load_permutations(shard_dir)
-    order = {"row": row_perm, "col": col_perm}[perm]
-    feats = np.load(shard_dir / manifest["node_data"]["features"], mmap_mode="r")
-    labels = np.load(shard_dir / manifest["node_data"]["labels"], mmap_mode="r")
-    take = order[min(start, n):min(stop, n)]
+    start, stop = int(start), int(stop)
+    if not 0 <= start <= stop:
+        raise UserError(f"bad node range [{start}, {stop})")
+    lo, hi = min(start, n), min(stop, n)
+    try:
+        feats = np.load(shard_dir / node_data["features_col"], mmap_mode="r")
+        labels = np.load(shard_dir / node_data[f"labels_{perm}"], mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{shard_dir}: cannot read node data ({exc}); re-create the shards") from None
     out_f = np.zeros((stop - start, feats.shape[1]), dtype=np.float32)
     out_l = np.full(stop - start, -1, dtype=np.int64)
-    out_f[: take.size] = feats[take]
-    out_l[: take.size] = labels[take]
+    if perm == "col":
+        out_f[: hi - lo] = feats[lo:hi]
+    else:
+        row_perm, col_perm = load_permutations(shard_dir)
+        out_f[: hi - lo] = feats[invert_permutation(col_perm)[row_perm[lo:hi]]]
+    out_l[: hi - lo] = labels[lo:hi]
     return out_f, out_l
+
