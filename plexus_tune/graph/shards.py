@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.atomic import atomic_directory
-from plexus_tune.graph.core import Graph, gcn_normalize
+from plexus_tune.graph.core import Graph, gcn_normalize, is_symmetric
 from plexus_tune.graph.permute import invert_permutation, permutations_for, permute_matrix
 
 SHARD_FORMAT = "plexus-shards"
@@ -125,6 +125,7 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
             "matrix": "B = A_hat[row_perm][:, col_perm], A_hat = D^-1/2 (A + I) D^-1/2 (float32), "
                       "row v of A holds the in-neighbours of v; rows/columns >= num_nodes are zero padding",
             "normalized": True,
+            "symmetric": bool(is_symmetric(adj)),
             "permutation": {"mode": mode, "seed": int(seed), "row_file": "row_perm.npy", "col_file": "col_perm.npy"},
             "block_nnz": counts.tolist(),
             "files": files,
@@ -217,7 +218,12 @@ def load_shard(shard_dir, row_block: int, col_block: int, row_blocks: int, col_b
     ``row_blocks`` must divide the file grid's R and ``col_blocks`` its C; only the
     ``(R/row_blocks) * (C/col_blocks)`` covering files are read. With ``transpose`` the
     block (row_block, col_block) of ``B^T`` is returned (read from B's block
-    (col_block, row_block) of the transposed grid), which the backward pass ``A^T dH`` uses.
+    (col_block, row_block) of the transposed grid): ``B^T = A_hat^T[col_perm][:, row_perm]``,
+    the backward operator, which for a symmetric graph (manifest ``symmetric``) is also the
+    alternate layout ``A_hat[col_perm][:, row_perm]`` of the next layer.
+
+    Block bounds use the manifest's ``N_pad`` (a multiple of lcm(R, C)); a trainer that pads
+    N differently reads its own bounds with :func:`load_shard_range`.
     """
     manifest = read_manifest(shard_dir)
     if transpose:
