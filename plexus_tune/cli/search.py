@@ -1,0 +1,157 @@
+"""``plexus-tune search``: Optuna search over grids, GPU counts and blocking."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
+
+EPILOG = """\
+objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_ms * G * 100 / 3.6e6).
+--trials is the total for the study: running the same command again resumes it and runs
+only the trials still missing (finished trials are kept). Studies live in
+measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
+e.g. postgresql://user@host/db for several workers).
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("search", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("what to train")
+    src.add_argument("--dataset", help="catalog dataset (see plexus-tune datasets)")
+    src.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...); required with --measured")
+    src.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
+    src.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    p.add_argument("--machine", default="perlmutter", help="machine profile name or JSON path (default perlmutter)")
+    p.add_argument("--gpus", required=True, help="G, a range A..B (every count; A..B:pow2 for powers of two) or a list 8,16,64")
+    p.add_argument("--objective", default="epoch", help="epoch (default) or gpu-hours")
+    p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
+    p.add_argument("--trials", type=int, default=60, help="total trials of the study (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--storage", help="study database URL (default sqlite:///measurements/studies.db)")
+    p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
+    p.add_argument("--snap", type=int, default=128, metavar="K",
+                   help="model-driven: each trial is the best predicted of the K allowed grids nearest the sampled point (default 128; 1 = nearest only)")
+    p.add_argument("--starts", type=int, default=5, metavar="N",
+                   help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
+    p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
+    m = p.add_argument_group("measured search")
+    m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
+    m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
+    m.add_argument("--log", default="measurements/runs.jsonl", help="run log to read known runs from and append to")
+    m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
+    m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
+    m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
+    p.set_defaults(handler=run)
+
+
+def parse_block_range(text):
+    from plexus_tune.errors import UserError
+    from plexus_tune.search import parse_gpus
+
+    if text is None:
+        return None
+    try:
+        values = parse_gpus(text)
+    except UserError:
+        raise UserError(f"cannot read block sizes {text!r}; write a range such as 1024..65536") from None
+    return (values[0], values[-1])
+
+
+def build_inputs(args):
+    """Workload, machine, search space and evaluator from the common arguments."""
+    from plexus_tune.errors import UserError
+    from plexus_tune.machine import load_machine
+    from plexus_tune.search import SearchSpace, check_objective, parse_gpus
+
+    check_objective(args.objective)
+    gpus = parse_gpus(args.gpus)
+    if args.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {args.trials}")
+    if (args.dataset is None) == (args.graph is None):
+        raise UserError("give exactly one of --dataset NAME or --graph FILE|SPEC")
+    machine = load_machine(args.machine)
+    graph = None
+    if args.dataset is not None:
+        from plexus_tune.workload import workload_from_dataset
+
+        workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
+        name = workload.name
+    else:
+        from plexus_tune.search import load_graph_arg, workload_of_graph
+
+        graph = load_graph_arg(args.graph)
+        workload = workload_of_graph(graph, layers=args.layers, hidden=args.hidden)
+        name = graph.name
+    space = SearchSpace(gpus, parse_block_range(args.block_rows))
+    return name, workload, machine, graph, space
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.search import (
+        ModelEvaluator,
+        Objective,
+        default_study_name,
+        open_storage,
+        open_study,
+        run_search,
+        spread_starts,
+        warm_start,
+    )
+
+    name, workload, machine, graph, space = build_inputs(args)
+    if args.measured and graph is None:
+        raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    storage = open_storage(args.storage)
+    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
+    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
+    model = ModelEvaluator(workload, machine)
+    console = Console()
+    if args.measured:
+        from plexus_tune.search import MeasuredEvaluator, known_runs
+
+        evaluator = MeasuredEvaluator(model, graph, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                      backend=args.backend, timeout_s=args.timeout, log_path=args.log, machine_name=machine.name)
+        known = known_runs(args.log, graph, model, layers=args.layers, hidden=args.hidden, machine_name=machine.name)
+        objective = Objective(space, evaluator, args.objective, study=study, known=known)
+        if args.warm_start > 0:
+            warm_start(study, space, model.top_k(space, args.warm_start, args.objective))
+    else:
+        objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
+        warm_start(study, space, spread_starts(space, args.starts))
+    from plexus_tune.search import finished_trials
+
+    before = len(finished_trials(study))
+    ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    console.print(
+        f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
+        + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
+    )
+    print_best_table(study, args.objective, args.top, console, measured=args.measured)
+    return 0
+
+
+def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
+    from rich.table import Table
+
+    from plexus_tune.search import best_configs, objective_unit
+
+    best = best_configs(study, top)
+    if best.empty:
+        console.print("no feasible trial finished")
+        return
+    table = Table(title=f"best configurations ({objective}, {objective_unit(objective)})")
+    for col in ("rank", "config", "G", "predicted ms") + (("observed ms",) if measured else ()) + ("memory GiB", objective, "trial"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for i, row in best.iterrows():
+        cells = [str(i + 1), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}"]
+        if measured:
+            obs = row.get("observed_ms")
+            cells.append("-" if obs is None or obs != obs else f"{obs:.2f}")
+        cells += [f"{row['memory_gib']:.2f}", f"{row['value']:.4g}", str(int(row["number"]))]
+        table.add_row(*cells)
+    console.print(table)
