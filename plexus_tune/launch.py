@@ -122,12 +122,16 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     try:
+        t_start = time.time()
         import torch
         import torch.distributed as dist
 
+        t_import = time.time()
         if threads:
             torch.set_num_threads(int(threads))
         _init_process_group(rank, world_size, backend, "127.0.0.1", port, timeout_s, rank)
+        if os.environ.get("PLEXUS_TUNE_LAUNCH_DEBUG"):
+            print(f"rank {rank}: start {t_start:.2f} import {t_import - t_start:.2f}s init {time.time() - t_import:.2f}s", flush=True)
         value = fn(rank, world_size, *args)
         conn.send(("ok", value))
         try:
@@ -172,6 +176,21 @@ def _stop_all(procs, grace_s: float = KILL_GRACE_S) -> None:
             proc.join(1.0)
 
 
+_PRELOAD = ["torch", "torch.distributed"]
+
+
+def _context(preload: Sequence[str]):
+    """The multiprocessing context: a fork server with torch imported, or spawn."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    wanted = list(dict.fromkeys(_PRELOAD + list(preload)))
+    ctx.set_forkserver_preload(wanted)  # takes effect when the server first starts
+    return ctx
+
+
 def default_threads_per_rank(world_size: int) -> int:
     """CPU threads for each of ``world_size`` local ranks: max(1, cores // world_size)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -180,10 +199,14 @@ def default_threads_per_rank(world_size: int) -> int:
 
 def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
                  backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 threads_per_rank: int | None = None, env: dict[str, str] | None = None) -> list[Any]:
+                 threads_per_rank: int | None = None, env: dict[str, str] | None = None,
+                 preload: Sequence[str] = ()) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh local processes.
 
-    ``fn`` must be importable (a module-level function): processes are spawned. Returns
+    ``fn`` must be importable (a module-level function). On POSIX the processes are
+    forked from a fork server that has imported torch (and the ``preload`` modules)
+    once, so a launch does not pay one torch import per rank; elsewhere they are
+    spawned. Returns
     the per-rank return values (rank order). Raises :class:`RankFailure` as soon as a
     rank fails or when ``timeout_s`` passes, after stopping every other rank.
     """
@@ -193,7 +216,7 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     if world_size < 1:
         raise ValueError("world_size must be >= 1")
     threads = threads_per_rank if threads_per_rank is not None else default_threads_per_rank(world_size)
-    ctx = mp.get_context("spawn")
+    ctx = _context(preload)
     port = free_port()
     procs, conns = [], []
     env_extra = dict(env or {})

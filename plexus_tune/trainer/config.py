@@ -1,0 +1,60 @@
+"""What one trainer run does: the graph, the grid, the model and the options."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PERMUTE_CHOICES = ("double", "single", "none")
+DTYPE_CHOICES = ("float32", "float64")
+BACKEND_CHOICES = ("gloo", "nccl")
+
+
+@dataclass
+class TrainConfig:
+    """One run of the 3D-parallel trainer.
+
+    The graph comes from exactly one of ``graph`` (a file path, or an in-memory
+    :class:`plexus_tune.graph.Graph`) and ``synthetic`` (a generator spec such as
+    ``"rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0"``). ``grid`` is
+    (Gx, Gy, Gz); ``gpus`` (if given) must equal its product. Widths are
+    ``[features] + [hidden] * (layers - 1) + [classes]``. ``epochs`` includes the
+    ``warmup`` epochs, which are trained but left out of the timing averages.
+    """
+
+    grid: tuple[int, int, int] = (1, 1, 1)
+    graph: Any = None
+    synthetic: str | None = None
+    gpus: int | None = None
+    layers: int = 3
+    hidden: int = 128
+    epochs: int = 10
+    warmup: int = 2
+    lr: float = 0.01
+    weight_decay: float = 0.01
+    seed: int = 0
+    permute: str = "double"
+    block_rows: int | None = None
+    overlap: bool = False
+    backend: str = "gloo"
+    dtype: str = "float32"
+    check: bool = False
+    collect_outputs: bool = False
+    log: str | None = None
+    machine: str | None = None
+    timeout_s: float = 1800.0
+    threads_per_rank: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def options(self) -> dict:
+        """The JSON-friendly options of the run (everything but the graph object)."""
+        out = asdict(self)
+        out.pop("graph")
+        out.pop("extra")
+        out["grid"] = list(self.grid)
+        return out
+
+
+def model_widths(features: int, classes: int, layers: int, hidden: int) -> list[int]:
+    """Layer widths D_0..D_L: ``[features] + [hidden] * (layers - 1) + [classes]``."""
+    return [int(features)] + [int(hidden)] * (int(layers) - 1) + [int(classes)]

@@ -1,0 +1,489 @@
+"""One rank of the 3D-parallel GCN: shards, the layer and loss autograd functions, training.
+
+Forward of layer i (roles and shapes in :mod:`plexus_tune.trainer.layout`):
+[layer 0: all-gather F over depth] -> H = A F (SpMM) -> all-reduce H over outer ->
+[all-gather W over depth] -> Q = H W (GEMM) -> all-reduce Q over inner -> Q += b.
+Backward (given dQ): db = sum_rows dQ, all-reduce over depth; dW = H^T dQ,
+reduce-scatter over depth (all-reduce when W is not split there); [all-gather W over
+depth]; dH = dQ W^T, all-reduce over outer; dF = A^T dH, layer 0: reduce-scatter over
+depth, other layers: all-reduce over depth. The activation (ReLU) sits between layers.
+
+SpMM uses ``torch.sparse.mm`` on CSR tensors with int32 indices (MKL on x86 CPUs;
+cuSPARSE on CUDA); both A and A^T shards are stored as CSR.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from plexus_tune.trainer.comm import GridComm, PhaseTimer
+from plexus_tune.trainer.layout import GridLayout, LayerLayout, make_layout
+
+FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
+
+
+def glorot_weights(widths, seed: int) -> list[np.ndarray]:
+    """Initial W_i (D_i x D_{i+1}), Glorot-uniform: U(-a, a), a = sqrt(6 / (D_i + D_{i+1})).
+
+    Drawn with a torch generator seeded ``seed``, identically on every rank and in the
+    serial reference, so sharded and serial models start equal.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for d_in, d_out in zip(widths[:-1], widths[1:]):
+        bound = math.sqrt(6.0 / (d_in + d_out))
+        w = (torch.rand((d_in, d_out), generator=gen, dtype=torch.float64) * 2.0 - 1.0) * bound
+        out.append(w.to(torch.float32).numpy())
+    return out
+
+
+def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device) -> torch.Tensor:
+    """A scipy CSR matrix as a torch sparse CSR tensor (int32 indices when they fit)."""
+    matrix = sp.csr_matrix(matrix)
+    matrix.sort_indices()
+    index_dtype = np.int32 if matrix.nnz < 2**31 - 1 and max(matrix.shape) < 2**31 - 1 else np.int64
+    crow = torch.from_numpy(matrix.indptr.astype(index_dtype))
+    col = torch.from_numpy(matrix.indices.astype(index_dtype))
+    val = torch.from_numpy(matrix.data.astype(np.float64)).to(dtype)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, val, size=matrix.shape, device=device,
+                                       check_invariants=False)
+
+
+def csr_bytes(t: torch.Tensor) -> int:
+    return sum(x.numel() * x.element_size() for x in (t.crow_indices(), t.col_indices(), t.values()))
+
+
+def take_block(matrix: sp.csr_matrix, rows, cols) -> sp.csr_matrix:
+    """Rows [r0, r1) x columns [c0, c1) of ``matrix`` where indices past its end are zero padding."""
+    n_rows, n_cols = matrix.shape
+    r0, r1 = min(rows.start, n_rows), min(rows.stop, n_rows)
+    c0, c1 = min(cols.start, n_cols), min(cols.stop, n_cols)
+    part = sp.csr_matrix(matrix[r0:r1, c0:c1])
+    pad_rows = rows.size - (r1 - r0)
+    indptr = np.concatenate([part.indptr, np.full(pad_rows, part.indptr[-1], dtype=part.indptr.dtype)])
+    return sp.csr_matrix((part.data, part.indices, indptr), shape=(rows.size, cols.size))
+
+
+def pad_dense(array: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    out = np.zeros((rows, cols), dtype=array.dtype)
+    out[: array.shape[0], : array.shape[1]] = array
+    return out
+
+
+@dataclass
+class LayerShard:
+    """Everything one rank needs for one layer: its layout, adjacency shards, options."""
+
+    layout: LayerLayout
+    a: torch.Tensor  # N/g_d x N/g_o shard
+    a_t: torch.Tensor  # its transpose
+    a_blocks: list  # row blocks of ``a`` for blocked aggregation (or [])
+    comm: GridComm
+    timer: PhaseTimer
+    overlap: bool = False
+    first: bool = False
+    saved_bytes: list = field(default_factory=list)
+
+    def spmm(self, a, dense):
+        t0 = self.timer.now()
+        out = torch.sparse.mm(a, dense)
+        self.timer.add(t0, "spmm_ms")
+        return out
+
+    def gemm(self, x, y):
+        t0 = self.timer.now()
+        out = x @ y
+        self.timer.add(t0, "gemm_ms")
+        return out
+
+    def aggregate(self, f):
+        """H = A F with its all-reduce over outer, optionally in row blocks (overlapped)."""
+        outer = self.layout.outer
+        if not self.a_blocks:
+            h = self.spmm(self.a, f)
+            return self.comm.all_reduce(h, outer)
+        parts, pending = [], []
+        for a_block in self.a_blocks:
+            h_block = self.spmm(a_block, f)
+            parts.append(h_block)
+            if self.overlap:
+                pending.append(self.comm.all_reduce_async(h_block, outer))
+            else:
+                self.comm.all_reduce(h_block, outer)
+        for work in pending:
+            self.comm.wait(work, outer)
+        t0 = self.timer.now()
+        h = torch.cat(parts, dim=0)
+        self.timer.add(t0, "spmm_ms")
+        return h
+
+
+class GCNLayerFunction(torch.autograd.Function):
+    """Q = (A F) W + b with the collectives of the 3D algorithm (see module docstring)."""
+
+    @staticmethod
+    def forward(ctx, f_local, w_local, b_local, shard: LayerShard):
+        lay, comm = shard.layout, shard.comm
+        f = comm.all_gather(f_local, lay.depth) if shard.first else f_local
+        h = shard.aggregate(f.contiguous())
+        w = comm.all_gather(w_local, lay.depth) if lay.w_split else w_local
+        q = shard.gemm(h, w)
+        comm.all_reduce(q, lay.inner)
+        q = q + b_local
+        ctx.save_for_backward(h, w_local)
+        ctx.shard = shard
+        shard.saved_bytes.append(h.numel() * h.element_size() + q.numel() * q.element_size())
+        return q
+
+    @staticmethod
+    def backward(ctx, dq):
+        h, w_local = ctx.saved_tensors
+        shard: LayerShard = ctx.shard
+        lay, comm = shard.layout, shard.comm
+        dq = dq.contiguous()
+        t0 = shard.timer.now()
+        db = dq.sum(dim=0)
+        shard.timer.add(t0, "gemm_ms")
+        comm.all_reduce(db, lay.depth)
+        dw = shard.gemm(h.t(), dq)
+        if lay.w_split:
+            dw = comm.reduce_scatter(dw, lay.depth)
+            w = comm.all_gather(w_local, lay.depth)
+        else:
+            dw = comm.all_reduce(dw, lay.depth)
+            w = w_local
+        dh = shard.gemm(dq, w.t())
+        comm.all_reduce(dh, lay.outer)
+        df = shard.spmm(shard.a_t, dh)
+        if shard.first:
+            df = comm.reduce_scatter(df, lay.depth)
+        else:
+            comm.all_reduce(df, lay.depth)
+        return df, dw, db, None
+
+
+@dataclass
+class LossShard:
+    """Local view of the logits for the sharded softmax cross-entropy."""
+
+    labels: torch.Tensor  # (rows,) label of each local row in [0, C), -1 for padding rows
+    col_start: int
+    classes: int  # true number of classes C
+    nodes: int  # true number of nodes N (the mean's denominator)
+    class_axis: int
+    row_axis: int
+    comm: GridComm
+    timer: PhaseTimer
+
+
+class ShardedCrossEntropy(torch.autograd.Function):
+    """mean_v [log sum_c exp(z_vc) - z_v,y_v] over sharded logits.
+
+    The row max and the sum of exponentials are reduced over the axis that splits the
+    classes, the per-row losses summed over the axis that splits the rows; padded rows
+    and classes are masked out. Every rank ends with the same scalar.
+    """
+
+    @staticmethod
+    def forward(ctx, z, shard: LossShard):
+        comm = shard.comm
+        rows, cols = z.shape
+        col_ids = torch.arange(shard.col_start, shard.col_start + cols, device=z.device)
+        col_valid = col_ids < shard.classes
+        row_valid = shard.labels >= 0
+        neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
+        zm = torch.where(col_valid.unsqueeze(0), z, neg_inf)
+        if cols > 0 and bool(col_valid.any()):
+            row_max = zm.max(dim=1).values
+        else:
+            row_max = torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
+        comm.all_reduce(row_max, shard.class_axis, op="max")
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        exp = torch.exp(zm - row_max.unsqueeze(1))
+        local_target = shard.labels - shard.col_start
+        mine = row_valid & (local_target >= 0) & (local_target < cols)
+        target = torch.zeros(rows, dtype=z.dtype, device=z.device)
+        idx = torch.nonzero(mine).squeeze(1)
+        target[idx] = z[idx, local_target[idx]]
+        sums = torch.stack([exp.sum(dim=1), target], dim=1)
+        comm.all_reduce(sums, shard.class_axis)
+        row_loss = torch.log(sums[:, 0]) + row_max - sums[:, 1]
+        row_loss = torch.where(row_valid, row_loss, torch.zeros_like(row_loss))
+        total = row_loss.sum().reshape(1)
+        comm.all_reduce(total, shard.row_axis)
+        ctx.save_for_backward(exp, sums[:, 0].clone(), row_valid, idx, local_target)
+        ctx.nodes = shard.nodes
+        return (total / shard.nodes).reshape(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        exp, sumexp, row_valid, idx, local_target = ctx.saved_tensors
+        dz = exp / sumexp.unsqueeze(1)
+        dz[idx, local_target[idx]] -= 1.0
+        dz = dz * row_valid.unsqueeze(1).to(dz.dtype)
+        return dz * (grad / ctx.nodes), None
+
+
+def _peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _maybe_fail(rank: int, epoch: int) -> None:
+    """Failure injection for tests of the failure path: ``PLEXUS_TUNE_INJECT_FAILURE=rank:epoch:mode``."""
+    spec = os.environ.get(FAIL_ENV)
+    if not spec:
+        return
+    want_rank, want_epoch, mode = spec.split(":")
+    if int(want_rank) != rank or int(want_epoch) != epoch:
+        return
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "oom":
+        torch.empty(2**50, dtype=torch.uint8)  # raises: cannot allocate
+    raise RuntimeError(f"injected failure on rank {rank} at epoch {epoch}")
+
+
+@dataclass
+class PreparedGraph:
+    """The normalized adjacency, features and labels, loaded once per process."""
+
+    adjacency: sp.csr_matrix  # normalized (self-loops added), float32
+    features: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+    name: str
+    raw_nnz: int
+
+    @property
+    def nodes(self) -> int:
+        return int(self.adjacency.shape[0])
+
+
+def prepare_graph(graph) -> PreparedGraph:
+    from plexus_tune.graph import gcn_normalize
+
+    return PreparedGraph(
+        adjacency=gcn_normalize(graph.adjacency),
+        features=np.asarray(graph.features, dtype=np.float32),
+        labels=np.asarray(graph.labels, dtype=np.int64),
+        num_classes=int(graph.num_classes),
+        name=str(graph.name),
+        raw_nnz=int(graph.nnz),
+    )
+
+
+class RankTrainer:
+    """Builds this rank's shards and parameters for one configuration and trains."""
+
+    def __init__(self, pg: PreparedGraph, config, rank: int, world_size: int, device="cpu"):
+        from plexus_tune.graph import permutations_for, permute_matrix
+        from plexus_tune.trainer.config import model_widths
+
+        self.config = config
+        self.rank = rank
+        self.device = torch.device(device)
+        self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
+        self.timer = PhaseTimer(cuda=self.device.type == "cuda")
+        grid = tuple(int(g) for g in config.grid)
+        if grid[0] * grid[1] * grid[2] != world_size:
+            raise ValueError(f"grid {grid} needs {grid[0] * grid[1] * grid[2]} ranks, world size is {world_size}")
+        n = pg.nodes
+        self.widths = model_widths(pg.features.shape[1], pg.num_classes, config.layers, config.hidden)
+        self.layout: GridLayout = make_layout(grid, rank, n, self.widths)
+        self.comm = GridComm(grid, rank, self.timer)
+        perm_r, perm_c = permutations_for(config.permute, n, config.seed)
+        self.perms = (perm_r, perm_c)
+        permuted = {0: permute_matrix(pg.adjacency, perm_r, perm_c)}
+        if config.permute == "none":
+            permuted[1] = permuted[0]
+        else:
+            permuted[1] = permute_matrix(pg.adjacency, perm_c, perm_r)
+        n_pad, dp = self.layout.n_pad, self.layout.padded_widths
+        weights = glorot_weights(self.widths, config.seed)
+        self.shards: list[LayerShard] = []
+        self.params_w, self.params_b = [], []
+        self.persistent_bytes = 0
+        self.shard_nnz = []
+        for lay in self.layout.layers:
+            local = take_block(permuted[lay.parity], lay.a_rows, lay.a_cols)
+            self.shard_nnz.append(int(local.nnz))
+            a = torch_csr(local, self.dtype, self.device)
+            a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
+            blocks = []
+            if config.block_rows and config.block_rows < local.shape[0]:
+                for r0 in range(0, local.shape[0], int(config.block_rows)):
+                    blocks.append(torch_csr(local[r0:r0 + int(config.block_rows)], self.dtype, self.device))
+            self.persistent_bytes += csr_bytes(a) + csr_bytes(a_t) + sum(csr_bytes(b) for b in blocks)
+            self.shards.append(LayerShard(layout=lay, a=a, a_t=a_t, a_blocks=blocks, comm=self.comm,
+                                          timer=self.timer, overlap=bool(config.overlap), first=lay.index == 0))
+            w_full = pad_dense(weights[lay.index], dp[lay.index], dp[lay.index + 1])
+            w_local = w_full[lay.w_rows.start:lay.w_rows.stop, lay.out_cols.start:lay.out_cols.stop]
+            self.params_w.append(torch.nn.Parameter(torch.tensor(w_local, dtype=self.dtype, device=self.device)))
+            self.params_b.append(torch.nn.Parameter(torch.zeros(lay.out_cols.size, dtype=self.dtype,
+                                                                device=self.device)))
+        first = self.layout.layers[0]
+        f_perm = np.zeros((n_pad, dp[0]), dtype=np.float32)
+        f_perm[:n, : pg.features.shape[1]] = pg.features[perm_c]
+        f_local = f_perm[first.f_rows.start:first.f_rows.stop, first.in_cols.start:first.in_cols.stop]
+        self.features = torch.nn.Parameter(torch.tensor(f_local, dtype=self.dtype, device=self.device))
+        last = self.layout.layers[-1]
+        self.out_perm = perm_r if last.parity == 0 else perm_c
+        labels_perm = np.full(n_pad, -1, dtype=np.int64)
+        labels_perm[:n] = pg.labels[self.out_perm]
+        self.loss_shard = LossShard(
+            labels=torch.tensor(labels_perm[last.a_rows.start:last.a_rows.stop], device=self.device),
+            col_start=last.out_cols.start, classes=pg.num_classes, nodes=n,
+            class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer)
+        params = [self.features] + self.params_w + self.params_b
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        # parameters, gradients and two AdamW moments
+        self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
+        self.persistent_bytes += self.loss_shard.labels.numel() * 8
+
+    def forward(self):
+        x = self.features
+        for i, shard in enumerate(self.shards):
+            x = GCNLayerFunction.apply(x, self.params_w[i], self.params_b[i], shard)
+            if i < len(self.shards) - 1:
+                x = torch.relu(x)
+        return x
+
+    def train(self, epochs: int):
+        losses, last_logits = [], None
+        self.peak_tracked_bytes = self.persistent_bytes
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        for epoch in range(epochs):
+            _maybe_fail(self.rank, epoch)
+            for shard in self.shards:
+                shard.saved_bytes.clear()
+            t_epoch = self.timer.now()
+            self.optimizer.zero_grad(set_to_none=False)
+            logits = self.forward()
+            self.timer.add(t_epoch, "fwd_ms")
+            t0 = self.timer.now()
+            loss = ShardedCrossEntropy.apply(logits, self.loss_shard)
+            self.timer.add(t0, "loss_ms")
+            t0 = self.timer.now()
+            loss.backward()
+            self.timer.add(t0, "bwd_ms")
+            t0 = self.timer.now()
+            self.optimizer.step()
+            self.timer.add(t0, "optimizer_ms")
+            epoch_ms = (self.timer.now() - t_epoch) * 1e3
+            self.timer.end_epoch(epoch_ms)
+            losses.append(float(loss.detach()))
+            last_logits = logits.detach()
+            saved = sum(sum(s.saved_bytes) for s in self.shards)
+            self.peak_tracked_bytes = max(self.peak_tracked_bytes, self.persistent_bytes + saved)
+        self.last_logits = last_logits
+        return losses
+
+    def memory(self) -> dict:
+        out = {"tracked_bytes": int(self.peak_tracked_bytes), "rss_bytes": _peak_rss_bytes()}
+        if self.device.type == "cuda":
+            out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return out
+
+    def output_block(self):
+        """(row start, col start, block) of this rank's final logits if it is inner coordinate 0."""
+        last = self.layout.layers[-1]
+        if last.coords[1] != 0:
+            return None
+        return (last.a_rows.start, last.out_cols.start, self.last_logits.cpu().numpy())
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+def assemble_outputs(blocks, n: int, classes: int, n_pad: int, c_pad: int, out_perm) -> np.ndarray:
+    """Full (N, C) logits in the original node order from the ranks' output blocks."""
+    full = None
+    for item in blocks:
+        if item is None:
+            continue
+        r0, c0, block_ = item
+        if full is None:
+            full = np.zeros((n_pad, c_pad), dtype=block_.dtype)
+        full[r0:r0 + block_.shape[0], c0:c0 + block_.shape[1]] = block_
+    permuted = full[:n, :classes]
+    out = np.empty_like(permuted)
+    out[np.asarray(out_perm)] = permuted
+    return out
+
+
+def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: str = "cpu"):
+    """Train every configuration in ``configs`` (in order) on this rank.
+
+    Returns, on rank 0, one result per configuration (losses, per-rank per-epoch
+    timers, memory, shard nonzeros, and the assembled outputs when asked); other
+    ranks return None. ``graph_source`` is a Graph, a path, or ("synthetic", spec).
+    """
+    import torch.distributed as dist
+
+    from plexus_tune.trainer.run import resolve_graph
+
+    device = "cpu"
+    if device_kind == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    t_load = time.perf_counter()
+    pg = prepare_graph(resolve_graph(graph_source))
+    load_s = time.perf_counter() - t_load
+    results = []
+    for config in configs:
+        t_setup = time.perf_counter()
+        trainer = RankTrainer(pg, config, rank, world_size, device=device)
+        setup_s = time.perf_counter() - t_setup
+        try:
+            losses = trainer.train(int(config.epochs))
+            want_outputs = bool(config.collect_outputs or config.check)
+            payload = {
+                "timers": trainer.timer.epochs,
+                "memory": trainer.memory(),
+                "shard_nnz": trainer.shard_nnz,
+                "setup_s": setup_s,
+                "load_s": load_s,
+                "output": trainer.output_block() if want_outputs else None,
+            }
+            gathered = [None] * world_size if rank == 0 else None
+            dist.gather_object(payload, gathered, dst=0)
+        finally:
+            trainer.close()
+        if rank == 0:
+            result = {
+                "losses": losses,
+                "timers": [g["timers"] for g in gathered],
+                "memory": [g["memory"] for g in gathered],
+                "shard_nnz": [g["shard_nnz"] for g in gathered],
+                "setup_s": max(g["setup_s"] for g in gathered),
+                "load_s": max(g["load_s"] for g in gathered),
+                "nodes": pg.nodes,
+                "nnz": int(pg.adjacency.nnz),
+                "raw_nnz": pg.raw_nnz,
+                "features": int(pg.features.shape[1]),
+                "classes": pg.num_classes,
+                "graph_name": pg.name,
+                "widths": trainer.widths,
+                "n_pad": trainer.layout.n_pad,
+                "padded_widths": list(trainer.layout.padded_widths),
+                "w_split": [lay.w_split for lay in trainer.layout.layers],
+                "outputs": None,
+            }
+            if config.collect_outputs or config.check:
+                result["outputs"] = assemble_outputs(
+                    [g["output"] for g in gathered], pg.nodes, pg.num_classes, trainer.layout.n_pad,
+                    trainer.layout.padded_widths[-1], trainer.out_perm)
+            results.append(result)
+    return results if rank == 0 else None

@@ -1,0 +1,81 @@
+"""The serial PyTorch Geometric GCN that the 3D-parallel trainer must equal.
+
+Model: trainable input features X (a parameter initialized to the graph's features),
+``GCNConv(D_i, D_{i+1})`` layers (PyG defaults: self-loops added, symmetric
+normalization, bias), ReLU between layers and none after the last; loss
+``cross_entropy(logits, labels)`` over all nodes; AdamW on every parameter. The weights
+start at :func:`plexus_tune.trainer.engine.glorot_weights` (the same draw as every
+rank of the sharded model) and the biases at zero, as GCNConv initializes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
+                    seed: int, dtype: str = "float32", threads: int | None = None) -> dict:
+    """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...]}."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    from plexus_tune.trainer.config import model_widths
+    from plexus_tune.trainer.engine import glorot_weights
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    tdtype = torch.float64 if dtype == "float64" else torch.float32
+    adj = graph.adjacency.tocoo()
+    # row v holds v's in-neighbours u: edge u -> v is (source u, target v)
+    edge_index = torch.from_numpy(np.vstack([adj.col, adj.row]).astype(np.int64))
+    edge_weight = torch.from_numpy(adj.data.astype(np.float64)).to(tdtype)
+    widths = model_widths(graph.features.shape[1], graph.num_classes, layers, hidden)
+    convs = torch.nn.ModuleList()
+    for i, w in enumerate(glorot_weights(widths, seed)):
+        conv = GCNConv(widths[i], widths[i + 1]).to(tdtype)
+        with torch.no_grad():
+            conv.lin.weight.copy_(torch.from_numpy(w.T.copy()).to(tdtype))
+            conv.bias.zero_()
+        convs.append(conv)
+    features = torch.nn.Parameter(torch.from_numpy(np.asarray(graph.features, dtype=np.float32)).to(tdtype))
+    labels = torch.from_numpy(np.asarray(graph.labels, dtype=np.int64))
+    params = [features] + list(convs.parameters())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    losses, epoch_ms, logits = [], [], None
+    for _ in range(int(epochs)):
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        x = features
+        for i, conv in enumerate(convs):
+            x = conv(x, edge_index, edge_weight)
+            if i < len(convs) - 1:
+                x = torch.relu(x)
+        loss = F.cross_entropy(x, labels)
+        loss.backward()
+        optimizer.step()
+        epoch_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(float(loss.detach()))
+        logits = x.detach()
+    return {"losses": losses, "outputs": logits.numpy(), "epoch_ms": epoch_ms}
+
+
+def max_relative_difference(a, b, *, normwise: bool = False) -> float:
+    """Largest relative difference of ``a`` from the reference ``b``.
+
+    Elementwise: max_k |a_k - b_k| / |b_k| (for losses, which are far from zero).
+    Normwise: max_k |a_k - b_k| / max_k |b_k| (for logits, where single entries can sit
+    near zero and an elementwise ratio would measure rounding, not disagreement).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    if a.size == 0:
+        return 0.0
+    tiny = np.finfo(np.float64).tiny
+    if normwise:
+        return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), tiny))
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), tiny)))

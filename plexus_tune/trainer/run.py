@@ -1,0 +1,269 @@
+"""Run the trainer (local processes, torchrun or srun) and turn the result into one log record.
+
+Timing protocol: every phase is timed per rank and per epoch; an epoch's phase time is
+the max over ranks (the straggler decides), ``imbalance`` is that max over the mean
+over ranks; the warm-up epochs are trained but left out, and the record gives the mean
+over the remaining epochs (``epoch_ms``, ``spmm_ms``, ...), their spread
+(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
+from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
+
+
+class TrainingFailed(RuntimeError):
+    """A run failed on some rank; ``record`` is the failed-run record (also logged)."""
+
+    def __init__(self, message: str, record: dict):
+        super().__init__(message)
+        self.record = record
+
+
+def resolve_graph(source):
+    """A Graph from a Graph, a file path, or ("synthetic", spec)."""
+    from plexus_tune import graph as graph_mod
+
+    if isinstance(source, graph_mod.Graph):
+        return source
+    if isinstance(source, tuple) and source[0] == "synthetic":
+        return graph_mod.synthetic(source[1])
+    loader = getattr(graph_mod, "load_graph", None)
+    if loader is None:
+        raise UserError("this installation cannot read graph files; use --synthetic SPEC")
+    return loader(str(source))
+
+
+def graph_source(config: TrainConfig):
+    if (config.graph is None) == (config.synthetic is None):
+        raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
+    if config.synthetic is not None:
+        return ("synthetic", config.synthetic)
+    if isinstance(config.graph, (str, os.PathLike)):
+        path = Path(config.graph)
+        if not path.exists():
+            raise UserError(f"graph file {path} does not exist; check the path or make one with 'plexus-tune graph'")
+        return str(path)
+    return config.graph
+
+
+def describe_source(config: TrainConfig) -> str:
+    if config.synthetic is not None:
+        return f"synthetic:{config.synthetic}"
+    if isinstance(config.graph, (str, os.PathLike)):
+        return str(config.graph)
+    return "in-memory"
+
+
+def validate(config: TrainConfig, world_size: int | None = None) -> None:
+    """Check a configuration at the edge; raises UserError with what to change."""
+    grid = tuple(config.grid)
+    if len(grid) != 3 or any(int(g) < 1 for g in grid):
+        raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
+    total = int(np.prod(grid))
+    if config.gpus is not None and int(config.gpus) != total:
+        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but --gpus is {config.gpus}; "
+                        "make the product of the grid equal the GPU count")
+    if world_size is not None and world_size != total:
+        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the launcher started "
+                        f"{world_size}; launch as many processes as the grid has ranks")
+    if config.layers < 1 or config.hidden < 1:
+        raise UserError("--layers and --hidden must be positive")
+    if config.epochs < 1 or not (0 <= config.warmup < config.epochs):
+        raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={config.epochs} warmup={config.warmup}")
+    if config.permute not in PERMUTE_CHOICES:
+        raise UserError(f"--permute must be one of {', '.join(PERMUTE_CHOICES)}")
+    if config.dtype not in DTYPE_CHOICES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}")
+    if config.backend not in BACKEND_CHOICES:
+        raise UserError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
+    if config.block_rows is not None and int(config.block_rows) < 1:
+        raise UserError("--block-rows must be a positive number of rows")
+    if config.overlap and not config.block_rows:
+        raise UserError("--overlap needs --block-rows (it overlaps the all-reduce of one row block with the next SpMM)")
+    if config.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use --backend gloo on CPU")
+        if world_size is None and torch.cuda.device_count() < total:
+            raise UserError(f"grid needs {total} GPUs but only {torch.cuda.device_count()} are visible")
+
+
+def _failure_status(reason: str) -> str:
+    text = reason.lower()
+    if any(s in text for s in ("out of memory", "can't allocate", "cannot allocate", "memoryerror", "outofmemory")):
+        return "oom"
+    if "timed out" in text or "timeout" in text:
+        return "timeout"
+    return "failed"
+
+
+def summarize_timers(timers, warmup: int) -> dict:
+    """Per-epoch max and mean over ranks -> record fields (see module docstring)."""
+    keys = BREAKDOWN_KEYS + PHASE_KEYS
+    ranks = len(timers)
+    epochs = len(timers[0])
+    table = np.array([[[timers[r][e].get(k, 0.0) for k in keys] for e in range(epochs)] for r in range(ranks)])
+    per_epoch_max = table.max(axis=0)  # (epochs, keys)
+    per_epoch_mean = table.mean(axis=0)
+    measured = slice(warmup, epochs)
+    out = {}
+    for j, key in enumerate(keys):
+        out[key] = float(per_epoch_max[measured, j].mean())
+    k_epoch = keys.index("epoch_ms")
+    out["epoch_ms_std"] = float(per_epoch_max[measured, k_epoch].std())
+    out["epoch_times_ms"] = [float(v) for v in per_epoch_max[:, k_epoch]]
+    out["rank_mean_ms"] = {key: float(per_epoch_mean[measured, j].mean()) for j, key in enumerate(keys)}
+    imbalance = {}
+    for j, key in enumerate(keys):
+        mean = per_epoch_mean[measured, j]
+        ok = mean > 0
+        imbalance[key] = float((per_epoch_max[measured, j][ok] / mean[ok]).mean()) if ok.any() else 1.0
+    out["imbalance"] = imbalance
+    out["per_rank_epoch_ms"] = [float(table[r, measured, k_epoch].mean()) for r in range(ranks)]
+    return out
+
+
+def base_record(config: TrainConfig) -> dict:
+    from plexus_tune.store import environment_info, now_utc
+
+    grid = [int(g) for g in config.grid]
+    record = {
+        "kind": "train",
+        "timestamp": now_utc(),
+        "status": "ok",
+        "machine": config.machine or platform.node(),
+        "backend": config.backend,
+        "graph_source": describe_source(config),
+        "grid": "x".join(map(str, grid)),
+        "gx": grid[0], "gy": grid[1], "gz": grid[2],
+        "gpus": int(np.prod(grid)),
+        "layers": config.layers,
+        "hidden": config.hidden,
+        "epochs": config.epochs,
+        "warmup": config.warmup,
+        "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap,
+                    "dtype": config.dtype, "lr": config.lr, "weight_decay": config.weight_decay,
+                    "seed": config.seed, "threads_per_rank": config.threads_per_rank},
+        "environment": environment_info(),
+    }
+    record["python"] = record["environment"].get("python")
+    record["torch"] = record["environment"].get("torch")
+    record["commit"] = record["environment"].get("commit")
+    return record
+
+
+def build_record(config: TrainConfig, result: dict, wall_s: float, device: str) -> dict:
+    record = base_record(config)
+    record.update({
+        "device": device,
+        "graph": result["graph_name"],
+        "nodes": result["nodes"],
+        "nnz": result["nnz"],
+        "raw_nnz": result["raw_nnz"],
+        "features": result["features"],
+        "classes": result["classes"],
+        "widths": result["widths"],
+        "padded_nodes": result["n_pad"],
+        "padded_widths": result["padded_widths"],
+        "w_split_over_depth": result["w_split"],
+    })
+    record.update(summarize_timers(result["timers"], config.warmup))
+    nnz = np.array(result["shard_nnz"], dtype=np.float64)  # (ranks, layers)
+    mean = nnz.mean(axis=0)
+    record["shard_nnz_max"] = [int(v) for v in nnz.max(axis=0)]
+    record["shard_nnz_imbalance"] = [float(m / a) if a > 0 else 1.0 for m, a in zip(nnz.max(axis=0), mean)]
+    memory = result["memory"]
+    key = "cuda_max_allocated_bytes" if "cuda_max_allocated_bytes" in memory[0] else "tracked_bytes"
+    record["memory_source"] = "cuda_allocator" if key.startswith("cuda") else "tracked_tensors"
+    record["peak_memory_bytes"] = int(max(m[key] for m in memory))
+    record["peak_memory_bytes_per_rank"] = [int(m[key]) for m in memory]
+    record["peak_rss_bytes_per_rank"] = [int(m["rss_bytes"]) for m in memory]
+    record["losses"] = [float(v) for v in result["losses"]]
+    record["final_loss"] = record["losses"][-1]
+    record["setup_s"] = float(result["setup_s"])
+    record["load_s"] = float(result["load_s"])
+    record["wall_s"] = float(wall_s)
+    return record
+
+
+def _append(config: TrainConfig, record: dict) -> None:
+    if config.log:
+        from plexus_tune.store import append_records
+
+        append_records(config.log, [record])
+
+
+def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict | None:
+    """Train one configuration and return its record (appended to ``config.log`` if set).
+
+    Run by hand it starts ``prod(grid)`` local processes; under torchrun or srun this
+    process is one rank and only rank 0 returns the record (others return None). A
+    failing rank stops the run; the failed-run record is logged and
+    :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
+    False).
+    """
+    from plexus_tune.launch import RankFailure, detect_environment, launch_local, run_in_environment
+    from plexus_tune.trainer.engine import rank_main
+
+    env = detect_environment()
+    validate(config, env.world_size if env else None)
+    source = graph_source(config)
+    device_kind = "cuda" if config.backend == "nccl" else "cpu"
+    world = int(np.prod(config.grid))
+    start = time.perf_counter()
+    try:
+        if env is not None:
+            results = run_in_environment(rank_main, env, args=(source, [config], device_kind),
+                                         backend=config.backend, timeout_s=config.timeout_s,
+                                         threads_per_rank=config.threads_per_rank)
+            if env.rank != 0:
+                return None
+        else:
+            results = launch_local(rank_main, world, args=(source, [config], device_kind),
+                                   backend=config.backend, timeout_s=config.timeout_s,
+                                   threads_per_rank=config.threads_per_rank,
+                                   preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+    except RankFailure as exc:
+        record = base_record(config)
+        record.update({"status": _failure_status(exc.reason), "reason": str(exc),
+                       "failed_rank": exc.rank, "wall_s": time.perf_counter() - start})
+        if exc.details:
+            record["traceback"] = exc.details[-4000:]
+        _append(config, record)
+        if raise_on_failure:
+            raise TrainingFailed(str(exc), record) from None
+        return record
+    wall_s = time.perf_counter() - start
+    device = "cpu"
+    if device_kind == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+    result = results[0]
+    record = build_record(config, result, wall_s, device)
+    if config.check:
+        from plexus_tune.trainer.reference import max_relative_difference, reference_train
+
+        ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
+                              epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
+                              seed=config.seed, dtype=config.dtype)
+        record["check_loss_rel_diff"] = max_relative_difference(result["losses"], ref["losses"])
+        record["check_output_rel_diff"] = max_relative_difference(result["outputs"], ref["outputs"], normwise=True)
+        record["reference_losses"] = ref["losses"]
+        record["reference_epoch_ms"] = float(np.mean(ref["epoch_ms"][config.warmup:]))
+    _append(config, record)
+    if config.collect_outputs:
+        record = dict(record)
+        record["outputs"] = result["outputs"]
+    return record
