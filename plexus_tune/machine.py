@@ -56,6 +56,7 @@ FIELDS = {
     "absent: that time is not modelled (0)",
     "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of DESIGN.md 4.1 "
     "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.spmm_models",
+    "collectives": "required; the collective-communication model, an object with the collectives.* fields",
     "collectives.alpha_intra_us": "required; per-step latency inside a node, microseconds, >= 0",
     "collectives.beta_intra_gbps": "required; bus bandwidth inside a node, GB/s (1e9 bytes/s), > 0",
     "collectives.alpha_inter_us": "required; per-step latency across nodes, microseconds, >= 0",

@@ -1,0 +1,195 @@
+"""The cost model against values derived by hand from DESIGN.md 4.1-4.3.
+
+Toy workload: N = 1001 nodes (not divisible: exercises padding), NNZ = 5000,
+widths (12, 8, 6) -> 2 layers, fp32 (u = 4). Toy machine: 4 GPUs per node,
+alpha_intra 10 us, beta_intra 100 GB/s, alpha_inter 20 us, beta_inter 40 GB/s.
+Times in ms: alpha_us * 1e-3, bytes / (GB/s * 1e9) * 1e3.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from plexus_tune.costs import CostModel, PREDICTION_KEYS, paper_spmm_ms, predict_grids, predict_table, rank_order
+from plexus_tune.machine import Machine
+from plexus_tune.workload import Workload, workload_from_dataset
+
+W = Workload("toy", nodes=1001, nnz=5000, widths=(12, 8, 6))
+
+
+def toy_machine(**over):
+    data = {
+        "name": "toy", "gpus_per_node": 4, "device_memory_gib": 16, "gemm_tflops": 1e-3, "elementwise_gbps": 1.0,
+        "spmm": {"kind": "paper", "c0": 1e-3, "c1": 2e-4, "c2": -1e-4},
+        "collectives": {"alpha_intra_us": 10, "beta_intra_gbps": 100, "alpha_inter_us": 20, "beta_inter_gbps": 40},
+    }
+    data.update(over)
+    return Machine.from_dict(data)
+
+
+def one(pred, key):
+    assert pred[key].shape == (1,)
+    return float(pred[key][0])
+
+
+def test_g8_every_collective_term_by_hand():
+    # grid 2x2x2; strides Y 1, X 2, Z 4. Y: 1*2 <= 4 intra; X: 2*2 <= 4 intra;
+    # Z: 4*2 > 4 inter with beta 40 / min(4, 4) = 10 GB/s.
+    # layer 0 roles (o, n, d) = (X, Y, Z): r_d = r_o = ceil(1001/2) = 501, c_i = 12/2 = 6, c_o = 8/2 = 4
+    ag_f_z = 1 * 20e-3 + (1 / 2) * (4 * 501 * 6) / 10e9 * 1e3      # all-gather F over Z
+    ar_h_x = 2 * 10e-3 + (2 * 1 / 2) * (4 * 501 * 6) / 100e9 * 1e3  # all-reduce H over X
+    ag_w_z = 1 * 20e-3 + (1 / 2) * (4 * 6 * 4) / 10e9 * 1e3        # all-gather W over Z
+    ar_q_y = 2 * 10e-3 + 1 * (4 * 501 * 4) / 100e9 * 1e3           # all-reduce Q over Y
+    rs_dw_z = ag_w_z                                              # reduce-scatter dW over Z
+    ar_dh_x = ar_h_x                                              # all-reduce dH over X
+    rs_df_z = ag_f_z                                              # layer 0: reduce-scatter dF over Z
+    # layer 1 roles (Z, X, Y): r_d = r_o = 501, c_i = 8/2 = 4, c_o = 6/2 = 3
+    ar_h_z = 2 * 20e-3 + 1 * (4 * 501 * 4) / 10e9 * 1e3            # all-reduce H over Z
+    ag_w_y = 1 * 10e-3 + (1 / 2) * (4 * 4 * 3) / 100e9 * 1e3       # all-gather W over Y
+    ar_q_x = 2 * 10e-3 + 1 * (4 * 501 * 3) / 100e9 * 1e3           # all-reduce Q over X
+    rs_dw_y = ag_w_y
+    ar_dh_z = ar_h_z
+    ar_df_y = 2 * 10e-3 + 1 * (4 * 501 * 4) / 100e9 * 1e3          # layer >= 1: all-reduce dF over Y
+
+    pred = predict_grids(W, toy_machine(), np.array([[2, 2, 2]]))
+    x = ar_h_x + ar_dh_x + ar_q_x
+    y = ar_q_y + ag_w_y + rs_dw_y + ag_w_y + ar_df_y
+    z = ag_f_z + 2 * ag_w_z + rs_dw_z + rs_df_z + ar_h_z + ar_dh_z
+    assert one(pred, "comm_x_ms") == pytest.approx(x, rel=1e-12)
+    assert one(pred, "comm_y_ms") == pytest.approx(y, rel=1e-12)
+    assert one(pred, "comm_z_ms") == pytest.approx(z, rel=1e-12)
+    assert one(pred, "comm_ms") == pytest.approx(x + y + z, rel=1e-12)
+    assert one(pred, "all_reduce_ms") == pytest.approx(
+        ar_h_x + ar_q_y + ar_dh_x + ar_h_z + ar_q_x + ar_dh_z + ar_df_y, rel=1e-12)
+    assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
+    assert one(pred, "reduce_scatter_ms") == pytest.approx(rs_dw_z + rs_df_z + rs_dw_y, rel=1e-12)
+
+    # SpMM, paper form with unpadded sizes: F = 5000*12/8 + 5000*8/8,
+    # P_fwd = (1001/2)(2/12) + (1001/2)(2/8), P_bwd the same (g_d = 2 in both layers)
+    f = 5000 * 12 / 8 + 5000 * 8 / 8
+    p = (1001 / 2) * (2 / 12) + (1001 / 2) * (2 / 8)
+    spmm = 1e-3 * math.sqrt(f) + 2e-4 * math.sqrt(f) * p - 1e-4 * math.sqrt(f) * p
+    assert one(pred, "spmm_ms") == pytest.approx(spmm, rel=1e-12)
+    # GEMM: 6 r_d c_i c_o per layer at 1e9 flop/s
+    gemm = (6 * 501 * 6 * 4 + 6 * 501 * 4 * 3) / 1e9 * 1e3
+    assert one(pred, "gemm_ms") == pytest.approx(gemm, rel=1e-12)
+    # elementwise at 1 GB/s: 5 u r_d c_o per layer, Adam 7 u per local parameter
+    other_bytes = (5 * 4 * 501 * 4 + 7 * 4 * math.ceil(6 * 4 / 2) + 7 * 4 * math.ceil(501 * 6 / 2)
+                   + 5 * 4 * 501 * 3 + 7 * 4 * math.ceil(4 * 3 / 2))
+    assert one(pred, "other_ms") == pytest.approx(other_bytes / 1e9 * 1e3, rel=1e-12)
+    assert one(pred, "total_ms") == pytest.approx(spmm + gemm + x + y + z + other_bytes / 1e6, rel=1e-12)
+
+
+def test_g12_non_power_of_two_by_hand():
+    # grid 2x3x2: Y (g 3, stride 1): 3 <= 4 intra; X (g 2, stride 3): 6 > 4 inter, beta 40/3;
+    # Z (g 2, stride 6): inter, beta 40/min(4, 6) = 10.
+    bx = 40 / 3 * 1e9
+    # layer 0 roles (X, Y, Z): r_d = r_o = 501, c_i = 12/3 = 4, c_o = 8/2 = 4
+    ag_f_z = 20e-3 + 0.5 * (4 * 501 * 4) / 10e9 * 1e3
+    ar_h_x = 2 * 20e-3 + 1 * (4 * 501 * 4) / bx * 1e3
+    ag_w_z = 20e-3 + 0.5 * (4 * 4 * 4) / 10e9 * 1e3
+    ar_q_y = 4 * 10e-3 + (4 / 3) * (4 * 501 * 4) / 100e9 * 1e3
+    # layer 1 roles (Z, X, Y): r_d = ceil(1001/3) = 334, r_o = 501, c_i = 8/2 = 4, c_o = 6/2 = 3
+    ar_h_z = 2 * 20e-3 + 1 * (4 * 334 * 4) / 10e9 * 1e3
+    ag_w_y = 2 * 10e-3 + (2 / 3) * (4 * 4 * 3) / 100e9 * 1e3
+    ar_q_x = 2 * 20e-3 + 1 * (4 * 334 * 3) / bx * 1e3
+    ar_df_y = 4 * 10e-3 + (4 / 3) * (4 * 501 * 4) / 100e9 * 1e3
+    pred = predict_grids(W, toy_machine(), [[2, 3, 2]])
+    assert one(pred, "comm_x_ms") == pytest.approx(2 * ar_h_x + ar_q_x, rel=1e-12)
+    assert one(pred, "comm_y_ms") == pytest.approx(ar_q_y + 3 * ag_w_y + ar_df_y, rel=1e-12)
+    assert one(pred, "comm_z_ms") == pytest.approx(2 * ag_f_z + 3 * ag_w_z + 2 * ar_h_z, rel=1e-12)
+    assert one(pred, "reduce_scatter_ms") == pytest.approx(ag_w_z + ag_f_z + ag_w_y, rel=1e-12)
+    assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
+    assert one(pred, "all_reduce_ms") == pytest.approx(2 * ar_h_x + ar_q_y + 2 * ar_h_z + ar_q_x + ar_df_y, rel=1e-12)
+    # SpMM: F = 5000*12/12 + 5000*8/12; P_fwd = (1001/2)(3/12) + (1001/2)(2/8);
+    # P_bwd = (1001/2)(3/12) + (1001/3)(2/8)
+    f = 5000 + 5000 * 8 / 12
+    pf = 1001 / 2 * 3 / 12 + 1001 / 2 * 2 / 8
+    pb = 1001 / 2 * 3 / 12 + 1001 / 3 * 2 / 8
+    spmm = math.sqrt(f) * (1e-3 + 2e-4 * pf - 1e-4 * pb)
+    assert one(pred, "spmm_ms") == pytest.approx(spmm, rel=1e-12)
+    gemm = (6 * 501 * 4 * 4 + 6 * 334 * 4 * 3) / 1e9 * 1e3
+    assert one(pred, "gemm_ms") == pytest.approx(gemm, rel=1e-12)
+
+
+def test_blocked_aggregation_adds_latency_only():
+    m = toy_machine()
+    plain = predict_grids(W, m, [[2, 2, 2]])
+    blocked = predict_grids(W, m, [[2, 2, 2]], block_rows=100)
+    # ceil(501 / 100) = 6 messages instead of 1 in each forward aggregation all-reduce:
+    # layer 0 over X (intra, 2 steps of 10 us), layer 1 over Z (inter, 2 steps of 20 us)
+    extra_x = 5 * 2 * 10e-3
+    extra_z = 5 * 2 * 20e-3
+    assert one(blocked, "comm_x_ms") - one(plain, "comm_x_ms") == pytest.approx(extra_x)
+    assert one(blocked, "comm_z_ms") - one(plain, "comm_z_ms") == pytest.approx(extra_z)
+    assert one(blocked, "comm_y_ms") == pytest.approx(one(plain, "comm_y_ms"))
+    assert one(blocked, "spmm_ms") == pytest.approx(one(plain, "spmm_ms"))  # paper form ignores blocks
+
+
+def roofline(**coefs):
+    full = dict(const=0.0, flops=0.0, sparse_bytes=0.0, dense_in_bytes=0.0, out_bytes=0.0, rows=0.0)
+    full.update(coefs)
+    return {"kind": "roofline", "bytes_per_element": 4, "coefficients": full}
+
+
+def test_per_spmm_kinds_get_padded_local_shapes():
+    grid = [[2, 3, 2]]
+    # rows term: forward rows r_d, backward rows r_o. Layer 0: 501 + 501; layer 1: 334 + 501
+    pred = predict_grids(W, toy_machine(spmm=roofline(rows=1.0)), grid)
+    assert one(pred, "spmm_ms") == pytest.approx(501 + 501 + 334 + 501)
+    # dense operand read: 4 * common * k; forward common r_o, backward common r_d
+    pred = predict_grids(W, toy_machine(spmm=roofline(dense_in_bytes=1.0)), grid)
+    assert one(pred, "spmm_ms") == pytest.approx(4 * (501 * 4 + 501 * 4) + 4 * (501 * 4 + 334 * 4))
+    # flops 2 nnz k with nnz = ceil(5000 / (g_d g_o)): layer 0 ceil(5000/4) = 1250, k 4; layer 1 ceil(5000/6) = 834, k 4
+    pred = predict_grids(W, toy_machine(spmm=roofline(flops=1.0)), grid)
+    assert one(pred, "spmm_ms") == pytest.approx(2 * (2 * 1250 * 4) + 2 * (2 * 834 * 4))
+    # blocked forward SpMM: ceil(501/100) = 6 and ceil(334/100) = 4 blocks, each paying the constant
+    pred = predict_grids(W, toy_machine(spmm=roofline(const=1.0)), grid, block_rows=100)
+    assert one(pred, "spmm_ms") == pytest.approx((6 + 1) + (4 + 1))
+
+
+def test_figure5_3d_grids_rank_ahead_of_1d():
+    w = workload_from_dataset("ogbn-products", layers=3, hidden=128)
+    pred = CostModel("perlmutter-paper").predict(w, 64)
+    order = rank_order(pred)
+    grids = np.stack([pred["gx"], pred["gy"], pred["gz"]], axis=1)[order]
+    position = {tuple(map(int, g)): i for i, g in enumerate(grids)}
+    one_d = [(64, 1, 1), (1, 64, 1), (1, 1, 64)]
+    three_d = [g for g in position if min(g) > 1]
+    assert len(three_d) == 10
+    assert max(position[g] for g in three_d) < min(position[g] for g in one_d)
+    best = tuple(map(int, grids[0]))
+    assert min(best) > 1 and max(best) <= 8  # the best grid is 3D and near-symmetric
+    assert pred["feasible"].all()
+
+
+def test_paper_spmm_against_its_published_shape():
+    # the paper's claim: the same flops, Gx = 64 (common dimension split) is cheaper
+    # in the penalty terms than Gy = 64 (skinny dense operand)
+    w = workload_from_dataset("ogbn-products")
+    t = paper_spmm_ms(w, [[64, 1, 1], [1, 64, 1]], 7.8e-4, 7.8e-10, -2.6e-10)
+    assert t[0] < t[1]
+
+
+def test_rank_order_and_infeasible_grids():
+    w = workload_from_dataset("ogbn-papers100M")
+    pred = predict_grids(w, "perlmutter-paper", [[1, 1, 1], [2, 2, 2], [8, 8, 4]])
+    assert list(pred["feasible"]) == [False, False, True]
+    order = rank_order(pred)
+    assert order[0] == 2  # the only feasible grid ranks first, whatever its time
+    assert set(PREDICTION_KEYS) <= set(pred)
+
+
+def test_vectorized_equals_one_at_a_time_and_table():
+    w = workload_from_dataset("reddit")
+    m = toy_machine()
+    grids = np.array([[1, 2, 6], [3, 4, 1], [2, 3, 2], [12, 1, 1]])
+    all_at_once = predict_grids(w, m, grids)
+    for k, g in enumerate(grids):
+        single = predict_grids(w, m, [g])
+        for key in ("total_ms", "comm_ms", "spmm_ms", "memory_bytes"):
+            assert single[key][0] == pytest.approx(all_at_once[key][k], rel=1e-12)
+    df = predict_table(w, m, grids, top=3)
+    assert list(df["rank"]) == [1, 2, 3]
+    assert df["total_ms"].is_monotonic_increasing
