@@ -69,29 +69,37 @@ def _symmetric_from_pairs(lo: np.ndarray, hi: np.ndarray, nodes: int) -> sp.csr_
 def _rmat_sample(scale: int, count: int, probs, noise: float, rng: np.random.Generator):
     """``count`` R-MAT edge samples on ``2**scale`` vertices: one quadrant choice per level.
 
-    At each level a uniform r picks quadrant (0,0) if r < a, (0,1) if r < a+b, (1,0) if
-    r < a+b+c, else (1,1); the row and column bits are appended to the ids. With
+    At each level a uniform 16-bit r picks quadrant (0,0) if r < a, (0,1) if r < a+b,
+    (1,0) if r < a+b+c, else (1,1) (thresholds scaled by 65536, so probabilities are
+    resolved to 1/65536); the row and column bits are appended to the ids. With
     ``noise > 0`` every level uses its own (a, b, c, d), each multiplied by a factor
     uniform in [1 - noise, 1 + noise] and renormalized.
     """
-    u = np.zeros(count, dtype=np.int64)
-    v = np.zeros(count, dtype=np.int64)
+    id_dtype = np.uint32 if scale <= 32 else np.uint64
+    u = np.zeros(count, dtype=id_dtype)
+    v = np.zeros(count, dtype=id_dtype)
     base = np.asarray(probs, dtype=np.float64)
+    row_bit = np.empty(count, dtype=bool)
+    col_bit = np.empty(count, dtype=bool)
     for _ in range(scale):
         p = base
         if noise > 0:
             p = base * rng.uniform(1.0 - noise, 1.0 + noise, size=4)
             p = p / p.sum()
-        a, b, c = float(p[0]), float(p[1]), float(p[2])
-        r = rng.random(count, dtype=np.float32)
-        row_bit = r >= (a + b)
-        col_bit = (r >= a) & (r < a + b)
-        col_bit |= r >= (a + b + c)
+        cum = np.cumsum(p)[:3]
+        t_a, t_ab, t_abc = (int(min(round(x * 65536), 65536)) for x in cum)
+        r = rng.integers(0, 65536, size=count, dtype=np.uint16)
+        # r >= 65536 never holds: compare in a wider type so that threshold 65536 works
+        t_a, t_ab, t_abc = (np.uint32(t) for t in (t_a, t_ab, t_abc))
+        np.greater_equal(r, t_ab, out=row_bit)
+        np.greater_equal(r, t_a, out=col_bit)
+        np.logical_xor(col_bit, row_bit, out=col_bit)
+        col_bit |= r >= t_abc
         np.left_shift(u, 1, out=u)
         np.left_shift(v, 1, out=v)
         np.bitwise_or(u, row_bit, out=u)
         np.bitwise_or(v, col_bit, out=v)
-    return u, v
+    return u.astype(np.int64), v.astype(np.int64)
 
 
 def rmat_adjacency(
