@@ -1,0 +1,120 @@
+"""``plexus-tune train``: run the bundled 3D-parallel GCN trainer on one grid."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a GCN with the 3D-parallel trainer on one Gx x Gy x Gz grid and log the run",
+        description=(
+            "Train a GCN with the bundled 3D-parallel (Plexus) trainer. Run by hand it starts one "
+            "local process per grid rank; under torchrun or srun it joins their process set. "
+            "Prints the epoch time, its breakdown and the losses; --log appends one JSON record."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads)")
+    source.add_argument("--synthetic", metavar="SPEC",
+                        help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
+    parser.add_argument("--grid", required=True, metavar="GXxGYxGZ", help="process grid, e.g. 2x2x2")
+    parser.add_argument("--gpus", type=int, help="number of ranks; must equal the grid's product")
+    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
+    parser.add_argument("--block-rows", type=int, metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
+    parser.add_argument("--overlap", action="store_true", help="overlap each block's all-reduce with the next block's SpMM")
+    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
+                        help="node permutation for load balance (default double)")
+    parser.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate (default 0.01)")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and permutations")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
+    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                        help="stop the whole run after S seconds (default 1800)")
+    parser.add_argument("--machine", help="machine name for the log (default: host name)")
+    parser.add_argument("--log", metavar="FILE", help="append the run record (JSON Lines) to FILE")
+    parser.add_argument("--check", action="store_true",
+                        help="also train serially with PyTorch Geometric and report the largest relative differences")
+    parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
+    parser.set_defaults(handler=run)
+
+
+def _config(args: argparse.Namespace):
+    from plexus_tune.errors import UserError
+    from plexus_tune.grid import parse_grid
+    from plexus_tune.trainer import TrainConfig
+
+    grid = parse_grid(args.grid)
+    for name in ("layers", "hidden", "epochs"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise UserError("--threads must be at least 1")
+    if args.timeout <= 0:
+        raise UserError("--timeout must be positive")
+    return TrainConfig(
+        grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
+        hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
+        seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
+        backend=args.backend, dtype=args.dtype, check=args.check, log=args.log, machine=args.machine,
+        timeout_s=args.timeout, threads_per_rank=args.threads,
+    )
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.1f} MiB"
+
+
+def summary_lines(record: dict) -> list[str]:
+    keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
+    lines = [
+        f"graph {record['graph']}: {record['nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
+        f"widths {record['widths']}",
+        f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
+        f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
+        f"overlap {record['options']['overlap']}",
+        f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
+        f"{record['warmup'] + 1}..{record['epochs']}), imbalance {record['imbalance']['epoch_ms']:.3f}",
+        "breakdown (ms, max over ranks): " + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys),
+        f"loss {record['losses'][0]:.6f} -> {record['losses'][-1]:.6f}",
+        f"peak memory per rank {_mib(record['peak_memory_bytes'])} ({record['memory_source']}), "
+        f"peak RSS {_mib(max(record['peak_rss_bytes_per_rank']))}",
+    ]
+    if "check_loss_rel_diff" in record:
+        lines.append(f"check against serial PyG: max relative difference of losses "
+                     f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
+                     f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    config = _config(args)
+    from plexus_tune.trainer import TrainingFailed, run_training
+
+    try:
+        record = run_training(config)
+    except TrainingFailed as exc:
+        print(f"plexus-tune: error: {exc}", file=sys.stderr)
+        if args.log:
+            print(f"plexus-tune: the failed run was appended to {args.log}", file=sys.stderr)
+        return 1
+    if record is None:  # a non-zero rank under torchrun/srun
+        return 0
+    if args.json:
+        print(json.dumps(record, default=str))
+    else:
+        for line in summary_lines(record):
+            print(line)
+        if args.log:
+            print(f"record appended to {args.log}")
+    return 0
