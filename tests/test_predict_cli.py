@@ -1,0 +1,128 @@
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from plexus_tune.cli import main
+from plexus_tune.machine import load_machine
+
+BASE = ["predict", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter-paper"]
+
+
+def run_cli(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_and_recommendation(capsys):
+    code, out, err = run_cli(BASE + ["--top", "5"], capsys)
+    assert code == 0, err
+    assert "Recommended grid: " in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("│")]
+    assert len(lines) == 5
+    recommended = out.split("Recommended grid: ")[1].split()[0]
+    assert recommended in lines[0]
+
+
+def test_json_records(capsys):
+    code, out, _ = run_cli(BASE + ["--format", "json", "--top", "0"], capsys)
+    assert code == 0
+    records = json.loads(out)
+    assert len(records) == 28  # every ordered factorization of 64
+    for key in ("gx", "gy", "gz", "spmm_ms", "comm_ms", "gemm_ms", "total_ms", "memory_gib", "feasible"):
+        assert key in records[0]
+    totals = [r["total_ms"] for r in records]
+    assert totals == sorted(totals)
+    for r in records:
+        assert r["gx"] * r["gy"] * r["gz"] == 64
+        assert r["total_ms"] == pytest.approx(r["spmm_ms"] + r["gemm_ms"] + r["comm_ms"] + r["other_ms"])
+        assert r["comm_ms"] == pytest.approx(r["comm_x_ms"] + r["comm_y_ms"] + r["comm_z_ms"])
+
+
+def test_csv_explicit_workload_and_filters(capsys):
+    argv = ["predict", "--nodes", "1000", "--nnz", "8000", "--features", "16", "--classes", "4",
+            "--hidden", "8", "--layers", "2", "--gpus", "12", "--machine", "perlmutter", "--format", "csv",
+            "--max-z", "2", "--block-rows", "64"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 10  # default --top
+    assert all(int(r["gz"]) <= 2 for r in rows)
+    code, out, _ = run_cli(BASE + ["--powers-of-two", "--format", "json", "--top", "0"], capsys)
+    assert len(json.loads(out)) == 28
+
+
+def test_no_feasible_grid_exits_2(capsys):
+    code, out, err = run_cli(["predict", "--dataset", "ogbn-papers100M", "--gpus", "2", "--machine",
+                              "perlmutter-paper", "--format", "json"], capsys)
+    assert code == 2
+    assert "no grid of 2 GPUs fits" in err and "more GPUs" in err
+    assert all(not r["feasible"] for r in json.loads(out))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["predict", "--dataset", "nope", "--gpus", "8", "--machine", "perlmutter-paper"], "unknown dataset"),
+    (["predict", "--dataset", "reddit", "--gpus", "8", "--machine", "nope"], "unknown machine"),
+    (["predict", "--dataset", "reddit", "--gpus", "0", "--machine", "perlmutter-paper"], "at least 1"),
+    (["predict", "--dataset", "reddit", "--gpus", "-3", "--machine", "perlmutter-paper"], "at least 1"),
+    (["predict", "--dataset", "reddit", "--gpus", "4.5", "--machine", "perlmutter-paper"], "positive integer"),
+    (["predict", "--dataset", "reddit", "--gpus", "many", "--machine", "perlmutter-paper"], "positive integer"),
+    (["predict", "--dataset", "reddit", "--gpus", "8", "--machine", "perlmutter-paper", "--hidden", "0"], "--hidden"),
+    (["predict", "--dataset", "reddit", "--gpus", "8", "--machine", "perlmutter-paper", "--layers", "-1"], "--layers"),
+    (["predict", "--nodes", "10", "--nnz", "20", "--features", "0", "--classes", "2", "--gpus", "8",
+      "--machine", "perlmutter-paper"], "--features"),
+    (["predict", "--nodes", "10", "--gpus", "8", "--machine", "perlmutter-paper"], "missing --nnz"),
+    (["predict", "--dataset", "reddit", "--gpus", "7", "--machine", "perlmutter-paper", "--powers-of-two"], "filters"),
+])
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+    assert needle in err
+
+
+def test_bad_machine_files(tmp_path, capsys):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"name": "x",')
+    with open(load_machine("perlmutter-paper").path) as fh:
+        profile = json.load(fh)
+    del profile["collectives"]["alpha_inter_us"]
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps(profile))
+    for path, needle in ((bad_json, "not valid JSON"), (missing, "collectives.alpha_inter_us")):
+        code, _, err = run_cli(["predict", "--dataset", "reddit", "--gpus", "8", "--machine", str(path)], capsys)
+        assert code == 2 and needle in err and err.strip().count("\n") == 0
+
+
+def test_subprocess_error_has_no_traceback_and_no_torch():
+    proc = subprocess.run([sys.executable, "-m", "plexus_tune", "predict", "--dataset", "reddit", "--gpus", "x",
+                           "--machine", "perlmutter-paper"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    code = ("import sys; from plexus_tune.cli import main; "
+            "rc = main(['predict', '--dataset', 'ogbn-products', '--gpus', '64', '--machine', 'perlmutter-paper']); "
+            "heavy = [m for m in ('torch', 'torch_geometric', 'sklearn', 'optuna', 'matplotlib') if m in sys.modules]; "
+            "print('HEAVY', heavy); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_datasets_and_machines_listings(capsys):
+    code, out, _ = run_cli(["datasets", "--format", "json"], capsys)
+    assert code == 0 and {"ogbn-products", "UK-2007-05"} <= {d["name"] for d in json.loads(out)}
+    code, out, _ = run_cli(["machines", "--format", "json"], capsys)
+    names = {m["name"] for m in json.loads(out)}
+    assert {"perlmutter-paper", "perlmutter", "frontier", "cpu-gloo-2core"} <= names
+    code, out, _ = run_cli(["machines", "perlmutter-paper"], capsys)
+    assert code == 0 and "beta_intra_gbps" in out and "200" in out
+    code, out, _ = run_cli(["machines", "--fields"], capsys)
+    assert code == 0 and "bandwidth_table" in out
+    code, _, err = run_cli(["machines", "nope"], capsys)
+    assert code == 2 and "unknown machine" in err
