@@ -154,6 +154,15 @@ def test_errors_are_user_errors(tmp_path):
     (tmp_path / "x.xyz").write_text("1 2\n")
     with pytest.raises(UserError, match="unknown graph format"):
         load_graph(tmp_path / "x.xyz")
+    (tmp_path / "empty.csv").write_text("src,dst\n")
+    with pytest.raises(UserError, match="no nodes"):
+        load_graph(tmp_path / "empty.csv")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip archive")
+    with pytest.raises(UserError, match="not an .npz"):
+        load_graph(tmp_path / "junk.npz")
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    with pytest.raises(UserError, match="no edge_index"):
+        load_graph(tmp_path / "tensor.pt")
     (tmp_path / "bad.txt").write_text("0 1\n1 x\n")
     with pytest.raises(UserError):
         load_graph(tmp_path / "bad.txt")

@@ -132,6 +132,8 @@ def _edges_to_adjacency(src, dst, weights, num_nodes: int, directed: bool, where
 def _finish(adj, features, labels, num_classes, name, meta, *, features_width, classes, seed) -> Graph:
     adj = as_csr(adj)
     n = adj.shape[0]
+    if n == 0:
+        raise UserError(f"{name}: the graph has no nodes (empty input?)")
     meta = dict(meta)
     if features is None:
         features = random_features(n, features_width or DEFAULT_FEATURES, seed)
@@ -212,6 +214,8 @@ def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
 
 
 def _read_npz(path: Path, *, directed: bool, **opts) -> Graph:
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"{path} is not an .npz (zip) archive; is the file truncated or corrupt?")
     with np.load(path, allow_pickle=False) as z:
         keys = set(z.files)
         name = path.name.removesuffix(".npz")
