@@ -45,6 +45,8 @@ alpha-beta, topology of DESIGN.md 4.3 or the machine's measured table), M in byt
               over d,                        M = u r_o c_i
 
 The W all-gather and dW reduce-scatter are always counted (W split over depth).
+A profile with ``"padded_sizes": false`` (``perlmutter-paper``) divides exactly
+instead of padding, reproducing the paper's communication model.
 ``comm_x_ms``/``comm_y_ms``/``comm_z_ms`` split the time by grid axis and
 ``all_reduce_ms``/``all_gather_ms``/``reduce_scatter_ms`` by collective kind.
 
@@ -81,6 +83,10 @@ PREDICTION_KEYS = (
 
 def _ceil_div(a, b):
     return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))
+
+
+def _exact_div(a, b):
+    return np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64)
 
 
 def _as_grids(grids) -> np.ndarray:
@@ -122,11 +128,18 @@ def _check_block_rows(block_rows):
     return int(block_rows)
 
 
-def predict_grids(workload, machine, grids, *, block_rows=None) -> dict[str, np.ndarray]:
-    """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`."""
+def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> dict[str, np.ndarray]:
+    """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
+
+    ``padded`` (default: the machine's ``padded_sizes``, normally True) chooses
+    ceil(n / g) local sizes; False divides exactly, as the paper's model does.
+    Memory always uses padded sizes.
+    """
     machine = load_machine(machine) if not isinstance(machine, Machine) else machine
     grids = _as_grids(grids)
     block_rows = _check_block_rows(block_rows)
+    padded = machine.padded_sizes if padded is None else bool(padded)
+    div = _ceil_div if padded else _exact_div
     k = grids.shape[0]
     u = float(workload.bytes_per_element)
     n_nodes, nnz, widths = int(workload.nodes), int(workload.nnz), workload.widths
@@ -149,9 +162,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None) -> dict[str, np.
     for i in range(workload.layers):
         o, inner, d = layer_roles(i)
         g_o, g_n, g_d = grids[:, o], grids[:, inner], grids[:, d]
-        r_d, r_o = _ceil_div(n_nodes, g_d), _ceil_div(n_nodes, g_o)
-        c_i, c_o = _ceil_div(widths[i], g_n), _ceil_div(widths[i + 1], g_o)
-        blocks = _ceil_div(r_d, block_rows) if block_rows else np.ones(k, dtype=np.int64)
+        r_d, r_o = div(n_nodes, g_d), div(n_nodes, g_o)
+        c_i, c_o = div(widths[i], g_n), div(widths[i + 1], g_o)
+        blocks = np.ceil(r_d / block_rows).astype(np.int64) if block_rows else np.ones(k, dtype=np.int64)
         h_bytes = u * r_d * c_i
         f_bytes = u * r_o * c_i
         w_bytes = u * c_i * c_o
@@ -169,13 +182,13 @@ def predict_grids(workload, machine, grids, *, block_rows=None) -> dict[str, np.
         add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes)
 
         gemm_flops += 6.0 * r_d * c_i * c_o
-        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * _ceil_div(c_i * c_o, g_d)
+        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * div(c_i * c_o, g_d)
         if i == 0:
-            elementwise_bytes += 7.0 * u * _ceil_div(r_o * c_i, g_d)
+            elementwise_bytes += 7.0 * u * div(r_o * c_i, g_d)
 
         if spmm_kind != "paper":
-            z = _ceil_div(nnz, g_d * g_o).astype(np.float64)
-            fwd_rows = _ceil_div(r_d, blocks)
+            z = np.asarray(div(nnz, g_d * g_o), dtype=np.float64)
+            fwd_rows = np.ceil(r_d / blocks) if padded else r_d / blocks
             spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, fwd_rows, r_o, c_i)
             spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i)
 

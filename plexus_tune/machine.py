@@ -64,6 +64,8 @@ FIELDS = {
     "collectives.bandwidth_table": "optional; measured bus bandwidth by stride and group size: list of "
     "{'stride': [min, max|null], 'group': [min, max|null], 'beta_gbps': > 0, 'ops': [...] (optional)}; "
     "first match wins",
+    "padded_sizes": "optional; true (default): local sizes of communicated and multiplied blocks are ceil(n / g) "
+    "as the trainer pads them; false: exact division n / g, as the paper's model computes",
     "provenance": "optional; field name -> where its number came from",
 }
 
@@ -86,6 +88,7 @@ class Machine:
     memory_reserved_bytes: int = 0
     description: str = ""
     path: str | None = None
+    padded_sizes: bool = True
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -211,7 +214,11 @@ def _build_machine(data, source: str) -> Machine:
         checked[key] = float(_number(coll, key, "collectives.", source, positive=True))
     if coll.get("bandwidth_table") is not None:
         checked["bandwidth_table"] = _check_table(coll["bandwidth_table"], source)
+    padded = data.get("padded_sizes", True)
+    if not isinstance(padded, bool):
+        raise UserError(f"machine profile {source}: 'padded_sizes' must be true or false, got {padded!r}")
     return Machine(
+        padded_sizes=padded,
         name=name.strip(),
         gpus_per_node=int(gpn),
         device_memory_bytes=int(round(float(mem) * GIB)),

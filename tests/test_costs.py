@@ -193,3 +193,54 @@ def test_vectorized_equals_one_at_a_time_and_table():
     df = predict_table(w, m, grids, top=3)
     assert list(df["rank"]) == [1, 2, 3]
     assert df["total_ms"].is_monotonic_increasing
+
+
+def reference_paper_comm_ms(n, widths, grid, beta_intra=200.0, beta_inter=100.0, per_node=4):
+    """Scalar re-derivation of DESIGN.md 4.2/4.3 without latency and without padding."""
+    gx, gy, gz = grid
+    sizes = {"x": gx, "y": gy, "z": gz}
+    stride = {"y": 1, "x": gy, "z": gx * gy}
+    roles = [("x", "y", "z"), ("z", "x", "y"), ("y", "z", "x")]
+
+    def bw(axis):
+        p, g = stride[axis], sizes[axis]
+        return beta_intra if p * g <= per_node else beta_inter / min(per_node, p)
+
+    def ring(axis, nbytes, all_reduce):
+        g = sizes[axis]
+        share = (2 if all_reduce else 1) * (g - 1) / g
+        return share * nbytes / (bw(axis) * 1e9) * 1e3
+
+    total = 0.0
+    for i in range(len(widths) - 1):
+        o, inner, d = roles[i % 3]
+        go, gn, gd = sizes[o], sizes[inner], sizes[d]
+        f = 4 * (n / go) * (widths[i] / gn)
+        h = 4 * (n / gd) * (widths[i] / gn)
+        w = 4 * (widths[i] / gn) * (widths[i + 1] / go)
+        q = 4 * (n / gd) * (widths[i + 1] / go)
+        total += ring(d, f, False) if i == 0 else 0.0
+        total += ring(o, h, True) + ring(d, w, False) + ring(inner, q, True)
+        total += ring(d, w, False) + ring(d, w, False) + ring(o, h, True)
+        total += ring(d, f, i != 0)
+    return total
+
+
+def test_perlmutter_paper_matches_scalar_reference_on_every_grid():
+    w = workload_from_dataset("ogbn-products")
+    pred = predict_grids(w, "perlmutter-paper", 64)
+    for k in range(len(pred["gx"])):
+        grid = (int(pred["gx"][k]), int(pred["gy"][k]), int(pred["gz"][k]))
+        ref = reference_paper_comm_ms(w.nodes, w.widths, grid)
+        assert pred["comm_ms"][k] == pytest.approx(ref, rel=1e-12), grid
+
+
+def test_unpadded_option_divides_exactly():
+    # all-reduce of Q over Y on the 2x2x2 grid, layer 0: M = 4 * (1001/2) * (8/2) exactly
+    pred = predict_grids(W, toy_machine(padded_sizes=False), [[2, 2, 2]])
+    padded = predict_grids(W, toy_machine(), [[2, 2, 2]])
+    assert one(padded, "comm_y_ms") - one(pred, "comm_y_ms") == pytest.approx(
+        1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3      # layer 0 AR Q over Y
+        + 2 * (1 / 2) * (4 * 4 * 3 - 4 * 4 * 3) / 100e9 * 1e3  # layer 1 W blocks are exact anyway
+        + 1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3,    # layer 1 AR dF over Y
+        rel=1e-9)
