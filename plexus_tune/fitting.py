@@ -420,18 +420,21 @@ class CollectiveModel:
         return out
 
 
+#: bandwidth reported when the bandwidth term fits to zero (latency-bound data only)
+MAX_BETA_GBPS = 1e4
+
+
 def _fit_alpha_beta(steps, factor, m, y) -> tuple[float, float]:
     X = np.stack([steps * 1e-3, factor * m * 1e-6], axis=1)  # alpha in us, 1/beta in 1/(GB/s)
     alpha_us, inv_beta = nnls_relative(X, y)
-    beta = 1.0 / inv_beta if inv_beta > 0 else float("inf")
-    return float(alpha_us), float(beta)
+    return float(alpha_us), float(1.0 / max(inv_beta, 1.0 / MAX_BETA_GBPS))
 
 
 def _fit_beta_given_alpha(steps, factor, m, y, alpha_us) -> float:
     """Least relative error 1/beta >= 0 with alpha fixed: t - steps alpha = factor M / beta."""
     a = factor * m * 1e-6 / y
     b = 1.0 - steps * alpha_us * 1e-3 / y
-    inv = max(float(a @ b) / float(a @ a), 1e-9)
+    inv = max(float(a @ b) / float(a @ a), 1.0 / MAX_BETA_GBPS)
     return 1.0 / inv
 
 

@@ -106,14 +106,19 @@ def run(args) -> int:
     # collectives
     coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=not args.no_table and "stride" in coll_df)
     plain = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=False) if coll.table else coll
+    table_kept = bool(coll.table) and coll.scores.get("test_mape", float("inf")) <= plain.scores.get("test_mape", float("inf")) + 1e-6
     ctable = Table(title=f"collectives on {coll.n_samples} measurements")
     for col in ("model", "alpha intra us", "beta intra GB/s", "test R^2", "test MAPE %"):
         ctable.add_column(col, justify="left" if col == "model" else "right")
     intra = coll.tiers.get("intra") or coll.tiers.get("inter")
     ctable.add_row("ring alpha-beta", _fmt(intra["alpha_us"]), _fmt(intra["beta_gbps"]), _fmt(plain.scores.get("test_r2")), _fmt(plain.scores.get("test_mape"), True))
     if coll.table:
-        ctable.add_row(f"+ table ({len(coll.table)} betas)", _fmt(intra["alpha_us"]), "per entry", _fmt(coll.scores.get("test_r2")), _fmt(coll.scores.get("test_mape"), True))
+        mark = "kept" if table_kept else "dropped: no better held out"
+        ctable.add_row(f"+ table ({len(coll.table)} betas, {mark})", _fmt(intra["alpha_us"]), "per entry", _fmt(coll.scores.get("test_r2")), _fmt(coll.scores.get("test_mape"), True))
     console.print(ctable)
+    table_scores = coll.scores if coll.table else None
+    if coll.table and not table_kept:
+        coll = plain
 
     # GEMM
     gemm = None
@@ -165,7 +170,7 @@ def run(args) -> int:
         "splits": args.splits,
         "seed": args.seed,
         "spmm": {"chosen": spmm.kind, "samples": len(spmm_df), "scores": spmm.all_scores},
-        "collectives": {"tiers": coll.tiers, "scores_formula": plain.scores, "scores_with_table": coll.scores if coll.table else None},
+        "collectives": {"tiers": coll.tiers, "scores_formula": plain.scores, "scores_with_table": table_scores, "table_kept": bool(coll.table)},
         "gemm": {"tflops": gemm.tflops, "overhead_ms": gemm.overhead_ms, "scores": gemm.scores} if gemm else None,
     }
     Machine.from_dict(profile, source=args.out)  # validates before any epoch fit

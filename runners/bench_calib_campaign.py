@@ -1,0 +1,113 @@
+"""Calibrate this machine end to end: microbenchmarks, a first profile, trainer runs, refit, validation.
+
+    python runners/bench_calib_campaign.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
+
+Steps (each a plexus-tune command, logged with the load average before and after):
+1. ``calibrate collectives`` on 4 and 8 ranks (every group shape, 1 KiB..64 MiB);
+2. ``calibrate spmm --sweep`` (random shard shapes) and ``calibrate spmm --graph`` (real
+   shards and GEMMs of every grid of 4 and 8 for both graphs);
+3. ``fit`` without runs: the microbenchmark-only profile ``<name>-micro``;
+4. ``measure`` every grid of G = 4 and 8 on two synthetic graphs of different density,
+   with the micro profile's predictions logged beside the observations;
+5. ``fit`` with the runs: the final profile ``models/<name>.json``;
+6. ``validate`` (leave-one-(graph, G)-out) of the final profile, written as JSON.
+
+``--quick`` shrinks everything to check the pipeline in a couple of minutes. Steps whose
+output exists are resumed (the logs are append-only; ``measure`` skips logged runs), so
+rerun with ``--skip`` to leave out finished steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = (
+    "rmat:nodes=16384,edges=262144,features=64,classes=8,seed=0",  # average degree ~32, skewed
+    "grid2d:nodes=16384,features=64,classes=8,seed=0",  # road-like lattice, degree ~4
+)
+QUICK_GRAPHS = (
+    "rmat:nodes=1024,edges=8192,features=16,classes=4,seed=0",
+    "grid2d:nodes=1024,features=16,classes=4,seed=0",
+)
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def step(log: list, name: str, args: list[str]) -> None:
+    cmd = [sys.executable, "-W", "ignore", "-m", "plexus_tune", *args]
+    before = load()
+    start = time.time()
+    print(f"\n== {name} (load {before:.2f}): {' '.join(args)}", flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT)
+    entry = {"step": name, "args": args, "rc": proc.returncode, "seconds": round(time.time() - start, 1),
+             "load_before": round(before, 2), "load_after": round(load(), 2),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))}
+    log.append(entry)
+    if proc.returncode != 0:
+        raise SystemExit(f"step {name} failed with exit code {proc.returncode}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default="measurements/cpu-gloo")
+    parser.add_argument("--name", default="cpu-gloo-2core-fitted")
+    parser.add_argument("--models-dir", default="models")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip", default="", help="comma-separated step names to leave out")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=64)
+    args = parser.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    Path(args.models_dir).mkdir(parents=True, exist_ok=True)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    graphs = QUICK_GRAPHS if args.quick else GRAPHS
+    sizes = "1K:64K" if args.quick else "1K:64M"
+    repeats = "2" if args.quick else "5"
+    count = "40" if args.quick else "600"
+    trials = "1" if args.quick else str(args.trials)
+    epochs = "3" if args.quick else str(args.epochs)
+    hidden = "16" if args.quick else str(args.hidden)
+    coll, spmm, runs = out / "collectives.jsonl", out / "spmm.jsonl", out / "runs.jsonl"
+    micro = Path(args.models_dir) / f"{args.name}-micro.json"
+    final = Path(args.models_dir) / f"{args.name}.json"
+    splits = "100" if args.quick else "1000"
+    log: list = []
+    plan = []
+    for g in (8, 4):
+        plan.append((f"collectives-{g}", ["calibrate", "collectives", "--gpus", str(g), "--sizes", sizes, "--repeats", repeats, "--out", str(coll)]))
+    plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", repeats, "--out", str(spmm)]))
+    for graph in graphs:
+        for g in (4, 8):
+            plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", repeats, "--out", str(spmm)]))
+    plan.append(("fit-micro", ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
+    for graph in graphs:
+        for g in (4, 8):
+            plan.append((f"measure-{graph.split(':')[0]}-{g}", ["measure", "--graph", graph, "--gpus", str(g), "--trials", trials, "--epochs", epochs, "--hidden", hidden, "--machine", str(micro), "--batch", "100", "--log", str(runs)]))
+    plan.append(("fit", ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", args.name, "--out", str(final), "--splits", splits]))
+    plan.append(("validate", ["validate", "--machine", str(final), "--runs", str(runs), "--json", str(out / "validation.json")]))
+    plan.append(("validate-as-is", ["validate", "--machine", str(final), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-as-is.json")]))
+    plan.append(("validate-micro", ["validate", "--machine", str(micro), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-micro.json")]))
+    try:
+        for name, cmd in plan:
+            if name not in skip:
+                step(log, name, cmd)
+    finally:
+        campaign = out / "campaign.json"
+        previous = json.loads(campaign.read_text()) if campaign.exists() else []
+        campaign.write_text(json.dumps(previous + log, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
