@@ -106,11 +106,12 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     widths = "-".join(str(w) for w in workload.widths)
-    title = (f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}; "
-             f"{gpus} GPUs on {machine.name}; {n_grids} grids, {n_feasible} fit in memory")
+    summary = (f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
+               f"{gpus} GPUs on {machine.name}: {n_grids} grids, {n_feasible} fit in memory")
     if block_rows:
-        title += f"; aggregation blocked by {block_rows} rows"
-    table = Table(title=title, title_justify="left")
+        summary += f"; aggregation blocked by {block_rows} rows"
+    console.print(summary, highlight=False)
+    table = Table()
     table.add_column("rank", justify="right")
     table.add_column("grid GxxGyxGz")
     for _, label in TABLE_COLUMNS:
