@@ -23,7 +23,10 @@ SpMM (``spmm_ms``)
         P_bwd = sum_i (N / g_d)(g_n / D_i)
         spmm = c0 sqrt(F) + c1 sqrt(F) P_fwd + c2 sqrt(F) P_bwd          [ms]
 
-    The result is not clipped at zero (the paper's c2 is negative).
+    The paper's c2 is negative, so far outside the fitted range (very large G,
+    depth much smaller than outer) the form can go negative; such values are
+    clipped at 0 and flagged in ``spmm_clipped`` (no grid of the paper's
+    ogbn-products / 64 GPU setting is affected).
     Any other kind: the per-SpMM model of :mod:`plexus_tune.spmm_models` summed
     over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
     the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
@@ -195,6 +198,8 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     if spmm_kind == "paper":
         spmm = paper_spmm_ms(workload, grids, float(machine.spmm["c0"]), float(machine.spmm["c1"]),
                              float(machine.spmm["c2"]))
+    clipped = spmm < 0
+    spmm = np.maximum(spmm, 0.0)
     gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = elementwise_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else zeros()
     comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
@@ -212,6 +217,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     out["memory_bytes"] = mem
     out["memory_gib"] = mem / GIB
     out["feasible"] = mem <= machine.usable_memory_bytes
+    out["spmm_clipped"] = clipped
     return out
 
 

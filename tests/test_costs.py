@@ -244,3 +244,13 @@ def test_unpadded_option_divides_exactly():
         + 2 * (1 / 2) * (4 * 4 * 3 - 4 * 4 * 3) / 100e9 * 1e3  # layer 1 W blocks are exact anyway
         + 1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3,    # layer 1 AR dF over Y
         rel=1e-9)
+
+
+def test_negative_paper_spmm_is_clipped_and_flagged():
+    # c2 < 0 with depth much smaller than outer drives the paper form below zero
+    m = toy_machine(spmm={"kind": "paper", "c0": 1e-3, "c1": 0.0, "c2": -1.0})
+    pred = predict_grids(W, m, [[8, 1, 1], [1, 1, 1]])
+    assert list(pred["spmm_clipped"]) == [True, True]
+    assert list(pred["spmm_ms"]) == [0.0, 0.0]
+    ok = predict_grids(workload_from_dataset("ogbn-products"), "perlmutter-paper", 64)
+    assert not ok["spmm_clipped"].any() and (ok["spmm_ms"] > 0).all()

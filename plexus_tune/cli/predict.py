@@ -163,6 +163,10 @@ def run(args) -> int:
     else:
         _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
 
+    n_clipped = int(pred["spmm_clipped"].sum())
+    if n_clipped:
+        print(f"note: the SpMM model of {machine.name} predicts negative times for {n_clipped} of {len(grids)} grids "
+              "(outside its fitted range); they are counted as 0 ms", file=sys.stderr)
     if n_feasible == 0:
         smallest = int(pred["memory_bytes"].argmin())
         need = pred["memory_gib"][smallest]
