@@ -117,7 +117,13 @@ def _init_process_group(rank: int, world_size: int, backend: str, addr: str, por
 
 
 def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, threads, env_extra):
-    """Body of one local rank: init, run, send ("ok", value) or ("error", reason, traceback)."""
+    """Body of one local rank: init, run, send ("ok", value) or ("error", reason, traceback).
+
+    ``env_extra`` is the launching process's environment (plus overrides): a fork
+    server's children would otherwise see the environment of the moment the server
+    started.
+    """
+    os.environ.clear()
     os.environ.update(env_extra)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -219,7 +225,7 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     ctx = _context(preload)
     port = free_port()
     procs, conns = [], []
-    env_extra = dict(env or {})
+    env_extra = {**os.environ, **(env or {})}
     for rank in range(world_size):
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         proc = ctx.Process(

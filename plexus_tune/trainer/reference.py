@@ -40,7 +40,8 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
             conv.lin.weight.copy_(torch.from_numpy(w.T.copy()).to(tdtype))
             conv.bias.zero_()
         convs.append(conv)
-    features = torch.nn.Parameter(torch.from_numpy(np.asarray(graph.features, dtype=np.float32)).to(tdtype))
+    # a copy: the optimizer updates the features in place and must not touch the graph's array
+    features = torch.nn.Parameter(torch.tensor(np.asarray(graph.features, dtype=np.float32), dtype=tdtype))
     labels = torch.from_numpy(np.asarray(graph.labels, dtype=np.int64))
     params = [features] + list(convs.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)

@@ -1,0 +1,140 @@
+"""The 3D-parallel trainer equals serial PyTorch Geometric on every grid of G in {1,2,3,4,6,8}.
+
+One process set per world size trains every configuration of that size in turn
+(process groups are rebuilt per grid), so the test pays one launch per G. The graph
+has 37 nodes (prime: padded on every grid but 1x1x1), 7 features, 5 classes and hidden
+width 9, so no dimension divides the axis sizes; it is directed and has two self-loops.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from plexus_tune.graph import Graph
+from plexus_tune.grid import enumerate_grids
+from plexus_tune.launch import launch_local
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.trainer.engine import rank_main
+from plexus_tune.trainer.layout import make_layout
+from plexus_tune.trainer.reference import max_relative_difference, reference_train
+
+NODES, FEATURES, CLASSES, HIDDEN, EPOCHS = 37, 7, 5, 9, 5
+LOSS_TOL, OUTPUT_TOL = 1e-5, 1e-4
+
+
+def tiny_graph() -> Graph:
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, NODES, 160)
+    dst = rng.integers(0, NODES, 160)
+    keep = src != dst
+    rows = np.concatenate([dst[keep], [3, 11]])  # row v holds in-neighbours u of edge u -> v
+    cols = np.concatenate([src[keep], [3, 11]])  # plus two self-loops
+    adj = sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), shape=(NODES, NODES))
+    adj.data[:] = 1.0  # duplicates summed to 1 edge
+    adj.sum_duplicates()
+    adj.data[:] = 1.0
+    features = rng.standard_normal((NODES, FEATURES)).astype(np.float32)
+    labels = np.arange(NODES, dtype=np.int64) % CLASSES
+    rng.shuffle(labels)
+    return Graph(adjacency=adj, features=features, labels=labels, num_classes=CLASSES, name="tiny37")
+
+
+def configs_for(gpus: int) -> list[TrainConfig]:
+    """Every grid of ``gpus`` with double permutation, and again without permutation but with
+    blocked, overlapped aggregation; plus single permutation, blocking without overlap and
+    deeper or shallower models on a few grids."""
+    common = dict(hidden=HIDDEN, epochs=EPOCHS, warmup=1, lr=0.01, seed=3, collect_outputs=True)
+    out = []
+    for grid in enumerate_grids(gpus):
+        grid = tuple(int(g) for g in grid)
+        out.append(TrainConfig(grid=grid, layers=3, permute="double", **common))
+        out.append(TrainConfig(grid=grid, layers=3, permute="none", block_rows=4, overlap=True, **common))
+    extras = {
+        1: [((1, 1, 1), dict(layers=5, permute="single", block_rows=10))],
+        2: [((1, 1, 2), dict(layers=4, permute="single"))],
+        4: [((2, 1, 2), dict(layers=4, permute="double", block_rows=3)),
+            ((1, 2, 2), dict(layers=1, permute="single")),
+            ((2, 2, 1), dict(layers=5, permute="double", block_rows=5, overlap=True))],
+        8: [((2, 2, 2), dict(layers=7, permute="double"))],
+    }
+    for grid, opts in extras.get(gpus, []):
+        out.append(TrainConfig(grid=grid, **{**common, **opts}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return tiny_graph()
+
+
+@pytest.fixture(scope="module")
+def references(graph):
+    cache = {}
+
+    def get(layers):
+        if layers not in cache:
+            cache[layers] = reference_train(graph, layers=layers, hidden=HIDDEN, epochs=EPOCHS, lr=0.01,
+                                            weight_decay=0.01, seed=3)
+        return cache[layers]
+    return get
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 6, 8])
+def test_every_grid_equals_serial_pyg(gpus, graph, references):
+    configs = configs_for(gpus)
+    results = launch_local(rank_main, gpus, args=(graph, configs, "cpu"), timeout_s=400, threads_per_rank=1,
+                           preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+    assert len(results) == len(configs)
+    for config, result in zip(configs, results):
+        ref = references(config.layers)
+        what = f"grid {config.grid} layers {config.layers} permute {config.permute} blocks {config.block_rows}"
+        assert len(result["losses"]) == EPOCHS
+        loss_diff = max_relative_difference(result["losses"], ref["losses"])
+        out_diff = max_relative_difference(result["outputs"], ref["outputs"], normwise=True)
+        assert loss_diff < LOSS_TOL, (what, loss_diff)
+        assert out_diff < OUTPUT_TOL, (what, out_diff)
+        assert result["losses"][-1] < result["losses"][0], what  # it trains
+        # every rank timed every epoch, and the phases fit in the epoch
+        assert len(result["timers"]) == gpus and all(len(t) == EPOCHS for t in result["timers"])
+        for per_rank in result["timers"]:
+            for row in per_rank:
+                assert row["spmm_ms"] > 0 and row["epoch_ms"] > 0
+                assert row["spmm_ms"] + row["gemm_ms"] + row["comm_ms"] <= row["epoch_ms"] * 1.001
+                assert (row["comm_ms"] > 0) == (gpus > 1)
+        assert result["n_pad"] == -(-NODES // gpus) * gpus
+    if gpus == 8:
+        splits = {tuple(r["w_split"]) for r in results}
+        flat = {s for t in splits for s in t}
+        assert flat == {True, False}  # weights split over depth and replicated both exercised
+
+
+def test_layout_hand_derived_blocks():
+    # grid 2x3x1, rank 4 = (x=1, y=1, z=0); N = 37 -> N_pad = 42; widths 7, 9, 9, 5
+    lay = make_layout((2, 3, 1), 4, 37, (7, 9, 9, 5))
+    assert lay.n_pad == 42 and lay.padded_widths == (9, 10, 9, 6)
+    l0, l1, l2 = lay.layers
+    assert (l0.outer, l0.inner, l0.depth) == (0, 1, 2)
+    assert (l0.a_rows.start, l0.a_rows.stop, l0.a_cols.start, l0.a_cols.stop) == (0, 42, 21, 42)
+    assert (l0.in_cols.start, l0.in_cols.stop, l0.out_cols.start, l0.out_cols.stop) == (3, 6, 5, 10)
+    assert (l0.f_rows.start, l0.f_rows.stop, l0.w_split) == (21, 42, False)
+    assert (l1.outer, l1.inner, l1.depth) == (2, 0, 1)
+    assert (l1.a_rows.start, l1.a_rows.stop, l1.a_cols.start, l1.a_cols.stop) == (14, 28, 0, 42)
+    assert (l1.in_cols.start, l1.in_cols.stop, l1.out_cols.start, l1.out_cols.stop) == (5, 10, 0, 9)
+    assert l1.w_split is False  # 5 rows of W over a depth of 3
+    assert (l2.a_rows.start, l2.a_rows.stop, l2.a_cols.start, l2.a_cols.stop) == (21, 42, 14, 28)
+    assert (l2.out_cols.start, l2.out_cols.stop) == (2, 4)
+    # 2x2x2, rank 0: layer 0 has 8 / 2 = 4 input columns, split over depth 2 -> W split
+    l0 = make_layout((2, 2, 2), 0, 37, (7, 9, 9, 5)).layers[0]
+    assert l0.w_split and (l0.w_rows.start, l0.w_rows.stop) == (0, 2)
+    assert (l0.f_rows.start, l0.f_rows.stop) == (0, 10)  # 40 / 2 rows over X, then / 2 over Z
+
+
+@pytest.mark.parametrize("grid", [(3, 2, 1), (1, 2, 4), (2, 3, 2), (4, 1, 3)])
+def test_layout_chains_output_to_next_input(grid):
+    g = int(np.prod(grid))
+    for rank in range(g):
+        lay = make_layout(grid, rank, 53, (11, 13, 13, 13, 13, 7))
+        for a, b in zip(lay.layers[:-1], lay.layers[1:]):
+            assert a.out_cols == b.in_cols
+            assert (a.a_rows.start, a.a_rows.stop) == (b.a_cols.start, b.a_cols.stop)
+            assert b.parity != a.parity
