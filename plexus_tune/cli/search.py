@@ -40,6 +40,7 @@ def register(subparsers) -> None:
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
     m.add_argument("--log", default="measurements/runs.jsonl", help="run log to read known runs from and append to")
     m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
+    m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
     p.set_defaults(handler=run)
@@ -78,11 +79,12 @@ def build_inputs(args):
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
     else:
-        from plexus_tune.search import load_graph_arg, workload_of_graph
+        from plexus_tune.search import graph_workload
 
-        graph = load_graph_arg(args.graph)
-        workload = workload_of_graph(graph, layers=args.layers, hidden=args.hidden)
-        name = graph.name
+        graph = args.graph
+        stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
+        name = stats.name
+        args._graph_stats = stats
     space = SearchSpace(gpus, parse_block_range(args.block_rows))
     return name, workload, machine, graph, space
 
@@ -114,9 +116,11 @@ def run(args) -> int:
     if args.measured:
         from plexus_tune.search import MeasuredEvaluator, known_runs
 
-        evaluator = MeasuredEvaluator(model, graph, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                                      backend=args.backend, timeout_s=args.timeout, log_path=args.log, machine_name=machine.name)
-        known = known_runs(args.log, graph, model, layers=args.layers, hidden=args.hidden, machine_name=machine.name)
+        evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
+                                      epochs=args.epochs, warmup=args.warmup, backend=args.backend,
+                                      timeout_s=args.timeout, log_path=args.log)
+        known = known_runs(args.log, graph, model, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                           warmup=args.warmup)
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
             warm_start(study, space, model.top_k(space, args.warm_start, args.objective))

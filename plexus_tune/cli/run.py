@@ -1,0 +1,117 @@
+"""``plexus-tune run``: predict every grid, train the best feasible one, log it, compare."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help=HELP, description=HELP)
+    p.add_argument("--graph", required=True, help="graph file or synthetic spec (e.g. rmat:nodes=4096,edges=65536,features=32,classes=8)")
+    p.add_argument("--gpus", required=True, type=int, help="number of ranks G")
+    p.add_argument("--machine", default="perlmutter", help="profile of the machine the run happens on (default perlmutter)")
+    p.add_argument("--grid", help="train this grid instead of the recommended one (still predicted and compared)")
+    p.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    p.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
+    p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
+    p.add_argument("--log", default="measurements/runs.jsonl", help="run log to append to (default measurements/runs.jsonl)")
+    p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
+    p.set_defaults(handler=run)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}"
+
+
+def run(args) -> int:
+    import os
+
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune.costs import predict_grids, rank_order
+    from plexus_tune.errors import UserError
+    from plexus_tune.grid import enumerate_grids, format_grid, parse_grid
+    from plexus_tune.machine import load_machine
+    from plexus_tune.measure import graph_source_text, predicted_fields, run_key
+    from plexus_tune.search import graph_workload
+
+    if args.gpus < 1:
+        raise UserError(f"--gpus must be at least 1, got {args.gpus}")
+    if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
+        raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    machine = load_machine(args.machine)
+    stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
+    grids = enumerate_grids(args.gpus)
+    pred = predict_grids(workload, machine, grids, **({"block_rows": args.block_rows} if args.block_rows else {}))
+    order = rank_order(pred)
+    feasible = np.asarray(pred["feasible"], dtype=bool)
+    console = Console()
+    console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
+                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
+    if args.grid:
+        grid = tuple(int(v) for v in parse_grid(args.grid))
+        if int(np.prod(grid)) != args.gpus:
+            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+        pick = int(np.flatnonzero((grids == np.array(grid)).all(axis=1))[0])
+    else:
+        if not feasible.any():
+            raise UserError(f"no grid of {args.gpus} GPUs fits in memory on {machine.name}; use more GPUs")
+        pick = int(order[0])
+        grid = tuple(int(v) for v in grids[pick])
+    table = Table(title="predicted (ms per epoch)")
+    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "memory GiB", "fits"):
+        table.add_column(col, justify="left" if col == "grid" else "right")
+    for rank, i in enumerate(order[: max(1, args.top)]):
+        style = "bold" if i == pick else None
+        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]), _fmt(pred["spmm_ms"][i]),
+                      _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), f"{pred['memory_gib'][i]:.2f}",
+                      "yes" if feasible[i] else "no", style=style)
+    console.print(table)
+
+    from plexus_tune.store import append_records, read_records
+    from plexus_tune.trainer import TrainConfig, run_training
+
+    source, path, spec = graph_source_text(args.graph)
+    config = TrainConfig(grid=grid, graph=path, synthetic=spec, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                         warmup=args.warmup, backend=args.backend, block_rows=args.block_rows, timeout_s=args.timeout,
+                         machine=machine.name)
+    console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
+    record = run_training(config, raise_on_failure=False)
+    record["predicted"] = predicted_fields(workload, machine, grid)
+    # the trial index continues the runs of this configuration already in the log
+    trial = 0
+    if os.path.exists(args.log):
+        records, _ = read_records(args.log, schema="plexus-tune/run-v1")
+        probe = {**record, "trial": 0}
+        keys = {run_key(r) for r in records}
+        while run_key({**probe, "trial": trial}) in keys:
+            trial += 1
+    record["trial"] = trial
+    directory = os.path.dirname(args.log)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    append_records(args.log, [record])
+    if record.get("status", "ok") != "ok":
+        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {args.log})")
+        return 1
+    cmp = Table(title=f"{format_grid(grid)}: predicted vs observed (ms per epoch, observed = max over ranks)")
+    for col in ("part", "predicted", "observed", "observed/predicted"):
+        cmp.add_column(col, justify="left" if col == "part" else "right")
+    for key, label in (("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"),
+                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("other_ms", "other"), ("epoch", "epoch")):
+        p = float(pred["total_ms"][pick]) if key == "epoch" else float(pred[key][pick])
+        o = record.get("epoch_ms" if key == "epoch" else key)
+        ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
+        cmp.add_row(label, _fmt(p), _fmt(o), ratio)
+    console.print(cmp)
+    console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
+                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {args.log} (trial {trial})")
+    return 0
