@@ -164,7 +164,7 @@ def _describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        hint = " (killed; out of memory?)" if -code == signal.SIGKILL else ""
+        hint = " (by the out-of-memory killer or by hand)" if -code == signal.SIGKILL else ""
         return f"process was terminated by {name}{hint}"
     return f"process exited with code {code} without a result"
 
