@@ -166,6 +166,17 @@ def regression_scores(observed, predicted) -> dict:
     }
 
 
+def single_threaded_blas():
+    """Context limiting BLAS to one thread (no-op if threadpoolctl is missing)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1)
+
+
 def split_indices(n: int, n_splits: int = DEFAULT_SPLITS, *, train_fraction: float = TRAIN_FRACTION, seed: int = 0):
     """(train, test) index arrays of shape (n_splits, n_train) and (n_splits, n - n_train)."""
     n_train = int(round(train_fraction * n))
@@ -190,10 +201,11 @@ def repeated_split_scores(
     y = np.asarray(y, dtype=np.float64)
     train, test = split_indices(len(y), n_splits, train_fraction=train_fraction, seed=seed)
     rows = {"train": [], "test": []}
-    for tr, te in zip(train, test):
-        predict = fit(tr)
-        rows["train"].append(regression_scores(y[tr], predict(tr)))
-        rows["test"].append(regression_scores(y[te], predict(te)))
+    with single_threaded_blas():  # many tiny solves: threads only add overhead
+        for tr, te in zip(train, test):
+            predict = fit(tr)
+            rows["train"].append(regression_scores(y[tr], predict(tr)))
+            rows["test"].append(regression_scores(y[te], predict(te)))
     out: dict = {"splits": int(n_splits), "train_fraction": train_fraction}
     for part, scores in rows.items():
         for key in ("r2", "rmse_ms", "mape"):
@@ -220,7 +232,8 @@ def nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 def ridge_loo(Phi: np.ndarray, t: np.ndarray, alphas=RIDGE_ALPHAS) -> dict:
     """Ridge regression of t on standardized Phi, alpha chosen by exact leave-one-out error.
 
-    Returns mean, scale, coef, intercept, alpha with t ~ intercept + ((Phi - mean)/scale) @ coef.
+    Returns mean, scale, coef, intercept, alpha (and its leave-one-out mean squared error
+    ``loo_mse``) with t ~ intercept + ((Phi - mean)/scale) @ coef.
     """
     mean = Phi.mean(axis=0)
     scale = Phi.std(axis=0)
@@ -228,19 +241,24 @@ def ridge_loo(Phi: np.ndarray, t: np.ndarray, alphas=RIDGE_ALPHAS) -> dict:
     Z = (Phi - mean) / scale
     intercept = float(t.mean())
     tc = t - intercept
-    U, s, Vt = np.linalg.svd(Z, full_matrices=False)
-    Ut = U.T @ tc
+    # eigen-decomposition of the small Gram matrix: Z = U S V^T with U S = Z V
+    evals, V = np.linalg.eigh(Z.T @ Z)
+    evals = np.maximum(evals, 0.0)
+    ZV = Z @ V
+    ZVt = ZV.T @ tc  # = S U^T tc
+    ZV2 = ZV**2
     n = len(t)
     best = None
     for alpha in alphas:
-        d = s / (s**2 + alpha)
-        fitted = U @ (s * d * Ut)
-        h = (U**2) @ (s * d) + 1.0 / n
+        inv = 1.0 / (evals + alpha)
+        coef_v = inv * ZVt
+        fitted = ZV @ coef_v
+        h = ZV2 @ inv + 1.0 / n
         loo = np.mean(((tc - fitted) / np.maximum(1.0 - h, 1e-9)) ** 2)
         if best is None or loo < best[0]:
-            best = (loo, alpha, Vt.T @ (d * Ut))
-    _, alpha, coef = best
-    return {"mean": mean, "scale": scale, "coef": coef, "intercept": intercept, "alpha": float(alpha)}
+            best = (loo, alpha, V @ coef_v)
+    loo, alpha, coef = best
+    return {"mean": mean, "scale": scale, "coef": coef, "intercept": intercept, "alpha": float(alpha), "loo_mse": float(loo)}
 
 
 # --------------------------------------------------------------------------- SpMM
@@ -250,7 +268,7 @@ def _spmm_shapes(df) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(df[c], dtype=np.float64) for c in ("nnz", "rows", "common", "dense_cols"))
 
 
-def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, degree: int = 2) -> dict:
+def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, degree: int | None = None) -> dict:
     """Fit one kind on arrays; returns the model dict evaluated by spmm_models."""
     if kind == "paper":
         X = spmm_models.paper_terms(*shapes)
@@ -266,16 +284,24 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
         }
     if kind in ("learned", "learned-roofline"):
         base = _fit_spmm_kind("roofline", shapes, y) if kind == "learned-roofline" else None
-        exponents = spmm_models.monomial_exponents(4, degree)
-        Phi = spmm_models.polynomial_features(spmm_models.log_shape_features(*shapes), exponents)
+        z = spmm_models.log_shape_features(*shapes)
         target = np.log(y)
         if base is not None:
             target = target - np.log(np.maximum(spmm_models.predict_spmm_ms(base, *shapes), 1e-12))
-        r = ridge_loo(Phi, target)
+        best = None
+        # degree 2, or 3 when there are enough rows for its 34 monomials; exact leave-one-out picks
+        for deg in (2, 3) if degree is None else (degree,):
+            exponents = spmm_models.monomial_exponents(4, deg)
+            if degree is None and deg > 2 and len(y) < 4 * len(exponents):
+                continue
+            r = ridge_loo(spmm_models.polynomial_features(z, exponents), target)
+            if best is None or r["loo_mse"] < best[0]["loo_mse"]:
+                best = (r, deg, exponents)
+        r, deg, exponents = best
         return {
             "kind": "learned",
             "features": "log-shape-polynomial",
-            "degree": degree,
+            "degree": deg,
             "exponents": exponents,
             "mean": r["mean"].tolist(),
             "scale": r["scale"].tolist(),

@@ -95,11 +95,11 @@ def run(args) -> int:
         others = [k for k in fitting.SPMM_KINDS if k != args.kind and len(spmm_df) >= fitting.min_rows(fitting.SPMM_PARAMETERS[k])]
         for k in others:
             spmm.all_scores[k] = fitting.fit_spmm(spmm_df, k, n_splits=args.splits, seed=args.seed).scores
-    table = Table(title=f"SpMM models on {len(spmm_df)} measurements, {args.splits} random 70/30 splits (means)")
+    table = Table(title=f"SpMM models on {len(spmm_df)} measurements, {args.splits} random 70/30 splits (means; * chosen)")
     for col in ("kind", "train R^2", "test R^2", "train RMSE ms", "test RMSE ms", "train MAPE %", "test MAPE %"):
         table.add_column(col, justify="left" if col == "kind" else "right")
     for row in fitting.scores_table_rows(spmm.all_scores):
-        mark = " (chosen)" if row["kind"] == spmm.kind else ""
+        mark = " *" if row["kind"] == spmm.kind else ""
         table.add_row(row["kind"] + mark, _fmt(row["train_r2"]), _fmt(row["test_r2"]), _fmt(row["train_rmse_ms"]), _fmt(row["test_rmse_ms"]), _fmt(row["train_mape"], True), _fmt(row["test_mape"], True))
     console.print(table)
 
