@@ -73,6 +73,7 @@ class GridComm:
         self.timer = timer
         self.coords = tuple(int(c) for c in coords_of(rank, self.grid))
         self.groups = [None, None, None]
+        self.max_gathered_bytes = 0
         self._created = []
         for axis in range(3):
             size = self.grid[axis]
@@ -138,6 +139,7 @@ class GridComm:
         out = torch.empty((size * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         t0 = self.timer.now()
+        self.max_gathered_bytes = max(self.max_gathered_bytes, out.numel() * out.element_size())
         gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
         gather(out, tensor, group=self.groups[axis])
         self.timer.add_comm(t0, "all_gather", axis)

@@ -240,6 +240,14 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def _current_rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _maybe_fail(rank: int, epoch: int) -> None:
     """Failure injection for tests of the failure path: ``PLEXUS_TUNE_INJECT_FAILURE=rank:epoch:mode``."""
     spec = os.environ.get(FAIL_ENV)
@@ -316,16 +324,21 @@ class RankTrainer:
         self.params_w, self.params_b = [], []
         self.persistent_bytes = 0
         self.shard_nnz = []
+        built = {}  # one adjacency shard per distinct (layout i mod 3, permutation parity i mod 2)
         for lay in self.layout.layers:
-            local = take_block(permuted[lay.parity], lay.a_rows, lay.a_cols)
-            self.shard_nnz.append(int(local.nnz))
-            a = torch_csr(local, self.dtype, self.device)
-            a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
-            blocks = []
-            if config.block_rows and config.block_rows < local.shape[0]:
-                for r0 in range(0, local.shape[0], int(config.block_rows)):
-                    blocks.append(torch_csr(local[r0:r0 + int(config.block_rows)], self.dtype, self.device))
-            self.persistent_bytes += csr_bytes(a) + csr_bytes(a_t) + sum(csr_bytes(b) for b in blocks)
+            key = lay.index % 6 if config.permute != "none" else lay.index % 3
+            if key not in built:
+                local = take_block(permuted[lay.parity], lay.a_rows, lay.a_cols)
+                a = torch_csr(local, self.dtype, self.device)
+                a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
+                blocks = []
+                if config.block_rows and config.block_rows < local.shape[0]:
+                    for r0 in range(0, local.shape[0], int(config.block_rows)):
+                        blocks.append(torch_csr(local[r0:r0 + int(config.block_rows)], self.dtype, self.device))
+                self.persistent_bytes += csr_bytes(a) + csr_bytes(a_t) + sum(csr_bytes(b) for b in blocks)
+                built[key] = (int(local.nnz), a, a_t, blocks)
+            nnz, a, a_t, blocks = built[key]
+            self.shard_nnz.append(nnz)
             self.shards.append(LayerShard(layout=lay, a=a, a_t=a_t, a_blocks=blocks, comm=self.comm,
                                           timer=self.timer, overlap=bool(config.overlap), first=lay.index == 0))
             w_full = pad_dense(weights[lay.index], dp[lay.index], dp[lay.index + 1])
@@ -363,6 +376,8 @@ class RankTrainer:
     def train(self, epochs: int):
         losses, last_logits = [], None
         self.peak_tracked_bytes = self.persistent_bytes
+        self.peak_rss_delta = 0
+        rss_start = _current_rss_bytes()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         for epoch in range(epochs):
@@ -373,6 +388,7 @@ class RankTrainer:
             self.optimizer.zero_grad(set_to_none=False)
             logits = self.forward()
             self.timer.add(t_epoch, "fwd_ms")
+            rss_mid_epoch = _current_rss_bytes()  # activations saved for backward are all alive here
             t0 = self.timer.now()
             loss = ShardedCrossEntropy.apply(logits, self.loss_shard)
             self.timer.add(t0, "loss_ms")
@@ -387,12 +403,16 @@ class RankTrainer:
             losses.append(float(loss.detach()))
             last_logits = logits.detach()
             saved = sum(sum(s.saved_bytes) for s in self.shards)
-            self.peak_tracked_bytes = max(self.peak_tracked_bytes, self.persistent_bytes + saved)
+            # saved H and Q of every layer, their gradients, and the largest gathered buffer
+            tracked = self.persistent_bytes + 2 * saved + self.comm.max_gathered_bytes
+            self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
+            self.peak_rss_delta = max(self.peak_rss_delta, rss_mid_epoch - rss_start)
         self.last_logits = last_logits
         return losses
 
     def memory(self) -> dict:
-        out = {"tracked_bytes": int(self.peak_tracked_bytes), "rss_bytes": _peak_rss_bytes()}
+        out = {"tracked_bytes": int(self.peak_tracked_bytes), "rss_bytes": _peak_rss_bytes(),
+               "rss_delta_bytes": int(self.peak_rss_delta), "persistent_bytes": int(self.persistent_bytes)}
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out

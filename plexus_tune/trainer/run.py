@@ -189,6 +189,8 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str) 
     record["peak_memory_bytes"] = int(max(m[key] for m in memory))
     record["peak_memory_bytes_per_rank"] = [int(m[key]) for m in memory]
     record["peak_rss_bytes_per_rank"] = [int(m["rss_bytes"]) for m in memory]
+    record["rss_growth_bytes_per_rank"] = [int(m.get("rss_delta_bytes", 0)) for m in memory]
+    record["persistent_bytes_per_rank"] = [int(m.get("persistent_bytes", 0)) for m in memory]
     record["losses"] = [float(v) for v in result["losses"]]
     record["final_loss"] = record["losses"][-1]
     record["setup_s"] = float(result["setup_s"])
