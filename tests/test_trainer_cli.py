@@ -104,3 +104,27 @@ def test_bad_input_subprocess_has_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "plexus_tune", "train", "--synthetic", SPEC, "--grid", "0x1x1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_torchrun_runner_joins_its_process_set(tmp_path):
+    """runners/torchrun_train.sh: two torchrun ranks on gloo; only rank 0 logs, and the run checks out."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "runs.jsonl"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    from plexus_tune.launch import free_port
+
+    env = {**os.environ, "TORCHRUN": str(torchrun), "BACKEND": "gloo", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([str(root / "runners" / "torchrun_train.sh"), "1", "2", "1x2x1", "--synthetic", SPEC,
+                           "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1", "--check",
+                           "--log", str(log)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("grid 1x2x1 (2 ranks, gloo") == 1
+    records, _ = read_records(log)
+    assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["gpus"] == 2
+    assert records[0]["check_loss_rel_diff"] < 1e-5
+    bad = subprocess.run([str(root / "runners" / "torchrun_train.sh"), "1", "2", "2x2x1"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "does not have" in bad.stderr

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
     parser.add_argument("--machine", help="machine name for the log (default: host name)")
-    parser.add_argument("--log", metavar="FILE", help="append the run record (JSON Lines) to FILE")
+    parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
+                        help="append the run record (JSON Lines) to FILE (--run-log: the same, for torchrun command lines)")
     parser.add_argument("--check", action="store_true",
                         help="also train serially with PyTorch Geometric and report the largest relative differences")
     parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
