@@ -28,6 +28,9 @@ from typing import Any, Callable, Sequence
 
 DEFAULT_TIMEOUT_S = 1800.0
 KILL_GRACE_S = 3.0
+FAILURE_GRACE_S = 1.5
+_PEER_ERROR_WORDS = ("connection", "gloo", "nccl", "socket", "broken pipe", "timed out", "timeout",
+                     "peer", "distbackenderror", "process group")
 
 
 class RankFailure(RuntimeError):
@@ -156,6 +159,15 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
     conn.close()
 
 
+def _secondary(failure: RankFailure) -> int:
+    """0 for a likely root cause (killed by a signal, or an error of its own), 1 for an error
+    that looks like the consequence of a peer's failure (a broken connection, a timeout)."""
+    if "terminated by" in failure.reason:
+        return 0
+    text = failure.reason.lower()
+    return int(any(word in text for word in _PEER_ERROR_WORDS))
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
@@ -240,21 +252,26 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
         conns.append(parent_conn)
 
     results: list[Any] = [None] * world_size
-    done = [False] * world_size
+    done = [False] * world_size  # finished: result received or failure recorded
+    failures: list[tuple[int, RankFailure]] = []  # (order seen, failure)
     deadline = time.monotonic() + timeout_s
-    failure: RankFailure | None = None
+    grace_until = None
+    timed_out = False
     try:
-        while not all(done) and failure is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                failure = RankFailure(None, f"timed out after {timeout_s:g} s; stopped all {world_size} ranks")
+        while not all(done):
+            now = time.monotonic()
+            if grace_until is not None and now >= grace_until:
+                break
+            if now >= deadline:
+                timed_out = True
                 break
             waitables = {}
             for rank in range(world_size):
                 if not done[rank]:
                     waitables[conns[rank]] = ("conn", rank)
                     waitables[procs[rank].sentinel] = ("proc", rank)
-            ready = wait(list(waitables), timeout=min(remaining, 5.0))
+            limit = (grace_until if grace_until is not None else deadline) - now
+            ready = wait(list(waitables), timeout=max(0.0, min(limit, 5.0)))
             # read every message first: a finished rank's result beats its sentinel
             for obj in ready:
                 kind, rank = waitables[obj]
@@ -264,29 +281,35 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
                     message = conns[rank].recv()
                 except (EOFError, OSError):
                     procs[rank].join(2.0)
-                    failure = failure or RankFailure(rank, _describe_exit(procs[rank].exitcode))
+                    failures.append((len(failures), RankFailure(rank, _describe_exit(procs[rank].exitcode))))
+                    done[rank] = True
                     continue
+                done[rank] = True
                 if message[0] == "ok":
                     results[rank] = message[1]
-                    done[rank] = True
                 else:
-                    failure = failure or RankFailure(rank, message[1], message[2])
+                    failures.append((len(failures), RankFailure(rank, message[1], message[2])))
             for obj in ready:
                 kind, rank = waitables[obj]
-                if kind != "proc" or done[rank] or failure is not None:
+                if kind != "proc" or done[rank]:
                     continue
                 if conns[rank].poll():  # a message arrived just before exit: read it next turn
                     continue
                 procs[rank].join(1.0)
-                failure = RankFailure(rank, _describe_exit(procs[rank].exitcode))
-        if failure is None:
+                failures.append((len(failures), RankFailure(rank, _describe_exit(procs[rank].exitcode))))
+                done[rank] = True
+            if failures and grace_until is None:
+                # the ranks that were talking to the failed one fail next; wait a moment so the
+                # report names the root cause rather than a peer's connection error
+                grace_until = time.monotonic() + FAILURE_GRACE_S
+        if not failures and not timed_out:
             for proc in procs:
                 proc.join(30.0)
     except BaseException:
         _stop_all(procs)
         raise
     finally:
-        if failure is not None:
+        if failures or timed_out:
             _stop_all(procs)
         for proc in procs:
             if proc.is_alive():
@@ -294,6 +317,11 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
                 break
         for conn in conns:
             conn.close()
+    failure = None
+    if failures:
+        failure = min(failures, key=lambda item: (_secondary(item[1]), item[0]))[1]
+    elif timed_out:
+        failure = RankFailure(None, f"timed out after {timeout_s:g} s; stopped all {world_size} ranks")
     if failure is not None:
         raise failure
     return results

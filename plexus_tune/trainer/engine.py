@@ -292,11 +292,126 @@ def prepare_graph(graph) -> PreparedGraph:
     )
 
 
+def _clip(block_, n: int):
+    return max(0, min(block_.start, n)), max(0, min(block_.stop, n))
+
+
+def _pad_rows(part: sp.csr_matrix, rows: int, cols: int) -> sp.csr_matrix:
+    part = sp.csr_matrix(part)
+    indptr = np.concatenate([part.indptr, np.full(rows - part.shape[0], part.indptr[-1], dtype=part.indptr.dtype)])
+    return sp.csr_matrix((part.data, part.indices, indptr), shape=(rows, cols))
+
+
+class MemoryData:
+    """Blocks of the permuted graph from a whole graph held by every rank."""
+
+    def __init__(self, pg: PreparedGraph, permute: str, seed: int):
+        from plexus_tune.graph import permutations_for, permute_matrix
+
+        self.pg = pg
+        self.nodes, self.num_classes, self.name = pg.nodes, pg.num_classes, pg.name
+        self.num_features = int(pg.features.shape[1])
+        self.nnz, self.raw_nnz = int(pg.adjacency.nnz), pg.raw_nnz
+        self.permute = permute
+        self.perms = permutations_for(permute, self.nodes, seed)
+        perm_r, perm_c = self.perms
+        self.permuted = {0: permute_matrix(pg.adjacency, perm_r, perm_c)}
+        self.permuted[1] = self.permuted[0] if permute == "none" else permute_matrix(pg.adjacency, perm_c, perm_r)
+
+    def adjacency_block(self, parity: int, rows, cols) -> sp.csr_matrix:
+        """Rows x columns of A[out_perm][:, in_perm] (parity 0: (perm_r, perm_c); 1: (perm_c, perm_r)), zero padded."""
+        return take_block(self.permuted[parity], rows, cols)
+
+    def feature_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of X[perm_c] (zeros past N)."""
+        out = np.zeros((stop - start, self.num_features), dtype=np.float32)
+        lo, hi = max(0, min(start, self.nodes)), max(0, min(stop, self.nodes))
+        out[: hi - lo] = self.pg.features[self.perms[1][lo:hi]]
+        return out
+
+    def label_rows(self, parity: int, start: int, stop: int) -> np.ndarray:
+        """Labels of rows [start, stop) in the output order of a layer of this parity (-1 past N)."""
+        perm = self.perms[0] if parity == 0 else self.perms[1]
+        out = np.full(stop - start, -1, dtype=np.int64)
+        lo, hi = max(0, min(start, self.nodes)), max(0, min(stop, self.nodes))
+        out[: hi - lo] = self.pg.labels[perm[lo:hi]]
+        return out
+
+
+class ShardData:
+    """Blocks of the permuted graph read from a directory of 2D shard files: each rank
+    reads only the files that cover its blocks (``plexus-tune graph shard`` writes them).
+
+    The files store B = A_hat[perm_r][:, perm_c]; the alternate layout A_hat[perm_c][:, perm_r]
+    is B^T for a symmetric graph, and B itself for the single and no permutations.
+    """
+
+    def __init__(self, directory):
+        from plexus_tune.graph.shards import load_permutations, read_manifest
+
+        self.dir = directory
+        self.manifest = read_manifest(directory)
+        m = self.manifest
+        node_data = m.get("node_data") or {}
+        if not node_data:
+            raise ValueError(f"{directory}: shards written without features and labels cannot be trained on")
+        self.nodes, self.nnz = int(m["num_nodes"]), int(m["nnz"])
+        self.raw_nnz = None
+        self.num_features, self.num_classes = int(node_data["num_features"]), int(node_data["num_classes"])
+        self.name = str(m.get("name", "shards"))
+        self.permute = m["permutation"]["mode"]
+        self.symmetric = bool(m.get("symmetric"))
+        if self.permute == "double" and not self.symmetric:
+            raise ValueError(f"{directory}: double-permuted shards of a directed graph lack the alternate "
+                             "layout; shard it with --permute single or none")
+        self.perms = load_permutations(directory)
+
+    def _range(self, rows, cols) -> sp.csr_matrix:
+        from plexus_tune.graph.shards import load_shard_range
+
+        r0, r1 = _clip(rows, self.nodes)
+        c0, c1 = _clip(cols, self.nodes)
+        part = load_shard_range(self.dir, (r0, r1), (c0, c1), manifest=self.manifest)
+        return _pad_rows(part, rows.size, cols.size)
+
+    def adjacency_block(self, parity: int, rows, cols) -> sp.csr_matrix:
+        if parity == 0 or self.permute != "double":
+            return self._range(rows, cols)
+        return self._range(cols, rows).T.tocsr()
+
+    def feature_rows(self, start: int, stop: int) -> np.ndarray:
+        from plexus_tune.graph.shards import load_node_rows
+
+        feats, _ = load_node_rows(self.dir, start, stop, perm="col")
+        return np.asarray(feats, dtype=np.float32)
+
+    def label_rows(self, parity: int, start: int, stop: int) -> np.ndarray:
+        from plexus_tune.graph.shards import load_node_rows
+
+        _, labels = load_node_rows(self.dir, start, stop, perm="row" if parity == 0 else "col")
+        return np.asarray(labels, dtype=np.int64)
+
+
+def is_shard_directory(source) -> bool:
+    from pathlib import Path
+
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    path = Path(source) / "manifest.json"
+    if not path.is_file():
+        return False
+    try:
+        import json
+
+        return json.loads(path.read_text()).get("format") == "plexus-shards"
+    except (OSError, ValueError):
+        return False
+
+
 class RankTrainer:
     """Builds this rank's shards and parameters for one configuration and trains."""
 
-    def __init__(self, pg: PreparedGraph, config, rank: int, world_size: int, device="cpu"):
-        from plexus_tune.graph import permutations_for, permute_matrix
+    def __init__(self, data, config, rank: int, world_size: int, device="cpu"):
         from plexus_tune.trainer.config import model_widths
 
         self.config = config
@@ -307,17 +422,12 @@ class RankTrainer:
         grid = tuple(int(g) for g in config.grid)
         if grid[0] * grid[1] * grid[2] != world_size:
             raise ValueError(f"grid {grid} needs {grid[0] * grid[1] * grid[2]} ranks, world size is {world_size}")
-        n = pg.nodes
-        self.widths = model_widths(pg.features.shape[1], pg.num_classes, config.layers, config.hidden)
+        n = data.nodes
+        self.widths = model_widths(data.num_features, data.num_classes, config.layers, config.hidden)
         self.layout: GridLayout = make_layout(grid, rank, n, self.widths)
         self.comm = GridComm(grid, rank, self.timer)
-        perm_r, perm_c = permutations_for(config.permute, n, config.seed)
-        self.perms = (perm_r, perm_c)
-        permuted = {0: permute_matrix(pg.adjacency, perm_r, perm_c)}
-        if config.permute == "none":
-            permuted[1] = permuted[0]
-        else:
-            permuted[1] = permute_matrix(pg.adjacency, perm_c, perm_r)
+        self.perms = data.perms
+        perm_r, perm_c = self.perms
         n_pad, dp = self.layout.n_pad, self.layout.padded_widths
         weights = glorot_weights(self.widths, config.seed)
         self.shards: list[LayerShard] = []
@@ -326,9 +436,9 @@ class RankTrainer:
         self.shard_nnz = []
         built = {}  # one adjacency shard per distinct (layout i mod 3, permutation parity i mod 2)
         for lay in self.layout.layers:
-            key = lay.index % 6 if config.permute != "none" else lay.index % 3
+            key = lay.index % 6 if data.permute != "none" else lay.index % 3
             if key not in built:
-                local = take_block(permuted[lay.parity], lay.a_rows, lay.a_cols)
+                local = data.adjacency_block(lay.parity, lay.a_rows, lay.a_cols)
                 a = torch_csr(local, self.dtype, self.device)
                 a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
                 blocks = []
@@ -347,17 +457,15 @@ class RankTrainer:
             self.params_b.append(torch.nn.Parameter(torch.zeros(lay.out_cols.size, dtype=self.dtype,
                                                                 device=self.device)))
         first = self.layout.layers[0]
-        f_perm = np.zeros((n_pad, dp[0]), dtype=np.float32)
-        f_perm[:n, : pg.features.shape[1]] = pg.features[perm_c]
-        f_local = f_perm[first.f_rows.start:first.f_rows.stop, first.in_cols.start:first.in_cols.stop]
+        f_rows = pad_dense(data.feature_rows(first.f_rows.start, first.f_rows.stop), first.f_rows.size, dp[0])
+        f_local = f_rows[:, first.in_cols.start:first.in_cols.stop]
         self.features = torch.nn.Parameter(torch.tensor(f_local, dtype=self.dtype, device=self.device))
         last = self.layout.layers[-1]
         self.out_perm = perm_r if last.parity == 0 else perm_c
-        labels_perm = np.full(n_pad, -1, dtype=np.int64)
-        labels_perm[:n] = pg.labels[self.out_perm]
+        labels = data.label_rows(last.parity, last.a_rows.start, last.a_rows.stop)
         self.loss_shard = LossShard(
-            labels=torch.tensor(labels_perm[last.a_rows.start:last.a_rows.stop], device=self.device),
-            col_start=last.out_cols.start, classes=pg.num_classes, nodes=n,
+            labels=torch.tensor(labels, device=self.device),
+            col_start=last.out_cols.start, classes=data.num_classes, nodes=n,
             class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer)
         params = [self.features] + self.params_w + self.params_b
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -459,12 +567,14 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     if device_kind == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
     t_load = time.perf_counter()
-    pg = prepare_graph(resolve_graph(graph_source))
+    shards = ShardData(graph_source) if is_shard_directory(graph_source) else None
+    pg = None if shards is not None else prepare_graph(resolve_graph(graph_source))
     load_s = time.perf_counter() - t_load
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        trainer = RankTrainer(pg, config, rank, world_size, device=device)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed)
+        trainer = RankTrainer(data, config, rank, world_size, device=device)
         setup_s = time.perf_counter() - t_setup
         try:
             losses = trainer.train(int(config.epochs))
@@ -489,12 +599,13 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "shard_nnz": [g["shard_nnz"] for g in gathered],
                 "setup_s": max(g["setup_s"] for g in gathered),
                 "load_s": max(g["load_s"] for g in gathered),
-                "nodes": pg.nodes,
-                "nnz": int(pg.adjacency.nnz),
-                "raw_nnz": pg.raw_nnz,
-                "features": int(pg.features.shape[1]),
-                "classes": pg.num_classes,
-                "graph_name": pg.name,
+                "nodes": data.nodes,
+                "nnz": data.nnz,
+                "raw_nnz": data.raw_nnz,
+                "features": data.num_features,
+                "classes": data.num_classes,
+                "graph_name": data.name,
+                "permute": data.permute,
                 "widths": trainer.widths,
                 "n_pad": trainer.layout.n_pad,
                 "padded_widths": list(trainer.layout.padded_widths),
@@ -503,7 +614,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
             }
             if config.collect_outputs or config.check:
                 result["outputs"] = assemble_outputs(
-                    [g["output"] for g in gathered], pg.nodes, pg.num_classes, trainer.layout.n_pad,
+                    [g["output"] for g in gathered], data.nodes, data.num_classes, trainer.layout.n_pad,
                     trainer.layout.padded_widths[-1], trainer.out_perm)
             results.append(result)
     return results if rank == 0 else None

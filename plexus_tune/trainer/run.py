@@ -52,8 +52,26 @@ def graph_source(config: TrainConfig):
         path = Path(config.graph)
         if not path.exists():
             raise UserError(f"graph file {path} does not exist; check the path or make one with 'plexus-tune graph'")
+        from plexus_tune.trainer.engine import is_shard_directory
+
+        if is_shard_directory(path):
+            _check_shards(path, config)
         return str(path)
     return config.graph
+
+
+def _check_shards(path: Path, config: TrainConfig) -> None:
+    """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
+    from plexus_tune.graph.shards import read_manifest
+
+    manifest = read_manifest(path)
+    if not manifest.get("node_data"):
+        raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
+    if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
+        raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
+                        "re-shard with --permute single or none")
+    if config.check:
+        raise UserError("--check needs the whole graph for the serial reference; give the graph file, not its shards")
 
 
 def describe_source(config: TrainConfig) -> str:
@@ -178,6 +196,7 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str) 
         "padded_widths": result["padded_widths"],
         "w_split_over_depth": result["w_split"],
     })
+    record["options"]["permute"] = result.get("permute", config.permute)  # shard files fix their own
     record.update(summarize_timers(result["timers"], config.warmup))
     nnz = np.array(result["shard_nnz"], dtype=np.float64)  # (ranks, layers)
     mean = nnz.mean(axis=0)
