@@ -128,6 +128,10 @@ def make_figure(args):
     study = _load_study(args)
     if kind == "history":
         objective = study.user_attrs.get("objective", "value")
+        if objective in ("epoch", "gpu-hours"):
+            from plexus_tune.search import objective_unit
+
+            objective = f"{objective} ({objective_unit(objective)})"
         return plotting.plot_search_history(study, title=f"search history: {args.study}", objective=objective), f"history_{args.study}"
     return plotting.plot_param_importances(study, title=f"parameter importances: {args.study}"), f"importances_{args.study}"
 
