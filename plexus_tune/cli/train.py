@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads)")
+    source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads), or a directory of 2D shard files "
+                             "(each rank reads only the files it needs; their permutation is used)")
     source.add_argument("--synthetic", metavar="SPEC",
                         help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
     parser.add_argument("--grid", required=True, metavar="GXxGYxGZ", help="process grid, e.g. 2x2x2")

@@ -46,6 +46,7 @@ class PhaseTimer:
 
     def end_epoch(self, epoch_ms: float) -> dict[str, float]:
         row = {key: float(self.current.get(key, 0.0)) for key in BREAKDOWN_KEYS + PHASE_KEYS}
+        row.update({key: float(v) for key, v in self.current.items() if key not in row})  # per-layer SpMMs
         row["epoch_ms"] = float(epoch_ms)
         row["other_ms"] = max(0.0, epoch_ms - row["spmm_ms"] - row["gemm_ms"] - row["comm_ms"])
         self.epochs.append(row)

@@ -96,10 +96,10 @@ class LayerShard:
     first: bool = False
     saved_bytes: list = field(default_factory=list)
 
-    def spmm(self, a, dense):
+    def spmm(self, a, dense, direction: str = "fwd"):
         t0 = self.timer.now()
         out = torch.sparse.mm(a, dense)
-        self.timer.add(t0, "spmm_ms")
+        self.timer.add(t0, "spmm_ms", f"spmm_{direction}_{self.layout.index}_ms")
         return out
 
     def gemm(self, x, y):
@@ -116,7 +116,7 @@ class LayerShard:
             return self.comm.all_reduce(h, outer)
         parts, pending = [], []
         for a_block in self.a_blocks:
-            h_block = self.spmm(a_block, f)
+            h_block = self.spmm(a_block, f)  # per-block times add up in the layer's forward SpMM
             parts.append(h_block)
             if self.overlap:
                 pending.append(self.comm.all_reduce_async(h_block, outer))
@@ -166,7 +166,7 @@ class GCNLayerFunction(torch.autograd.Function):
             w = w_local
         dh = shard.gemm(dq, w.t())
         comm.all_reduce(dh, lay.outer)
-        df = shard.spmm(shard.a_t, dh)
+        df = shard.spmm(shard.a_t, dh, "bwd")
         if shard.first:
             df = comm.reduce_scatter(df, lay.depth)
         else:

@@ -149,6 +149,14 @@ def summarize_timers(timers, warmup: int) -> dict:
         imbalance[key] = float((per_epoch_max[measured, j][ok] / mean[ok]).mean()) if ok.any() else 1.0
     out["imbalance"] = imbalance
     out["per_rank_epoch_ms"] = [float(table[r, measured, k_epoch].mean()) for r in range(ranks)]
+    # each SpMM (forward A F and backward A^T dH of every layer), max over ranks
+    layer_keys = sorted({k for k in timers[0][0] if k.startswith(("spmm_fwd_", "spmm_bwd_"))},
+                        key=lambda k: (k.split("_")[1], int(k.split("_")[2])))
+    per_layer = {"fwd": [], "bwd": []}
+    for key in layer_keys:
+        values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
+        per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
+    out["spmm_layer_ms"] = per_layer
     return out
 
 
