@@ -315,7 +315,7 @@ class SearchSpace:
             block = None
             if self.block_rows_range is not None and params.get("blocked"):
                 lo, hi = self.block_rows_range
-                block = int(min(max(round(2.0 ** params["block_rows_log2"]), lo), hi))
+                block = int(min(max(2 ** round(params["block_rows_log2"]), lo), hi))
         except (KeyError, TypeError, ValueError):
             return None
         return Config(gx, gy, gz, block)

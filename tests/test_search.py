@@ -231,3 +231,27 @@ def test_trials_to_reach():
     assert trials_to_reach([5.0, 3.0, 2.01, 2.0], 2.0) == 3
     assert trials_to_reach([5.0, 2.0], 2.0, feasible=[True, False]) is None
     assert trials_to_reach([float("nan"), 2.0], 2.0) == 2
+
+
+def test_block_sizes_are_powers_of_two_and_round_trip():
+    space = SearchSpace((8,), block_rows_range=(1024, 65536))
+    for cfg in (Config(2, 2, 2), Config(2, 2, 2, 4096), Config(8, 1, 1, 65536), Config(1, 1, 8, 1024)):
+        assert space.config_of_params(space.params_of(cfg)) == cfg
+    assert space.config_of_params({"log2_gx": 1, "log2_gy": 1, "log2_gz": 1, "blocked": True, "block_rows_log2": 13.8}).block_rows == 16384
+    assert space.config_of_params({"log2_gx": 1, "log2_gy": 1, "log2_gz": 1, "blocked": False, "block_rows_log2": 13.8}).block_rows is None
+    # exhaustive: every grid unblocked plus every power of two in range
+    frame = exhaustive_frame(space, ModelEvaluator(None, MACHINE, predict=toy_predict))
+    assert len(frame) == 10 * (1 + 7)
+    assert set(frame["block_rows"]) == {0, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
+
+
+@pytest.mark.parametrize("encoding", ["sizes", "uv"])
+def test_every_configuration_round_trips_through_trial_params(encoding):
+    space = SearchSpace(parse_gpus("8..64"), encoding=encoding)
+    configs = list(space.configs())
+    assert len(configs) == sum(len(enumerate_grids(g)) for g in space.gpus)
+    for cfg in configs:
+        assert space.config_of_params(space.params_of(cfg)) == cfg
+    # a point between grids goes to the nearest allowed grid in log2 sizes (3x2x2: |log2 3 - 1.6| = 0.015)
+    assert SearchSpace(parse_gpus("8..64")).nearest_grid([1.6, 1.0, 1.0]) == (3, 2, 2)
+    assert SearchSpace((8,)).nearest_grid([3.0, 0.2, -0.1]) == (8, 1, 1)
