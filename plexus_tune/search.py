@@ -549,10 +549,13 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
 
 
 def finished_trials(study):
+    """Trials that count toward ``--trials``: complete ones and evaluated failures (a run that
+    failed is a result); a trial failed because its process died (heartbeat) does not count."""
     import optuna
 
-    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
-    return study.get_trials(deepcopy=False, states=done)
+    state = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False, states=(state.COMPLETE, state.FAIL, state.PRUNED))
+    return [t for t in trials if t.state != state.FAIL or "failure" in t.user_attrs]
 
 
 def _config_of_attrs(attrs: dict) -> Config | None:

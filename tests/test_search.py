@@ -255,3 +255,23 @@ def test_every_configuration_round_trips_through_trial_params(encoding):
     # a point between grids goes to the nearest allowed grid in log2 sizes (3x2x2: |log2 3 - 1.6| = 0.015)
     assert SearchSpace(parse_gpus("8..64")).nearest_grid([1.6, 1.0, 1.0]) == (3, 2, 2)
     assert SearchSpace((8,)).nearest_grid([3.0, 0.2, -0.1]) == (8, 1, 1)
+
+
+def test_failed_runs_count_as_trials_but_dead_processes_do_not():
+    from plexus_tune.search import finished_trials
+
+    class Failing(CountingEvaluator):
+        def evaluate(self, config):
+            ev = super().evaluate(config)
+            if config.gx == 8:
+                ev.failure = "oom: out of memory"
+            return ev
+
+    study = memory_study()
+    study.enqueue_trial(SearchSpace((8,)).params_of(Config(8, 1, 1)))
+    study.optimize(Objective(SearchSpace((8,)), Failing(), "epoch"), n_trials=3)
+    assert study.trials[0].state.name == "FAIL" and study.trials[0].user_attrs["failure"].startswith("oom")
+    # a trial left behind by a killed process, failed later by the heartbeat: no failure attribute
+    dead = study.ask()
+    study.tell(dead, state=optuna.trial.TrialState.FAIL)
+    assert len(finished_trials(study)) == 3
