@@ -87,7 +87,7 @@ class LayerShard:
     """Everything one rank needs for one layer: its layout, adjacency shards, options."""
 
     layout: LayerLayout
-    a: torch.Tensor  # N/g_d x N/g_o shard
+    a: torch.Tensor | None  # N/g_d x N/g_o shard (None when stored as row blocks)
     a_t: torch.Tensor  # its transpose
     a_blocks: list  # row blocks of ``a`` for blocked aggregation (or [])
     comm: GridComm
@@ -439,13 +439,17 @@ class RankTrainer:
             key = lay.index % 6 if data.permute != "none" else lay.index % 3
             if key not in built:
                 local = data.adjacency_block(lay.parity, lay.a_rows, lay.a_cols)
-                a = torch_csr(local, self.dtype, self.device)
                 a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
                 blocks = []
                 if config.block_rows and config.block_rows < local.shape[0]:
+                    # the row blocks replace A in the forward pass (A^T serves the backward)
                     for r0 in range(0, local.shape[0], int(config.block_rows)):
                         blocks.append(torch_csr(local[r0:r0 + int(config.block_rows)], self.dtype, self.device))
-                self.persistent_bytes += csr_bytes(a) + csr_bytes(a_t) + sum(csr_bytes(b) for b in blocks)
+                    a = None
+                else:
+                    a = torch_csr(local, self.dtype, self.device)
+                self.persistent_bytes += (csr_bytes(a) if a is not None else 0) + csr_bytes(a_t)
+                self.persistent_bytes += sum(csr_bytes(b) for b in blocks)
                 built[key] = (int(local.nnz), a, a_t, blocks)
             nnz, a, a_t, blocks = built[key]
             self.shard_nnz.append(nnz)
