@@ -86,10 +86,10 @@ def main() -> int:
     plan = []
     for g in (8, 4):
         plan.append((f"collectives-{g}", ["calibrate", "collectives", "--gpus", str(g), "--sizes", sizes, "--repeats", repeats, "--out", str(coll)]))
-    plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", repeats, "--out", str(spmm)]))
+    plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
     for graph in graphs:
         for g in (4, 8):
-            plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", repeats, "--out", str(spmm)]))
+            plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
     plan.append(("fit-micro", ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
     for graph in graphs:
         for g in (4, 8):
