@@ -62,7 +62,10 @@ writes its output forward and reads two and writes one array backward,
 5 u r_d c_o; Adam touches 7 arrays (param, grad, two moments read, three written)
 per local parameter element, 7 u (ceil(c_i c_o / g_d) + [layer 0] ceil(r_o c_0 / g_d)).
 
-``total_ms`` = spmm + gemm + comm + other. Memory per GPU is
+``overhead_ms``: the profile's fixed ``epoch_overhead_ms`` (0 unless fitted from
+trainer runs by ``plexus-tune fit``), the same for every grid.
+
+``total_ms`` = spmm + gemm + comm + other + overhead. Memory per GPU is
 :func:`plexus_tune.memory.memory_bytes`; a grid is ``feasible`` when it fits the
 machine's usable device memory.
 """
@@ -79,7 +82,7 @@ from plexus_tune.memory import memory_breakdown
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
     "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "total_ms",
+    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms", "total_ms",
     "memory_bytes", "memory_gib", "feasible",
 )
 
@@ -213,7 +216,8 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     for op, t in comm_kind.items():
         out[f"{op}_ms"] = t
     out["other_ms"] = other
-    out["total_ms"] = out["spmm_ms"] + gemm + comm + other
+    out["overhead_ms"] = np.full(k, machine.epoch_overhead_ms, dtype=np.float64)
+    out["total_ms"] = out["spmm_ms"] + gemm + comm + other + out["overhead_ms"]
     out["memory_bytes"] = mem
     out["memory_gib"] = mem / GIB
     out["feasible"] = mem <= machine.usable_memory_bytes

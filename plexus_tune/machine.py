@@ -54,6 +54,8 @@ FIELDS = {
     "gemm_tflops": "required; dense fp32 GEMM rate per device in TFLOP/s (1e12 flop/s), > 0",
     "elementwise_gbps": "optional; memory bandwidth for elementwise work (activations, loss, optimizer) in GB/s; "
     "absent: that time is not modelled (0)",
+    "epoch_overhead_ms": "optional; fixed time per epoch not explained by the modelled parts (launch, "
+    "synchronisation, Python), ms, >= 0, default 0; fitted from trainer runs by 'plexus-tune fit'",
     "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of DESIGN.md 4.1 "
     "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.spmm_models",
     "collectives": "required; the collective-communication model, an object with the collectives.* fields",
@@ -89,6 +91,7 @@ class Machine:
     description: str = ""
     path: str | None = None
     padded_sizes: bool = True
+    epoch_overhead_ms: float = 0.0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -188,6 +191,10 @@ def _build_machine(data, source: str) -> Machine:
     if data.get("elementwise_gbps") is not None:
         elementwise = float(_number(data, "elementwise_gbps", "", source, positive=True))
 
+    overhead_ms = 0.0
+    if data.get("epoch_overhead_ms") is not None:
+        overhead_ms = float(_number(data, "epoch_overhead_ms", "", source, nonneg=True))
+
     spmm = data["spmm"]
     if not isinstance(spmm, Mapping) or not isinstance(spmm.get("kind"), str):
         raise UserError(f"machine profile {source}: 'spmm' must be an object with a string 'kind'")
@@ -219,6 +226,7 @@ def _build_machine(data, source: str) -> Machine:
         raise UserError(f"machine profile {source}: 'padded_sizes' must be true or false, got {padded!r}")
     return Machine(
         padded_sizes=padded,
+        epoch_overhead_ms=overhead_ms,
         name=name.strip(),
         gpus_per_node=int(gpn),
         device_memory_bytes=int(round(float(mem) * GIB)),

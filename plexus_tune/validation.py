@@ -71,7 +71,6 @@ def predict_runs(df, machine) -> "pandas.DataFrame":  # noqa: F821
     from plexus_tune.workload import Workload
 
     machine = load_machine(machine)
-    overhead = float(machine.raw.get("epoch_overhead_ms", 0.0) or 0.0)
     df = df.copy()
     for key in COMPONENTS + ("total_ms",):
         df[f"pred_{key}"] = np.nan
@@ -81,7 +80,7 @@ def predict_runs(df, machine) -> "pandas.DataFrame":  # noqa: F821
         pred = predict_grids(workload, machine, grids, block_rows=int(block) or None)
         for key in COMPONENTS:
             df.loc[idx, f"pred_{key}"] = pred[key]
-        df.loc[idx, "pred_total_ms"] = pred["total_ms"] + overhead
+        df.loc[idx, "pred_total_ms"] = pred["total_ms"]
     return df
 
 

@@ -7,11 +7,13 @@ Times in ms: alpha_us * 1e-3, bytes / (GB/s * 1e9) * 1e3.
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from plexus_tune.costs import CostModel, PREDICTION_KEYS, paper_spmm_ms, predict_grids, predict_table, rank_order
+from plexus_tune.errors import UserError
 from plexus_tune.machine import Machine
 from plexus_tune.workload import Workload, workload_from_dataset
 
@@ -254,3 +256,29 @@ def test_negative_paper_spmm_is_clipped_and_flagged():
     assert list(pred["spmm_ms"]) == [0.0, 0.0]
     ok = predict_grids(workload_from_dataset("ogbn-products"), "perlmutter-paper", 64)
     assert not ok["spmm_clipped"].any() and (ok["spmm_ms"] > 0).all()
+
+
+def test_epoch_overhead_is_added_to_every_grid_total():
+    import json
+
+    from plexus_tune.machine import Machine
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "models" / "perlmutter-paper.json").read_text())
+    with_overhead = dict(base, epoch_overhead_ms=12.5)
+    workload = workload_from_dataset("ogbn-products")
+    plain = predict_grids(workload, Machine.from_dict(base), 8)
+    shifted = predict_grids(workload, Machine.from_dict(with_overhead), 8)
+    assert np.all(plain["overhead_ms"] == 0.0)
+    assert np.allclose(shifted["overhead_ms"], 12.5)
+    assert np.allclose(shifted["total_ms"] - plain["total_ms"], 12.5)
+    assert np.allclose(shifted["other_ms"], plain["other_ms"])
+
+
+def test_negative_epoch_overhead_is_rejected():
+    import json
+
+    from plexus_tune.machine import Machine
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "models" / "perlmutter-paper.json").read_text())
+    with pytest.raises(UserError, match="epoch_overhead_ms"):
+        Machine.from_dict(dict(base, epoch_overhead_ms=-1.0))

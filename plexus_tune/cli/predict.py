@@ -180,7 +180,9 @@ def run(args) -> int:
         best = records[0]
         print(
             f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
-            f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}; "
+            f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+            + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
+            + "; "
             f"{best['memory_gib']:.2f} GiB per GPU)"
         )
     return 0
