@@ -118,3 +118,12 @@ def test_cli_sweep_appends_to_a_log_and_rejects_bad_input(tmp_path, capsys):
     assert main(["calibrate", "spmm", "--graph", "rmat:nodes=64,edges=256", "--out", str(out)]) == 2
     assert "needs --gpus" in capsys.readouterr().err
     assert main(["calibrate", "collectives", "--gpus", "1", "--out", str(out)]) == 2
+
+
+def test_sweep_passes_time_the_same_matrices_and_keep_the_minimum():
+    shapes = sweep_shapes(3, seed=2, rows=(64, 128), common=(64, 128), dense_cols=(1, 4), max_nnz=500)
+    one = spmm_sweep(shapes, seed=5, repeats=1, passes=1)
+    three = spmm_sweep(shapes, seed=5, repeats=1, passes=3)
+    # shape i's matrix is drawn from the generator seeded (seed, i): same nnz in every sweep
+    assert [r["nnz"] for r in one] == [r["nnz"] for r in three]
+    assert all(r["passes"] == 3 and "3 pass" in r["statistic"] and r["time_ms"] > 0 for r in three)
