@@ -42,7 +42,7 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
         convs.append(conv)
     # a copy: the optimizer updates the features in place and must not touch the graph's array
     features = torch.nn.Parameter(torch.tensor(np.asarray(graph.features, dtype=np.float32), dtype=tdtype))
-    labels = torch.from_numpy(np.asarray(graph.labels, dtype=np.int64))
+    labels = torch.from_numpy(np.array(graph.labels, dtype=np.int64))
     params = [features] + list(convs.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     losses, epoch_ms, logits = [], [], None
