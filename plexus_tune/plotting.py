@@ -25,7 +25,7 @@ BREAKDOWN_PARTS = (
     ("comm_x_ms", "comm X", "#c44e52"),
     ("comm_y_ms", "comm Y", "#dd8452"),
     ("comm_z_ms", "comm Z", "#8172b2"),
-    ("other_ms", "other", "#937860"),
+    ("other_ms", "other", "#937860"),  # predicted: elementwise work plus the fixed epoch overhead
 )
 
 
@@ -49,7 +49,7 @@ def save_figure(fig, directory, stem: str, formats: Sequence[str] = ("png", "svg
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=f".{fmt}", dir=directory)
         try:
             with os.fdopen(fd, "wb") as handle:
-                fig.savefig(handle, format=fmt, dpi=dpi)
+                fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight")
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -172,6 +172,8 @@ def pred_obs_frame(runs, machine=None):
         frame["predicted_ms"] = np.asarray(pred["total_ms"], dtype=float)
         for k in keys:
             frame[f"pred_{k}"] = np.asarray(pred[k], dtype=float)
+        # the profile's fixed per-epoch overhead is shown with the other (unattributed) time
+        frame["pred_other_ms"] += np.asarray(pred.get("overhead_ms", 0.0), dtype=float)
         frame["feasible"] = np.asarray(pred["feasible"], dtype=bool)
     if frame["predicted_ms"].isna().all():
         raise UserError("the runs carry no prediction; give --machine to predict them with a profile")
@@ -249,7 +251,7 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     ax.set_xlabel("predicted epoch time (ms)")
     ax.set_ylabel("observed epoch time (ms)")
     ax.set_title(title or "predicted vs observed epoch time")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     ax.grid(True, alpha=0.3)
     return fig
 
@@ -282,7 +284,7 @@ def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
     ax.set_xticklabels(frame["grid"].astype(str), rotation=45, ha="right")
     ax.set_ylabel("epoch time (ms)")
     ax.set_title(title or ("breakdown per grid: predicted (solid) vs observed (hatched)" if observed else "predicted breakdown per grid"))
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     return fig
 

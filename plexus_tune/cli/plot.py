@@ -111,8 +111,8 @@ def make_figure(args):
         frame = plotting.pred_obs_frame(runs, machine)
         where = f"{graph}, G={gpus}" + (f", model {machine.name}" if machine else "")
         if kind == "pred-vs-obs":
-            return plotting.plot_pred_vs_obs(frame, title=f"predicted vs observed epoch ({where})"), f"pred-vs-obs_{graph}_G{gpus}"
-        return plotting.plot_breakdown(frame, title=f"breakdown per grid ({where})"), f"breakdown_{graph}_G{gpus}"
+            return plotting.plot_pred_vs_obs(frame, title=f"predicted vs observed epoch\n{where}"), f"pred-vs-obs_{graph}_G{gpus}"
+        return plotting.plot_breakdown(frame, title=f"breakdown per grid\n{where}"), f"breakdown_{graph}_G{gpus}"
     if kind == "scaling":
         from plexus_tune.search import parse_gpus
 
