@@ -68,15 +68,9 @@ def detect_format(path) -> str:
                             "or convert the original graph instead")
         raise UserError(f"{path} is a directory but neither a plexus graph (metadata.json) nor an "
                         "OGB dataset (raw/edge.csv.gz)")
-    suffix = _bare_suffix(path)
-    if suffix == ".npz":
-        return "npz"
-    if suffix == ".mtx":
-        return "mtx"
-    if suffix in _EDGELIST_SUFFIXES:
-        return "edgelist"
-    if suffix in (".pt", ".pth"):
-        return "pyg"
+    fmt = _file_format_of_suffix(_bare_suffix(path))
+    if fmt is not None:
+        return fmt
     raise UserError(f"unknown graph format for {path.name!r}; known: directory (plexus, OGB), "
                     ".npz, .mtx, .txt/.csv/.tsv/.edges/.el edge lists, .pt/.pth (PyG Data)")
 
@@ -468,18 +462,24 @@ def _write_plexus(graph: Graph, tmp: Path) -> None:
     (tmp / "metadata.json").write_text(json.dumps(info, indent=1) + "\n")
 
 
-def save_format_for(path) -> str:
-    """Format written for an output path: by suffix, else the own directory format."""
-    path = Path(path)
-    suffix = _bare_suffix(path)
-    if suffix == ".npz":
-        return "npz"
-    if suffix == ".mtx":
-        return "mtx"
+def _file_format_of_suffix(suffix: str) -> str | None:
+    """Single-file graph format named by a (compression-stripped) suffix, or None."""
+    if suffix in (".npz", ".mtx"):
+        return suffix[1:]
     if suffix in _EDGELIST_SUFFIXES:
         return "edgelist"
     if suffix in (".pt", ".pth"):
         return "pyg"
+    return None
+
+
+def save_format_for(path) -> str:
+    """Format written for an output path: by suffix, else the own directory format."""
+    path = Path(path)
+    suffix = _bare_suffix(path)
+    fmt = _file_format_of_suffix(suffix)
+    if fmt is not None:
+        return fmt
     if suffix in ("", ".plexus", ".graph"):
         return "plexus"
     raise UserError(f"cannot write {path.name!r}: use a directory name (own format), .npz, .mtx, "
