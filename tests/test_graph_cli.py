@@ -10,25 +10,17 @@ from plexus_tune.cli import main
 from plexus_tune.graph import gcn_normalize, load_graph, load_shard, permutations_for
 
 
-def run_cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
-
-def test_generate_stats_shard_round_trip(tmp_path, capsys):
+def test_generate_stats_shard_round_trip(tmp_path, capsys, run_cli):
     g = tmp_path / "g"
     code, out, err = run_cli(["graph", "generate", "grid2d", "--nodes", "900", "--features", "4", "--classes", "3",
-                              "--seed", "1", "--out", str(g)], capsys)
+                              "--seed", "1", "--out", str(g)])
     assert code == 0, err
     assert "900 nodes" in out
     graph = load_graph(g)
     assert graph.num_nodes == 900 and graph.num_features == 4 and graph.num_classes == 3
 
-    code, out, err = run_cli(["graph", "stats", str(g), "--blocks", "4x4", "--format", "json"], capsys)
+    code, out, err = run_cli(["graph", "stats", str(g), "--blocks", "4x4", "--format", "json"])
     assert code == 0, err
     stats = json.loads(out)
     assert stats["nodes"] == 900 and stats["nnz"] == graph.nnz
@@ -37,24 +29,24 @@ def test_generate_stats_shard_round_trip(tmp_path, capsys):
     assert np.sum(stats["balance"]["double"]["block_nnz"]) == graph.nnz + 900
 
     shards = tmp_path / "sh"
-    code, out, err = run_cli(["graph", "shard", str(g), "--blocks", "4x4", "--out", str(shards), "--seed", "2"], capsys)
+    code, out, err = run_cli(["graph", "shard", str(g), "--blocks", "4x4", "--out", str(shards), "--seed", "2"])
     assert code == 0, err
     rp, cp = permutations_for("double", 900, 2)
     whole = gcn_normalize(graph.adjacency).toarray()[rp][:, cp]
     np.testing.assert_array_equal(load_shard(shards, 1, 0, 2, 2).toarray(), whole[450:900, 0:450])
 
-    code, out, err = run_cli(["graph", "stats", str(shards), "--blocks", "2x4", "--format", "json"], capsys)
+    code, out, err = run_cli(["graph", "stats", str(shards), "--blocks", "2x4", "--format", "json"])
     assert code == 0, err
     info = json.loads(out)
     assert info["block_shape"] == [450, 225]
     assert info["block_nnz"][1][2] == np.count_nonzero(whole[450:900, 450:675])
 
 
-def test_generate_rmat_and_convert(tmp_path, capsys):
+def test_generate_rmat_and_convert(tmp_path, capsys, run_cli):
     code, out, err = run_cli(["graph", "generate", "rmat", "--nodes", "256", "--edges", "1k", "--features", "2",
-                              "--classes", "2", "--param", "noise=0.1", "--out", str(tmp_path / "r.npz")], capsys)
+                              "--classes", "2", "--param", "noise=0.1", "--out", str(tmp_path / "r.npz")])
     assert code == 0, err
-    code, out, err = run_cli(["graph", "convert", str(tmp_path / "r.npz"), str(tmp_path / "r.mtx")], capsys)
+    code, out, err = run_cli(["graph", "convert", str(tmp_path / "r.npz"), str(tmp_path / "r.mtx")])
     assert code == 0, err
     assert "not stored" in out
     a = load_graph(tmp_path / "r.npz")
@@ -75,7 +67,7 @@ def test_generate_rmat_and_convert(tmp_path, capsys):
     (["graph", "generate", "grid2d", "--nodes", "100", "--param", "bogus=1", "--out", "{tmp}/out"], "does not take"),
     (["graph", "generate", "torus", "--nodes", "100", "--out", "{tmp}/out"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_exit_2_and_leaves_no_output(tmp_path, capsys, argv, message):
+def test_bad_input_is_one_line_exit_2_and_leaves_no_output(tmp_path, capsys, argv, message, run_cli):
     (tmp_path / "bad.xyz").write_text("0 1\n")
     (tmp_path / "e.txt").write_text("0 1\n1 2\n")
     np.savez(tmp_path / "oor.npz", edge_index=np.array([[0, 5], [1, 2]]), num_nodes=3)
@@ -87,7 +79,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_output(tmp_path, capsys, arg
     capsys.readouterr()
     before = sorted(os.listdir(tmp_path))
     argv = [a.format(tmp=tmp_path) for a in argv]
-    code, out, err = run_cli(argv, capsys)
+    code, out, err = run_cli(argv)
     assert code == 2
     assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert message in err

@@ -6,23 +6,14 @@ import sys
 
 import pytest
 
-from plexus_tune.cli import main
 from plexus_tune.machine import load_machine
 
 BASE = ["predict", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter-paper"]
 
 
-def run_cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
-
-def test_table_and_recommendation(capsys):
-    code, out, err = run_cli(BASE + ["--top", "5"], capsys)
+def test_table_and_recommendation(run_cli):
+    code, out, err = run_cli(BASE + ["--top", "5"])
     assert code == 0, err
     assert "Recommended grid: " in out
     lines = [ln for ln in out.splitlines() if ln.startswith("│")]
@@ -31,8 +22,8 @@ def test_table_and_recommendation(capsys):
     assert recommended in lines[0]
 
 
-def test_json_records(capsys):
-    code, out, _ = run_cli(BASE + ["--format", "json", "--top", "0"], capsys)
+def test_json_records(run_cli):
+    code, out, _ = run_cli(BASE + ["--format", "json", "--top", "0"])
     assert code == 0
     records = json.loads(out)
     assert len(records) == 28  # every ordered factorization of 64
@@ -46,22 +37,22 @@ def test_json_records(capsys):
         assert r["comm_ms"] == pytest.approx(r["comm_x_ms"] + r["comm_y_ms"] + r["comm_z_ms"])
 
 
-def test_csv_explicit_workload_and_filters(capsys):
+def test_csv_explicit_workload_and_filters(run_cli):
     argv = ["predict", "--nodes", "1000", "--nnz", "8000", "--features", "16", "--classes", "4",
             "--hidden", "8", "--layers", "2", "--gpus", "12", "--machine", "perlmutter", "--format", "csv",
             "--max-z", "2", "--block-rows", "64"]
-    code, out, err = run_cli(argv, capsys)
+    code, out, err = run_cli(argv)
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 10  # default --top
     assert all(int(r["gz"]) <= 2 for r in rows)
-    code, out, _ = run_cli(BASE + ["--powers-of-two", "--format", "json", "--top", "0"], capsys)
+    code, out, _ = run_cli(BASE + ["--powers-of-two", "--format", "json", "--top", "0"])
     assert len(json.loads(out)) == 28
 
 
-def test_no_feasible_grid_exits_2(capsys):
+def test_no_feasible_grid_exits_2(capsys, run_cli):
     code, out, err = run_cli(["predict", "--dataset", "ogbn-papers100M", "--gpus", "2", "--machine",
-                              "perlmutter-paper", "--format", "json"], capsys)
+                              "perlmutter-paper", "--format", "json"])
     assert code == 2
     assert "no grid of 2 GPUs fits" in err and "more GPUs" in err
     assert all(not r["feasible"] for r in json.loads(out))
@@ -81,14 +72,14 @@ def test_no_feasible_grid_exits_2(capsys):
     (["predict", "--nodes", "10", "--gpus", "8", "--machine", "perlmutter-paper"], "missing --nnz"),
     (["predict", "--dataset", "reddit", "--gpus", "7", "--machine", "perlmutter-paper", "--powers-of-two"], "filters"),
 ])
-def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
-    code, _, err = run_cli(argv, capsys)
+def test_bad_input_is_one_line_exit_2(argv, needle, run_cli):
+    code, _, err = run_cli(argv)
     assert code == 2
     assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert needle in err
 
 
-def test_bad_machine_files(tmp_path, capsys):
+def test_bad_machine_files(tmp_path, run_cli):
     bad_json = tmp_path / "bad.json"
     bad_json.write_text('{"name": "x",')
     with open(load_machine("perlmutter-paper").path) as fh:
@@ -97,7 +88,7 @@ def test_bad_machine_files(tmp_path, capsys):
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps(profile))
     for path, needle in ((bad_json, "not valid JSON"), (missing, "collectives.alpha_inter_us")):
-        code, _, err = run_cli(["predict", "--dataset", "reddit", "--gpus", "8", "--machine", str(path)], capsys)
+        code, _, err = run_cli(["predict", "--dataset", "reddit", "--gpus", "8", "--machine", str(path)])
         assert code == 2 and needle in err and err.strip().count("\n") == 0
 
 
@@ -114,15 +105,15 @@ def test_subprocess_error_has_no_traceback_and_no_torch():
     assert "HEAVY []" in proc.stdout
 
 
-def test_datasets_and_machines_listings(capsys):
-    code, out, _ = run_cli(["datasets", "--format", "json"], capsys)
+def test_datasets_and_machines_listings(run_cli):
+    code, out, _ = run_cli(["datasets", "--format", "json"])
     assert code == 0 and {"ogbn-products", "UK-2007-05"} <= {d["name"] for d in json.loads(out)}
-    code, out, _ = run_cli(["machines", "--format", "json"], capsys)
+    code, out, _ = run_cli(["machines", "--format", "json"])
     names = {m["name"] for m in json.loads(out)}
     assert {"perlmutter-paper", "perlmutter", "frontier", "cpu-gloo-2core"} <= names
-    code, out, _ = run_cli(["machines", "perlmutter-paper"], capsys)
+    code, out, _ = run_cli(["machines", "perlmutter-paper"])
     assert code == 0 and "beta_intra_gbps" in out and "200" in out
-    code, out, _ = run_cli(["machines", "--fields"], capsys)
+    code, out, _ = run_cli(["machines", "--fields"])
     assert code == 0 and "bandwidth_table" in out
-    code, _, err = run_cli(["machines", "nope"], capsys)
+    code, _, err = run_cli(["machines", "nope"])
     assert code == 2 and "unknown machine" in err
