@@ -11,7 +11,7 @@ from plexus_tune.graph import gcn_normalize, load_graph, load_shard, permutation
 
 
 
-def test_generate_stats_shard_round_trip(tmp_path, capsys, run_cli):
+def test_generate_stats_shard_round_trip(tmp_path, run_cli):
     g = tmp_path / "g"
     code, out, err = run_cli(["graph", "generate", "grid2d", "--nodes", "900", "--features", "4", "--classes", "3",
                               "--seed", "1", "--out", str(g)])
@@ -42,7 +42,7 @@ def test_generate_stats_shard_round_trip(tmp_path, capsys, run_cli):
     assert info["block_nnz"][1][2] == np.count_nonzero(whole[450:900, 450:675])
 
 
-def test_generate_rmat_and_convert(tmp_path, capsys, run_cli):
+def test_generate_rmat_and_convert(tmp_path, run_cli):
     code, out, err = run_cli(["graph", "generate", "rmat", "--nodes", "256", "--edges", "1k", "--features", "2",
                               "--classes", "2", "--param", "noise=0.1", "--out", str(tmp_path / "r.npz")])
     assert code == 0, err

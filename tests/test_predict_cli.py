@@ -50,7 +50,7 @@ def test_csv_explicit_workload_and_filters(run_cli):
     assert len(json.loads(out)) == 28
 
 
-def test_no_feasible_grid_exits_2(capsys, run_cli):
+def test_no_feasible_grid_exits_2(run_cli):
     code, out, err = run_cli(["predict", "--dataset", "ogbn-papers100M", "--gpus", "2", "--machine",
                               "perlmutter-paper", "--format", "json"])
     assert code == 2
