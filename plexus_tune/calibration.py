@@ -229,8 +229,13 @@ def calibrate_collectives(
         )
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None
+    from plexus_tune.launch import default_threads_per_rank
+
     env = environment_info()
-    return collective_records(per_rank, world=gpus, gpus_per_node=gpus_per_node, backend=backend, extra={"machine_info": env})
+    extra = {"machine_info": env}
+    if device == "cpu":
+        extra["threads_per_rank"] = default_threads_per_rank(gpus)
+    return collective_records(per_rank, world=gpus, gpus_per_node=gpus_per_node, backend=backend, extra=extra)
 
 
 # --------------------------------------------------------------------------- SpMM / GEMM
@@ -319,47 +324,83 @@ def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 6
     return [dict(nnz=int(a), rows=int(b), common=int(d), dense_cols=int(e)) for a, b, d, e in zip(nnz, r, c, k)]
 
 
-def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, passes: int = 1, progress=None) -> list[dict]:
+SWEEP_STATISTICS = ("min", "median")
+
+
+def _shape_bytes(shape) -> int:
+    """Bytes of one sweep shape's operands: CSR (int32 index + fp32 value per nonzero) and dense B."""
+    return 8 * int(shape["nnz"]) + 4 * (int(shape["rows"]) + 1) + 4 * int(shape["common"]) * int(shape["dense_cols"])
+
+
+def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, passes: int = 1,
+               statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
     """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm-v1 records.
 
-    time_ms = min over ``passes`` sweeps of (min over samples of >= 2 ms). The passes run
-    one after another, so one shape's samples lie seconds apart: the host's speed drifts
-    over seconds (correlated across neighbouring shapes), which samples a few ms apart
-    cannot average out. Shape i's matrix comes from the generator seeded (seed, i), so
-    every pass times the same matrix.
+    Interleaved passes: each of ``passes`` passes visits every shape once, in a fresh
+    random order, and keeps the minimum over ``repeats`` samples of >= 2 ms. A shape's
+    passes thus lie spread over the whole sweep, and every shape sees the same mix of
+    host states (the speed of a shared host drifts over seconds to minutes, and
+    neighbouring shapes in time err together). Per shape::
+
+        time_min_ms    = min over passes      time_median_ms = median over passes
+        time_ms        = the one named by ``statistic``
+
+    Shape i's matrix comes from the generator seeded (seed, i); operands are kept in
+    memory between passes while they fit ``cache_bytes`` in all, else rebuilt.
     """
     import torch
 
+    if statistic not in SWEEP_STATISTICS:
+        raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
+    from plexus_tune.allocator import retain_large_allocations
+
+    retain_large_allocations()
     if threads:
         torch.set_num_threads(int(threads))
     passes = max(1, int(passes))
-    best = [float("inf")] * len(shapes)
+    samples = [[] for _ in shapes]
     nnz = [0] * len(shapes)
-    for p in range(passes):
-        order = range(len(shapes)) if p % 2 == 0 else reversed(range(len(shapes)))
-        for i in order:
-            shape = shapes[i]
-            A = random_csr(shape["rows"], shape["common"], shape["nnz"], np.random.default_rng([seed, i]))
-            B = torch.rand(shape["common"], shape["dense_cols"])
-            best[i] = min(best[i], spmm_ms(A, B, repeats=repeats, statistic="min"))
+    keep = passes > 1 and sum(_shape_bytes(s) for s in shapes) <= cache_bytes
+    cache: dict[int, tuple] = {}
+    order_rng = np.random.default_rng([seed, len(shapes), passes])
+
+    def operands(i):
+        if i in cache:
+            return cache[i]
+        shape = shapes[i]
+        A = random_csr(shape["rows"], shape["common"], shape["nnz"], np.random.default_rng([seed, i]))
+        B = torch.rand(shape["common"], shape["dense_cols"], generator=torch.Generator().manual_seed(seed * 1_000_003 + i))
+        if keep:
+            cache[i] = (A, B)
+        return A, B
+
+    for _ in range(passes):
+        for i in order_rng.permutation(len(shapes)):
+            A, B = operands(int(i))
+            samples[i].append(spmm_ms(A, B, repeats=repeats, statistic="min"))
             nnz[i] = int(A._nnz())
             del A, B
             if progress is not None:
                 progress()
+    cache.clear()
     records = []
     for i, shape in enumerate(shapes):
+        t_min, t_med = float(np.min(samples[i])), float(np.median(samples[i]))
         records.append(
             {
                 "schema": SPMM_SCHEMA,
                 "source": "sweep",
-                "statistic": f"min over {passes} pass(es) x samples of >= 2 ms",
+                "statistic": f"{statistic} over {passes} interleaved pass(es) of (min over {repeats} samples of >= 2 ms)",
                 "nnz": nnz[i],
                 "rows": shape["rows"],
                 "common": shape["common"],
                 "dense_cols": shape["dense_cols"],
-                "time_ms": best[i],
+                "time_ms": t_min if statistic == "min" else t_med,
+                "time_min_ms": t_min,
+                "time_median_ms": t_med,
                 "threads": torch.get_num_threads(),
                 "passes": passes,
+                "repeats": repeats,
                 "kernel": "torch.sparse.mm(csr int32, dense)",
                 "measured_at": now_utc(),
             }
@@ -417,6 +458,9 @@ def calibrate_graph_shards(
     from plexus_tune.graph import double_permute
     from plexus_tune.grid import enumerate_grids, format_grid, layer_roles
 
+    from plexus_tune.allocator import retain_large_allocations
+
+    retain_large_allocations()
     if threads:
         torch.set_num_threads(int(threads))
     n = adjacency.shape[0]

@@ -65,6 +65,12 @@ per local parameter element, 7 u (ceil(c_i c_o / g_d) + [layer 0] ceil(r_o c_0 /
 ``overhead_ms``: the profile's fixed ``epoch_overhead_ms`` (0 unless fitted from
 trainer runs by ``plexus-tune fit``), the same for every grid.
 
+Oversubscribed CPU hosts: a profile with ``host_cores`` (ranks are processes that
+time-share a node's CPU cores) multiplies spmm, gemm, comm (and its splits) and
+other by ``oversubscription`` = max(1, min(G, gpus_per_node) threads_per_rank /
+host_cores) (:func:`plexus_tune.machine.oversubscription`); 1 for GPU profiles.
+The component models themselves describe one rank running alone.
+
 ``total_ms`` = spmm + gemm + comm + other + overhead. Memory per GPU is
 :func:`plexus_tune.memory.memory_bytes`; a grid is ``feasible`` when it fits the
 machine's usable device memory.
@@ -76,15 +82,19 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
-from plexus_tune.machine import GIB, Machine, collective_time_ms, load_machine
+from plexus_tune.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.memory import memory_breakdown
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
     "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
     "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms", "total_ms",
-    "memory_bytes", "memory_gib", "feasible",
+    "oversubscription", "memory_bytes", "memory_gib", "feasible",
 )
+
+#: Time components that the oversubscription factor stretches.
+_STRETCHED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
 
 
 def _ceil_div(a, b):
@@ -216,8 +226,12 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     for op, t in comm_kind.items():
         out[f"{op}_ms"] = t
     out["other_ms"] = other
+    stretch = oversubscription(machine, np.prod(grids, axis=1))
+    for key in _STRETCHED_KEYS:
+        out[key] = out[key] * stretch
+    out["oversubscription"] = stretch
     out["overhead_ms"] = np.full(k, machine.epoch_overhead_ms, dtype=np.float64)
-    out["total_ms"] = out["spmm_ms"] + gemm + comm + other + out["overhead_ms"]
+    out["total_ms"] = out["spmm_ms"] + out["gemm_ms"] + out["comm_ms"] + out["other_ms"] + out["overhead_ms"]
     out["memory_bytes"] = mem
     out["memory_gib"] = mem / GIB
     out["feasible"] = mem <= machine.usable_memory_bytes

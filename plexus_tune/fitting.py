@@ -7,7 +7,8 @@ and test R^2, RMSE in ms and MAPE in %) and ``to_dict()`` (the machine-profile e
 - :func:`fit_spmm`: per-SpMM time from (nnz, rows, common, dense_cols). Kinds
   ``paper`` (DESIGN.md 4.1 for one SpMM, ordinary least squares as in the paper),
   ``roofline`` (non-negative costs per term, least squares on relative error),
-  ``learned`` (ridge regression on polynomial log-shape features predicting log time;
+  ``learned`` (ridge regression on polynomial features of the log shape and the cache
+  lines per dense row (:func:`plexus_tune.spmm_models.cache_lines_per_row`) predicting log time;
   ``learned-roofline`` is the same as a multiplicative correction of the roofline),
   ``auto`` (the kind with the lowest mean held-out MAPE).
 - :func:`fit_collectives`: alpha (per step latency) and beta (bus bandwidth) per tier,
@@ -41,8 +42,8 @@ SPMM_KINDS = ("paper", "roofline", "learned", "learned-roofline")
 SPMM_PARAMETERS = {
     "paper": 3,
     "roofline": len(spmm_models.ROOFLINE_TERMS),
-    "learned": len(spmm_models.monomial_exponents(4, 2)) + 1,
-    "learned-roofline": len(spmm_models.monomial_exponents(4, 2)) + 1 + len(spmm_models.ROOFLINE_TERMS),
+    "learned": len(spmm_models.monomial_exponents(5, 2)) + 1,
+    "learned-roofline": len(spmm_models.monomial_exponents(5, 2)) + 1 + len(spmm_models.ROOFLINE_TERMS),
 }
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
@@ -284,15 +285,17 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
         }
     if kind in ("learned", "learned-roofline"):
         base = _fit_spmm_kind("roofline", shapes, y) if kind == "learned-roofline" else None
-        z = spmm_models.log_shape_features(*shapes)
+        features = "log-shape-lines-polynomial"
+        z = spmm_models.learned_features(features, *shapes)
         target = np.log(y)
         if base is not None:
             target = target - np.log(np.maximum(spmm_models.predict_spmm_ms(base, *shapes), 1e-12))
         best = None
-        # degree 2, or 3 when there are enough rows for its 34 monomials; exact leave-one-out picks
-        for deg in (2, 3) if degree is None else (degree,):
-            exponents = spmm_models.monomial_exponents(4, deg)
-            if degree is None and deg > 2 and len(y) < 4 * len(exponents):
+        # degree 2, 3 or 4 (20, 55, 125 monomials of 5 variables), a higher one only with at
+        # least 3 rows per monomial; exact leave-one-out picks the degree and the ridge alpha
+        for deg in (2, 3, 4) if degree is None else (degree,):
+            exponents = spmm_models.monomial_exponents(z.shape[1], deg)
+            if degree is None and deg > 2 and len(y) < 3 * len(exponents):
                 continue
             r = ridge_loo(spmm_models.polynomial_features(z, exponents), target)
             if best is None or r["loo_mse"] < best[0]["loo_mse"]:
@@ -300,7 +303,7 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
         r, deg, exponents = best
         return {
             "kind": "learned",
-            "features": "log-shape-polynomial",
+            "features": features,
             "degree": deg,
             "exponents": exponents,
             "mean": r["mean"].tolist(),
@@ -308,6 +311,8 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
             "coef": r["coef"].tolist(),
             "intercept": r["intercept"],
             "ridge_alpha": r["alpha"],
+            "z_min": z.min(axis=0).tolist(),
+            "z_max": z.max(axis=0).tolist(),
             "base": base,
         }
     raise UserError(f"unknown SpMM model kind {kind!r}; choose one of {', '.join(SPMM_KINDS + ('auto',))}")
@@ -483,6 +488,37 @@ def _fit_collective_rows(idx, op, steps, factor, m, y, inter, stride, g, table: 
     return tiers, entries
 
 
+def collective_time_sharing(df, host_cores: int | None) -> np.ndarray:
+    """Per row, the :func:`~plexus_tune.machine.time_sharing_factor` the measurement ran under.
+
+    A CPU calibration of ``world_size`` ranks on ``machine_info.cpu_count`` cores (else
+    ``host_cores``) with ``threads_per_rank`` threads (default max(1, cores // world))
+    took ``factor`` times as long as one rank alone would; dividing by it gives the
+    per-rank time the cost model's collectives describe. 1 where ``host_cores`` is
+    None or the world size is unknown.
+    """
+    from plexus_tune.machine import time_sharing_factor
+
+    n = len(df)
+    if host_cores is None or "world_size" not in df:
+        return np.ones(n)
+    world = pd_numeric(df["world_size"], np.nan)
+    cores = pd_numeric(df["machine_info.cpu_count"], host_cores) if "machine_info.cpu_count" in df else np.full(n, float(host_cores))
+    default_threads = np.maximum(1, np.floor(cores / np.maximum(world, 1)))
+    threads = pd_numeric(df["threads_per_rank"], np.nan) if "threads_per_rank" in df else np.full(n, np.nan)
+    threads = np.where(np.isfinite(threads), threads, default_threads)
+    factor = time_sharing_factor(np.where(np.isfinite(world), world, 1), threads, cores)
+    return np.where(np.isfinite(world), factor, 1.0)
+
+
+def pd_numeric(column, fill: float) -> np.ndarray:
+    """A column as float64 with missing or non-numeric entries replaced by ``fill``."""
+    import pandas as pd
+
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    return np.where(np.isfinite(values), values, fill)
+
+
 def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, table: bool = False) -> CollectiveModel:
     """Fit alpha and beta per tier (intra: nodes == 1, inter: nodes > 1) to ring formulas.
 
@@ -539,7 +575,11 @@ class GemmModel:
 
 
 def fit_gemm(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0) -> GemmModel:
-    """Fit GEMM throughput and a fixed overhead (non-negative, relative least squares)."""
+    """Fit GEMM throughput and a fixed overhead (non-negative, relative least squares).
+
+    When the fit puts all time in the overhead (tiny GEMMs), the rate is bounded by the
+    fastest measurement instead: tflops = max(flops / time).
+    """
     check_frame(df, GEMM_COLUMNS, positive=GEMM_COLUMNS, min_count=min_rows(2), what="GEMM measurements")
     flops = 2.0 * np.prod([np.asarray(df[c], float) for c in ("rows", "inner", "cols")], axis=0)
     y = np.asarray(df["time_ms"], float)
@@ -547,7 +587,9 @@ def fit_gemm(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0) -> GemmModel:
 
     def solve(idx):
         over, per_gflop = nnls_relative(X[idx], y[idx])
-        return GemmModel(tflops=1.0 / per_gflop if per_gflop > 0 else float("inf"), overhead_ms=float(over))
+        if per_gflop <= 0:  # every GEMM overhead-bound: bound the rate by the fastest one observed
+            per_gflop = float(np.min(y[idx] / X[idx, 1]))
+        return GemmModel(tflops=1.0 / per_gflop, overhead_ms=float(over))
 
     model = solve(np.arange(len(y)))
     if n_splits > 0:

@@ -136,6 +136,9 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
         import torch.distributed as dist
 
         t_import = time.time()
+        from plexus_tune.allocator import retain_large_allocations
+
+        retain_large_allocations()
         if threads:
             torch.set_num_threads(int(threads))
         _init_process_group(rank, world_size, backend, "127.0.0.1", port, timeout_s, rank)
@@ -334,6 +337,9 @@ def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any]
     import torch
     import torch.distributed as dist
 
+    from plexus_tune.allocator import retain_large_allocations
+
+    retain_large_allocations()
     if threads_per_rank:
         torch.set_num_threads(int(threads_per_rank))
     _init_process_group(env.rank, env.world_size, backend, env.master_addr, env.master_port,

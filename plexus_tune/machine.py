@@ -66,6 +66,10 @@ FIELDS = {
     "collectives.bandwidth_table": "optional; measured bus bandwidth by stride and group size: list of "
     "{'stride': [min, max|null], 'group': [min, max|null], 'beta_gbps': > 0, 'ops': [...] (optional)}; "
     "first match wins",
+    "host_cores": "optional; CPU cores shared by the ranks of one node when ranks are processes on a CPU "
+    "(gloo); null/absent for GPUs. When ranks_per_node x threads_per_rank exceeds it, the ranks time-share "
+    "the cores and every modelled time stretches by that ratio (see oversubscription())",
+    "threads_per_rank": "optional; CPU threads of each rank (integer >= 1, default 1); used with host_cores",
     "padded_sizes": "optional; true (default): local sizes of communicated and multiplied blocks are ceil(n / g) "
     "as the trainer pads them; false: exact division n / g, as the paper's model computes",
     "provenance": "optional; field name -> where its number came from",
@@ -92,6 +96,8 @@ class Machine:
     path: str | None = None
     padded_sizes: bool = True
     epoch_overhead_ms: float = 0.0
+    host_cores: int | None = None
+    threads_per_rank: int = 1
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -221,12 +227,22 @@ def _build_machine(data, source: str) -> Machine:
         checked[key] = float(_number(coll, key, "collectives.", source, positive=True))
     if coll.get("bandwidth_table") is not None:
         checked["bandwidth_table"] = _check_table(coll["bandwidth_table"], source)
+    host_cores = None
+    if data.get("host_cores") is not None:
+        host_cores = _number(data, "host_cores", "", source, positive=True)
+        if int(host_cores) != host_cores:
+            raise UserError(f"machine profile {source}: 'host_cores' must be an integer, got {host_cores!r}")
+    threads = _number(data, "threads_per_rank", "", source, positive=True) if data.get("threads_per_rank") is not None else 1
+    if int(threads) != threads:
+        raise UserError(f"machine profile {source}: 'threads_per_rank' must be an integer, got {threads!r}")
     padded = data.get("padded_sizes", True)
     if not isinstance(padded, bool):
         raise UserError(f"machine profile {source}: 'padded_sizes' must be true or false, got {padded!r}")
     return Machine(
         padded_sizes=padded,
         epoch_overhead_ms=overhead_ms,
+        host_cores=None if host_cores is None else int(host_cores),
+        threads_per_rank=int(threads),
         name=name.strip(),
         gpus_per_node=int(gpn),
         device_memory_bytes=int(round(float(mem) * GIB)),
@@ -315,6 +331,30 @@ def is_intra_node(machine: Machine, group_size, stride) -> np.ndarray:
     g = np.asarray(group_size, dtype=np.int64)
     p = np.asarray(stride, dtype=np.int64)
     return p * g <= machine.gpus_per_node
+
+
+def time_sharing_factor(ranks, threads_per_rank, cores) -> np.ndarray:
+    """Stretch of wall time when ``ranks`` processes of ``threads_per_rank`` threads share ``cores``.
+
+        factor = max(1, ranks * threads_per_rank / cores)
+
+    Every rank does its part of each phase at the same time, so CPU-bound work that
+    takes t alone takes t * factor when the cores are oversubscribed (vectorized).
+    """
+    r, t, c = np.broadcast_arrays(np.asarray(ranks, dtype=np.float64), np.asarray(threads_per_rank, dtype=np.float64),
+                                  np.asarray(cores, dtype=np.float64))
+    return np.maximum(1.0, r * t / c)
+
+
+def oversubscription(machine: Machine, gpus) -> np.ndarray:
+    """The machine's :func:`time_sharing_factor` for runs of ``gpus`` ranks (1 without ``host_cores``).
+
+    Ranks per node = min(G, gpus_per_node).
+    """
+    g = np.asarray(gpus, dtype=np.int64)
+    if machine.host_cores is None:
+        return np.ones(g.shape, dtype=np.float64)
+    return time_sharing_factor(np.minimum(g, machine.gpus_per_node), machine.threads_per_rank, machine.host_cores)
 
 
 def effective_beta_gbps(machine: Machine, op: str, group_size, stride) -> np.ndarray:

@@ -27,16 +27,27 @@ Kinds:
 ``learned``
     A ridge regression on polynomial features of log shapes, predicting log time::
 
-        z = (log(nnz + 1), log rows, log common, log k)
+        z = (log(nnz + 1), log rows, log common, log k [, log lines(k)])
         phi_m = prod_j z_j ** exponents[m][j]          (every monomial up to ``degree``)
+
+    ``features`` names z: ``log-shape-polynomial`` (the four logs) or
+    ``log-shape-lines-polynomial``, which adds the cache lines a dense row of k
+    elements touches (:func:`cache_lines_per_row`): rows of B and of the output start
+    at offsets i k s mod 64 bytes, so 16 fp32 values fill one line exactly, 17 always
+    take two and 9 take two from half the offsets; that step pattern in k is not
+    smooth in log k.
         log t = intercept + sum_m coef[m] (phi_m - mean[m]) / scale[m]  [+ log base(t)]
 
     With a ``base`` model (a roofline dict) the regression is a multiplicative
-    correction of that model: t = base(t) * exp(...).
+    correction of that model: t = base(t) * exp(...). With ``z_min``/``z_max`` (the
+    range of the fitted shapes) z is clipped to that box first, so a polynomial
+    never extrapolates: outside the measured shapes the correction stays at its
+    boundary value (and a ``base`` still scales with the shape).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -98,6 +109,41 @@ def log_shape_features(nnz, rows, common, dense_cols) -> np.ndarray:
     return np.stack([np.log1p(nnz), np.log(rows), np.log(common), np.log(k)], axis=-1)
 
 
+def cache_lines_per_row(dense_cols, bytes_per_element: int = 4, line_bytes: int = 64) -> np.ndarray:
+    """Mean number of ``line_bytes`` cache lines touched by one row of a row-major dense matrix.
+
+    Row i of a matrix with k columns of s bytes starts at byte offset (i k s) mod L
+    (L = ``line_bytes``, the matrix itself aligned to L). These offsets run over the
+    multiples of g = gcd(k s, L) equally often, and a row starting at offset o touches
+    ceil((o + k s) / L) lines, so::
+
+        lines(k) = (g / L) * sum_{o = 0, g, ..., L - g} ceil((o + k s) / L)
+    """
+    k = np.asarray(dense_cols, dtype=np.int64)
+    out = np.empty(k.shape, dtype=np.float64)
+    for value in np.unique(k):
+        row_bytes = int(value) * int(bytes_per_element)
+        step = math.gcd(row_bytes, int(line_bytes))
+        offsets = np.arange(0, int(line_bytes), step)
+        out[k == value] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
+    return out
+
+
+#: Feature sets of the learned kind: name -> number of variables in z.
+LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5}
+
+
+def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
+    """The vector z of the learned kind's feature set ``name``, shape (..., variables)."""
+    z = log_shape_features(nnz, rows, common, dense_cols)
+    if name == "log-shape-polynomial":
+        return z
+    if name == "log-shape-lines-polynomial":
+        k = np.broadcast_to(np.asarray(dense_cols), z.shape[:-1])
+        return np.concatenate([z, np.log(cache_lines_per_row(np.maximum(k, 1)))[..., None]], axis=-1)
+    raise UserError(f"unknown learned SpMM feature set {name!r}; known: {', '.join(LEARNED_FEATURES)}")
+
+
 def monomial_exponents(variables: int, degree: int) -> list[list[int]]:
     """Exponent vectors of every monomial of total degree 1..degree, in a fixed order."""
     out: list[list[int]] = []
@@ -131,7 +177,12 @@ def _predict_learned(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarra
         raise UserError(f"learned SpMM model lacks {exc.args[0]!r}; refit it with 'plexus-tune fit'") from None
     if not (len(exponents) == len(mean) == len(scale) == len(coef)):
         raise UserError("learned SpMM model is inconsistent: exponents, mean, scale and coef differ in length")
-    phi = polynomial_features(log_shape_features(nnz, rows, common, dense_cols), exponents)
+    z = learned_features(model.get("features", "log-shape-polynomial"), nnz, rows, common, dense_cols)
+    if any(len(e) != z.shape[-1] for e in exponents):
+        raise UserError(f"learned SpMM model is inconsistent: its exponents do not have {z.shape[-1]} variables")
+    if model.get("z_min") is not None and model.get("z_max") is not None:
+        z = np.clip(z, np.asarray(model["z_min"], dtype=np.float64), np.asarray(model["z_max"], dtype=np.float64))
+    phi = polynomial_features(z, exponents)
     log_t = intercept + ((phi - mean) / scale) @ coef
     base = model.get("base")
     if base:

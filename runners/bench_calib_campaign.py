@@ -4,8 +4,9 @@
 
 Steps (each a plexus-tune command, logged with the load average before and after):
 1. ``calibrate collectives`` on 4 and 8 ranks (every group shape, 1 KiB..64 MiB);
-2. ``calibrate spmm --sweep`` (random shard shapes) and ``calibrate spmm --graph`` (real
-   shards and GEMMs of every grid of 4 and 8 for both graphs);
+2. ``calibrate spmm --sweep`` (random shard shapes, 24 interleaved passes, median; the
+   SpMM input of the fits) and ``calibrate spmm --graph`` (real shards and GEMMs of every
+   grid of 4 and 8 for both graphs; the GEMM input);
 3. ``fit`` without runs: the microbenchmark-only profile ``<name>-micro``;
 4. ``measure`` every grid of G = 4 and 8 on two synthetic graphs of different density,
    with the micro profile's predictions logged beside the observations;
@@ -78,7 +79,8 @@ def main() -> int:
     trials = "1" if args.quick else str(args.trials)
     epochs = "3" if args.quick else str(args.epochs)
     hidden = "16" if args.quick else str(args.hidden)
-    coll, spmm, runs = out / "collectives.jsonl", out / "spmm.jsonl", out / "runs.jsonl"
+    coll, sweep, spmm, runs = out / "collectives.jsonl", out / "spmm-sweep.jsonl", out / "spmm-shards.jsonl", out / "runs.jsonl"
+    passes = "3" if args.quick else "24"
     micro = Path(args.models_dir) / f"{args.name}-micro.json"
     final = Path(args.models_dir) / f"{args.name}.json"
     splits = "100" if args.quick else "1000"
@@ -86,15 +88,16 @@ def main() -> int:
     plan = []
     for g in (8, 4):
         plan.append((f"collectives-{g}", ["calibrate", "collectives", "--gpus", str(g), "--sizes", sizes, "--repeats", repeats, "--out", str(coll)]))
-    plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
+    plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", "2",
+                                "--passes", passes, "--statistic", "median", "--out", str(sweep)]))
     for graph in graphs:
         for g in (4, 8):
             plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
-    plan.append(("fit-micro", ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
+    plan.append(("fit-micro", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
     for graph in graphs:
         for g in (4, 8):
             plan.append((f"measure-{graph.split(':')[0]}-{g}", ["measure", "--graph", graph, "--gpus", str(g), "--trials", trials, "--epochs", epochs, "--hidden", hidden, "--machine", str(micro), "--batch", "100", "--log", str(runs)]))
-    plan.append(("fit", ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", args.name, "--out", str(final), "--splits", splits]))
+    plan.append(("fit", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", args.name, "--out", str(final), "--splits", splits]))
     plan.append(("validate", ["validate", "--machine", str(final), "--runs", str(runs), "--json", str(out / "validation.json")]))
     plan.append(("validate-as-is", ["validate", "--machine", str(final), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-as-is.json")]))
     plan.append(("validate-micro", ["validate", "--machine", str(micro), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-micro.json")]))

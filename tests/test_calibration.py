@@ -126,4 +126,32 @@ def test_sweep_passes_time_the_same_matrices_and_keep_the_minimum():
     three = spmm_sweep(shapes, seed=5, repeats=1, passes=3)
     # shape i's matrix is drawn from the generator seeded (seed, i): same nnz in every sweep
     assert [r["nnz"] for r in one] == [r["nnz"] for r in three]
-    assert all(r["passes"] == 3 and "3 pass" in r["statistic"] and r["time_ms"] > 0 for r in three)
+    assert all(r["passes"] == 3 and "3 interleaved pass" in r["statistic"] and r["time_ms"] > 0 for r in three)
+    assert all(r["time_ms"] == r["time_min_ms"] <= r["time_median_ms"] for r in three)
+
+
+def test_sweep_passes_are_interleaved_and_reduced_per_shape(monkeypatch):
+    import plexus_tune.calibration as calibration
+
+    shapes = sweep_shapes(4, seed=3, rows=(64, 128), common=(64, 128), dense_cols=(1, 4), max_nnz=500)
+    visits = []  # (shape index, returned time)
+
+    def fake_spmm_ms(A, B, **kw):
+        index = next(i for i, s in enumerate(shapes) if s["rows"] == A.shape[0] and s["common"] == A.shape[1] and s["dense_cols"] == B.shape[1])
+        value = float(len(visits) + 1)  # strictly increasing: pass p of shape i returns its visit number
+        visits.append((index, value, id(A)))
+        return value
+
+    monkeypatch.setattr(calibration, "spmm_ms", fake_spmm_ms)
+    records = calibration.spmm_sweep(shapes, seed=1, passes=5, statistic="median")
+    assert len(visits) == 20
+    for p in range(5):  # every pass visits every shape exactly once
+        assert sorted(v[0] for v in visits[4 * p:4 * p + 4]) == [0, 1, 2, 3]
+    assert len({tuple(v[0] for v in visits[4 * p:4 * p + 4]) for p in range(5)}) > 1  # orders differ
+    for i, r in enumerate(records):
+        mine = [v[1] for v in visits if v[0] == i]
+        assert r["time_min_ms"] == min(mine) and r["time_median_ms"] == float(np.median(mine))
+        assert r["time_ms"] == r["time_median_ms"]
+        assert len({v[2] for v in visits if v[0] == i}) == 1  # the cached matrix is reused across passes
+    with pytest.raises(UserError, match="unknown sweep statistic"):
+        calibration.spmm_sweep(shapes, statistic="mean")

@@ -282,3 +282,29 @@ def test_negative_epoch_overhead_is_rejected():
     base = json.loads((Path(__file__).resolve().parents[1] / "models" / "perlmutter-paper.json").read_text())
     with pytest.raises(UserError, match="epoch_overhead_ms"):
         Machine.from_dict(dict(base, epoch_overhead_ms=-1.0))
+
+
+def test_ranks_time_sharing_cpu_cores_stretch_every_modelled_part():
+    from plexus_tune.machine import oversubscription, time_sharing_factor
+
+    # hand values: 8 one-thread ranks on 2 cores take 4x; 2 ranks of 2 threads on 8 cores are not stretched
+    assert time_sharing_factor(8, 1, 2) == 4.0 and time_sharing_factor(2, 2, 8) == 1.0 and time_sharing_factor(3, 2, 4) == 1.5
+    gpu, cpu = toy_machine(), toy_machine(host_cores=2)
+    cpu2 = toy_machine(host_cores=2, threads_per_rank=2)
+    grids = np.array([[1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [1, 1, 12]])
+    # ranks per node are capped by gpus_per_node (4): G = 8 and G = 12 span nodes of 4 ranks
+    assert list(oversubscription(cpu, grids.prod(axis=1))) == [1.0, 1.0, 2.0, 2.0, 2.0]
+    assert list(oversubscription(cpu2, grids.prod(axis=1))) == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert list(oversubscription(gpu, grids.prod(axis=1))) == [1.0] * 5
+    plain, shared = predict_grids(W, gpu, grids), predict_grids(W, cpu, grids)
+    factor = np.array([1.0, 1.0, 2.0, 2.0, 2.0])
+    for key in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_z_ms", "all_reduce_ms", "reduce_scatter_ms", "other_ms"):
+        assert np.allclose(shared[key], factor * plain[key]), key
+    assert np.allclose(shared["overhead_ms"], plain["overhead_ms"])
+    assert np.allclose(shared["total_ms"], shared["spmm_ms"] + shared["gemm_ms"] + shared["comm_ms"] + shared["other_ms"])
+    assert np.allclose(shared["oversubscription"], factor)
+    for bad in (0, 1.5, -2):
+        with pytest.raises(UserError, match="host_cores"):
+            toy_machine(host_cores=bad)
+    with pytest.raises(UserError, match="threads_per_rank"):
+        toy_machine(host_cores=2, threads_per_rank=0)

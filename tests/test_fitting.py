@@ -191,3 +191,16 @@ def test_load_table_names_file_lines(tmp_path):
         load_table(tmp_path / "nope.csv")
     with pytest.raises(UserError, match="unknown collective op 'broadcast'"):
         fit_collectives(pd.DataFrame({"op": ["broadcast", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
+
+
+def test_collective_time_sharing_of_each_calibration_run():
+    import pandas as pd
+
+    from plexus_tune.fitting import collective_time_sharing
+
+    df = pd.DataFrame({"world_size": [8, 4, 2, 2, None], "machine_info.cpu_count": [2, 2, 2, 8, 2],
+                       "threads_per_rank": [None, None, 2, None, None]})
+    # 8/2, 4/2, 2 ranks x 2 threads on 2 cores, 2 ranks of max(1, 8 // 2) = 4 threads on 8 cores, unknown world
+    assert list(collective_time_sharing(df, host_cores=2)) == [4.0, 2.0, 2.0, 1.0, 1.0]
+    assert list(collective_time_sharing(df, host_cores=None)) == [1.0] * 5
+    assert list(collective_time_sharing(pd.DataFrame({"world_size": [8]}), host_cores=4)) == [2.0]

@@ -19,15 +19,15 @@ TFLOPS = 0.02
 SCALES = {"spmm_ms": 1.5, "gemm_ms": 2.0, "comm_ms": 0.8, "other_ms": 3.0}
 
 
-def _truth_profile():
-    return {
+def _truth_profile(cores=None):
+    return {"host_cores": cores,
         "name": "truth", "gpus_per_node": 8, "device_memory_gib": 4, "gemm_tflops": TFLOPS, "elementwise_gbps": 10.0,
         "spmm": {"kind": "roofline", "coefficients": ROOF},
         "collectives": {"alpha_intra_us": ALPHA_US, "beta_intra_gbps": BETA, "alpha_inter_us": ALPHA_US, "beta_inter_gbps": BETA},
     }
 
 
-def _logs(tmp_path):
+def _logs(tmp_path, cores=None):
     rng = np.random.default_rng(0)
     n = 60
     rows = rng.integers(100, 5000, n)
@@ -46,9 +46,12 @@ def _logs(tmp_path):
             for size in (1024, 65536, 1 << 22):
                 steps = (2 if op == "all_reduce" else 1) * (g - 1)
                 t = steps * ALPHA_US * 1e-3 + steps / g * size / (BETA * 1e9) * 1e3
-                recs.append({"op": op, "group_size": g, "stride": p, "nodes": 1, "message_bytes": size, "time_ms": t, "world_size": 8, "backend": "gloo"})
+                rec = {"op": op, "group_size": g, "stride": p, "nodes": 1, "message_bytes": size, "time_ms": t, "world_size": 8, "backend": "gloo"}
+                if cores:  # 8 one-thread ranks time-sharing `cores` cores: every call takes 8 / cores as long
+                    rec.update(time_ms=t * 8 / cores, machine_info={"cpu_count": cores})
+                recs.append(rec)
     append_records(coll, recs, schema=COLLECTIVE_SCHEMA)
-    truth = Machine.from_dict(_truth_profile())
+    truth = Machine.from_dict(_truth_profile(cores))
     runs = tmp_path / "runs.jsonl"
     recs = []
     for gi, (nodes, nnz_g, widths) in enumerate(((3000, 40000, (16, 32, 32, 4)), (6000, 30000, (8, 32, 32, 4)))):
@@ -90,6 +93,31 @@ def test_fit_writes_a_loadable_profile_with_provenance_and_scores(tmp_path, caps
     # the profile now predicts the runs (mean over validation groups)
     assert main(["validate", "--machine", str(out), "--runs", str(runs), "--no-refit"]) == 0
     assert "1.000" in capsys.readouterr().out
+
+
+def test_fit_models_ranks_time_sharing_the_cores_of_a_cpu_host(tmp_path, capsys):
+    spmm, coll, runs = _logs(tmp_path, cores=2)
+    out = tmp_path / "fitted.json"
+    assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", "cpu",
+                 "--out", str(out), "--splits", "5", "--device-memory-gib", "4", "--no-table"]) == 0
+    assert "divided by the oversubscription" in capsys.readouterr().out
+    profile = json.loads(out.read_text())
+    assert profile["host_cores"] == 2 and profile["threads_per_rank"] == 1
+    # collective timings of 8 ranks on 2 cores were 4x the one-rank ring times: alpha and beta come back
+    scales = profile["fit"]["epoch"]["scales"]
+    assert profile["fit"]["collectives"]["tiers"]["intra"]["alpha_us"] == pytest.approx(ALPHA_US, rel=1e-3)
+    assert profile["collectives"]["beta_intra_gbps"] == pytest.approx(BETA / scales["comm_ms"], rel=1e-3)
+    for key, value in SCALES.items():  # runs of 4 ranks on 2 cores (x2) are explained without other changes
+        assert scales[key] == pytest.approx(value, rel=1e-3)
+    # --host-cores 0 switches the model off: the collective fit then sees 4x slower rings
+    plain = tmp_path / "plain.json"
+    assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", "cpu", "--out", str(plain),
+                 "--splits", "0", "--device-memory-gib", "4", "--no-table", "--host-cores", "0"]) == 0
+    off = json.loads(plain.read_text())
+    assert "host_cores" not in off
+    assert off["fit"]["collectives"]["tiers"]["intra"]["alpha_us"] == pytest.approx(4 * ALPHA_US, rel=1e-3)
+    assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", "cpu", "--out", str(plain),
+                 "--host-cores", "-1"]) == 2
 
 
 def test_fit_bad_csv_is_one_line_exit_2(tmp_path):

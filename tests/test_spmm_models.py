@@ -36,3 +36,41 @@ def test_monomials_and_bad_models():
         predict_spmm_ms({"kind": "learned", "exponents": [], "mean": [], "scale": [], "intercept": 0}, 1, 1, 1, 1)
     with pytest.raises(UserError, match="unknown SpMM model kind"):
         predict_spmm_ms({"kind": "magic"}, 1, 1, 1, 1)
+
+
+def test_cache_lines_per_row_against_brute_force():
+    from plexus_tune.spmm_models import cache_lines_per_row
+
+    def brute(k, s=4, line=64, n=4096):
+        total = 0
+        for i in range(n):  # row i occupies bytes [i k s, (i + 1) k s) of a line-aligned matrix
+            first, last = (i * k * s) // line, ((i + 1) * k * s - 1) // line
+            total += last - first + 1
+        return total / n
+
+    ks = np.array([1, 2, 3, 4, 5, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 100, 255])
+    np.testing.assert_allclose(cache_lines_per_row(ks), [brute(int(k)) for k in ks], rtol=1e-12)
+    # 64 bytes fill one line; 68 bytes always take two; 36 bytes take two from half the offsets (32..60)
+    assert cache_lines_per_row(16) == 1.0 and cache_lines_per_row(17) == 2.0 and cache_lines_per_row(9) == 1.5
+    np.testing.assert_allclose(cache_lines_per_row(np.array([[8, 16]]), bytes_per_element=8), [[1.0, 2.0]])
+
+
+def test_learned_features_with_lines_and_inconsistent_models():
+    from plexus_tune.spmm_models import cache_lines_per_row
+
+    # log t = log(lines(k)): the fifth variable alone
+    model = {"kind": "learned", "features": "log-shape-lines-polynomial", "exponents": [[0, 0, 0, 0, 1]],
+             "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0}
+    np.testing.assert_allclose(predict_spmm_ms(model, 10, 10, 10, [16, 17, 3]), cache_lines_per_row([16, 17, 3]))
+    with pytest.raises(UserError, match="5 variables"):
+        predict_spmm_ms({**model, "exponents": [[0, 0, 0, 1]]}, 10, 10, 10, 4)
+    with pytest.raises(UserError, match="feature set"):
+        predict_spmm_ms({**model, "features": "magic"}, 10, 10, 10, 4)
+
+
+def test_learned_model_does_not_extrapolate_beyond_its_fitted_box():
+    # log t = (log k)^2: inside the box [log 2, log 8] exact, outside held at the boundary
+    model = {"kind": "learned", "exponents": [[0, 0, 0, 2]], "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0,
+             "z_min": [0.0, 0.0, 0.0, float(np.log(2))], "z_max": [99.0, 99.0, 99.0, float(np.log(8))]}
+    t = predict_spmm_ms(model, 10, 10, 10, [1, 4, 64])
+    np.testing.assert_allclose(t, np.exp(np.log([2.0, 4.0, 8.0]) ** 2))

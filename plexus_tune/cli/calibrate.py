@@ -53,8 +53,9 @@ def register(subparsers) -> None:
     spmm.add_argument("--hidden", type=int, default=128, help="with --graph: hidden width (default 128)")
     spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
     spmm.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as one rank of a local run)")
-    spmm.add_argument("--repeats", type=int, default=5, help="timed calls per shape (median; default 5)")
-    spmm.add_argument("--passes", type=int, default=1, help="with --sweep: sweeps over all shapes; each shape keeps its minimum (default 1; 3 or more on a host whose speed drifts)")
+    spmm.add_argument("--repeats", type=int, default=5, help="timed samples (of >= 2 ms) per shape and pass; the minimum is kept (default 5)")
+    spmm.add_argument("--passes", type=int, default=1, help="with --sweep: interleaved passes over all shapes, each in a fresh random order (default 1; 10 or more on a host whose speed drifts)")
+    spmm.add_argument("--statistic", choices=("min", "median"), default="min", help="with --sweep: a shape's time_ms over its passes (both are recorded; default min)")
     spmm.add_argument("--seed", type=int, default=0, help="random seed (shapes, matrices, permutation)")
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
@@ -166,7 +167,8 @@ def run_spmm(args) -> int:
         with Progress(*columns, console=console, transient=True) as progress:
             passes = _positive(args.passes, "--passes")
             task = progress.add_task("SpMM sweep", total=len(shapes) * passes)
-            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, passes=passes, progress=lambda: progress.advance(task))
+            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, passes=passes,
+                                 statistic=args.statistic, progress=lambda: progress.advance(task))
     else:
         if args.gpus is None:
             raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")

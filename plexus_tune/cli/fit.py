@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--splits", type=int, default=1000, help="random 70/30 splits for the scores (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
+    parser.add_argument("--host-cores", type=int, default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
+                        "gloo collective logs; none for NCCL); 0: do not model time-sharing. Collective timings are divided by the "
+                        "oversubscription they ran under and predictions multiply it back")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest world size of the collective logs")
     parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
     parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
@@ -103,6 +106,23 @@ def run(args) -> int:
         table.add_row(row["kind"] + mark, _fmt(row["train_r2"]), _fmt(row["test_r2"]), _fmt(row["train_rmse_ms"]), _fmt(row["test_rmse_ms"]), _fmt(row["train_mape"], True), _fmt(row["test_mape"], True))
     console.print(table)
 
+    # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
+    if args.host_cores is not None and args.host_cores < 0:
+        raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
+    if args.host_cores is not None:
+        host_cores = args.host_cores or None
+        cores_from = "--host-cores"
+    elif "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
+        host_cores = int(np.nanmax(fitting.pd_numeric(coll_df["machine_info.cpu_count"], np.nan)))
+        cores_from = "CPU count recorded in the gloo collective logs"
+    else:
+        host_cores, cores_from = None, None
+    stretch = fitting.collective_time_sharing(coll_df, host_cores)
+    if np.any(stretch > 1):
+        coll_df = coll_df.copy()
+        coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
+        console.print(f"collective timings divided by the oversubscription they ran under ({host_cores} cores): x{stretch.min():.3g} to x{stretch.max():.3g}")
+
     # collectives
     coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=not args.no_table and "stride" in coll_df)
     plain = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=False) if coll.table else coll
@@ -150,6 +170,9 @@ def run(args) -> int:
         "spmm": spmm.to_dict(),
         "collectives": coll.to_dict(),
     }
+    if host_cores:
+        profile["host_cores"] = int(host_cores)
+        profile["threads_per_rank"] = 1
     provenance = {
         "gpus_per_node": "--gpus-per-node" if args.gpus_per_node else f"largest world size in the collective logs ({world})",
         "device_memory_gib": "--device-memory-gib" if args.device_memory_gib else "host memory / gpus_per_node",
@@ -157,8 +180,12 @@ def run(args) -> int:
         "elementwise_gbps": f"starting value {args.elementwise_gbps} GB/s",
         "spmm": f"fit_spmm kind {spmm.kind} (chosen {'by lowest held-out MAPE' if args.kind == 'auto' else 'by --kind'}) on {len(spmm_df)} SpMM timings",
         "collectives": f"fit_collectives (ring alpha-beta per tier, relative least squares) on {coll.n_samples} timings"
-        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else ""),
+        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
+        + ("; times divided by the oversubscription of each calibration run" if np.any(stretch > 1) else ""),
     }
+    if host_cores:
+        provenance["host_cores"] = cores_from
+        provenance["threads_per_rank"] = "1, as the trainer runs each rank when ranks outnumber cores"
     fit_info = {
         "date": stamp,
         "environment": env,
@@ -166,6 +193,7 @@ def run(args) -> int:
             "spmm": [_file_info(p) for p in args.spmm],
             "collectives": [_file_info(p) for p in args.collectives],
             "runs": [_file_info(p) for p in (args.runs or [])],
+            "gemm": [_file_info(p) for p in (args.gemm or [])],
         },
         "splits": args.splits,
         "seed": args.seed,

@@ -25,6 +25,9 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     from plexus_tune.trainer.config import model_widths
     from plexus_tune.trainer.engine import glorot_weights
 
+    from plexus_tune.allocator import retain_large_allocations
+
+    retain_large_allocations()  # as the distributed ranks do, so timings compare
     if threads:
         torch.set_num_threads(int(threads))
     tdtype = torch.float64 if dtype == "float64" else torch.float32
