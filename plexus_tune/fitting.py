@@ -39,11 +39,14 @@ GEMM_COLUMNS = ("rows", "inner", "cols", "time_ms")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 SPMM_KINDS = ("paper", "roofline", "learned", "learned-roofline")
 #: parameters each kind estimates (the minimum number of rows is derived from it)
+#: The feature set of the learned kinds (see plexus_tune.spmm_models.LEARNED_FEATURES).
+LEARNED_FEATURE_SET = "log-shape-lines-polynomial"
+_LEARNED_VARIABLES = spmm_models.LEARNED_FEATURES[LEARNED_FEATURE_SET]
 SPMM_PARAMETERS = {
     "paper": 3,
     "roofline": len(spmm_models.ROOFLINE_TERMS),
-    "learned": len(spmm_models.monomial_exponents(5, 2)) + 1,
-    "learned-roofline": len(spmm_models.monomial_exponents(5, 2)) + 1 + len(spmm_models.ROOFLINE_TERMS),
+    "learned": len(spmm_models.monomial_exponents(_LEARNED_VARIABLES, 2)) + 1,
+    "learned-roofline": len(spmm_models.monomial_exponents(_LEARNED_VARIABLES, 2)) + 1 + len(spmm_models.ROOFLINE_TERMS),
 }
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
@@ -285,7 +288,7 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
         }
     if kind in ("learned", "learned-roofline"):
         base = _fit_spmm_kind("roofline", shapes, y) if kind == "learned-roofline" else None
-        features = "log-shape-lines-polynomial"
+        features = LEARNED_FEATURE_SET
         z = spmm_models.learned_features(features, *shapes)
         target = np.log(y)
         if base is not None:
