@@ -5,6 +5,11 @@ appends one record per trial (``plexus-tune/run-v1``) to a log, successes and fa
 alike. Each record carries the cost model's prediction for its grid (``predicted``:
 the breakdown and ``total_ms``) when a machine profile is given, and ``trial``.
 
+Trials are interleaved: every grid's trial 0 runs (in a random order) before any
+grid's trial 1, each trial in a fresh order, so that a slow spell of the host lands on
+one trial of several grids rather than on every trial of one grid (compare the median
+over trials; :func:`plexus_tune.validation.runs_frame`).
+
 Campaigns are resumable: a (graph, grid, model, options, trial) already in the log is
 skipped (failed runs too, unless ``retry_failed``; everything with ``redo``).
 """
@@ -142,7 +147,7 @@ def run_campaign(
     on_skip: Callable[[tuple, int], None] | None = None,
     batch: int = 1,
 ) -> list[dict]:
-    """Train every (grid, trial) not yet logged; returns the new records (also appended to log).
+    """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     """
@@ -163,8 +168,9 @@ def run_campaign(
             done[run_key(r)] = r.get("status", "ok")
     options = dict(train_options or {})
     pending = []
-    for grid in grids:
-        for trial in range(trials):
+    for trial in range(trials):
+        for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
+            grid = grids[int(g)]
             config = TrainConfig(
                 grid=tuple(grid),
                 graph=path,

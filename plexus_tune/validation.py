@@ -12,8 +12,9 @@ held-out group is predicted. Per group:
 
 The refit is exact under rescaling (non-negative scales of each component), so a
 profile whose own scales came from all runs gets the same held-out figures as one
-that never saw the runs. Observed times are means over trials; failed runs are left
-out. ``refit=False`` scores the profile as it is.
+that never saw the runs. Observed times are medians over trials (a trial that met a
+slow spell of the host does not move them); failed runs are left out. ``refit=False``
+scores the profile as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ COMPONENTS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms")
 
 
 def runs_frame(records) -> "pandas.DataFrame":  # noqa: F821
-    """One row per (graph, G, grid, model): mean observed epoch and components over ok trials."""
+    """One row per (graph, G, grid, model): median observed epoch and components over ok trials."""
     import pandas as pd
 
     rows = []
@@ -58,7 +59,7 @@ def runs_frame(records) -> "pandas.DataFrame":  # noqa: F821
     keys = ["graph", "graph_name", "nodes", "nnz", "widths", "gpus", "gx", "gy", "gz"]
     df["block_rows"] = df["block_rows"].fillna(0).astype(int)
     keys.append("block_rows")
-    agg = {c: "mean" for c in df.columns if c not in keys}
+    agg = {c: "median" for c in df.columns if c not in keys}
     out = df.groupby(keys, sort=False).agg(agg).reset_index()
     out["trials"] = df.groupby(keys, sort=False).size().to_numpy()
     return out

@@ -133,3 +133,13 @@ def test_fit_bad_csv_is_one_line_exit_2(tmp_path):
     nan.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 + i},5,8,4,{0.1 * (i + 1)}" for i in range(20)) + "\n10,5,8,4,nan\n")
     assert main(["fit", "--spmm", str(nan), "--collectives", str(coll), "--machine-name", "x", "--out", str(tmp_path / "x.json"), "--splits", "5"]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_bandwidth_table_is_kept_only_if_no_held_out_score_is_worse():
+    from plexus_tune.cli.fit import _no_worse
+
+    formula = {"test_r2": 0.64, "test_mape": 40.8}
+    assert not _no_worse({"test_r2": 0.10, "test_mape": 31.7}, formula)  # lower MAPE, far worse R^2
+    assert not _no_worse({"test_r2": 0.90, "test_mape": 45.0}, formula)
+    assert _no_worse({"test_r2": 0.90, "test_mape": 30.0}, formula)
+    assert not _no_worse({}, formula)

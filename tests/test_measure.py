@@ -85,3 +85,15 @@ def test_measure_cli_runs_the_real_trainer_in_one_process_set(tmp_path, capsys):
     assert len(read_records(log)[0]) == 2
     assert main(["measure", "--graph", SPEC, "--gpus", "2", "--warmup", "5", "--epochs", "3", "--log", str(log)]) == 2
     assert "--warmup" in capsys.readouterr().err
+
+
+def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))
+    grids = [(4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (2, 1, 2), (1, 2, 2)]
+    new = run_campaign(SPEC, 4, grids, log=tmp_path / "runs.jsonl", trials=3, epochs=3, warmup=1, hidden=8)
+    trials = [r["trial"] for r in new]
+    assert trials == sorted(trials)  # every grid's trial t before any grid's trial t + 1
+    orders = [[c[0] for c in calls[t * 6 : (t + 1) * 6]] for t in range(3)]
+    assert all(sorted(o) == sorted(grids) for o in orders)
+    assert len({tuple(o) for o in orders}) > 1  # not one fixed order for every trial

@@ -60,10 +60,18 @@ def test_spearman_and_regret_by_hand():
     assert regret([1.0, 2.0], [5.0, 6.0]) == 1.0
 
 
-def test_runs_frame_averages_trials_and_drops_failures():
-    df = runs_frame(_runs())
+def test_runs_frame_takes_the_median_trial_and_drops_failures():
+    records = _runs()
+    df = runs_frame(records)
     assert (df["trials"] == 2).all()
     assert len(df) == 2 * (6 + 10)  # grids of 4 and of 8, two graphs
+    # a third trial that met a stall 10x slower: the median of (0.99, 1.01, 10) x t is 1.01 x t
+    first = records[0]
+    stalled = {**first, "epoch_ms": first["epoch_ms"] / 0.99 * 10.0}
+    df3 = runs_frame(records + [stalled])
+    row = df3[(df3["graph"] == first["graph_source"]) & (df3["gx"] == first["gx"]) & (df3["gy"] == first["gy"]) & (df3["gz"] == first["gz"])].iloc[0]
+    assert row["trials"] == 3
+    assert row["epoch_ms"] == pytest.approx(first["epoch_ms"] / 0.99 * 1.01)
     with pytest.raises(UserError, match="no successful"):
         runs_frame([{"status": "failed"}])
 

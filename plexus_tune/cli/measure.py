@@ -104,7 +104,7 @@ def run(args) -> int:
 
 
 def _summary(console, log, graph, gpus, machine) -> None:
-    """Table of this graph's runs on G: mean observed (and predicted) epoch per grid."""
+    """Table of this graph's runs on G: median observed (and predicted) epoch per grid."""
     import numpy as np
     from rich.table import Table
 
@@ -118,20 +118,20 @@ def _summary(console, log, graph, gpus, machine) -> None:
     for r in mine:
         by_grid.setdefault(r["grid"], []).append(r)
     table = Table(title=f"{source} on {gpus} ranks")
-    for col in ("grid", "runs", "failed", "observed ms", "std", "predicted ms"):
+    for col in ("grid", "runs", "failed", "observed median ms", "min..max", "predicted ms"):
         table.add_column(col, justify="left" if col == "grid" else "right")
     order = []
     for grid, rs in by_grid.items():
         ok = [r["epoch_ms"] for r in rs if r.get("status") == "ok"]
         pred = [r["predicted"]["total_ms"] for r in rs if isinstance(r.get("predicted"), dict)]
-        order.append((np.mean(ok) if ok else np.inf, grid, len(rs), len(rs) - len(ok), ok, pred))
-    for mean, grid, n, bad, ok, pred in sorted(order):
+        order.append((np.median(ok) if ok else np.inf, grid, len(rs), len(rs) - len(ok), ok, pred))
+    for median, grid, n, bad, ok, pred in sorted(order):
         table.add_row(
             grid,
             str(n),
             str(bad),
-            f"{mean:.2f}" if ok else "-",
-            f"{np.std(ok):.2f}" if ok else "-",
+            f"{median:.2f}" if ok else "-",
+            f"{min(ok):.1f}..{max(ok):.1f}" if ok else "-",
             f"{np.mean(pred):.2f}" if pred else "-",
         )
     console.print(table)
