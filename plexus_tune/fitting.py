@@ -9,7 +9,10 @@ and test R^2, RMSE in ms and MAPE in %) and ``to_dict()`` (the machine-profile e
   ``roofline`` (non-negative costs per term, least squares on relative error),
   ``learned`` (ridge regression on polynomial features of the log shape and the cache
   lines per dense row (:func:`plexus_tune.spmm_models.cache_lines_per_row`) predicting log time;
-  ``learned-roofline`` is the same as a multiplicative correction of the roofline),
+  ``learned-roofline`` is the same as a multiplicative correction of the roofline;
+  ``learned-boosted`` adds gradient-boosted regression trees on those features and the
+  logs of nonzeros per row, output and dense-input elements, correcting the log
+  residual of ``learned-roofline``, for kernels whose cost steps),
   ``auto`` (the kind with the lowest mean held-out MAPE).
 - :func:`fit_collectives`: alpha (per step latency) and beta (bus bandwidth) per tier,
   intra-node (nodes == 1) and inter-node (nodes > 1), from the ring formulas
@@ -37,17 +40,24 @@ SPMM_COLUMNS = ("nnz", "rows", "common", "dense_cols", "time_ms")
 COLLECTIVE_COLUMNS = ("op", "group_size", "nodes", "message_bytes", "time_ms")
 GEMM_COLUMNS = ("rows", "inner", "cols", "time_ms")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-SPMM_KINDS = ("paper", "roofline", "learned", "learned-roofline")
+SPMM_KINDS = ("paper", "roofline", "learned", "learned-roofline", "learned-boosted")
 #: parameters each kind estimates (the minimum number of rows is derived from it)
 #: The feature set of the learned kinds (see plexus_tune.spmm_models.LEARNED_FEATURES).
 LEARNED_FEATURE_SET = "log-shape-lines-polynomial"
 _LEARNED_VARIABLES = spmm_models.LEARNED_FEATURES[LEARNED_FEATURE_SET]
+#: The feature set of the trees of learned-boosted.
+BOOSTED_FEATURE_SET = "log-shape-footprints"
 SPMM_PARAMETERS = {
     "paper": 3,
     "roofline": len(spmm_models.ROOFLINE_TERMS),
     "learned": len(spmm_models.monomial_exponents(_LEARNED_VARIABLES, 2)) + 1,
     "learned-roofline": len(spmm_models.monomial_exponents(_LEARNED_VARIABLES, 2)) + 1 + len(spmm_models.ROOFLINE_TERMS),
+    # trees need many more rows than parameters of the polynomial: 100 (150 rows) at least
+    "learned-boosted": 100,
 }
+#: Gradient boosting of the learned-boosted kind (scikit-learn GradientBoostingRegressor):
+#: 150 trees of depth 5, shrinkage 0.1, 80 % row subsampling, at least 5 rows per leaf.
+BOOSTING = {"n_estimators": 150, "max_depth": 5, "learning_rate": 0.1, "subsample": 0.8, "min_samples_leaf": 5, "random_state": 0}
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
 RIDGE_ALPHAS = np.logspace(-6, 3, 19)
@@ -286,6 +296,8 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
             "bytes_per_element": 4,
             "coefficients": {name: float(v) for name, v in zip(spmm_models.ROOFLINE_TERMS, w)},
         }
+    if kind == "learned-boosted":
+        return _fit_boosted(shapes, y, _fit_spmm_kind("learned-roofline", shapes, y, degree=degree))
     if kind in ("learned", "learned-roofline"):
         base = _fit_spmm_kind("roofline", shapes, y) if kind == "learned-roofline" else None
         features = LEARNED_FEATURE_SET
@@ -321,6 +333,61 @@ def _fit_spmm_kind(kind: str, shapes: tuple[np.ndarray, ...], y: np.ndarray, deg
     raise UserError(f"unknown SpMM model kind {kind!r}; choose one of {', '.join(SPMM_KINDS + ('auto',))}")
 
 
+def _fit_boosted(shapes: tuple[np.ndarray, ...], y: np.ndarray, base: dict) -> dict:
+    """Boosted trees on the learned features fitted to log(y / base(y)); the ``boosted`` dict."""
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    z = spmm_models.learned_features(BOOSTED_FEATURE_SET, *shapes)
+    residual = np.log(y) - np.log(np.maximum(spmm_models.predict_spmm_ms(base, *shapes), 1e-12))
+    model = GradientBoostingRegressor(loss="squared_error", **BOOSTING).fit(z, residual)
+    depth = int(BOOSTING["max_depth"])
+    trees = [complete_tree(est.tree_, depth) for est in model.estimators_[:, 0]]
+    return {
+        "kind": "boosted",
+        "features": BOOSTED_FEATURE_SET,
+        "depth": depth,
+        "learning_rate": float(BOOSTING["learning_rate"]),
+        "init": float(model.init_.constant_.ravel()[0]),
+        "feature": [t[0] for t in trees],
+        "threshold": [t[1] for t in trees],
+        "leaf": [t[2] for t in trees],
+        "base": base,
+    }
+
+
+def complete_tree(tree, depth: int) -> tuple[list, list, list]:
+    """(feature, threshold, leaf) of a scikit-learn regression tree laid out complete in heap order.
+
+    Internal heap node i has children 2i + 1 (z <= threshold) and 2i + 2; a leaf reached
+    above ``depth`` becomes padding nodes (feature 0, threshold TREE_PAD: always left)
+    over copies of its value. Thresholds keep 9 significant digits (exact for the
+    float32 values scikit-learn compares), leaves 7.
+    """
+    internal = 2**depth - 1
+    feature = [0] * internal
+    threshold = [spmm_models.TREE_PAD] * internal
+    leaf = [0.0] * (internal + 1)
+
+    def place(node: int, i: int, level: int) -> None:
+        is_leaf = tree.children_left[node] == -1
+        if level == depth:
+            if not is_leaf:
+                raise ValueError(f"tree deeper than {depth}")
+            leaf[i - internal] = float(f"{tree.value[node].ravel()[0]:.7g}")
+            return
+        if is_leaf:
+            place(node, 2 * i + 1, level + 1)
+            place(node, 2 * i + 2, level + 1)
+            return
+        feature[i] = int(tree.feature[node])
+        threshold[i] = float(f"{tree.threshold[node]:.9g}")
+        place(int(tree.children_left[node]), 2 * i + 1, level + 1)
+        place(int(tree.children_right[node]), 2 * i + 2, level + 1)
+
+    place(0, 0, 0)
+    return feature, threshold, leaf
+
+
 @dataclass
 class SpmmModel:
     """A fitted per-SpMM time model: ``predict(df)`` in ms, ``scores``, ``to_dict()``."""
@@ -343,7 +410,7 @@ class SpmmModel:
 def fit_spmm(df, kind: str = "auto", *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, kinds=SPMM_KINDS) -> SpmmModel:
     """Fit a per-SpMM model on df (columns nnz, rows, common, dense_cols, time_ms).
 
-    ``kind`` is one of paper, roofline, learned, learned-roofline or auto (every kind in
+    ``kind`` is one of paper, roofline, learned, learned-roofline, learned-boosted or auto (every kind in
     ``kinds`` is scored on the same ``n_splits`` random 70/30 splits and the lowest mean
     test MAPE wins). The returned model is refitted on all rows; ``scores`` holds the
     chosen kind's split scores and ``all_scores`` every scored kind's.

@@ -43,6 +43,21 @@ Kinds:
     range of the fitted shapes) z is clipped to that box first, so a polynomial
     never extrapolates: outside the measured shapes the correction stays at its
     boundary value (and a ``base`` still scales with the shape).
+``boosted``
+    Gradient-boosted regression trees on a feature set z (``features``, by default
+    ``log-shape-footprints``: the learned z plus log nonzeros per row, log rows k and
+    log common k), correcting a ``base`` model (a
+    ``learned`` dict) in log time::
+
+        log t = log base(t) + init + learning_rate * sum_trees leaf_tree(z)
+
+    A kernel whose cost steps where a smooth polynomial cannot follow (a change of
+    regime past some row count, say) is fitted piecewise by the trees. Every tree is
+    stored complete, in heap order, to ``depth``: internal node i has children
+    2i + 1 (taken when z[feature[i]] <= threshold[i]) and 2i + 2; a branch that ended
+    early is padded with nodes whose threshold is :data:`TREE_PAD` (always left).
+    ``feature`` and ``threshold`` are lists of 2^depth - 1 entries per tree, ``leaf``
+    of 2^depth. Outside the measured shapes the trees stay constant.
 """
 
 from __future__ import annotations
@@ -129,8 +144,11 @@ def cache_lines_per_row(dense_cols, bytes_per_element: int = 4, line_bytes: int 
     return out
 
 
-#: Feature sets of the learned kind: name -> number of variables in z.
-LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5}
+#: Feature sets of the learned kinds: name -> number of variables in z.
+#: ``log-shape-footprints`` (for trees, which split on one variable at a time) adds to
+#: ``log-shape-lines-polynomial`` the logs of nonzeros per row, output elements (rows k)
+#: and dense-input elements (common k): the sizes that decide what fits in a cache.
+LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5, "log-shape-footprints": 8}
 
 
 def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
@@ -141,6 +159,10 @@ def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
     if name == "log-shape-lines-polynomial":
         k = np.broadcast_to(np.asarray(dense_cols), z.shape[:-1])
         return np.concatenate([z, np.log(cache_lines_per_row(np.maximum(k, 1)))[..., None]], axis=-1)
+    if name == "log-shape-footprints":
+        z = learned_features("log-shape-lines-polynomial", nnz, rows, common, dense_cols)
+        footprints = [z[..., 0] - z[..., 1], z[..., 1] + z[..., 3], z[..., 2] + z[..., 3]]
+        return np.concatenate([z, np.stack(footprints, axis=-1)], axis=-1)
     raise UserError(f"unknown learned SpMM feature set {name!r}; known: {', '.join(LEARNED_FEATURES)}")
 
 
@@ -190,12 +212,52 @@ def _predict_learned(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarra
     return np.exp(log_t)
 
 
+#: Threshold of a padding node of a complete tree (above any log shape): always go left.
+TREE_PAD = 1e30
+
+
+def boosted_correction(model: Mapping, z: np.ndarray) -> np.ndarray:
+    """init + learning_rate * sum over trees of the leaf z falls in; z has shape (n, variables)."""
+    try:
+        depth = int(model["depth"])
+        feature = np.asarray(model["feature"], dtype=np.int64)
+        threshold = np.asarray(model["threshold"], dtype=np.float64)
+        leaf = np.asarray(model["leaf"], dtype=np.float64)
+        init, rate = float(model["init"]), float(model["learning_rate"])
+    except KeyError as exc:
+        raise UserError(f"boosted SpMM model lacks {exc.args[0]!r}; refit it with 'plexus-tune fit'") from None
+    internal = 2**depth - 1
+    trees = len(feature)
+    if feature.shape != (trees, internal) or threshold.shape != (trees, internal) or leaf.shape != (trees, internal + 1):
+        raise UserError(f"boosted SpMM model is inconsistent: each tree needs {internal} feature/threshold and {internal + 1} leaf entries")
+    if trees and (feature.min() < 0 or feature.max() >= z.shape[1]):
+        raise UserError(f"boosted SpMM model is inconsistent: a tree uses a feature outside 0..{z.shape[1] - 1}")
+    rows = np.arange(len(z))[:, None]
+    tree = np.arange(trees)[None, :]
+    node = np.zeros((len(z), trees), dtype=np.int64)
+    for _ in range(depth):
+        right = z[rows, feature[tree, node]] > threshold[tree, node]
+        node = 2 * node + 1 + right
+    return init + rate * leaf[tree, node - internal].sum(axis=1)
+
+
+def _predict_boosted(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+    base = model.get("base")
+    if not base:
+        raise UserError("boosted SpMM model lacks its 'base' model; refit it with 'plexus-tune fit'")
+    z = learned_features(model.get("features", "log-shape-footprints"), nnz, rows, common, dense_cols)
+    shape = z.shape[:-1]
+    correction = boosted_correction(model, z.reshape(-1, z.shape[-1])).reshape(shape)
+    return predict_spmm_ms(base, nnz, rows, common, dense_cols) * np.exp(correction)
+
+
 #: kind -> evaluator(model, nnz, rows, common, dense_cols) -> ms
 EVALUATORS = {
     "paper": _predict_paper,
     "paper-spmm": _predict_paper,
     "roofline": _predict_roofline,
     "learned": _predict_learned,
+    "boosted": _predict_boosted,
 }
 
 

@@ -204,3 +204,42 @@ def test_collective_time_sharing_of_each_calibration_run():
     assert list(collective_time_sharing(df, host_cores=2)) == [4.0, 2.0, 2.0, 1.0, 1.0]
     assert list(collective_time_sharing(df, host_cores=None)) == [1.0] * 5
     assert list(collective_time_sharing(pd.DataFrame({"world_size": [8]}), host_cores=4)) == [2.0]
+
+
+def test_boosted_trees_evaluate_as_scikit_learn_predicts():
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    from plexus_tune.fitting import BOOSTING, complete_tree
+
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(300, 4))
+    target = np.where(z[:, 0] > 0.3, 1.0, -0.5) + 0.3 * z[:, 1] * z[:, 2] + rng.normal(0, 0.05, 300)
+    gbr = GradientBoostingRegressor(**{**BOOSTING, "min_samples_leaf": 40}).fit(z, target)  # big leaves: some trees end early
+    depth = BOOSTING["max_depth"]
+    trees = [complete_tree(est.tree_, depth) for est in gbr.estimators_[:, 0]]
+    assert any(spmm_models.TREE_PAD in t[1] for t in trees)  # padding was needed and is exercised
+    model = {"depth": depth, "learning_rate": BOOSTING["learning_rate"], "init": float(gbr.init_.constant_.ravel()[0]),
+             "feature": [t[0] for t in trees], "threshold": [t[1] for t in trees], "leaf": [t[2] for t in trees]}
+    fresh = rng.normal(size=(500, 4))
+    np.testing.assert_allclose(spmm_models.boosted_correction(model, fresh), gbr.predict(fresh), atol=1e-5)
+    with pytest.raises(UserError, match="inconsistent"):
+        spmm_models.boosted_correction({**model, "leaf": [t[2][:-1] for t in trees]}, fresh)
+
+
+def test_learned_boosted_follows_a_step_the_polynomial_cannot():
+    df = _shapes(600, seed=6)
+    # a kernel that turns 2.5x slower per row past 8000 rows (a change of regime)
+    df["time_ms"] = 2e-6 * df.nnz * df.dense_cols**0.8 * np.where(df.rows > 8000, 2.5, 1.0)
+    smooth = fit_spmm(df, "learned-roofline", n_splits=5)
+    boosted = fit_spmm(df, "learned-boosted", n_splits=5)
+    assert boosted.scores["test_mape"] < 0.5 * smooth.scores["test_mape"]
+    assert boosted.scores["test_mape"] < 5.0
+    entry = json.loads(json.dumps(boosted.to_dict()))
+    assert entry["kind"] == "boosted" and entry["base"]["kind"] == "learned"
+    again = spmm_models.predict_spmm_ms(entry, df.nnz, df.rows, df.common, df.dense_cols)
+    np.testing.assert_allclose(again, boosted.predict(df), rtol=1e-9)
+    # beyond the measured rows the trees stay constant: the base model alone scales
+    # (two shapes past every measured size, with the same nonzeros per row)
+    far = spmm_models.predict_spmm_ms(entry, 4e7, 4e6, 1e6, 1024) / spmm_models.predict_spmm_ms(entry["base"], 4e7, 4e6, 1e6, 1024)
+    near = spmm_models.predict_spmm_ms(entry, 4e6, 4e5, 1e5, 512) / spmm_models.predict_spmm_ms(entry["base"], 4e6, 4e5, 1e5, 512)
+    assert far == pytest.approx(near, rel=1e-9)

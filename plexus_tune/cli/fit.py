@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
     parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
-    parser.add_argument("--kind", default="auto", choices=("auto", "paper", "roofline", "learned", "learned-roofline"), help="SpMM model kind (default auto)")
+    parser.add_argument("--kind", default="auto", choices=("auto", "paper", "roofline", "learned", "learned-roofline", "learned-boosted"), help="SpMM model kind (default auto)")
     parser.add_argument("--splits", type=int, default=1000, help="random 70/30 splits for the scores (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
