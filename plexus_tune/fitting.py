@@ -684,6 +684,7 @@ class EpochModel:
     scales: dict
     overhead_ms: float
     scores: dict = field(default_factory=dict)
+    method: str = "total"
 
     def predict(self, df) -> np.ndarray:
         out = np.full(len(df), self.overhead_ms, dtype=np.float64)
@@ -692,15 +693,33 @@ class EpochModel:
         return out
 
     def to_dict(self) -> dict:
-        return {"scales": dict(self.scales), "overhead_ms": self.overhead_ms}
+        return {"scales": dict(self.scales), "overhead_ms": self.overhead_ms, "method": self.method}
 
 
-def fit_epoch(df, *, observed: str = "epoch_ms", components=EPOCH_COMPONENTS, n_splits: int = DEFAULT_SPLITS, seed: int = 0) -> EpochModel:
+def fit_epoch(
+    df,
+    *,
+    observed: str = "epoch_ms",
+    components=EPOCH_COMPONENTS,
+    breakdown_prefix: str = "observed_",
+    n_splits: int = DEFAULT_SPLITS,
+    seed: int = 0,
+) -> EpochModel:
     """Fit non-negative scale factors of predicted components and an epoch overhead.
 
     df holds one row per run: the model's predicted components (``components``, ms)
     and the observed epoch time (``observed``). Components that are zero everywhere
-    keep scale 1.
+    keep scale 1. Two methods:
+
+    - ``breakdown``, when df also holds the observed components (``observed_spmm_ms``...,
+      the trainer's breakdown): each component's own scale b_c from observed_c = b_c
+      predicted_c (relative least squares), then an overlap factor a and the overhead
+      from the epoch time: epoch = a sum_c b_c predicted_c + overhead. Scales are
+      a b_c. Every coefficient is pinned by its own data, so the scales say how far
+      each part of the model is off.
+    - ``total`` otherwise: epoch = sum_c s_c predicted_c + overhead by non-negative
+      relative least squares on epoch times alone (parts that vary together across
+      configurations can trade their scales).
     """
     comps = [c for c in components if c in df.columns]
     if not comps:
@@ -709,14 +728,31 @@ def fit_epoch(df, *, observed: str = "epoch_ms", components=EPOCH_COMPONENTS, n_
     y = np.asarray(df[observed], dtype=np.float64)
     P = np.stack([np.asarray(df[c], dtype=np.float64) for c in comps], axis=1)
     active = np.any(P != 0, axis=0)
+    breakdown_cols = [f"{breakdown_prefix}{c}" for c in comps]
+    method = "breakdown" if all(c in df.columns for c in breakdown_cols) else "total"
+    if method == "breakdown":
+        O = np.stack([pd_numeric(df[c], np.nan) for c in breakdown_cols], axis=1)
+        predicted = P[:, active] > 0
+        if not np.all(np.isfinite(O[:, active])) or np.any(O[:, active] < 0) or np.any(predicted & (O[:, active] <= 0)):
+            method = "total"  # a breakdown is missing where the model predicts the part
 
     def solve(idx):
+        scales = {c: 1.0 for c in comps}
+        if method == "breakdown":
+            b = np.ones(len(comps))
+            for j in np.flatnonzero(active):
+                seen = idx[(O[idx, j] > 0) & (P[idx, j] > 0)]  # runs where the part happened and is predicted
+                b[j] = nnls_relative(P[seen, j : j + 1], O[seen, j])[0] if len(seen) else 1.0
+            a, overhead = nnls_relative(np.stack([P[idx] @ b, np.ones(len(idx))], axis=1), y[idx])
+            for j, c in enumerate(comps):
+                if active[j]:
+                    scales[c] = float(a * b[j])
+            return EpochModel(scales=scales, overhead_ms=float(overhead), method=method)
         X = np.concatenate([P[idx][:, active], np.ones((len(idx), 1))], axis=1)
         w = nnls_relative(X, y[idx])
-        scales = {c: 1.0 for c in comps}
         for c, v in zip(np.array(comps)[active], w[:-1]):
             scales[str(c)] = float(v)
-        return EpochModel(scales=scales, overhead_ms=float(w[-1]))
+        return EpochModel(scales=scales, overhead_ms=float(w[-1]), method=method)
 
     model = solve(np.arange(len(y)))
     if n_splits > 0:
@@ -754,6 +790,8 @@ def scale_spmm_entry(entry: Mapping, s: float) -> dict:
         entry["coefficients"] = {k: float(v) * s for k, v in entry["coefficients"].items()}
     elif kind == "learned":
         entry["intercept"] = float(entry["intercept"]) + math.log(s)
+    elif kind == "boosted":
+        entry["init"] = float(entry["init"]) + math.log(s)
     else:
         raise UserError(f"cannot rescale an SpMM model of kind {kind!r}")
     return entry
@@ -791,3 +829,14 @@ def json_copy(value):
     import json
 
     return json.loads(json.dumps(value))
+
+
+def profile_json_text(profile) -> str:
+    """JSON text of a profile: indented objects, every list of numbers or strings on one line."""
+    import json
+    import re
+
+    text = json.dumps(json_copy(profile), indent=2)
+    # a list holding no list or object: join its lines (JSON strings hold no raw newline,
+    # so only whitespace between elements is touched)
+    return re.sub(r"\[\s*\n\s*([^\[\]{}]*?)\s*\n\s*\]", lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text) + "\n"

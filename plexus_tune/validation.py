@@ -131,7 +131,7 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
         pred = df.loc[held, "pred_total_ms"].to_numpy()
         how = "profile as is"
         if refit and len(train) >= min_rows(len(COMPONENTS) + 1):
-            frame = train[[f"pred_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
+            frame = train[[f"pred_{c}" for c in COMPONENTS] + [f"observed_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
             model = fit_epoch(frame, n_splits=0)
             test = df.loc[held, [f"pred_{c}" for c in COMPONENTS]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
             pred = model.predict(test)

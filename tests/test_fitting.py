@@ -161,7 +161,28 @@ def test_gemm_and_epoch_fits_recover_coefficients():
     assert em.scales["gemm_ms"] == pytest.approx(2.0, rel=1e-6)
     assert em.scales["comm_ms"] == pytest.approx(0.7, rel=1e-6)
     assert em.scales["other_ms"] == 1.0  # all zero: left alone
-    assert em.overhead_ms == pytest.approx(4.0, rel=1e-6)
+    assert em.overhead_ms == pytest.approx(4.0, rel=1e-6) and em.method == "total"
+
+
+def test_epoch_fit_pins_each_scale_on_the_logged_breakdown():
+    rng = np.random.default_rng(8)
+    runs = pd.DataFrame({"spmm_ms": rng.uniform(1, 50, 30), "gemm_ms": rng.uniform(1, 10, 30), "comm_ms": rng.uniform(1, 40, 30), "other_ms": 0.0})
+    own = {"spmm_ms": 1.5, "gemm_ms": 1.2, "comm_ms": 2.0}  # observed part = own scale x predicted part
+    for c, b in own.items():
+        runs[f"observed_{c}"] = b * runs[c] * np.exp(rng.normal(0, 0.01, 30))
+    runs["observed_other_ms"] = 0.0
+    # phases overlap: the epoch is 0.8 of the sum of the observed parts, plus 6 ms
+    runs["epoch_ms"] = 0.8 * sum(b * runs[c] for c, b in own.items()) + 6.0
+    em = fit_epoch(runs, n_splits=5)
+    assert em.method == "breakdown"
+    for c, b in own.items():
+        assert em.scales[c] == pytest.approx(0.8 * b, rel=0.01)
+    assert em.scales["other_ms"] == 1.0
+    assert em.overhead_ms == pytest.approx(6.0, rel=0.05)
+    assert em.scores["test_mape"] < 1.0
+    # a breakdown missing where a part is predicted: back to the total method
+    partial = runs.assign(observed_comm_ms=runs.observed_comm_ms.where(runs.index != 4, 0.0))
+    assert fit_epoch(partial, n_splits=0).method == "total"
 
 
 @pytest.mark.parametrize(
@@ -243,3 +264,13 @@ def test_learned_boosted_follows_a_step_the_polynomial_cannot():
     far = spmm_models.predict_spmm_ms(entry, 4e7, 4e6, 1e6, 1024) / spmm_models.predict_spmm_ms(entry["base"], 4e7, 4e6, 1e6, 1024)
     near = spmm_models.predict_spmm_ms(entry, 4e6, 4e5, 1e5, 512) / spmm_models.predict_spmm_ms(entry["base"], 4e6, 4e5, 1e5, 512)
     assert far == pytest.approx(near, rel=1e-9)
+
+
+def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
+    from plexus_tune.fitting import profile_json_text
+
+    profile = {"name": "m", "spmm": {"leaf": [[0.5, -1.25], [2.0, 3.0]], "note": "see [1,\n 2]"}, "empty": [], "objs": [{"a": [1, 2]}]}
+    text = profile_json_text(profile)
+    assert json.loads(text) == profile
+    assert '"leaf": [\n' in text and "[0.5, -1.25]" in text and '"a": [1, 2]' in text
+    assert text.endswith("}\n")

@@ -75,7 +75,7 @@ def test_fit_writes_a_loadable_profile_with_provenance_and_scores(tmp_path, caps
     text = capsys.readouterr().out
     for kind in ("paper", "roofline", "learned"):
         assert kind in text
-    assert "test R^2" in text and "epoch fit on 12 configurations" in text
+    assert "test R^2" in text and "epoch fit (total) on 12 configurations" in text
     profile = json.loads(out.read_text())
     machine = load_machine(str(out))
     assert machine.name == "fitted" and machine.gpus_per_node == 8

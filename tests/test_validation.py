@@ -100,6 +100,11 @@ def test_epoch_fit_folds_into_the_profile_exactly():
     assert scaled["epoch_overhead_ms"] == 1.5
     learned = {"kind": "learned", "exponents": [[1, 0, 0, 0]], "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0}
     assert predict_spmm_ms(scale_spmm_entry(learned, 3.0), 9, 1, 1, 1) == pytest.approx(30.0)
+    # one depth-1 tree: z[0] = log(nnz + 1) <= log 5 -> leaf 0.0, else 1.0 (x e^0.5 at rate 0.5)
+    boosted = {"kind": "boosted", "features": "log-shape-polynomial", "depth": 1, "learning_rate": 0.5, "init": 0.0,
+               "feature": [[0]], "threshold": [[np.log(5.0)]], "leaf": [[0.0, 1.0]], "base": learned}
+    assert predict_spmm_ms(boosted, 3, 1, 1, 1) == pytest.approx(4.0)
+    assert predict_spmm_ms(scale_spmm_entry(boosted, 3.0), 9, 1, 1, 1) == pytest.approx(3.0 * 10.0 * np.exp(0.5))
 
 
 def test_validate_cli_prints_and_writes_json(tmp_path, capsys):

@@ -66,7 +66,6 @@ def _fmt(v, pct=False):
 
 
 def run(args) -> int:
-    import json
     import os
     import warnings
 
@@ -215,16 +214,16 @@ def run(args) -> int:
             records.extend(recs)
         runs = predict_runs(runs_frame(records), profile)
         raw_mape = float(100 * np.mean(np.abs(runs["pred_total_ms"] - runs["epoch_ms"]) / runs["epoch_ms"]))
-        frame = runs[[f"pred_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
+        frame = runs[[f"pred_{c}" for c in COMPONENTS] + [f"observed_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
         epoch = fitting.fit_epoch(frame, n_splits=args.splits, seed=args.seed)
         profile = fitting.apply_epoch_fit(profile, epoch)
-        provenance["epoch_overhead_ms"] = f"fit_epoch on {len(runs)} trainer configurations (median over trials)"
+        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {len(runs)} trainer configurations (median over trials)"
         for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
             provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
-        fit_info["epoch"] = {"scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": len(runs), "mape_before_run_fit": raw_mape, "scores": epoch.scores}
+        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": len(runs), "mape_before_run_fit": raw_mape, "scores": epoch.scores}
         s = epoch.scores
         console.print(
-            f"epoch fit on {len(runs)} configurations: scales "
+            f"epoch fit ({epoch.method}) on {len(runs)} configurations: scales "
             + ", ".join(f"{k} x{v:.3g}" for k, v in epoch.scales.items())
             + f", overhead {epoch.overhead_ms:.2f} ms; MAPE {raw_mape:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
         )
@@ -235,8 +234,7 @@ def run(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     with open(tmp, "w") as fh:
-        json.dump(fitting.json_copy(profile), fh, indent=2)
-        fh.write("\n")
+        fh.write(fitting.profile_json_text(profile))
     os.replace(tmp, args.out)
     console.print(f"wrote {args.out}")
     return 0
