@@ -140,7 +140,7 @@ def workload_of_runs(runs):
 
 
 def pred_obs_frame(runs, machine=None):
-    """One row per grid: observed mean (and std over trials) of every breakdown key, and the prediction.
+    """One row per grid: observed median (and std over trials) of every breakdown key, and the prediction.
 
     Predictions come from ``machine`` (a profile: predicted again with the cost model)
     or, without one, from the ``predicted.*`` fields the runs were logged with.
@@ -154,9 +154,9 @@ def pred_obs_frame(runs, machine=None):
     for grid, group in runs.groupby("grid", sort=True):
         g0 = group.iloc[0]
         row = {"grid": str(grid), "gx": int(g0["gx"]), "gy": int(g0["gy"]), "gz": int(g0["gz"]), "trials": len(group),
-               "observed_ms": float(group["epoch_ms"].mean()), "observed_std_ms": float(group["epoch_ms"].std(ddof=0))}
+               "observed_ms": float(group["epoch_ms"].median()), "observed_std_ms": float(group["epoch_ms"].std(ddof=0))}
         for k in keys:
-            row[f"obs_{k}"] = float(group[k].mean()) if k in group else float("nan")
+            row[f"obs_{k}"] = float(group[k].median()) if k in group else float("nan")
         if machine is None:
             row["predicted_ms"] = float(group["predicted.total_ms"].mean()) if "predicted.total_ms" in group else float("nan")
             for k in keys:
@@ -210,8 +210,8 @@ def observed_scaling_frame(runs):
 
     if runs.empty:
         return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "observed_ms"])
-    means = runs.groupby(["graph", "gpus", "grid"], as_index=False)["epoch_ms"].mean()
-    best = means.loc[means.groupby(["graph", "gpus"])["epoch_ms"].idxmin()]
+    medians = runs.groupby(["graph", "gpus", "grid"], as_index=False)["epoch_ms"].median()
+    best = medians.loc[medians.groupby(["graph", "gpus"])["epoch_ms"].idxmin()]
     return best.rename(columns={"graph": "dataset", "grid": "best_grid", "epoch_ms": "observed_ms"}).reset_index(drop=True)
 
 

@@ -820,7 +820,7 @@ def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidd
         base = model.evaluate(cfg)
         ok = [r for r in recs if r.get("status", "ok") == "ok" and r.get("epoch_ms") is not None]
         if ok:
-            base.observed_ms = float(np.mean([r["epoch_ms"] for r in ok]))
+            base.observed_ms = float(np.median([r["epoch_ms"] for r in ok]))  # median over trials
             base.run_id = str(ok[-1].get("timestamp"))
         else:
             base.failure = f"{recs[-1].get('status')}: {recs[-1].get('reason', '')}"[:200]
