@@ -261,6 +261,21 @@ EVALUATORS = {
 }
 
 
+def describe_spmm_model(model: Mapping) -> str:
+    """One line naming a model's kind and size, its base models included (for listings)."""
+    kind = model.get("kind")
+    if kind == "boosted":
+        text = f"boosted: {len(model.get('feature', []))} trees of depth {model.get('depth')} on {model.get('features')}"
+    elif kind == "learned":
+        text = f"learned: ridge on {len(model.get('coef', []))} monomials of degree <= {model.get('degree', '?')} of {model.get('features', 'log-shape-polynomial')}"
+    elif kind == "roofline":
+        text = "roofline: " + ", ".join(f"{k} {float(v):.3g}" for k, v in (model.get("coefficients") or {}).items())
+    else:
+        text = f"{kind}: " + ", ".join(f"{k} {model[k]:.4g}" for k in ("c0", "c1", "c2") if isinstance(model.get(k), (int, float)))
+    base = model.get("base")
+    return text + (f"; correcting {describe_spmm_model(base)}" if base else "")
+
+
 def predict_spmm_ms(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
     """Time in ms of each SpMM described by the (broadcast) shape arrays."""
     kind = model.get("kind")

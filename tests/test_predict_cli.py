@@ -113,6 +113,15 @@ def test_datasets_and_machines_listings(run_cli):
     assert {"perlmutter-paper", "perlmutter", "frontier", "cpu-gloo-2core"} <= names
     code, out, _ = run_cli(["machines", "perlmutter-paper"])
     assert code == 0 and "beta_intra_gbps" in out and "200" in out
+    # a fitted profile's boosted SpMM model is described, not dumped; collectives carry their provenance
+    code, out, _ = run_cli(["machines", "cpu-gloo-2core-fitted"])
+    assert code == 0 and "trees" in out and '"threshold"' not in out and "fit_collectives" in out
+    from plexus_tune.machine import load_machine
+    from plexus_tune.spmm_models import describe_spmm_model
+
+    text = describe_spmm_model(load_machine("cpu-gloo-2core-fitted").spmm)
+    assert text.startswith("boosted: 150 trees of depth 5 on log-shape-footprints; correcting learned: ridge on ")
+    assert "; correcting roofline: const " in text
     code, out, _ = run_cli(["machines", "--fields"])
     assert code == 0 and "bandwidth_table" in out
     code, _, err = run_cli(["machines", "nope"])

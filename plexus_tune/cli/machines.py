@@ -73,7 +73,7 @@ def run(args) -> int:
             ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
             ("gemm_tflops", machine.gemm_tflops),
             ("elementwise_gbps", machine.elementwise_gbps),
-            ("spmm", json.dumps(machine.spmm)),
+            ("spmm", _spmm_text(machine.spmm)),
         ]
         for key in ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"):
             rows.append((f"collectives.{key}", machine.collectives[key]))
@@ -81,8 +81,14 @@ def run(args) -> int:
         if table_raw:
             rows.append(("collectives.bandwidth_table", "; ".join(
                 f"stride {e['stride']} group {e['group']}: {e['beta_gbps']} GB/s" for e in table_raw)))
+        shown_parent = set()
         for key, value in rows:
-            table.add_row(key, str(value), str(provenance.get(key, "")))
+            note = provenance.get(key)
+            parent = key.split(".")[0]
+            if note is None and parent != key and parent not in shown_parent:  # e.g. collectives.* -> collectives
+                note = provenance.get(parent)
+                shown_parent.add(parent)
+            table.add_row(key, str(value), str(note or ""))
         console.print(table)
         if summary["description"]:
             console.print(summary["description"])
@@ -114,3 +120,13 @@ def run(args) -> int:
                       "yes" if s["bandwidth_table"] else "no", s["description"])
     console.print(table)
     return 0
+
+
+def _spmm_text(spmm) -> str:
+    """The SpMM entry as JSON when short, else a one-line description (--format json shows all)."""
+    import json
+
+    from plexus_tune.spmm_models import describe_spmm_model
+
+    text = json.dumps(spmm)
+    return text if len(text) <= 300 else describe_spmm_model(spmm) + " (full entry: --format json)"
