@@ -3,12 +3,13 @@
     python runners/bench_calib_campaign.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
 
 Steps (each a plexus-tune command, logged with the load average before and after):
-1. ``calibrate collectives`` on 4 and 8 ranks (every group shape, 1 KiB..64 MiB);
+1. ``calibrate collectives`` on every G of ``--gpus`` (default 4, 6, 8: every group shape
+   of their grids, 1 KiB..64 MiB);
 2. ``calibrate spmm --sweep`` (random shard shapes, 24 interleaved passes, median; the
    SpMM input of the fits) and ``calibrate spmm --graph`` (real shards and GEMMs of every
-   grid of 4 and 8 for both graphs; the GEMM input);
+   grid of each G for both graphs; the GEMM input);
 3. ``fit`` without runs: the microbenchmark-only profile ``<name>-micro``;
-4. ``measure`` every grid of G = 4 and 8 on two synthetic graphs of different density,
+4. ``measure`` every grid of each G on two synthetic graphs of different density,
    with the micro profile's predictions logged beside the observations;
 5. ``fit`` with the runs: the final profile ``models/<name>.json``;
 6. ``validate`` (leave-one-(graph, G)-out) of the final profile, written as JSON.
@@ -67,11 +68,18 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--gpus", default="4,6,8", help="comma-separated rank counts to calibrate and measure (default 4,6,8)")
     args = parser.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    try:
+        gpus = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
+    except ValueError:
+        parser.error(f"--gpus takes comma-separated integers, not {args.gpus!r}")
+    if not gpus or min(gpus) < 1:
+        parser.error("--gpus needs at least one rank count >= 1")
     graphs = QUICK_GRAPHS if args.quick else GRAPHS
     sizes = "1K:64K" if args.quick else "1K:64M"
     repeats = "2" if args.quick else "5"
@@ -86,16 +94,16 @@ def main() -> int:
     splits = "100" if args.quick else "1000"
     log: list = []
     plan = []
-    for g in (8, 4):
+    for g in reversed(gpus):
         plan.append((f"collectives-{g}", ["calibrate", "collectives", "--gpus", str(g), "--sizes", sizes, "--repeats", repeats, "--out", str(coll)]))
     plan.append(("spmm-sweep", ["calibrate", "spmm", "--sweep", "--count", count, "--max-nnz", "1000000", "--repeats", "2",
                                 "--passes", passes, "--statistic", "median", "--out", str(sweep)]))
     for graph in graphs:
-        for g in (4, 8):
+        for g in gpus:
             plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
     plan.append(("fit-micro", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
     for graph in graphs:
-        for g in (4, 8):
+        for g in gpus:
             plan.append((f"measure-{graph.split(':')[0]}-{g}", ["measure", "--graph", graph, "--gpus", str(g), "--trials", trials, "--epochs", epochs, "--hidden", hidden, "--machine", str(micro), "--batch", "100", "--log", str(runs)]))
     plan.append(("fit", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", args.name, "--out", str(final), "--splits", splits]))
     plan.append(("validate", ["validate", "--machine", str(final), "--runs", str(runs), "--json", str(out / "validation.json")]))
