@@ -45,6 +45,9 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
         return str(graph), str(graph), None
     if ":" not in graph:
         raise UserError(f"graph {graph!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
+    from plexus_tune.graph.generators import parse_spec
+
+    parse_spec(graph)  # a malformed spec fails here, not once in every rank of every run
     return f"synthetic:{graph}", None, graph
 
 

@@ -37,6 +37,7 @@ def runs_frame(records) -> "pandas.DataFrame":  # noqa: F821
         missing = [k for k in ("nodes", "nnz", "widths", "gx", "gy", "gz", "epoch_ms") if r.get(k) is None]
         if missing:
             raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure / train --log)?")
+        _check_run_times(r)
         rows.append(
             {
                 "graph": r.get("graph_source") or r.get("graph", "graph"),
@@ -63,6 +64,23 @@ def runs_frame(records) -> "pandas.DataFrame":  # noqa: F821
     out = df.groupby(keys, sort=False).agg(agg).reset_index()
     out["trials"] = df.groupby(keys, sort=False).size().to_numpy()
     return out
+
+
+def _check_run_times(record) -> None:
+    """UserError unless a successful run's epoch_ms is finite and > 0 and its parts finite and >= 0."""
+    for key in ("epoch_ms",) + COMPONENTS:
+        value = record.get(key)
+        if value is None and key != "epoch_ms":
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not np.isfinite(number) or number < 0 or (key == "epoch_ms" and number == 0):
+            where = f"run {record.get('gx')}x{record.get('gy')}x{record.get('gz')} of {record.get('graph_source') or record.get('graph', 'graph')}"
+            stamp = f" at {record['timestamp']}" if record.get("timestamp") else ""
+            need = "a finite time > 0" if key == "epoch_ms" else "a finite time >= 0"
+            raise UserError(f"{where}{stamp}: {key} = {value!r} is not {need}; fix or remove that record (a run that did not finish needs status 'failed')")
 
 
 def predict_runs(df, machine) -> "pandas.DataFrame":  # noqa: F821

@@ -87,6 +87,26 @@ def test_measure_cli_runs_the_real_trainer_in_one_process_set(tmp_path, capsys):
     assert "--warmup" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rmat:nodes=x", "nodes must be a whole number"),
+        ("rmat:edges=1024", "needs nodes=N"),
+        ("ring:nodes=64", "unknown graph generator 'ring'"),
+        ("no-such-file.npz", "neither an existing file nor a synthetic spec"),
+    ],
+)
+def test_measure_and_train_reject_a_bad_graph_before_any_run(tmp_path, run_cli, spec, message):
+    log = tmp_path / "runs.jsonl"
+    code, out, err = run_cli(["measure", "--graph", spec, "--gpus", "2", "--log", str(log)])
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not log.exists()
+    if ":" in spec:
+        code, _, err = run_cli(["train", "--synthetic", spec, "--grid", "1x1x2", "--log", str(log)])
+        assert code == 2 and message in err and "rank" not in err
+        assert not log.exists()
+
+
 def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))

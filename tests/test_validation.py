@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -74,6 +75,43 @@ def test_runs_frame_takes_the_median_trial_and_drops_failures():
     assert row["epoch_ms"] == pytest.approx(first["epoch_ms"] / 0.99 * 1.01)
     with pytest.raises(UserError, match="no successful"):
         runs_frame([{"status": "failed"}])
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("epoch_ms", float("nan"), "epoch_ms = nan is not a finite time > 0"),
+        ("epoch_ms", -3.0, "epoch_ms = -3.0 is not a finite time > 0"),
+        ("epoch_ms", 0.0, "epoch_ms = 0.0 is not a finite time > 0"),
+        ("epoch_ms", "fast", "epoch_ms = 'fast' is not a finite time > 0"),
+        ("comm_ms", -1.0, "comm_ms = -1.0 is not a finite time >= 0"),
+        ("spmm_ms", float("inf"), "spmm_ms = inf is not a finite time >= 0"),
+    ],
+)
+def test_runs_with_bad_times_are_named_not_scored(key, value, message):
+    records = _runs()
+    bad = {**records[3], key: value, "timestamp": "2026-01-01T00:00:00+00:00"}
+    where = f"run {bad['gx']}x{bad['gy']}x{bad['gz']} of synthetic:g0 at 2026-01-01T00:00:00+00:00: "
+    with pytest.raises(UserError, match=re.escape(where + message)):
+        runs_frame(records[:3] + [bad] + records[4:])
+    # a run that did not finish is dropped, not an error
+    failed = {**bad, "status": "failed", "epoch_ms": None}
+    assert len(runs_frame(records[:3] + [failed] + records[4:])) == len(runs_frame(records))
+
+
+def test_validate_cli_rejects_a_nan_time_in_one_line(tmp_path, run_cli):
+    log = tmp_path / "runs.jsonl"
+    records = _runs()
+    append_records(log, records)
+    with open(log, "a") as fh:  # JSON's NaN literal, as a careless writer may leave it
+        fh.write(json.dumps({**records[5], "schema": "plexus-tune/run-v1", "epoch_ms": float("nan")}) + "\n")
+    before = log.read_bytes()
+    prof = tmp_path / "toy.json"
+    prof.write_text(json.dumps(PROFILE))
+    code, out, err = run_cli(["validate", "--machine", str(prof), "--runs", str(log), "--json", str(tmp_path / "v.json")])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "epoch_ms = nan is not a finite time > 0" in err and "Traceback" not in err
+    assert log.read_bytes() == before and not (tmp_path / "v.json").exists()
 
 
 def test_leave_one_group_out_recovers_a_rescaled_model():

@@ -40,9 +40,10 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from plexus_tune.errors import UserError
-    from plexus_tune.measure import choose_grids, load_stats, run_campaign, workload_of
+    from plexus_tune.measure import choose_grids, graph_source_text, load_stats, run_campaign, workload_of
 
     graph = args.graph or args.synthetic
+    graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")

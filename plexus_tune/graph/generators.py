@@ -297,7 +297,7 @@ def parse_count(text: str, what: str = "value") -> int:
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    """``"rmat:nodes=4096,edges=65536"`` -> ``("rmat", {"nodes": 4096, "edges": 65536})``."""
+    """``"rmat:nodes=4096,edges=65536"`` -> ``("rmat", {"nodes": 4096, "edges": 65536})``; nodes is required."""
     match = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*(?::(.*))?", spec or "")
     if not match:
         raise UserError(f"bad graph spec {spec!r}; expected KIND:key=value,... e.g. rmat:nodes=4096,edges=65536")
@@ -324,6 +324,8 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
                 raise UserError(f"{key} must be true or false, got {value!r}")
             params[key] = value.lower() in ("1", "true", "yes")
+    if "nodes" not in params:
+        raise UserError(f"graph spec {spec!r} needs nodes=N, e.g. {kind}:nodes=4096")
     return kind, params
 
 

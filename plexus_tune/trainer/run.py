@@ -47,6 +47,9 @@ def graph_source(config: TrainConfig):
     if (config.graph is None) == (config.synthetic is None):
         raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
     if config.synthetic is not None:
+        from plexus_tune.graph.generators import parse_spec
+
+        parse_spec(config.synthetic)  # a malformed spec fails once here, not in every rank
         return ("synthetic", config.synthetic)
     if isinstance(config.graph, (str, os.PathLike)):
         path = Path(config.graph)
