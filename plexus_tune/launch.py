@@ -231,7 +231,6 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     the per-rank return values (rank order). Raises :class:`RankFailure` as soon as a
     rank fails or when ``timeout_s`` passes, after stopping every other rank.
     """
-    import multiprocessing as mp
     from multiprocessing.connection import wait
 
     if world_size < 1:

@@ -88,7 +88,7 @@ def r2_identity(predicted, observed) -> float:
 
 def runs_frame(log_or_records):
     """Successful run records of a log (path, list of paths, or records) as a DataFrame."""
-    from plexus_tune.store import records_frame
+    from plexus_tune.measure.store import records_frame
 
     if isinstance(log_or_records, (str, os.PathLike)) and not os.path.exists(log_or_records):
         raise UserError(f"run log {str(log_or_records)!r} does not exist; run plexus-tune measure or train --log first")
@@ -129,7 +129,7 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
 
 def workload_of_runs(runs):
     """The workload the runs trained (graph statistics and widths of the first record)."""
-    from plexus_tune.workload import Workload
+    from plexus_tune.model.workload import Workload
 
     r = runs.iloc[0]
     try:
@@ -166,7 +166,7 @@ def pred_obs_frame(runs, machine=None):
         rows.append(row)
     frame = pd.DataFrame(rows)
     if machine is not None:
-        from plexus_tune.costs import predict_grids
+        from plexus_tune.model.costs import predict_grids
 
         pred = predict_grids(workload_of_runs(runs), machine, frame[["gx", "gy", "gz"]].to_numpy(dtype=np.int64))
         frame["predicted_ms"] = np.asarray(pred["total_ms"], dtype=float)
@@ -184,9 +184,9 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
 
-    from plexus_tune.costs import predict_grids
-    from plexus_tune.grid import enumerate_grids
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.workload import workload_from_dataset
 
     rows = []
     for name in datasets:

@@ -47,9 +47,9 @@ def main() -> int:
     parser.add_argument("--machine", default="perlmutter-paper")
     args = parser.parse_args()
 
-    from plexus_tune.costs import predict_grids, rank_order
-    from plexus_tune.grid import enumerate_grids
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.costs import predict_grids, rank_order
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.workload import workload_from_dataset
 
     grids = enumerate_grids(720720)
     print(f"G=720720 enumerates {len(grids)} grids (expected 7290): {'ok' if len(grids) == 7290 else 'WRONG'}")

@@ -33,11 +33,11 @@ def main(argv=None) -> int:
 
     import optuna
 
-    from plexus_tune.machine import load_machine
+    from plexus_tune.model.machine import load_machine
     from plexus_tune.search import (
         ModelEvaluator, Objective, SearchSpace, spread_starts, warm_start, exhaustive_frame, make_sampler, objective_unit, parse_gpus, trials_to_reach,
     )
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.workload import workload_from_dataset
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     workload = workload_from_dataset(args.dataset)

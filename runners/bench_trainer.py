@@ -9,7 +9,7 @@ self-loops) it prints
 2. the epoch time and breakdown (max over ranks, mean of the epochs after warm-up) of
    every grid of ``--gpus`` ranks;
 3. the measured peak memory per rank (tensor bytes the trainer tracks, and RSS growth
-   during training + persistent state) against ``plexus_tune.memory`` (the cost model's
+   during training + persistent state) against ``plexus_tune.model.memory`` (the cost model's
    memory term) for the same workload and grid.
 Timings on a shared machine are noisy: the load average is printed beside them.
 """
@@ -52,12 +52,12 @@ def main(argv=None) -> int:
     import numpy as np
 
     from plexus_tune.graph import save_graph, synthetic
-    from plexus_tune.grid import enumerate_grids, parse_grid
+    from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.launch import default_threads_per_rank
-    from plexus_tune.memory import memory_breakdown
+    from plexus_tune.model.memory import memory_breakdown
     from plexus_tune.trainer import TrainConfig, run_training
     from plexus_tune.trainer.reference import reference_train
-    from plexus_tune.workload import Workload
+    from plexus_tune.model.workload import Workload
 
     cores = default_threads_per_rank(1)
     spec = (f"rmat:nodes={args.nodes},edges={args.edges},features={args.features},"
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     print(f"\nfastest grid: {best[2]['grid']} ({best[2]['epoch_ms']:.1f} ms/epoch); load average {load_average()}")
     print("memory: 'tracked' = adjacency shards (A, A^T, row blocks) + parameters x4 (value, gradient, 2 AdamW "
           "moments) + labels + saved H and Q and their gradients + the largest gathered buffer; 'rss+state' = "
-          "RSS growth during training + persistent state; 'model' = plexus_tune.memory with 4-byte indices")
+          "RSS growth during training + persistent state; 'model' = plexus_tune.model.memory with 4-byte indices")
     return 0
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from plexus_tune.calibration import (
+from plexus_tune.measure.microbench import (
     bandwidths_gbps,
     calibrate_collectives,
     calibrate_graph_shards,
@@ -17,7 +17,7 @@ from plexus_tune.calibration import (
 )
 from plexus_tune.cli import main
 from plexus_tune.errors import UserError
-from plexus_tune.store import read_records
+from plexus_tune.measure.store import read_records
 
 
 def test_group_shapes_of_every_grid_of_8():
@@ -131,7 +131,7 @@ def test_sweep_passes_time_the_same_matrices_and_keep_the_minimum():
 
 
 def test_sweep_passes_are_interleaved_and_reduced_per_shape(monkeypatch):
-    import plexus_tune.calibration as calibration
+    import plexus_tune.measure.microbench as calibration
 
     shapes = sweep_shapes(4, seed=3, rows=(64, 128), common=(64, 128), dense_cols=(1, 4), max_nnz=500)
     visits = []  # (shape index, returned time)

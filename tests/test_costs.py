@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plexus_tune.costs import CostModel, PREDICTION_KEYS, paper_spmm_ms, predict_grids, predict_table, rank_order
+from plexus_tune.model.costs import CostModel, PREDICTION_KEYS, paper_spmm_ms, predict_grids, predict_table, rank_order
 from plexus_tune.errors import UserError
-from plexus_tune.machine import Machine
-from plexus_tune.workload import Workload, workload_from_dataset
+from plexus_tune.model.machine import Machine
+from plexus_tune.model.workload import Workload, workload_from_dataset
 
 W = Workload("toy", nodes=1001, nnz=5000, widths=(12, 8, 6))
 
@@ -261,7 +261,7 @@ def test_negative_paper_spmm_is_clipped_and_flagged():
 def test_epoch_overhead_is_added_to_every_grid_total():
     import json
 
-    from plexus_tune.machine import Machine
+    from plexus_tune.model.machine import Machine
 
     base = json.loads((Path(__file__).resolve().parents[1] / "models" / "perlmutter-paper.json").read_text())
     with_overhead = dict(base, epoch_overhead_ms=12.5)
@@ -277,7 +277,7 @@ def test_epoch_overhead_is_added_to_every_grid_total():
 def test_negative_epoch_overhead_is_rejected():
     import json
 
-    from plexus_tune.machine import Machine
+    from plexus_tune.model.machine import Machine
 
     base = json.loads((Path(__file__).resolve().parents[1] / "models" / "perlmutter-paper.json").read_text())
     with pytest.raises(UserError, match="epoch_overhead_ms"):
@@ -285,7 +285,7 @@ def test_negative_epoch_overhead_is_rejected():
 
 
 def test_ranks_time_sharing_cpu_cores_stretch_every_modelled_part():
-    from plexus_tune.machine import oversubscription, time_sharing_factor
+    from plexus_tune.model.machine import oversubscription, time_sharing_factor
 
     # hand values: 8 one-thread ranks on 2 cores take 4x; 2 ranks of 2 threads on 8 cores are not stretched
     assert time_sharing_factor(8, 1, 2) == 4.0 and time_sharing_factor(2, 2, 8) == 1.0 and time_sharing_factor(3, 2, 4) == 1.5

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plexus_tune import spmm_models
+from plexus_tune.model import spmm as spmm_models
 from plexus_tune.errors import UserError
-from plexus_tune.fitting import (
+from plexus_tune.fit import (
     bus_bandwidth_gbps,
     fit_collectives,
     fit_epoch,
@@ -217,7 +217,7 @@ def test_load_table_names_file_lines(tmp_path):
 def test_collective_time_sharing_of_each_calibration_run():
     import pandas as pd
 
-    from plexus_tune.fitting import collective_time_sharing
+    from plexus_tune.fit import collective_time_sharing
 
     df = pd.DataFrame({"world_size": [8, 4, 2, 2, None], "machine_info.cpu_count": [2, 2, 2, 8, 2],
                        "threads_per_rank": [None, None, 2, None, None]})
@@ -230,7 +230,7 @@ def test_collective_time_sharing_of_each_calibration_run():
 def test_boosted_trees_evaluate_as_scikit_learn_predicts():
     from sklearn.ensemble import GradientBoostingRegressor
 
-    from plexus_tune.fitting import BOOSTING, complete_tree
+    from plexus_tune.fit import BOOSTING, complete_tree
 
     rng = np.random.default_rng(5)
     z = rng.normal(size=(300, 4))
@@ -267,7 +267,7 @@ def test_learned_boosted_follows_a_step_the_polynomial_cannot():
 
 
 def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
-    from plexus_tune.fitting import profile_json_text
+    from plexus_tune.fit import profile_json_text
 
     profile = {"name": "m", "spmm": {"leaf": [[0.5, -1.25], [2.0, 3.0]], "note": "see [1,\n 2]"}, "empty": [], "objs": [{"a": [1, 2]}]}
     text = profile_json_text(profile)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from plexus_tune.cli import main
-from plexus_tune.costs import predict_grids
-from plexus_tune.grid import enumerate_grids
-from plexus_tune.machine import Machine, load_machine
-from plexus_tune.spmm_models import ROOFLINE_TERMS, roofline_terms
-from plexus_tune.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, append_records
-from plexus_tune.workload import Workload
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.spmm import ROOFLINE_TERMS, roofline_terms
+from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, append_records
+from plexus_tune.model.workload import Workload
 
 ROOF = {"const": 0.02, "flops": 1e-9, "sparse_bytes": 2e-9, "dense_in_bytes": 0.0, "out_bytes": 1e-8, "rows": 0.0}
 ALPHA_US, BETA = 40.0, 2.0

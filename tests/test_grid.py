@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.grid import (
+from plexus_tune.model.grid import (
     axis_stride, coords_of, divisors, enumerate_grids, layer_roles, parse_grid, rank_of,
 )
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.machine import (
+from plexus_tune.model.machine import (
     FIELDS, Machine, collective_time_ms, effective_beta_gbps, is_intra_node, list_machines, load_machine,
 )
 

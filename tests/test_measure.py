@@ -3,8 +3,8 @@ import pytest
 import plexus_tune.trainer as trainer_pkg
 from plexus_tune.cli import main
 from plexus_tune.errors import UserError
-from plexus_tune.measure import choose_grids, load_stats, run_campaign
-from plexus_tune.store import read_records
+from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
+from plexus_tune.measure.store import read_records
 
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
@@ -54,9 +54,9 @@ def test_choose_grids():
         choose_grids(4, "2x2x2")
     with pytest.raises(UserError, match="needs --machine"):
         choose_grids(4, "top:2")
-    from plexus_tune.costs import predict_grids, rank_order
-    from plexus_tune.machine import load_machine
-    from plexus_tune.measure import workload_of
+    from plexus_tune.model.costs import predict_grids, rank_order
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.measure.campaign import workload_of
 
     stats = load_stats(SPEC)
     assert stats.nodes == 256 and stats.features == 8 and stats.classes == 3

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from plexus_tune.memory import memory_breakdown, memory_bytes
-from plexus_tune.workload import Workload
+from plexus_tune.model.memory import memory_breakdown, memory_bytes
+from plexus_tune.model.workload import Workload
 
 W = Workload("toy", nodes=1001, nnz=5000, widths=(12, 8, 6))
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from plexus_tune import plotting
 from plexus_tune.errors import UserError
-from plexus_tune.store import append_records
+from plexus_tune.measure.store import append_records
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GRIDS_8 = [(1, 1, 8), (1, 2, 4), (2, 2, 2), (4, 2, 1), (8, 1, 1)]
@@ -116,15 +116,15 @@ def test_breakdown_bar_counts(tmp_path):
 
 
 def test_strong_scaling_lines_and_observed_points(tmp_path):
-    from plexus_tune.machine import load_machine
+    from plexus_tune.model.machine import load_machine
 
     gpus = (4, 8, 16, 32, 64)
     pred = plotting.scaling_frame(["ogbn-products", "Reddit"], load_machine("perlmutter"), gpus)
     assert set(pred["dataset"]) == {"ogbn-products", "Reddit"} and len(pred) <= 2 * len(gpus)
     # brute force: the best feasible grid at G = 64 for ogbn-products
-    from plexus_tune.costs import predict_grids
-    from plexus_tune.grid import enumerate_grids
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.workload import workload_from_dataset
 
     grids = enumerate_grids(64)
     p = predict_grids(workload_from_dataset("ogbn-products"), load_machine("perlmutter"), grids)
@@ -144,8 +144,8 @@ def test_strong_scaling_lines_and_observed_points(tmp_path):
 
 def _small_study(n=25):
     from plexus_tune.search import ModelEvaluator, Objective, SearchSpace, parse_gpus
-    from plexus_tune.machine import load_machine
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.workload import workload_from_dataset
 
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
     ev = ModelEvaluator(workload_from_dataset("ogbn-papers100M"), load_machine("perlmutter"))

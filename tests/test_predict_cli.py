@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from plexus_tune.machine import load_machine
+from plexus_tune.model.machine import load_machine
 
 BASE = ["predict", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter-paper"]
 
@@ -116,8 +116,8 @@ def test_datasets_and_machines_listings(run_cli):
     # a fitted profile's boosted SpMM model is described, not dumped; collectives carry their provenance
     code, out, _ = run_cli(["machines", "cpu-gloo-2core-fitted"])
     assert code == 0 and "trees" in out and '"threshold"' not in out and "fit_collectives" in out
-    from plexus_tune.machine import load_machine
-    from plexus_tune.spmm_models import describe_spmm_model
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.spmm import describe_spmm_model
 
     text = describe_spmm_model(load_machine("cpu-gloo-2core-fitted").spmm)
     assert text.startswith("boosted: 150 trees of depth 5 on log-shape-footprints; correcting learned: ridge on ")

@@ -15,8 +15,8 @@ TINY = ["--graph", GRAPH, "--machine", "cpu-gloo-2core", "--gpus", "2", "--epoch
 
 def test_run_trains_the_recommended_grid_and_logs_it(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from plexus_tune.costs import predict_grids
-    from plexus_tune.machine import load_machine
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.machine import load_machine
     from plexus_tune.search import graph_workload
 
     _, workload = graph_workload(GRAPH, layers=2, hidden=4)

@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.grid import enumerate_grids
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search import (
     Config,
     Evaluation,

@@ -45,10 +45,10 @@ def test_search_prints_table_and_resumes_in_process(tmp_path, capsys, monkeypatc
     # the model's best grid of 64 GPUs heads the table (brute force over all grids of 64)
     import numpy as np
 
-    from plexus_tune.costs import predict_grids
-    from plexus_tune.grid import enumerate_grids
-    from plexus_tune.machine import load_machine
-    from plexus_tune.workload import workload_from_dataset
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.workload import workload_from_dataset
 
     grids = enumerate_grids(64)
     pred = predict_grids(workload_from_dataset("ogbn-products"), load_machine("perlmutter"), grids)

@@ -19,7 +19,7 @@ def test_measured_search_never_trains_a_config_twice(tmp_path, capsys, monkeypat
     records = [json.loads(line) for line in log.read_text().splitlines()]
     grids = [r["grid"] for r in records]
     assert len(grids) == len(set(grids)) >= 2
-    from plexus_tune.machine import load_machine
+    from plexus_tune.model.machine import load_machine
 
     _, workload = graph_workload(GRAPH, layers=2, hidden=4)
     top = ModelEvaluator(workload, load_machine("cpu-gloo-2core")).top_k(SearchSpace((2,)), 2)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.spmm_models import monomial_exponents, predict_spmm_ms
+from plexus_tune.model.spmm import monomial_exponents, predict_spmm_ms
 
 
 def test_learned_evaluator_by_hand():
@@ -39,7 +39,7 @@ def test_monomials_and_bad_models():
 
 
 def test_cache_lines_per_row_against_brute_force():
-    from plexus_tune.spmm_models import cache_lines_per_row
+    from plexus_tune.model.spmm import cache_lines_per_row
 
     def brute(k, s=4, line=64, n=4096):
         total = 0
@@ -56,7 +56,7 @@ def test_cache_lines_per_row_against_brute_force():
 
 
 def test_learned_features_with_lines_and_inconsistent_models():
-    from plexus_tune.spmm_models import cache_lines_per_row
+    from plexus_tune.model.spmm import cache_lines_per_row
 
     # log t = log(lines(k)): the fifth variable alone
     model = {"kind": "learned", "features": "log-shape-lines-polynomial", "exponents": [[0, 0, 0, 0, 1]],

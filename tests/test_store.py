@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.store import (
+from plexus_tune.measure.store import (
     RUN_SCHEMA,
     SPMM_SCHEMA,
     append_records,

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 from plexus_tune.graph import Graph
-from plexus_tune.grid import enumerate_grids
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.launch import launch_local
 from plexus_tune.trainer import TrainConfig
 from plexus_tune.trainer.engine import rank_main

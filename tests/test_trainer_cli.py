@@ -8,7 +8,7 @@ import time
 import pytest
 
 from plexus_tune.cli import main
-from plexus_tune.store import read_records
+from plexus_tune.measure.store import read_records
 from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
 from plexus_tune.trainer.engine import FAIL_ENV
 

@@ -6,15 +6,15 @@ import pandas as pd
 import pytest
 
 from plexus_tune.cli import main
-from plexus_tune.costs import predict_grids
+from plexus_tune.model.costs import predict_grids
 from plexus_tune.errors import UserError
-from plexus_tune.fitting import EpochModel, apply_epoch_fit, scale_spmm_entry
-from plexus_tune.grid import enumerate_grids
-from plexus_tune.machine import Machine
-from plexus_tune.spmm_models import predict_spmm_ms
-from plexus_tune.store import append_records
-from plexus_tune.validation import leave_one_group_out, regret, runs_frame, spearman
-from plexus_tune.workload import Workload
+from plexus_tune.fit import EpochModel, apply_epoch_fit, scale_spmm_entry
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.machine import Machine
+from plexus_tune.model.spmm import predict_spmm_ms
+from plexus_tune.measure.store import append_records
+from plexus_tune.fit.validation import leave_one_group_out, regret, runs_frame, spearman
+from plexus_tune.model.workload import Workload
 
 PROFILE = {
     "name": "toy",

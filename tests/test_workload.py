@@ -1,7 +1,7 @@
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.workload import Workload, get_dataset, list_datasets, workload_from_dataset
+from plexus_tune.model.workload import Workload, get_dataset, list_datasets, workload_from_dataset
 
 
 def test_catalog_has_every_design_dataset():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 
 def register(subparsers) -> None:
@@ -80,9 +79,9 @@ def run_collectives(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.calibration import calibrate_collectives, collective_shapes, parse_sizes
+    from plexus_tune.measure.microbench import calibrate_collectives, collective_shapes, parse_sizes
     from plexus_tune.errors import UserError
-    from plexus_tune.store import append_records
+    from plexus_tune.measure.store import append_records
 
     _quiet_torch_warnings()
     gpus = _positive(args.gpus, "--gpus")
@@ -144,9 +143,9 @@ def run_spmm(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from plexus_tune.calibration import calibrate_graph_shards, spmm_sweep, sweep_shapes
+    from plexus_tune.measure.microbench import calibrate_graph_shards, spmm_sweep, sweep_shapes
     from plexus_tune.errors import UserError
-    from plexus_tune.store import append_records, environment_info
+    from plexus_tune.measure.store import append_records, environment_info
 
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
@@ -177,7 +176,7 @@ def run_spmm(args) -> int:
         hidden = _positive(args.hidden, "--hidden")
         graph = _load_graph(args.graph)
         widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
-        from plexus_tune.grid import enumerate_grids
+        from plexus_tune.model.grid import enumerate_grids
 
         grids = enumerate_grids(gpus)
         with Progress(*columns, console=console, transient=True) as progress:

@@ -20,7 +20,7 @@ def run(args) -> int:
     import json
     import sys
 
-    from plexus_tune.workload import list_datasets
+    from plexus_tune.model.workload import list_datasets
 
     infos = list_datasets()
     rows = [dataclasses.asdict(info) for info in infos]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 
 def register(subparsers) -> None:
@@ -38,7 +37,7 @@ def register(subparsers) -> None:
 def _load(paths, schema):
     import pandas as pd
 
-    from plexus_tune.fitting import load_table
+    from plexus_tune.fit import load_table
 
     frames = [load_table(p, schema=schema) for p in paths]
     frames = [f for f in frames if len(f)]
@@ -73,10 +72,10 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune import fitting
+    from plexus_tune import fit as fitting
     from plexus_tune.errors import UserError
-    from plexus_tune.machine import Machine
-    from plexus_tune.store import environment_info, now_utc
+    from plexus_tune.model.machine import Machine
+    from plexus_tune.measure.store import environment_info, now_utc
 
     console = Console(width=max(Console().width, 110))
     if args.splits < 0:
@@ -203,8 +202,8 @@ def run(args) -> int:
     Machine.from_dict(profile, source=args.out)  # validates before any epoch fit
 
     if args.runs:
-        from plexus_tune.store import read_records
-        from plexus_tune.validation import COMPONENTS, predict_runs, runs_frame
+        from plexus_tune.measure.store import read_records
+        from plexus_tune.fit.validation import COMPONENTS, predict_runs, runs_frame
 
         records = []
         for path in args.runs:

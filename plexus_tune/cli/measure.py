@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 
 def register(subparsers) -> None:
@@ -40,7 +39,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from plexus_tune.errors import UserError
-    from plexus_tune.measure import choose_grids, graph_source_text, load_stats, run_campaign, workload_of
+    from plexus_tune.measure.campaign import choose_grids, graph_source_text, load_stats, run_campaign, workload_of
 
     graph = args.graph or args.synthetic
     graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
@@ -51,7 +50,7 @@ def run(args) -> int:
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
     machine = None
     if args.machine:
-        from plexus_tune.machine import load_machine
+        from plexus_tune.model.machine import load_machine
 
         machine = load_machine(args.machine)
     stats = load_stats(graph) if machine is not None else None
@@ -109,8 +108,8 @@ def _summary(console, log, graph, gpus, machine) -> None:
     import numpy as np
     from rich.table import Table
 
-    from plexus_tune.measure import graph_source_text
-    from plexus_tune.store import read_records
+    from plexus_tune.measure.campaign import graph_source_text
+    from plexus_tune.measure.store import read_records
 
     source = graph_source_text(graph)[0]
     records, _ = read_records(log, schema="run")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
 KINDS = ("pred-vs-obs", "breakdown", "scaling", "history", "importances")
@@ -81,7 +80,7 @@ def make_figure(args):
     kind = args.plot_kind
     machine = None
     if getattr(args, "machine", None):
-        from plexus_tune.machine import load_machine
+        from plexus_tune.model.machine import load_machine
 
         machine = load_machine(args.machine)
     if kind in ("pred-vs-obs", "breakdown"):
@@ -90,9 +89,9 @@ def make_figure(args):
                 raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
             import numpy as np
 
-            from plexus_tune.costs import predict_grids, rank_order
-            from plexus_tune.grid import enumerate_grids
-            from plexus_tune.workload import workload_from_dataset
+            from plexus_tune.model.costs import predict_grids, rank_order
+            from plexus_tune.model.grid import enumerate_grids
+            from plexus_tune.model.workload import workload_from_dataset
 
             workload = workload_from_dataset(args.dataset)
             grids = enumerate_grids(args.gpus)

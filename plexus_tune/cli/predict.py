@@ -40,7 +40,7 @@ def _int_option(value, option: str, *, minimum: int = 1) -> int:
 def workload_from_args(args):
     """Build the Workload an argparse namespace describes (UserError on bad values)."""
     from plexus_tune.errors import UserError
-    from plexus_tune.workload import Workload, get_dataset
+    from plexus_tune.model.workload import Workload, get_dataset
 
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
@@ -131,10 +131,10 @@ def run(args) -> int:
     import json
     import sys
 
-    from plexus_tune.costs import prediction_records, predict_grids, rank_order
+    from plexus_tune.model.costs import prediction_records, predict_grids, rank_order
     from plexus_tune.errors import UserError
-    from plexus_tune.grid import check_gpus, enumerate_grids
-    from plexus_tune.machine import GIB, load_machine
+    from plexus_tune.model.grid import check_gpus, enumerate_grids
+    from plexus_tune.model.machine import GIB, load_machine
 
     workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)

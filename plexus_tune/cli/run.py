@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 
@@ -36,11 +35,11 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.costs import predict_grids, rank_order
+    from plexus_tune.model.costs import predict_grids, rank_order
     from plexus_tune.errors import UserError
-    from plexus_tune.grid import enumerate_grids, format_grid, parse_grid
-    from plexus_tune.machine import load_machine
-    from plexus_tune.measure import graph_source_text, predicted_fields, run_key
+    from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.measure.campaign import graph_source_text, predicted_fields, run_key
     from plexus_tune.search import graph_workload
 
     if args.gpus < 1:
@@ -76,7 +75,7 @@ def run(args) -> int:
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
 
-    from plexus_tune.store import append_records, read_records
+    from plexus_tune.measure.store import append_records, read_records
     from plexus_tune.trainer import TrainConfig, run_training
 
     source, path, spec = graph_source_text(args.graph)

@@ -62,7 +62,7 @@ def parse_block_range(text):
 def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
     from plexus_tune.errors import UserError
-    from plexus_tune.machine import load_machine
+    from plexus_tune.model.machine import load_machine
     from plexus_tune.search import SearchSpace, check_objective, parse_gpus
 
     check_objective(args.objective)
@@ -74,7 +74,7 @@ def build_inputs(args):
     machine = load_machine(args.machine)
     graph = None
     if args.dataset is not None:
-        from plexus_tune.workload import workload_from_dataset
+        from plexus_tune.model.workload import workload_from_dataset
 
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name

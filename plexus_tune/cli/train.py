@@ -50,7 +50,7 @@ def register(subparsers) -> None:
 
 def _config(args: argparse.Namespace):
     from plexus_tune.errors import UserError
-    from plexus_tune.grid import parse_grid
+    from plexus_tune.model.grid import parse_grid
     from plexus_tune.trainer import TrainConfig
 
     grid = parse_grid(args.grid)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 
 def register(subparsers) -> None:
@@ -29,9 +28,9 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.machine import load_machine
-    from plexus_tune.store import read_records
-    from plexus_tune.validation import leave_one_group_out, runs_frame
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.fit.validation import leave_one_group_out, runs_frame
 
     machine = load_machine(args.machine)
     records = []

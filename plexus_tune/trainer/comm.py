@@ -6,7 +6,7 @@ import itertools
 import time
 from collections import defaultdict
 
-from plexus_tune.grid import AXIS_NAMES, rank_of
+from plexus_tune.model.grid import AXIS_NAMES, rank_of
 
 #: Shared breakdown keys (ms per epoch) that every rank accumulates.
 BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
@@ -66,7 +66,7 @@ class GridComm:
     def __init__(self, grid, rank: int, timer: PhaseTimer, backend: str | None = None):
         import torch.distributed as dist
 
-        from plexus_tune.grid import coords_of
+        from plexus_tune.model.grid import coords_of
 
         self.dist = dist
         self.grid = tuple(int(g) for g in grid)

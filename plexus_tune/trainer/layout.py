@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plexus_tune.grid import coords_of, layer_roles
+from plexus_tune.model.grid import coords_of, layer_roles
 
 
 def ceil_to(value: int, multiple: int) -> int:

@@ -164,7 +164,7 @@ def summarize_timers(timers, warmup: int) -> dict:
 
 
 def base_record(config: TrainConfig) -> dict:
-    from plexus_tune.store import environment_info, now_utc
+    from plexus_tune.measure.store import environment_info, now_utc
 
     grid = [int(g) for g in config.grid]
     record = {
@@ -231,7 +231,7 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str) 
 
 def _append(config: TrainConfig, record: dict) -> None:
     if config.log:
-        from plexus_tune.store import append_records
+        from plexus_tune.measure.store import append_records
 
         append_records(config.log, [record])
 

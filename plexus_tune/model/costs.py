@@ -1,11 +1,11 @@
 """The analytic epoch-time model of a 3D-parallel GCN, vectorized over grids.
 
-Input: a :class:`~plexus_tune.workload.Workload` (N, NNZ, widths D_0..D_L, element
-size u), a :class:`~plexus_tune.machine.Machine` and a (K, 3) array of grids. Every
+Input: a :class:`~plexus_tune.model.workload.Workload` (N, NNZ, widths D_0..D_L, element
+size u), a :class:`~plexus_tune.model.machine.Machine` and a (K, 3) array of grids. Every
 quantity is computed for all K grids at once; the only Python loop is over layers.
 
 Notation for layer i with roles (outer o, inner n, depth d) from
-:func:`plexus_tune.grid.layer_roles` and axis sizes g_o, g_n, g_d; padded local
+:func:`plexus_tune.model.grid.layer_roles` and axis sizes g_o, g_n, g_d; padded local
 sizes (a dimension n split over g ranks holds ceil(n / g) entries)::
 
     r_d = ceil(N / g_d)   rows of H = A F_i and of Q = H W_i
@@ -27,14 +27,14 @@ SpMM (``spmm_ms``)
     depth much smaller than outer) the form can go negative; such values are
     clipped at 0 and flagged in ``spmm_clipped`` (no grid of the paper's
     ogbn-products / 64 GPU setting is affected).
-    Any other kind: the per-SpMM model of :mod:`plexus_tune.spmm_models` summed
+    Any other kind: the per-SpMM model of :mod:`plexus_tune.model.spmm` summed
     over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
     the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
     layer. With ``block_rows`` the forward SpMM runs as b = ceil(r_d / block_rows)
     blocks of ceil(r_d / b) rows and z / b nonzeros each.
 
 Communication (``comm_ms``): every collective of DESIGN.md 4.2 per layer, with the
-padded sizes above, timed by :func:`plexus_tune.machine.collective_time_ms` (ring
+padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
 alpha-beta, topology of DESIGN.md 4.3 or the machine's measured table), M in bytes:
 
     forward   layer 0: all-gather F over d,  M = u r_o c_i
@@ -68,11 +68,11 @@ trainer runs by ``plexus-tune fit``), the same for every grid.
 Oversubscribed CPU hosts: a profile with ``host_cores`` (ranks are processes that
 time-share a node's CPU cores) multiplies spmm, gemm, comm (and its splits) and
 other by ``oversubscription`` = max(1, min(G, gpus_per_node) threads_per_rank /
-host_cores) (:func:`plexus_tune.machine.oversubscription`); 1 for GPU profiles.
+host_cores) (:func:`plexus_tune.model.machine.oversubscription`); 1 for GPU profiles.
 The component models themselves describe one rank running alone.
 
 ``total_ms`` = spmm + gemm + comm + other + overhead. Memory per GPU is
-:func:`plexus_tune.memory.memory_bytes`; a grid is ``feasible`` when it fits the
+:func:`plexus_tune.model.memory.memory_bytes`; a grid is ``feasible`` when it fits the
 machine's usable device memory.
 """
 
@@ -81,9 +81,9 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
-from plexus_tune.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
-from plexus_tune.memory import memory_breakdown
+from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
+from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.memory import memory_breakdown
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
@@ -168,7 +168,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
     if spmm_kind != "paper":
-        from plexus_tune.spmm_models import predict_spmm_ms
+        from plexus_tune.model.spmm import predict_spmm_ms
 
     def add(op, axis, message_bytes, messages=1):
         t = collective_time_ms(machine, op, grids[:, axis], strides[axis], message_bytes, messages)

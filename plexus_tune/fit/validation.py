@@ -3,7 +3,7 @@
 Runs are grouped by (graph, G) — one grid choice problem each. For every group held out
 in turn, the epoch-level coefficients (scale factors of the predicted SpMM, GEMM,
 communication and elementwise times, and an overhead per epoch; see
-:func:`plexus_tune.fitting.fit_epoch`) are refitted on the other groups' runs and the
+:func:`plexus_tune.fit.fit_epoch`) are refitted on the other groups' runs and the
 held-out group is predicted. Per group:
 
 - Spearman rank correlation of predicted and observed epoch times over its grids;
@@ -85,9 +85,9 @@ def _check_run_times(record) -> None:
 
 def predict_runs(df, machine) -> "pandas.DataFrame":  # noqa: F821
     """Add the profile's predicted components (``pred_spmm_ms``...) and ``pred_total_ms``."""
-    from plexus_tune.costs import predict_grids
-    from plexus_tune.machine import load_machine
-    from plexus_tune.workload import Workload
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.workload import Workload
 
     machine = load_machine(machine)
     df = df.copy()
@@ -137,7 +137,7 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
 
     ``df`` is :func:`runs_frame` output. Returns ``{"groups": [...], "mean": {...}}``.
     """
-    from plexus_tune.fitting import fit_epoch, min_rows
+    from plexus_tune.fit import fit_epoch, min_rows
 
     df = predict_runs(df, machine)
     keys = df[["graph", "gpus"]].apply(tuple, axis=1)

@@ -57,7 +57,7 @@ FIELDS = {
     "epoch_overhead_ms": "optional; fixed time per epoch not explained by the modelled parts (launch, "
     "synchronisation, Python), ms, >= 0, default 0; fitted from trainer runs by 'plexus-tune fit'",
     "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of DESIGN.md 4.1 "
-    "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.spmm_models",
+    "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.model.spmm",
     "collectives": "required; the collective-communication model, an object with the collectives.* fields",
     "collectives.alpha_intra_us": "required; per-step latency inside a node, microseconds, >= 0",
     "collectives.beta_intra_gbps": "required; bus bandwidth inside a node, GB/s (1e9 bytes/s), > 0",
@@ -208,7 +208,7 @@ def _build_machine(data, source: str) -> Machine:
         for key in ("c0", "c1", "c2"):
             _number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
     else:
-        from plexus_tune import spmm_models
+        from plexus_tune.model import spmm as spmm_models
 
         if spmm["kind"] not in spmm_models.EVALUATORS:
             known = ", ".join(sorted({"paper", *spmm_models.EVALUATORS}))

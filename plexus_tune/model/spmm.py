@@ -3,7 +3,7 @@
 One SpMM multiplies a sparse ``rows x common`` matrix holding ``nnz`` nonzeros by a
 dense ``common x dense_cols`` matrix (``dense_cols`` is written k below). A model is a
 plain dict (the ``spmm`` entry of a machine profile, or what
-:mod:`plexus_tune.fitting` writes) with a ``kind`` key; :func:`predict_spmm_ms`
+:mod:`plexus_tune.fit` writes) with a ``kind`` key; :func:`predict_spmm_ms`
 evaluates it on arrays of shapes and returns milliseconds.
 
 Kinds:

@@ -8,7 +8,7 @@ the breakdown and ``total_ms``) when a machine profile is given, and ``trial``.
 Trials are interleaved: every grid's trial 0 runs (in a random order) before any
 grid's trial 1, each trial in a fresh order, so that a slow spell of the host lands on
 one trial of several grids rather than on every trial of one grid (compare the median
-over trials; :func:`plexus_tune.validation.runs_frame`).
+over trials; :func:`plexus_tune.fit.validation.runs_frame`).
 
 Campaigns are resumable: a (graph, grid, model, options, trial) already in the log is
 skipped (failed runs too, unless ``retry_failed``; everything with ``redo``).
@@ -68,14 +68,14 @@ def load_stats(graph: str) -> GraphStats:
 
 
 def workload_of(stats: GraphStats, layers: int, hidden: int):
-    from plexus_tune.workload import Workload
+    from plexus_tune.model.workload import Workload
 
     return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
 
 
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine``) or a list ``2x2x2,1x4x2``."""
-    from plexus_tune.grid import enumerate_grids, parse_grid
+    from plexus_tune.model.grid import enumerate_grids, parse_grid
 
     spec = (spec or "all").strip()
     grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
@@ -90,7 +90,7 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
             raise UserError(f"bad --grids {spec!r}; K must be at least 1")
         if machine is None or workload is None:
             raise UserError("--grids top:K needs --machine (the profile that ranks the grids)")
-        from plexus_tune.costs import predict_grids, rank_order
+        from plexus_tune.model.costs import predict_grids, rank_order
 
         pred = predict_grids(workload, machine, np.array(grids))
         return [grids[i] for i in rank_order(pred)[:k]]
@@ -121,7 +121,7 @@ def run_key(record: dict) -> tuple:
 
 
 def predicted_fields(workload, machine, grid) -> dict:
-    from plexus_tune.costs import predict_grids
+    from plexus_tune.model.costs import predict_grids
 
     pred = predict_grids(workload, machine, np.array([grid]))
     out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "total_ms")}
@@ -154,11 +154,11 @@ def run_campaign(
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     """
-    from plexus_tune.store import append_records, read_records
+    from plexus_tune.measure.store import append_records, read_records
     from plexus_tune.trainer import TrainConfig, run_training
 
     if machine is not None:
-        from plexus_tune.machine import load_machine
+        from plexus_tune.model.machine import load_machine
 
         machine = load_machine(machine)
     source, path, spec = graph_source_text(graph)

@@ -20,13 +20,12 @@ SpMM and GEMM (:func:`spmm_sweep`, :func:`calibrate_graph_shards`)
     (forward A F and backward A^T dH, plus the three GEMMs of a layer) on one device:
     the compute cost of any G, measured without G devices.
 
-Each measurement is a plain record (``plexus_tune.store`` schemas collective-v1,
+Each measurement is a plain record (``plexus_tune.measure.store`` schemas collective-v1,
 spmm-v1, gemm-v1) with what was measured, on what and when.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import warnings
@@ -35,7 +34,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 KIB = 1024
@@ -47,7 +46,7 @@ DEFAULT_MESSAGE_BYTES = tuple(KIB * 4**k for k in range(9))  # 1 KiB .. 64 MiB, 
 
 def collective_shapes(gpus: int) -> list[tuple[int, int]]:
     """Every (group size, stride) that an axis of size > 1 of some grid of ``gpus`` has."""
-    from plexus_tune.grid import axis_stride, enumerate_grids
+    from plexus_tune.model.grid import axis_stride, enumerate_grids
 
     shapes = set()
     for grid in enumerate_grids(gpus):
@@ -203,7 +202,7 @@ def calibrate_collectives(
 ) -> list[dict]:
     """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
     from plexus_tune.launch import RankFailure, launch_local
-    from plexus_tune.store import environment_info
+    from plexus_tune.measure.store import environment_info
 
     if gpus < 2:
         raise UserError("calibrating collectives needs --gpus 2 or more")
@@ -243,7 +242,6 @@ def calibrate_collectives(
 
 def random_csr(rows: int, common: int, nnz: int, rng: np.random.Generator):
     """A torch CSR float32 matrix rows x common with about nnz nonzeros (uniform positions)."""
-    import torch
 
     nnz = int(min(nnz, rows * common))
     # row lengths: multinomial over rows, columns uniform without duplicates per row
@@ -425,7 +423,6 @@ def shard(matrix, row_block: int, col_block: int, row_index: int, col_index: int
 
 
 def _torch_csr(m):
-    import torch
 
     m = m.tocsr()
     return _csr_tensor(m.indptr, m.indices, m.data, m.shape)
@@ -456,7 +453,7 @@ def calibrate_graph_shards(
     import torch
 
     from plexus_tune.graph import double_permute
-    from plexus_tune.grid import enumerate_grids, format_grid, layer_roles
+    from plexus_tune.model.grid import enumerate_grids, format_grid, layer_roles
 
     from plexus_tune.allocator import retain_large_allocations
 

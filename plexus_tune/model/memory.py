@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.grid import layer_roles
+from plexus_tune.model.grid import layer_roles
 
 
 def _ceil_div(a, b):

@@ -1,0 +1,324 @@
+"""Optuna studies: storage, samplers, objectives, warm starts and trial tables."""
+
+from __future__ import annotations
+import math
+import os
+from collections.abc import Iterable, Sequence
+import numpy as np
+from plexus_tune.errors import UserError
+from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
+from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
+
+
+# --------------------------------------------------------------------------------------
+# Studies
+
+
+def default_storage_url(directory: str = "measurements") -> str:
+    """SQLite file ``<directory>/studies.db`` (the directory is created)."""
+    os.makedirs(directory, exist_ok=True)
+    return "sqlite:///" + os.path.abspath(os.path.join(directory, "studies.db"))
+
+
+def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180):
+    """An Optuna RDB storage for ``url`` (default: :func:`default_storage_url`).
+
+    A heartbeat marks trials of killed processes as failed after ``grace_period`` s,
+    so a resumed study does not wait on them. Any failure to reach the database is a
+    UserError.
+    """
+    import optuna
+
+    url = url or default_storage_url()
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        directory = os.path.dirname(path) or "."
+        if path and not path.startswith(":memory:") and not os.path.isdir(directory):
+            raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                engine_kwargs={"pool_pre_ping": True},
+            )
+        if url.startswith("sqlite"):
+            _sqlite_write_ahead_log(storage.engine)
+        return storage
+    except Exception as exc:  # noqa: BLE001 - driver errors vary; all mean "unreachable"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {url!r}: {reason}; check the URL (e.g. sqlite:///measurements/studies.db or postgresql://user@host/db)") from None
+
+
+def _sqlite_write_ahead_log(engine) -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for an fsync (an
+    Optuna trial commits a dozen times), readers do not block the writer, and a killed
+    process loses nothing it committed."""
+    from sqlalchemy import event
+
+    def pragmas(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
+    engine.dispose()  # connections opened before the listener reconnect with it
+
+
+def make_sampler(seed: int | None = None, n_startup_trials: int = 10):
+    """Multivariate TPE (the axis sizes interact strongly: their product is G)."""
+    import optuna
+
+    return optuna.samplers.TPESampler(
+        seed=seed,
+        n_startup_trials=n_startup_trials,
+        multivariate=True,
+    )
+
+
+def open_study(name: str, storage, *, objective: str, seed: int | None = None, attrs: dict | None = None, n_startup_trials: int = 10):
+    """Create or resume (``load_if_exists``) a minimizing study; check a resumed study's objective."""
+    import optuna
+
+    check_objective(objective)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=make_sampler(seed, n_startup_trials),
+        direction="minimize",
+        load_if_exists=True,
+    )
+    old = study.user_attrs.get("objective")
+    if old is not None and old != objective:
+        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another --study name")
+    study.set_user_attr("objective", objective)
+    for key, value in (attrs or {}).items():
+        study.set_user_attr(key, value)
+    return study
+
+
+def finished_trials(study):
+    """Trials that count toward ``--trials``: complete ones and evaluated failures (a run that
+    failed is a result); a trial failed because its process died (heartbeat) does not count."""
+    import optuna
+
+    state = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False, states=(state.COMPLETE, state.FAIL, state.PRUNED))
+    return [t for t in trials if t.state != state.FAIL or "failure" in t.user_attrs]
+
+
+def _config_of_attrs(attrs: dict) -> Config | None:
+    try:
+        b = attrs.get("block_rows")
+        return Config(int(attrs["gx"]), int(attrs["gy"]), int(attrs["gz"]), int(b) if b else None)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _evaluation_of_attrs(attrs: dict) -> Evaluation | None:
+    if "predicted_ms" not in attrs:
+        return None
+    return Evaluation(
+        predicted_ms=float(attrs["predicted_ms"]),
+        memory_gib=float(attrs.get("memory_gib", 0.0)),
+        memory_excess_gib=float(attrs.get(CONSTRAINT_KEY, 0.0)),
+        observed_ms=attrs.get("observed_ms"),
+        failure=attrs.get("failure"),
+        run_id=attrs.get("run_id"),
+    )
+
+
+class Objective:
+    """The Optuna objective: decode, look up the cache, evaluate once per configuration.
+
+    ``evaluator.evaluate(config) -> Evaluation``; with ``evaluator.measured`` the value is
+    the observed time. The cache is seeded from the study's finished trials (so a
+    resumed study measures nothing twice) and from ``known`` (e.g. logged runs).
+    """
+
+    def __init__(self, space: SearchSpace, evaluator, objective: str, *, study=None, known: dict | None = None,
+                 snap_neighbours: int = 1, model: "ModelEvaluator | None" = None):
+        self.space = space
+        self.evaluator = evaluator
+        self.objective = check_objective(objective)
+        self.snap_neighbours = int(snap_neighbours)
+        self.model = model if model is not None else (evaluator if isinstance(evaluator, ModelEvaluator) else None)
+        self.model_evaluations = 0
+        self.cache: dict[Config, tuple[Evaluation, int | None]] = {}
+        self.evaluations = 0
+        for cfg, ev in (known or {}).items():
+            self.cache[cfg] = (ev, None)
+        if study is not None:
+            import optuna
+
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)):
+                cfg, ev = _config_of_attrs(t.user_attrs), _evaluation_of_attrs(t.user_attrs)
+                if cfg is not None and ev is not None and cfg not in self.cache:
+                    self.cache[cfg] = (ev, t.number)
+
+    def snap(self, trial, config: Config) -> Config:
+        """Model-ranked rounding: the best predicted feasible grid among the ``snap_neighbours``
+        allowed grids nearest to the sampled log2 sizes (the nearest grid when 1)."""
+        if self.snap_neighbours <= 1 or self.model is None or self.space.encoding != "sizes":
+            return config
+        point = [trial.params[name] for name in SIZE_PARAMS]
+        grids = self.space.nearest_grids(point, self.snap_neighbours)
+        cands = [Config(int(x), int(y), int(z), config.block_rows) for x, y, z in grids.tolist()]
+        pred = self.model.predict_many(cands)
+        self.model_evaluations += len(cands)
+        value = np.asarray(objective_value(np.asarray(pred["total_ms"], dtype=np.float64), grids.prod(axis=1), self.objective))
+        mem_gib = np.asarray(pred["memory_bytes"], dtype=np.float64) / 2**30
+        feasible = mem_gib <= self.model.device_memory_gib
+        # feasible first, then by value; an all-infeasible neighbourhood gives its least excess
+        order = np.lexsort((value, mem_gib, ~feasible)) if not feasible.any() else np.lexsort((value, ~feasible))
+        return cands[int(order[0])]
+
+    def __call__(self, trial) -> float:
+        config = self.snap(trial, self.space.suggest(trial))
+        for key, value in config.as_dict().items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("config", config.label)
+        if config in self.cache:
+            ev, first = self.cache[config]
+            trial.set_user_attr("duplicate_of", first if first is not None else "log")
+        else:
+            ev = self.evaluator.evaluate(config)
+            self.evaluations += 1
+            self.cache[config] = (ev, trial.number)
+        trial.set_user_attr("predicted_ms", ev.predicted_ms)
+        trial.set_user_attr("memory_gib", ev.memory_gib)
+        trial.set_user_attr(CONSTRAINT_KEY, ev.memory_excess_gib)
+        if ev.observed_ms is not None:
+            trial.set_user_attr("observed_ms", ev.observed_ms)
+        if ev.run_id is not None:
+            trial.set_user_attr("run_id", ev.run_id)
+        _set_constraint(trial, ev.memory_excess_gib)
+        if ev.failure is not None or ev.epoch_ms is None:
+            trial.set_user_attr("failure", ev.failure or "no time")
+            return float("nan")  # Optuna marks the trial FAIL: failed runs are kept, not given fake values
+        return objective_value(ev.epoch_ms, config.gpus, self.objective)
+
+
+def _set_constraint(trial, value: float) -> None:
+    if hasattr(trial, "set_constraint"):
+        trial.set_constraint(CONSTRAINT_KEY, float(value))
+    else:  # Optuna < 5: read back by constraints_of()
+        trial.set_user_attr("_constraint", float(value))
+
+
+def warm_start(study, space: SearchSpace, configs: Iterable[Config]) -> int:
+    """Enqueue ``configs`` (skipping any already in the study); returns how many were new."""
+    seen = set()
+    for t in study.get_trials(deepcopy=False):
+        cfg = _config_of_attrs(t.user_attrs)
+        fixed = t.system_attrs.get("fixed_params") if cfg is None else None
+        if fixed:  # queued but not run yet
+            cfg = space.config_of_params(fixed)
+        seen.add(cfg)
+    n = 0
+    for cfg in configs:
+        if cfg in seen:
+            continue
+        study.enqueue_trial(space.params_of(cfg), skip_if_exists=True)
+        seen.add(cfg)
+        n += 1
+    return n
+
+
+def spread_starts(space: SearchSpace, n: int) -> list[Config]:
+    """Model-free starting points: the most cubic grid of ``n`` GPU counts spread evenly in log scale.
+
+    Enqueued first, they show TPE both ends of the G range (e.g. a feasible corner next
+    to an infeasible one) before its random start-up trials.
+    """
+    if n <= 0:
+        return []
+    from plexus_tune.model.grid import enumerate_grids
+
+    gpus = np.asarray(space.gpus, dtype=np.float64)
+    targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])
+    out: list[Config] = []
+    for t in targets:
+        g = int(gpus[int(np.argmin(np.abs(np.log(gpus) - math.log(t))))])
+        logs = np.log2(np.asarray(enumerate_grids(g), dtype=np.float64))
+        spread = ((logs - logs.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        gx, gy, gz = (int(2 ** a + 0.5) for a in logs[int(np.argmin(spread))])
+        cfg = Config(gx, gy, gz)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
+    """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now."""
+    import optuna
+
+    remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
+    if remaining:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study.optimize(objective, n_trials=remaining, callbacks=callbacks, show_progress_bar=show_progress, catch=())
+    return remaining
+
+
+def trials_frame(study):
+    """One row per trial: number, state, config columns, value, predicted/observed ms, feasible, duplicate_of."""
+    import pandas as pd
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        excess = a.get(CONSTRAINT_KEY)
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "config": a.get("config"),
+                "gpus": a.get("gpus"),
+                "gx": a.get("gx"),
+                "gy": a.get("gy"),
+                "gz": a.get("gz"),
+                "block_rows": a.get("block_rows"),
+                "value": t.value,
+                "predicted_ms": a.get("predicted_ms"),
+                "observed_ms": a.get("observed_ms"),
+                "memory_gib": a.get("memory_gib"),
+                "feasible": None if excess is None else bool(excess <= 0),
+                "duplicate_of": a.get("duplicate_of"),
+                "run_id": a.get("run_id"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def best_configs(study, k: int = 5):
+    """The k best distinct feasible configurations of a study (DataFrame, best first)."""
+    frame = trials_frame(study)
+    if frame.empty:
+        return frame
+    ok = frame[(frame["state"] == "COMPLETE") & (frame["feasible"].fillna(True).astype(bool))]
+    ok = ok.sort_values(["value", "number"]).drop_duplicates("config")
+    return ok.head(k).reset_index(drop=True)
+
+
+def trials_to_reach(values: Sequence[float], target: float, rel_tol: float = 0.01, feasible: Sequence[bool] | None = None) -> int | None:
+    """1-based index of the first trial whose value is within ``rel_tol`` of ``target`` (None if never)."""
+    for i, val in enumerate(values):
+        if val is None or not np.isfinite(val):
+            continue
+        if feasible is not None and not feasible[i]:
+            continue
+        if val <= target * (1.0 + rel_tol):
+            return i + 1
+    return None
+
+
+def default_study_name(dataset: str, machine: str, gpus: Sequence[int], objective: str, measured: bool, block_rows_range=None) -> str:
+    g = f"G{gpus[0]}" if len(gpus) == 1 else f"G{gpus[0]}-{gpus[-1]}n{len(gpus)}"
+    b = f"-b{block_rows_range[0]}-{block_rows_range[1]}" if block_rows_range else ""
+    return f"{dataset}-{machine}-{g}{b}-{objective}-{'measured' if measured else 'model'}"
