@@ -162,7 +162,7 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
     conn.close()
 
 
-def _secondary(failure: RankFailure) -> int:
+def secondary_failure(failure: RankFailure) -> int:
     """0 for a likely root cause (killed by a signal, or an error of its own), 1 for an error
     that looks like the consequence of a peer's failure (a broken connection, a timeout)."""
     if "terminated by" in failure.reason:
@@ -321,7 +321,7 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
             conn.close()
     failure = None
     if failures:
-        failure = min(failures, key=lambda item: (_secondary(item[1]), item[0]))[1]
+        failure = min(failures, key=lambda item: (secondary_failure(item[1]), item[0]))[1]
     elif timed_out:
         failure = RankFailure(None, f"timed out after {timeout_s:g} s; stopped all {world_size} ranks")
     if failure is not None:

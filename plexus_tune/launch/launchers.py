@@ -1,0 +1,154 @@
+"""Launchers: where and how a command's ranks start (see docs/architecture.md, "Launchers").
+
+- ``local``: processes on this host (:func:`plexus_tune.launch.local.launch_local`);
+- ``torchrun``: one torchrun agent per node, c10d rendezvous at the first node; nodes are
+  host names reached with ssh, or this host;
+- ``emulated``: the same torchrun agents, one inside each node of an emulated cluster
+  (network namespaces linked by shaped veth pairs, :mod:`plexus_tune.cluster`);
+- ``slurm``: one ``srun`` job step per process set inside an allocation.
+
+A launcher is a context manager (the emulated cluster exists between enter and exit), checks
+that a world size fits it before any work starts (:meth:`Launcher.check`), runs
+``fn(rank, world_size, *args)`` on every rank (:meth:`Launcher.run`, returning
+:class:`~plexus_tune.launch.external.Launched`) and describes itself for records
+(:meth:`Launcher.describe`).
+
+Placement: the model assumes rank = z Gx Gy + x Gy + y with consecutive ranks filling a node
+(Y fastest, then X, then Z, within and across nodes). :func:`check_placement` compares the
+nodes the ranks really ran on with that assumption.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+from plexus_tune.errors import UserError
+from plexus_tune.launch.external import Launched, run_agents, write_job
+from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, free_port, launch_local
+
+LAUNCHERS = ("local", "torchrun", "emulated", "slurm")
+WORKER_MODULE = "plexus_tune.launch.worker"
+
+
+def expected_nodes(world_size: int, ranks_per_node: int) -> list[int]:
+    """Node index of each rank under the model's placement: rank // ranks_per_node."""
+    return [rank // ranks_per_node for rank in range(world_size)]
+
+
+def check_placement(placement: Sequence[Mapping], ranks_per_node: int) -> dict:
+    """Whether ranks ran where the model assumes: {'placement_ok', 'rank_nodes', 'rank_hosts'}.
+
+    Ranks r and r' must share a node exactly when r // ranks_per_node == r' // ranks_per_node
+    (node labels themselves are free). Ranks without a placement report count as mismatched.
+    """
+    world = len(placement)
+    nodes = [p.get("node") for p in placement]
+    hosts = [p.get("host") for p in placement]
+    keys = [(h, n) for h, n in zip(hosts, nodes)]
+    want = expected_nodes(world, ranks_per_node)
+    ok = all(p.get("rank") == r for r, p in enumerate(placement))
+    ok = ok and all((keys[a] == keys[b]) == (want[a] == want[b]) for a in range(world) for b in range(a + 1, world))
+    return {"placement_ok": bool(ok), "rank_nodes": nodes, "rank_hosts": hosts}
+
+
+class Launcher:
+    """Base: a launcher on one node that runs everything locally."""
+
+    name = "local"
+
+    def __init__(self, ranks_per_node: int | None = None):
+        self.ranks_per_node = ranks_per_node
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def check(self, world_size: int) -> None:
+        """Raise UserError when ``world_size`` ranks cannot run on this launcher."""
+
+    def cluster(self) -> dict | None:
+        """The cluster the ranks run on, for records (None: this host)."""
+        return None
+
+    def describe(self) -> dict:
+        return {"launcher": self.name, "cluster": self.cluster()}
+
+    def run(self, fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
+            timeout_s: float = DEFAULT_TIMEOUT_S, threads_per_rank: int | None = None,
+            preload: Sequence[str] = ()) -> Launched:
+        values = launch_local(fn, world_size, args, backend=backend, timeout_s=timeout_s,
+                              threads_per_rank=threads_per_rank, preload=preload)
+        host = socket.gethostname()
+        return Launched(values, [{"rank": r, "host": host, "node": 0, "local_rank": r} for r in range(world_size)])
+
+
+def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
+                  job_dir: str, python: str = sys.executable) -> list[str]:
+    """One torchrun agent's command: c10d rendezvous at ``endpoint`` (host:port)."""
+    return [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={run_id}", "--max-restarts=0", "--monitor-interval=0.5",
+            "-m", WORKER_MODULE, job_dir]
+
+
+class TorchrunLauncher(Launcher):
+    """torchrun agents on ``hosts`` (ssh for remote ones), ``ranks_per_node`` ranks each.
+
+    The job directory must be on a file system every host sees (``job_root``).
+    """
+
+    name = "torchrun"
+
+    def __init__(self, hosts: Sequence[str], ranks_per_node: int, *, job_root: str | None = None,
+                 ssh: Sequence[str] = ("ssh", "-o", "BatchMode=yes")):
+        super().__init__(ranks_per_node)
+        if not hosts:
+            raise UserError("the torchrun launcher needs at least one host")
+        self.hosts = list(hosts)
+        self.job_root = job_root
+        self.ssh = list(ssh)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    def check(self, world_size: int) -> None:
+        if self.nodes * self.ranks_per_node != world_size:
+            raise UserError(f"{world_size} ranks do not fit {self.nodes} node(s) x {self.ranks_per_node} ranks per "
+                            f"node; choose ranks per node so that nodes x ranks per node = {world_size}")
+
+    def cluster(self) -> dict | None:
+        return {"kind": "hosts", "nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "hosts": self.hosts}
+
+    def rendezvous_host(self) -> str:
+        return self.hosts[0]
+
+    def agent_command(self, node: int, argv: list[str], env: dict) -> tuple[list[str], dict]:
+        host = self.hosts[node]
+        if host in ("localhost", "127.0.0.1", socket.gethostname()):
+            return argv, env
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k.startswith(("PLEXUS_TUNE", "GLOO", "OMP")))
+        return [*self.ssh, host, f"cd {shlex.quote(os.getcwd())} && env {exports} {shlex.join(argv)}"], dict(os.environ)
+
+    def run(self, fn, world_size, args=(), *, backend="gloo", timeout_s=DEFAULT_TIMEOUT_S, threads_per_rank=None,
+            preload=()) -> Launched:
+        self.check(world_size)
+        job_dir = write_job(fn, args, backend=backend, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
+                            directory=self.job_root)
+        endpoint = f"{self.rendezvous_host()}:{free_port()}"
+        run_id = uuid.uuid4().hex[:12]
+        agents = []
+        for node in range(self.nodes):
+            env = {**os.environ, "PLEXUS_TUNE_NODE": str(node)}
+            argv = torchrun_argv(nnodes=self.nodes, nproc_per_node=self.ranks_per_node, node_rank=node,
+                                 endpoint=endpoint, run_id=run_id, job_dir=str(job_dir))
+            agents.append(self.agent_command(node, argv, env))
+        return run_agents(agents, job_dir, world_size, timeout_s=timeout_s + 60.0)

@@ -1,0 +1,55 @@
+"""Launchers: torchrun agents with c10d rendezvous, results and failures collected per rank,
+and the placement check against the model's rank order."""
+
+import pytest
+
+from plexus_tune.errors import UserError
+from plexus_tune.launch import RankFailure
+from plexus_tune.launch.launchers import Launcher, TorchrunLauncher, check_placement, expected_nodes
+from plexus_tune.launch.probe import all_reduce_ranks
+
+
+def _placement(nodes):
+    return [{"rank": r, "host": "h", "node": n} for r, n in enumerate(nodes)]
+
+
+def test_expected_nodes_fill_a_node_with_consecutive_ranks():
+    assert expected_nodes(8, 4) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert expected_nodes(6, 2) == [0, 0, 1, 1, 2, 2]
+
+
+def test_check_placement_accepts_relabelled_nodes_and_rejects_interleaving():
+    assert check_placement(_placement([0, 0, 1, 1]), 2)["placement_ok"]
+    assert check_placement(_placement([1, 1, 0, 0]), 2)["placement_ok"]  # labels are free
+    bad = check_placement(_placement([0, 1, 0, 1]), 2)  # round-robin: Y would cross nodes
+    assert not bad["placement_ok"] and bad["rank_nodes"] == [0, 1, 0, 1]
+    assert not check_placement(_placement([0, 0, 0, 1]), 2)["placement_ok"]
+
+
+def test_local_launcher_reports_one_node():
+    with Launcher() as launcher:
+        out = launcher.run(all_reduce_ranks, 2, timeout_s=60)
+    assert [v["sum"] for v in out.values] == [1.0, 1.0]
+    assert check_placement(out.placement, 2)["placement_ok"]
+    assert launcher.describe() == {"launcher": "local", "cluster": None}
+
+
+def test_torchrun_agents_per_node_rendezvous_and_placement():
+    launcher = TorchrunLauncher(["localhost", "localhost"], 2)
+    out = launcher.run(all_reduce_ranks, 4, timeout_s=90)
+    assert [v["sum"] for v in out.values] == [6.0] * 4
+    assert [p["rank"] for p in out.placement] == [0, 1, 2, 3]
+    assert sorted(p["node"] for p in out.placement) == [0, 0, 1, 1]
+    assert check_placement(out.placement, 2)["placement_ok"]
+
+
+def test_torchrun_failure_names_the_failing_rank():
+    launcher = TorchrunLauncher(["localhost", "localhost"], 1)
+    with pytest.raises(RankFailure) as info:
+        launcher.run(all_reduce_ranks, 2, (1,), timeout_s=60)
+    assert info.value.rank == 1 and "asked to fail" in info.value.reason
+
+
+def test_torchrun_world_that_does_not_fit_is_rejected_before_starting():
+    with pytest.raises(UserError, match="do not fit 2 node"):
+        TorchrunLauncher(["localhost", "localhost"], 2).check(6)
