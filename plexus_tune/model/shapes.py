@@ -208,9 +208,10 @@ def layer_shapes(nodes, widths, grids, *, nnz=None, padded: bool = True, block_r
         z = div(total_nnz, g_d * g_o)
         blocks = block_count(r_d, block_rows)
         rows_per_block = div(r_d, blocks) if block_rows else r_d
-        values = dict(g_o=g_o, g_n=g_n, g_d=g_d, r_d=r_d, r_o=r_o, c_i=c_i, c_o=c_o, w_rows=w_rows,
-                      feature_rows=feature_rows, w_gathered_rows=w_gathered,
-                      features_gathered_rows=features_gathered, z=z, blocks=blocks, block_rows=rows_per_block)
+        values = {"g_o": g_o, "g_n": g_n, "g_d": g_d, "r_d": r_d, "r_o": r_o, "c_i": c_i, "c_o": c_o,
+                  "w_rows": w_rows, "feature_rows": feature_rows, "w_gathered_rows": w_gathered,
+                  "features_gathered_rows": features_gathered, "z": z, "blocks": blocks,
+                  "block_rows": rows_per_block}
         if scalar:
             values = {k: _item(v) for k, v in values.items()}
         else:
