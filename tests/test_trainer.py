@@ -13,7 +13,8 @@ import scipy.sparse as sp
 from plexus_tune.graph import Graph
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.launch import launch_local
-from plexus_tune.trainer import TrainConfig
+from plexus_tune.model.shapes import layer_shapes
+from plexus_tune.trainer import TrainConfig, model_widths
 from plexus_tune.trainer.engine import rank_main
 from plexus_tune.trainer.layout import make_layout
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
@@ -101,32 +102,50 @@ def test_every_grid_equals_serial_pyg(gpus, graph, references):
                 assert row["spmm_ms"] > 0 and row["epoch_ms"] > 0
                 assert row["spmm_ms"] + row["gemm_ms"] + row["comm_ms"] <= row["epoch_ms"] * 1.001
                 assert (row["comm_ms"] > 0) == (gpus > 1)
-        assert result["n_pad"] == -(-NODES // gpus) * gpus
+        assert result["n_pad"] == max(g * -(-NODES // g) for g in config.grid)  # each axis pads N on its own
     if gpus == 8:
         splits = {tuple(r["w_split"]) for r in results}
         flat = {s for t in splits for s in t}
-        assert flat == {True, False}  # weights split over depth and replicated both exercised
+        assert flat == {True, False}  # weights split over depth (g_d > 1) and whole (g_d = 1) both exercised
+        # W pieces and layer-0 feature pieces padded (rows not divisible by the depth) both exercised
+        shapes = [s for c in configs for s in layer_shapes(NODES, model_widths(FEATURES, CLASSES, c.layers, HIDDEN),
+                                                             c.grid) if s.g_d > 1]
+        assert any(s.c_i % s.g_d for s in shapes) and any(s.r_o % s.g_d for s in shapes if s.layer == 0)
+
+
+def rng(b):
+    """A block as (start, stop, size): real indices [start, stop) in a buffer of size entries."""
+    return (b.start, b.stop, b.size)
 
 
 def test_layout_hand_derived_blocks():
-    # grid 2x3x1, rank 4 = (x=1, y=1, z=0); N = 37 -> N_pad = 42; widths 7, 9, 9, 5
+    # grid 2x3x1, rank 4 = (x=1, y=1, z=0); N = 37; widths 7, 9, 9, 5. Every axis pads on its
+    # own: blocks of ceil(37/2) = 19 rows over X, ceil(37/3) = 13 over Y, 37 over Z
     lay = make_layout((2, 3, 1), 4, 37, (7, 9, 9, 5))
-    assert lay.n_pad == 42 and lay.padded_widths == (9, 10, 9, 6)
+    assert lay.padded_nodes == 39 and lay.padded_widths == (9, 10, 9, 6)  # 3 * 13; widths over Y, X, Z, Y
     l0, l1, l2 = lay.layers
+    # layer 0 (o X, n Y, d Z): rows all 37 (Z = 1), columns block x=1 of 19: [19, 37) + 1 padding row
     assert (l0.outer, l0.inner, l0.depth) == (0, 1, 2)
-    assert (l0.a_rows.start, l0.a_rows.stop, l0.a_cols.start, l0.a_cols.stop) == (0, 42, 21, 42)
-    assert (l0.in_cols.start, l0.in_cols.stop, l0.out_cols.start, l0.out_cols.stop) == (3, 6, 5, 10)
-    assert (l0.f_rows.start, l0.f_rows.stop, l0.w_split) == (21, 42, False)
+    assert (rng(l0.a_rows), rng(l0.a_cols)) == ((0, 37, 37), (19, 37, 19))
+    assert (rng(l0.in_cols), rng(l0.out_cols)) == ((3, 6, 3), (5, 9, 5))  # ceil(7/3) = 3, ceil(9/2) = 5
+    assert rng(l0.f_rows) == (19, 37, 19) and not l0.w_split  # depth Z = 1: nothing split
+    # layer 1 (o Z, n X, d Y): rows block y=1 of 13, inputs columns block x=1 of ceil(9/2) = 5
     assert (l1.outer, l1.inner, l1.depth) == (2, 0, 1)
-    assert (l1.a_rows.start, l1.a_rows.stop, l1.a_cols.start, l1.a_cols.stop) == (14, 28, 0, 42)
-    assert (l1.in_cols.start, l1.in_cols.stop, l1.out_cols.start, l1.out_cols.stop) == (5, 10, 0, 9)
-    assert l1.w_split is False  # 5 rows of W over a depth of 3
-    assert (l2.a_rows.start, l2.a_rows.stop, l2.a_cols.start, l2.a_cols.stop) == (21, 42, 14, 28)
-    assert (l2.out_cols.start, l2.out_cols.stop) == (2, 4)
-    # 2x2x2, rank 0: layer 0 has 8 / 2 = 4 input columns, split over depth 2 -> W split
+    assert (rng(l1.a_rows), rng(l1.a_cols)) == ((13, 26, 13), (0, 37, 37))
+    assert (rng(l1.in_cols), rng(l1.out_cols)) == ((5, 9, 5), (0, 9, 9))
+    # W's 5 rows over a depth of 3: pieces of ceil(5/3) = 2 rows, y = 1 holds rows 7, 8
+    assert l1.w_split and rng(l1.w_rows) == (7, 9, 2)
+    assert rng(make_layout((2, 3, 1), 5, 37, (7, 9, 9, 5)).layers[1].w_rows) == (9, 9, 2)  # y = 2: all padding
+    # layer 2 (o Y, n Z, d X): rows block x=1 of 19, columns block y=1 of 13, classes block y=1 of 2
+    assert (rng(l2.a_rows), rng(l2.a_cols)) == ((19, 37, 19), (13, 26, 13))
+    assert rng(l2.out_cols) == (2, 4, 2) and rng(l2.w_rows) == (5, 9, 5)  # ceil(9/2) = 5 rows of W
+    # 2x2x2: layer 0 has ceil(7/2) = 4 input columns, over depth 2 -> W pieces of 2 rows; the
+    # features' 19-row block over X is kept in depth pieces of ceil(19/2) = 10 rows
     l0 = make_layout((2, 2, 2), 0, 37, (7, 9, 9, 5)).layers[0]
-    assert l0.w_split and (l0.w_rows.start, l0.w_rows.stop) == (0, 2)
-    assert (l0.f_rows.start, l0.f_rows.stop) == (0, 10)  # 40 / 2 rows over X, then / 2 over Z
+    assert l0.w_split and rng(l0.w_rows) == (0, 2, 2)
+    assert rng(l0.f_rows) == (0, 10, 10)
+    l0 = make_layout((2, 2, 2), 6, 37, (7, 9, 9, 5)).layers[0]  # rank 6 = (x=1, y=0, z=1)
+    assert rng(l0.f_rows) == (29, 37, 10)  # rows 29..36, then 2 padding rows
 
 
 @pytest.mark.parametrize("grid", [(3, 2, 1), (1, 2, 4), (2, 3, 2), (4, 1, 3)])
@@ -136,7 +155,7 @@ def test_layout_chains_output_to_next_input(grid):
         lay = make_layout(grid, rank, 53, (11, 13, 13, 13, 13, 7))
         for a, b in zip(lay.layers[:-1], lay.layers[1:]):
             assert a.out_cols == b.in_cols
-            assert (a.a_rows.start, a.a_rows.stop) == (b.a_cols.start, b.a_cols.stop)
+            assert a.a_rows == b.a_cols
             assert b.parity != a.parity
 
 

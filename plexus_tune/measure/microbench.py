@@ -35,6 +35,7 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 KIB = 1024
@@ -258,7 +259,7 @@ def _csr_tensor(indptr, indices, values, shape):
     import torch
 
     # int32 indices when they fit, as the trainer stores its shards
-    index = np.int32 if len(indices) < 2**31 - 1 and max(shape) < 2**31 - 1 else np.int64
+    index = csr_index_dtype(len(indices), *shape)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta" and invariant-check notes
         return torch.sparse_csr_tensor(
@@ -406,12 +407,9 @@ def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, pas
     return records
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def shard(matrix, row_block: int, col_block: int, row_index: int, col_index: int):
-    """Block (row_index, col_index) of a scipy CSR matrix cut into row_block x col_block tiles (padded)."""
+    """Block (row_index, col_index) of a scipy CSR matrix cut into row_block x col_block tiles
+    (zero padded to row_block x col_block past the matrix, as the trainer allocates)."""
     n_rows, n_cols = matrix.shape
     r0, c0 = row_index * row_block, col_index * col_block
     part = matrix[min(r0, n_rows) : min(r0 + row_block, n_rows), min(c0, n_cols) : min(c0 + col_block, n_cols)]
@@ -446,14 +444,15 @@ def calibrate_graph_shards(
     ``adjacency`` is the GCN-normalized N x N CSR matrix; it is double-permuted, layer i
     uses P_r A P_c^T for even i and its transpose layout for odd i. The shard of a rank
     is rows ceil(N/g_d), columns ceil(N/g_o) of that layout at its (depth, outer)
-    coordinates; shards are the same along the inner axis, so each distinct shard is
+    coordinates (:func:`plexus_tune.model.shapes.layer_shapes`, the trainer's shard
+    shapes); shards are the same along the inner axis, so each distinct shard is
     timed once (``all_shards``; otherwise the one with the most nonzeros, which decides
     the epoch). Returns spmm-v1 and gemm-v1 records.
     """
     import torch
 
     from plexus_tune.graph import double_permute
-    from plexus_tune.model.grid import enumerate_grids, format_grid, layer_roles
+    from plexus_tune.model.grid import enumerate_grids, format_grid
 
     from plexus_tune.allocator import retain_large_allocations
 
@@ -468,11 +467,9 @@ def calibrate_graph_shards(
     records: list[dict] = []
     for grid in grids:
         grid = tuple(int(v) for v in grid)
-        for layer in range(len(widths) - 1):
-            o, inner, d = layer_roles(layer)
-            g_o, g_n, g_d = grid[o], grid[inner], grid[d]
-            r_d, r_o = _ceil_div(n, g_d), _ceil_div(n, g_o)
-            c_i, c_o = _ceil_div(widths[layer], g_n), _ceil_div(widths[layer + 1], g_o)
+        for s in layer_shapes(n, widths, grid):
+            layer, g_o, g_d = s.layer, s.g_o, s.g_d
+            r_d, r_o, c_i, c_o = s.r_d, s.r_o, s.c_i, s.c_o
             layout = layouts[layer % 2]
             # nonzeros of every (depth, outer) shard, from one pass over the layout
             coo = layout.tocoo()

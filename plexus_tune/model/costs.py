@@ -6,13 +6,19 @@ quantity is computed for all K grids at once; the only Python loop is over layer
 
 Notation for layer i with roles (outer o, inner n, depth d) from
 :func:`plexus_tune.model.grid.layer_roles` and axis sizes g_o, g_n, g_d; padded local
-sizes (a dimension n split over g ranks holds ceil(n / g) entries)::
+sizes (a dimension n split over g ranks holds ceil(n / g) entries), all from
+:func:`plexus_tune.model.shapes.layer_shapes`, the sizes the trainer allocates::
 
     r_d = ceil(N / g_d)   rows of H = A F_i and of Q = H W_i
     r_o = ceil(N / g_o)   rows of F_i (the common dimension of A F_i)
     c_i = ceil(D_i / g_n)      columns of F_i and H
     c_o = ceil(D_{i+1} / g_o)  columns of Q
+    w   = ceil(c_i / g_d)      rows of W_i a rank keeps; its all-gather returns g_d w rows
+    f   = ceil(r_o / g_d)      rows of the layer-0 features a rank keeps (g_d f gathered)
     z   = ceil(NNZ / (g_d g_o))  nonzeros of the local A shard
+
+The gathered W_i block and layer-0 features (and the dW, dF_0 reduce-scatters) carry
+g_d w c_o and g_d f c_0 elements: the "c_i c_o" and layer-0 "r_o c_i" messages below.
 
 SpMM (``spmm_ms``)
     Machine kind ``paper``: the paper's epoch-level form (DESIGN.md 4.1, eq. 4.4),
@@ -31,7 +37,8 @@ SpMM (``spmm_ms``)
     over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
     the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
     layer. With ``block_rows`` the forward SpMM runs as b = ceil(r_d / block_rows)
-    blocks of ceil(r_d / b) rows and z / b nonzeros each.
+    blocks of ceil(r_d / b) rows (the trainer's blocks; its last one is shorter) and
+    z / b nonzeros each.
 
 Communication (``comm_ms``): every collective of DESIGN.md 4.2 per layer, with the
 padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
@@ -60,7 +67,7 @@ Elementwise (``other_ms``): bytes moved at the machine's ``elementwise_gbps``
 (0 when the profile lacks it): the activation (or loss) of each layer reads and
 writes its output forward and reads two and writes one array backward,
 5 u r_d c_o; Adam touches 7 arrays (param, grad, two moments read, three written)
-per local parameter element, 7 u (ceil(c_i c_o / g_d) + [layer 0] ceil(r_o c_0 / g_d)).
+per local parameter element, 7 u (w c_o + [layer 0] f c_0).
 
 ``overhead_ms``: the profile's fixed ``epoch_overhead_ms`` (0 unless fitted from
 trainer runs by ``plexus-tune fit``), the same for every grid.
@@ -84,6 +91,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
+from plexus_tune.model.shapes import layer_shapes
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
@@ -95,14 +103,6 @@ PREDICTION_KEYS = (
 #: Time components that the oversubscription factor stretches.
 _STRETCHED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
-
-
-def _ceil_div(a, b):
-    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))
-
-
-def _exact_div(a, b):
-    return np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64)
 
 
 def _as_grids(grids) -> np.ndarray:
@@ -148,17 +148,17 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
 
     ``padded`` (default: the machine's ``padded_sizes``, normally True) chooses
-    ceil(n / g) local sizes; False divides exactly, as the paper's model does.
-    Memory always uses padded sizes.
+    ceil(n / g) local sizes; False divides exactly, as the paper's model does
+    (:func:`plexus_tune.model.shapes.layer_shapes`). Memory always uses padded sizes.
     """
     machine = load_machine(machine) if not isinstance(machine, Machine) else machine
     grids = _as_grids(grids)
     block_rows = _check_block_rows(block_rows)
     padded = machine.padded_sizes if padded is None else bool(padded)
-    div = _ceil_div if padded else _exact_div
     k = grids.shape[0]
     u = float(workload.bytes_per_element)
-    n_nodes, nnz, widths = int(workload.nodes), int(workload.nnz), workload.widths
+    shapes = layer_shapes(workload.nodes, workload.widths, grids, nnz=workload.nnz, padded=padded,
+                          block_rows=block_rows)
     zeros = lambda: np.zeros(k, dtype=np.float64)  # noqa: E731
     comm_axis = [zeros(), zeros(), zeros()]
     comm_kind = {"all_reduce": zeros(), "all_gather": zeros(), "reduce_scatter": zeros()}
@@ -175,15 +175,12 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         comm_axis[axis] += t
         comm_kind[op] += t
 
-    for i in range(workload.layers):
-        o, inner, d = layer_roles(i)
-        g_o, g_n, g_d = grids[:, o], grids[:, inner], grids[:, d]
-        r_d, r_o = div(n_nodes, g_d), div(n_nodes, g_o)
-        c_i, c_o = div(widths[i], g_n), div(widths[i + 1], g_o)
-        blocks = np.ceil(r_d / block_rows).astype(np.int64) if block_rows else np.ones(k, dtype=np.int64)
+    for i, s in enumerate(shapes):
+        o, inner, d = s.outer, s.inner, s.depth
+        r_d, r_o, c_i, c_o, blocks = s.r_d, s.r_o, s.c_i, s.c_o, s.blocks
         h_bytes = u * r_d * c_i
-        f_bytes = u * r_o * c_i
-        w_bytes = u * c_i * c_o
+        f_bytes = u * (s.features_gathered_rows if i == 0 else r_o) * c_i
+        w_bytes = u * s.w_gathered_rows * c_o
         q_bytes = u * r_d * c_o
         # forward
         if i == 0:
@@ -198,14 +195,13 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes)
 
         gemm_flops += 6.0 * r_d * c_i * c_o
-        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * div(c_i * c_o, g_d)
+        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * s.w_rows * c_o
         if i == 0:
-            elementwise_bytes += 7.0 * u * div(r_o * c_i, g_d)
+            elementwise_bytes += 7.0 * u * s.feature_rows * c_i
 
         if spmm_kind != "paper":
-            z = np.asarray(div(nnz, g_d * g_o), dtype=np.float64)
-            fwd_rows = np.ceil(r_d / blocks) if padded else r_d / blocks
-            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, fwd_rows, r_o, c_i)
+            z = np.asarray(s.z, dtype=np.float64)
+            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i)
             spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i)
 
     if spmm_kind == "paper":
@@ -216,7 +212,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = elementwise_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else zeros()
     comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
-    mem = memory_breakdown(workload, grids)["total"]
+    mem = memory_breakdown(workload, grids, block_rows=block_rows)["total"]
     out = {
         "gx": grids[:, 0].copy(), "gy": grids[:, 1].copy(), "gz": grids[:, 2].copy(),
         "spmm_ms": np.asarray(spmm, dtype=np.float64), "gemm_ms": gemm, "comm_ms": comm,

@@ -1,27 +1,34 @@
-"""Memory per GPU of a 3D-parallel GCN (DESIGN.md 4.4), vectorized over grids.
+"""Memory per GPU of a 3D-parallel GCN (docs/model.md, "Memory"), vectorized over grids.
 
-Local sizes are padded: a dimension of length n split over g ranks holds
-ceil(n / g) entries on every rank. With u = bytes per element, ``index_bytes`` the
-size of a sparse index (8: torch CSR uses int64) and, for layer i with roles
-(outer o, inner n, depth d) and sizes g_o, g_n, g_d::
+The bytes the bundled trainer allocates on one rank, with the local sizes of
+:func:`plexus_tune.model.shapes.layer_shapes` (per-axis padding: a dimension of length
+n split over g ranks holds ceil(n / g) entries). With u = bytes per element, ``ib``
+the bytes of a sparse index (:func:`plexus_tune.model.shapes.csr_index_bytes`: 4, the
+trainer's int32, unless a shard reaches 2^31 - 1 nonzeros or rows) and, for layer i
+with roles (outer o, inner n, depth d) and sizes g_o, g_n, g_d::
 
-    r_d = ceil(N / g_d), r_o = ceil(N / g_o)          local rows of H / of F_i
+    r_d = ceil(N / g_d), r_o = ceil(N / g_o)          local rows of H and Q / of F_i
     c_i = ceil(D_i / g_n), c_o = ceil(D_{i+1} / g_o)  local columns of F_i / of Q
+    w = ceil(c_i / g_d), f = ceil(r_o / g_d)          kept rows of W_i / of F_0
     z_i = ceil(NNZ / (g_d g_o))                        local nonzeros of the A shard
+    b_i = ceil(r_d / block_rows)                       row blocks (1 without blocking)
 
 Counted terms:
 
 - adjacency: one shard per distinct (layout i mod 3, permutation parity i mod 2)
-  among the layers, i.e. min(6, L) shards with double permutation (min(3, L)
-  without); each stored as A (r_d rows) and A^T (r_o rows), CSR:
-  2 z_i (u + index_bytes) + (r_d + 1 + r_o + 1) index_bytes bytes;
-- weights: parameter, gradient and two Adam moments of the local W_i block, also
-  split over depth: 4 ceil(c_i c_o / g_d) elements;
-- input features (trainable): 4 ceil(r_o c_0 / g_d) elements at layer 0;
+  among the layers, i.e. min(6, L) shards when the rows and columns are permuted
+  differently (``double_permutation``; the trainer does so for ``permute`` double and
+  single) and min(3, L) without permutation; each stored as A (r_d rows, as b_i row
+  blocks with blocked aggregation) and A^T (r_o rows), CSR:
+  2 z_i (u + ib) + (r_d + b_i + r_o + 1) ib bytes;
+- weights: value, gradient and two AdamW moments of the kept piece of W_i and of the
+  bias b_i: 4 (w c_o + c_o) elements;
+- input features (trainable): 4 f c_0 elements at layer 0;
 - per layer: saved aggregation output H and its gradient, 2 r_d c_i elements, and
   the layer output Q and its gradient, 2 r_d c_o elements;
-- the largest temporary gathered buffer: max over layers of the gathered W_i block
-  (c_i c_o) and, at layer 0, the gathered input features (r_o c_0) elements;
+- the largest buffer an all-gather over depth returns (none where g_d = 1): max over
+  layers of the gathered W_i piece, g_d w c_o, and at layer 0 the gathered features,
+  g_d f c_0 elements;
 - labels: int64 for the rows of the last layer's output, 8 r_d(L-1) bytes.
 """
 
@@ -29,20 +36,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.model.grid import layer_roles
+from plexus_tune.model.shapes import csr_bytes, csr_index_bytes, layer_shapes
 
 
-def _ceil_div(a, b):
-    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))
+def memory_breakdown(workload, grids, *, index_bytes: int | None = None, double_permutation: bool = True,
+                     block_rows=None) -> dict[str, np.ndarray]:
+    """Bytes per GPU by part (keys adjacency, weights, features, activations, gathered, labels, total).
 
-
-def memory_breakdown(workload, grids, *, index_bytes: int = 8, double_permutation: bool = True) -> dict[str, np.ndarray]:
-    """Bytes per GPU by part (keys adjacency, weights, features, activations, gathered, labels, total)."""
+    ``index_bytes`` overrides the trainer's index width (default: int32, int64 past
+    2^31 - 1); ``block_rows`` counts the row blocks of blocked aggregation.
+    """
     grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     u = int(workload.bytes_per_element)
-    n_nodes, nnz, widths = int(workload.nodes), int(workload.nnz), workload.widths
-    layers = workload.layers
     k = grids.shape[0]
+    shapes = layer_shapes(workload.nodes, workload.widths, grids, nnz=workload.nnz, block_rows=block_rows)
     adjacency = np.zeros(k, dtype=np.float64)
     weight_elems = np.zeros(k, dtype=np.float64)
     act_elems = np.zeros(k, dtype=np.float64)
@@ -50,23 +57,22 @@ def memory_breakdown(workload, grids, *, index_bytes: int = 8, double_permutatio
     seen_shards = set()
     feature_elems = np.zeros(k, dtype=np.float64)
     labels = np.zeros(k, dtype=np.float64)
-    for i in range(layers):
-        o, n, d = layer_roles(i)
-        g_o, g_n, g_d = grids[:, o], grids[:, n], grids[:, d]
-        r_d, r_o = _ceil_div(n_nodes, g_d), _ceil_div(n_nodes, g_o)
-        c_i, c_o = _ceil_div(widths[i], g_n), _ceil_div(widths[i + 1], g_o)
+    for s in shapes:
+        i = s.layer
+        r_d, r_o, c_i, c_o, z = s.r_d, s.r_o, s.c_i, s.c_o, s.z
         shard = (i % 3, i % 2 if double_permutation else 0)
         if shard not in seen_shards:
             seen_shards.add(shard)
-            z = _ceil_div(nnz, g_d * g_o)
-            adjacency += 2 * z * (u + index_bytes) + (r_d + 1 + r_o + 1) * index_bytes
-        weight_elems += 4 * _ceil_div(c_i * c_o, g_d)
+            ib = csr_index_bytes(z, r_d, r_o) if index_bytes is None else index_bytes
+            adjacency += csr_bytes(z, r_d, u, ib, s.blocks) + csr_bytes(z, r_o, u, ib)
+        weight_elems += 4 * (s.w_rows * c_o + c_o)
         act_elems += 2 * r_d * c_i + 2 * r_d * c_o
-        gathered = np.maximum(gathered, c_i * c_o)
+        split = s.g_d > 1
+        gathered = np.maximum(gathered, np.where(split, s.w_gathered_rows * c_o, 0))
         if i == 0:
-            feature_elems = 4 * _ceil_div(r_o * c_i, g_d).astype(np.float64)
-            gathered = np.maximum(gathered, r_o * c_i)
-        if i == layers - 1:
+            feature_elems = 4.0 * s.feature_rows * c_i
+            gathered = np.maximum(gathered, np.where(split, s.features_gathered_rows * c_i, 0))
+        if i == len(shapes) - 1:
             labels = 8.0 * r_d
     parts = {
         "adjacency": adjacency,

@@ -1,12 +1,15 @@
 """One rank of the 3D-parallel GCN: shards, the layer and loss autograd functions, training.
 
-Forward of layer i (roles and shapes in :mod:`plexus_tune.trainer.layout`):
+Forward of layer i (roles and shapes in :mod:`plexus_tune.trainer.layout`, sizes in
+:mod:`plexus_tune.model.shapes`):
 [layer 0: all-gather F over depth] -> H = A F (SpMM) -> all-reduce H over outer ->
 [all-gather W over depth] -> Q = H W (GEMM) -> all-reduce Q over inner -> Q += b.
 Backward (given dQ): db = sum_rows dQ, all-reduce over depth; dW = H^T dQ,
-reduce-scatter over depth (all-reduce when W is not split there); [all-gather W over
-depth]; dH = dQ W^T, all-reduce over outer; dF = A^T dH, layer 0: reduce-scatter over
-depth, other layers: all-reduce over depth. The activation (ReLU) sits between layers.
+reduce-scatter over depth; [all-gather W over depth]; dH = dQ W^T, all-reduce over
+outer; dF = A^T dH, layer 0: reduce-scatter over depth, other layers: all-reduce over
+depth. The activation (ReLU) sits between layers. W and the layer-0 features are split
+over depth in pieces of ceil(rows / g_d) rows: a gather returns g_d pieces and the
+first c_i (r_o) rows are used; the gradient is zero padded back before its scatter.
 
 SpMM uses ``torch.sparse.mm`` on CSR tensors with int32 indices (MKL on x86 CPUs;
 cuSPARSE on CUDA); both A and A^T shards are stored as CSR.
@@ -26,8 +29,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
-from plexus_tune.trainer.layout import GridLayout, LayerLayout, make_layout
+from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
 
 FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
 
@@ -51,7 +55,7 @@ def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device) -> torch.Tensor
     """A scipy CSR matrix as a torch sparse CSR tensor (int32 indices when they fit)."""
     matrix = sp.csr_matrix(matrix)
     matrix.sort_indices()
-    index_dtype = np.int32 if matrix.nnz < 2**31 - 1 and max(matrix.shape) < 2**31 - 1 else np.int64
+    index_dtype = csr_index_dtype(matrix.nnz, *matrix.shape)
     crow = torch.from_numpy(matrix.indptr.astype(index_dtype))
     col = torch.from_numpy(matrix.indices.astype(index_dtype))
     val = torch.from_numpy(matrix.data.astype(np.float64)).to(dtype)
@@ -65,8 +69,8 @@ def csr_bytes(t: torch.Tensor) -> int:
     return sum(x.numel() * x.element_size() for x in (t.crow_indices(), t.col_indices(), t.values()))
 
 
-def take_block(matrix: sp.csr_matrix, rows, cols) -> sp.csr_matrix:
-    """Rows [r0, r1) x columns [c0, c1) of ``matrix`` where indices past its end are zero padding."""
+def take_block(matrix: sp.csr_matrix, rows: Block, cols: Block) -> sp.csr_matrix:
+    """The rows x cols block of ``matrix``, rows.size x cols.size, zero past its real entries."""
     n_rows, n_cols = matrix.shape
     r0, r1 = min(rows.start, n_rows), min(rows.stop, n_rows)
     c0, c1 = min(cols.start, n_cols), min(cols.stop, n_cols)
@@ -76,10 +80,17 @@ def take_block(matrix: sp.csr_matrix, rows, cols) -> sp.csr_matrix:
     return sp.csr_matrix((part.data, part.indices, indptr), shape=(rows.size, cols.size))
 
 
-def pad_dense(array: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    out = np.zeros((rows, cols), dtype=array.dtype)
-    out[: array.shape[0], : array.shape[1]] = array
+def take_dense(array: np.ndarray, rows: Block, cols: Block) -> np.ndarray:
+    """The rows x cols block of a dense array, rows.size x cols.size, zero past its real entries."""
+    out = np.zeros((rows.size, cols.size), dtype=array.dtype)
+    out[: rows.real, : cols.real] = array[rows.start:rows.stop, cols.start:cols.stop]
     return out
+
+
+def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows`` rows."""
+    extra = int(rows) - tensor.shape[0]
+    return torch.nn.functional.pad(tensor, (0, 0, 0, extra)) if extra > 0 else tensor
 
 
 @dataclass
@@ -136,9 +147,9 @@ class GCNLayerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, f_local, w_local, b_local, shard: LayerShard):
         lay, comm = shard.layout, shard.comm
-        f = comm.all_gather(f_local, lay.depth) if shard.first else f_local
+        f = comm.all_gather(f_local, lay.depth)[: lay.shapes.r_o] if shard.first else f_local
         h = shard.aggregate(f.contiguous())
-        w = comm.all_gather(w_local, lay.depth) if lay.w_split else w_local
+        w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i] if lay.w_split else w_local
         q = shard.gemm(h, w)
         comm.all_reduce(q, lay.inner)
         q = q + b_local
@@ -159,16 +170,15 @@ class GCNLayerFunction(torch.autograd.Function):
         comm.all_reduce(db, lay.depth)
         dw = shard.gemm(h.t(), dq)
         if lay.w_split:
-            dw = comm.reduce_scatter(dw, lay.depth)
-            w = comm.all_gather(w_local, lay.depth)
+            dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth)
+            w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i]
         else:
-            dw = comm.all_reduce(dw, lay.depth)
             w = w_local
         dh = shard.gemm(dq, w.t())
         comm.all_reduce(dh, lay.outer)
         df = shard.spmm(shard.a_t, dh, "bwd")
         if shard.first:
-            df = comm.reduce_scatter(df, lay.depth)
+            df = comm.reduce_scatter(pad_rows(df, lay.shapes.features_gathered_rows), lay.depth)
         else:
             comm.all_reduce(df, lay.depth)
         return df, dw, db, None
@@ -411,7 +421,8 @@ def is_shard_directory(source) -> bool:
 class RankTrainer:
     """Builds this rank's shards and parameters for one configuration and trains."""
 
-    def __init__(self, data, config, rank: int, world_size: int, device="cpu"):
+    def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None):
+        """``comm``: the collectives (default: a :class:`GridComm` on torch.distributed)."""
         from plexus_tune.trainer.config import model_widths
 
         self.config = config
@@ -424,11 +435,10 @@ class RankTrainer:
             raise ValueError(f"grid {grid} needs {grid[0] * grid[1] * grid[2]} ranks, world size is {world_size}")
         n = data.nodes
         self.widths = model_widths(data.num_features, data.num_classes, config.layers, config.hidden)
-        self.layout: GridLayout = make_layout(grid, rank, n, self.widths)
-        self.comm = GridComm(grid, rank, self.timer)
+        self.layout: GridLayout = make_layout(grid, rank, n, self.widths, block_rows=config.block_rows)
+        self.comm = GridComm(grid, rank, self.timer) if comm is None else comm
         self.perms = data.perms
         perm_r, perm_c = self.perms
-        n_pad, dp = self.layout.n_pad, self.layout.padded_widths
         weights = glorot_weights(self.widths, config.seed)
         self.shards: list[LayerShard] = []
         self.params_w, self.params_b = [], []
@@ -441,10 +451,11 @@ class RankTrainer:
                 local = data.adjacency_block(lay.parity, lay.a_rows, lay.a_cols)
                 a_t = torch_csr(local.T.tocsr(), self.dtype, self.device)
                 blocks = []
-                if config.block_rows and config.block_rows < local.shape[0]:
+                bounds = row_blocks(local.shape[0], config.block_rows)
+                if len(bounds) > 1:
                     # the row blocks replace A in the forward pass (A^T serves the backward)
-                    for r0 in range(0, local.shape[0], int(config.block_rows)):
-                        blocks.append(torch_csr(local[r0:r0 + int(config.block_rows)], self.dtype, self.device))
+                    for r0, r1 in bounds:
+                        blocks.append(torch_csr(local[r0:r1], self.dtype, self.device))
                     a = None
                 else:
                     a = torch_csr(local, self.dtype, self.device)
@@ -455,18 +466,18 @@ class RankTrainer:
             self.shard_nnz.append(nnz)
             self.shards.append(LayerShard(layout=lay, a=a, a_t=a_t, a_blocks=blocks, comm=self.comm,
                                           timer=self.timer, overlap=bool(config.overlap), first=lay.index == 0))
-            w_full = pad_dense(weights[lay.index], dp[lay.index], dp[lay.index + 1])
-            w_local = w_full[lay.w_rows.start:lay.w_rows.stop, lay.out_cols.start:lay.out_cols.stop]
+            w_local = take_dense(weights[lay.index], lay.w_rows, lay.out_cols)
             self.params_w.append(torch.nn.Parameter(torch.tensor(w_local, dtype=self.dtype, device=self.device)))
             self.params_b.append(torch.nn.Parameter(torch.zeros(lay.out_cols.size, dtype=self.dtype,
                                                                 device=self.device)))
         first = self.layout.layers[0]
-        f_rows = pad_dense(data.feature_rows(first.f_rows.start, first.f_rows.stop), first.f_rows.size, dp[0])
-        f_local = f_rows[:, first.in_cols.start:first.in_cols.stop]
+        f_real = data.feature_rows(first.f_rows.start, first.f_rows.stop)
+        f_local = take_dense(f_real, Block(0, first.f_rows.real, first.f_rows.size), first.in_cols)
         self.features = torch.nn.Parameter(torch.tensor(f_local, dtype=self.dtype, device=self.device))
         last = self.layout.layers[-1]
         self.out_perm = perm_r if last.parity == 0 else perm_c
-        labels = data.label_rows(last.parity, last.a_rows.start, last.a_rows.stop)
+        labels = np.full(last.a_rows.size, -1, dtype=np.int64)  # -1: padding rows
+        labels[: last.a_rows.real] = data.label_rows(last.parity, last.a_rows.start, last.a_rows.stop)
         self.loss_shard = LossShard(
             labels=torch.tensor(labels, device=self.device),
             col_start=last.out_cols.start, classes=data.num_classes, nodes=n,
@@ -530,27 +541,26 @@ class RankTrainer:
         return out
 
     def output_block(self):
-        """(row start, col start, block) of this rank's final logits if it is inner coordinate 0."""
+        """(row Block, column Block, logits) of this rank's final logits if it is inner coordinate 0."""
         last = self.layout.layers[-1]
         if last.coords[1] != 0:
             return None
-        return (last.a_rows.start, last.out_cols.start, self.last_logits.cpu().numpy())
+        return (last.a_rows, last.out_cols, self.last_logits.cpu().numpy())
 
     def close(self) -> None:
         self.comm.close()
 
 
-def assemble_outputs(blocks, n: int, classes: int, n_pad: int, c_pad: int, out_perm) -> np.ndarray:
+def assemble_outputs(blocks, n: int, classes: int, out_perm) -> np.ndarray:
     """Full (N, C) logits in the original node order from the ranks' output blocks."""
-    full = None
+    permuted = None
     for item in blocks:
         if item is None:
             continue
-        r0, c0, block_ = item
-        if full is None:
-            full = np.zeros((n_pad, c_pad), dtype=block_.dtype)
-        full[r0:r0 + block_.shape[0], c0:c0 + block_.shape[1]] = block_
-    permuted = full[:n, :classes]
+        rows, cols, block_ = item
+        if permuted is None:
+            permuted = np.zeros((n, classes), dtype=block_.dtype)
+        permuted[rows.start:rows.stop, cols.start:cols.stop] = block_[: rows.real, : cols.real]
     out = np.empty_like(permuted)
     out[np.asarray(out_perm)] = permuted
     return out
@@ -611,14 +621,13 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "graph_name": data.name,
                 "permute": data.permute,
                 "widths": trainer.widths,
-                "n_pad": trainer.layout.n_pad,
+                "n_pad": trainer.layout.padded_nodes,
                 "padded_widths": list(trainer.layout.padded_widths),
                 "w_split": [lay.w_split for lay in trainer.layout.layers],
                 "outputs": None,
             }
             if config.collect_outputs or config.check:
                 result["outputs"] = assemble_outputs(
-                    [g["output"] for g in gathered], data.nodes, data.num_classes, trainer.layout.n_pad,
-                    trainer.layout.padded_widths[-1], trainer.out_perm)
+                    [g["output"] for g in gathered], data.nodes, data.num_classes, trainer.out_perm)
             results.append(result)
     return results if rank == 0 else None

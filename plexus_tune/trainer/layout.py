@@ -1,19 +1,26 @@
 """Where every block of every matrix lives on a Gx x Gy x Gz grid (pure arithmetic).
 
+Sizes come from :func:`plexus_tune.model.shapes.layer_shapes` (the cost and memory
+models use the same): a dimension of length n split over g ranks is cut into blocks of
+ceil(n / g) entries, block c covering [c ceil(n/g), (c + 1) ceil(n/g)) clipped to n;
+every rank allocates the full block (zero padding past the real entries). Each axis
+pads on its own.
+
 Layer i gives the axes the roles (outer, inner, depth) = ``layer_roles(i)``; with
-g_o, g_n, g_d their sizes and c_o, c_n, c_d this rank's coordinates on them:
+g_o, g_n, g_d their sizes and c_o, c_n, c_d this rank's coordinates on them, and
+r_d, r_o, c_i, c_o, w, f the sizes of :mod:`plexus_tune.model.shapes`:
 
-- A shard: rows block c_d of N_pad / g_d, columns block c_o of N_pad / g_o;
-- input F_i: rows block c_o of N_pad / g_o, columns block c_n of Dp_i / g_n
-  (layer 0: the row block is further split over depth, sub-block c_d);
-- W_i: rows block c_n of Dp_i / g_n, columns block c_o of Dp_{i+1} / g_o; split
-  further over depth (row sub-block c_d) when g_d divides Dp_i / g_n;
-- bias b_i: columns block c_o of Dp_{i+1} / g_o;
-- output Q_i: rows block c_d, columns block c_o of Dp_{i+1} / g_o.
+- A shard: rows block c_d of r_d (N over depth), columns block c_o of r_o (N over outer);
+- input F_i: rows block c_o of r_o, columns block c_n of c_i (D_i over inner);
+  layer 0 keeps sub-block c_d of f rows of its row block (the features split over
+  depth);
+- W_i: rows block c_n of c_i, columns block c_o of c_o (D_{i+1} over outer); a rank
+  keeps sub-block c_d of w rows of its row block (split over depth);
+- bias b_i: columns block c_o of c_o;
+- output Q_i: rows block c_d of r_d, columns block c_o of c_o.
 
-Padding: N_pad = ceil(N / G) * G (divisible by every axis and by g_o * g_d);
-Dp_i = D_i rounded up to a multiple of the size of the axis that splits it (the inner
-axis of layer i, which is the outer axis of layer i - 1).
+Layer i's output rows and columns are split over its depth and outer axes, which are
+layer i + 1's outer and inner axes, so the blocks chain between layers.
 
 Row order with permutations (``perm_r``, ``perm_c``): layer i reads its input rows in
 order ``in_perm(i)`` = perm_c for even i, perm_r for odd i, and writes its output in
@@ -22,31 +29,40 @@ order ``out_perm(i)`` = the other one; its adjacency is A[out_perm][:, in_perm].
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from plexus_tune.model.grid import coords_of, layer_roles
-
-
-def ceil_to(value: int, multiple: int) -> int:
-    return int(math.ceil(value / multiple) * multiple)
+from plexus_tune.model.shapes import LayerShapes, layer_shapes, padded_length
 
 
 @dataclass(frozen=True)
 class Block:
-    """A half-open index range [start, stop) of a padded dimension."""
+    """A local buffer of ``size`` entries holding indices [start, stop) of a dimension.
+
+    ``stop - start <= size``; the buffer's entries past ``stop - start`` are zero
+    padding. ``start`` and ``stop`` are clipped to the real length (a block wholly past
+    it is empty).
+    """
 
     start: int
     stop: int
+    size: int
 
     @property
-    def size(self) -> int:
+    def real(self) -> int:
+        """Entries that hold real indices (the rest of the buffer is padding)."""
         return self.stop - self.start
 
 
-def block(index: int, parts: int, total: int) -> Block:
-    size = total // parts
-    return Block(index * size, (index + 1) * size)
+def block(index: int, size: int, limit: int, offset: int = 0) -> Block:
+    """Block ``index`` of ``size`` entries starting at ``offset``, real up to ``limit``."""
+    start = min(offset + index * size, limit)
+    return Block(start, min(offset + (index + 1) * size, limit), size)
+
+
+def sub_block(parent: Block, index: int, size: int) -> Block:
+    """Block ``index`` of ``size`` entries of a parent block's buffer (real up to the parent's)."""
+    return block(index, size, parent.stop, parent.start)
 
 
 @dataclass(frozen=True)
@@ -57,13 +73,14 @@ class LayerLayout:
     depth: int
     sizes: tuple[int, int, int]  # (g_o, g_n, g_d)
     coords: tuple[int, int, int]  # (c_o, c_n, c_d)
+    shapes: LayerShapes  # the local sizes (model.shapes) of this layer on this grid
     a_rows: Block
     a_cols: Block
-    in_cols: Block  # columns of F_i (and rows of W_i)
+    in_cols: Block  # columns of F_i (and rows of the W_i block)
     out_cols: Block  # columns of W_i, b_i and Q_i
-    w_split: bool  # W_i split over depth too
-    w_rows: Block  # rows of W_i stored on this rank (a sub-block of in_cols if w_split)
-    f_rows: Block  # rows of F_i stored on this rank (layer 0: sub-block over depth)
+    w_split: bool  # W_i split over depth (g_d > 1)
+    w_rows: Block  # rows of W_i stored on this rank: its depth share of in_cols
+    f_rows: Block  # rows of F_i stored on this rank (layer 0: its depth share)
     parity: int  # 0: A[perm_r][:, perm_c], 1: A[perm_c][:, perm_r]
 
 
@@ -73,13 +90,17 @@ class GridLayout:
     rank: int
     nodes: int
     widths: tuple[int, ...]
-    n_pad: int
     padded_widths: tuple[int, ...]
     layers: tuple[LayerLayout, ...]
 
     @property
     def coords(self) -> tuple[int, int, int]:
         return tuple(int(c) for c in coords_of(self.rank, self.grid))
+
+    @property
+    def padded_nodes(self) -> int:
+        """The largest padded row count of any axis, max over axes of g ceil(N / g)."""
+        return max(padded_length(self.nodes, g) for g in self.grid)
 
 
 def splitting_axis(i: int, num_layers: int) -> int:
@@ -89,39 +110,30 @@ def splitting_axis(i: int, num_layers: int) -> int:
     return layer_roles(num_layers - 1)[0]
 
 
-def make_layout(grid, rank: int, nodes: int, widths) -> GridLayout:
+def make_layout(grid, rank: int, nodes: int, widths, *, block_rows=None) -> GridLayout:
     grid = tuple(int(g) for g in grid)
     widths = tuple(int(w) for w in widths)
     num_layers = len(widths) - 1
     if num_layers < 1:
         raise ValueError("a model needs at least one layer")
-    g_total = grid[0] * grid[1] * grid[2]
-    n_pad = ceil_to(nodes, g_total)
-    padded = tuple(ceil_to(w, grid[splitting_axis(i, num_layers)]) for i, w in enumerate(widths))
+    nodes = int(nodes)
+    shapes = layer_shapes(nodes, widths, grid, block_rows=block_rows)
+    padded = tuple(padded_length(w, grid[splitting_axis(i, num_layers)]) for i, w in enumerate(widths))
     coords = tuple(int(c) for c in coords_of(rank, grid))
     layers = []
-    for i in range(num_layers):
+    for i, s in enumerate(shapes):
         outer, inner, depth = layer_roles(i)
-        go, gn, gd = grid[outer], grid[inner], grid[depth]
         co, cn, cd = coords[outer], coords[inner], coords[depth]
-        in_cols = block(cn, gn, padded[i])
-        out_cols = block(co, go, padded[i + 1])
-        w_split = gd > 1 and in_cols.size % gd == 0
-        if w_split:
-            sub = block(cd, gd, in_cols.size)
-            w_rows = Block(in_cols.start + sub.start, in_cols.start + sub.stop)
-        else:
-            w_rows = in_cols
-        f_rows = block(co, go, n_pad)
-        if i == 0:
-            sub = block(cd, gd, f_rows.size)
-            f_rows = Block(f_rows.start + sub.start, f_rows.start + sub.stop)
+        in_cols = block(cn, s.c_i, widths[i])
+        out_cols = block(co, s.c_o, widths[i + 1])
+        a_cols = block(co, s.r_o, nodes)
+        f_rows = sub_block(a_cols, cd, s.feature_rows) if i == 0 else a_cols
         layers.append(LayerLayout(
             index=i, outer=outer, inner=inner, depth=depth,
-            sizes=(go, gn, gd), coords=(co, cn, cd),
-            a_rows=block(cd, gd, n_pad), a_cols=block(co, go, n_pad),
-            in_cols=in_cols, out_cols=out_cols, w_split=w_split, w_rows=w_rows,
+            sizes=(s.g_o, s.g_n, s.g_d), coords=(co, cn, cd), shapes=s,
+            a_rows=block(cd, s.r_d, nodes), a_cols=a_cols,
+            in_cols=in_cols, out_cols=out_cols, w_split=s.g_d > 1, w_rows=sub_block(in_cols, cd, s.w_rows),
             f_rows=f_rows, parity=i % 2,
         ))
-    return GridLayout(grid=grid, rank=rank, nodes=int(nodes), widths=widths, n_pad=n_pad,
-                      padded_widths=padded, layers=tuple(layers))
+    return GridLayout(grid=grid, rank=rank, nodes=nodes, widths=widths, padded_widths=padded,
+                      layers=tuple(layers))
