@@ -274,7 +274,12 @@ def read_machine_file(path) -> Machine:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"machine profile {path} does not exist") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        found = sorted(path.glob("*.json"))
+        example = f" such as {found[0]}" if found else ""
+        raise UserError(f"machine profile {path} is a directory; give a profile JSON file{example}, or a profile "
+                        f"name with the directory listed in PLEXUS_TUNE_MODELS") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read machine profile {path}: {exc.__class__.__name__}") from None
     try:
         data = json.loads(text)
