@@ -41,8 +41,17 @@ def safe_name(text: str) -> str:
 
 
 def save_figure(fig, directory, stem: str, formats: Sequence[str] = ("png", "svg"), dpi: int = 120) -> list[str]:
-    """Write ``fig`` as ``<directory>/<stem>.<fmt>`` for each format (atomically); returns the paths."""
-    os.makedirs(directory, exist_ok=True)
+    """Write ``fig`` as ``<directory>/<stem>.<fmt>`` for each format (atomically, with the
+    permissions the umask gives new files); returns the paths."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"cannot create the directory {directory}: a file is in the way; "
+                        "give a directory for the figures") from None
+    except OSError as exc:
+        raise UserError(f"cannot create the directory {directory}: {exc.strerror}") from None
+    mask = os.umask(0)
+    os.umask(mask)
     paths = []
     for fmt in formats:
         path = os.path.join(directory, f"{safe_name(stem)}.{fmt}")
@@ -50,6 +59,7 @@ def save_figure(fig, directory, stem: str, formats: Sequence[str] = ("png", "svg
         try:
             with os.fdopen(fd, "wb") as handle:
                 fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight")
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

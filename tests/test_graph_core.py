@@ -191,6 +191,7 @@ def test_balance_report_locality_graph():
     assert orig["max_over_mean"] >= 3
     assert double["max_over_mean"] < single["max_over_mean"] < orig["max_over_mean"]
     assert double["max_over_mean"] < 1.15
-    assert parse_blocks("8x4") == (8, 4) and parse_blocks("6") == (6, 6)
-    with pytest.raises(UserError):
-        parse_blocks("8x0")
+    assert parse_blocks("8x4") == (8, 4) and parse_blocks(" 6X6 ") == (6, 6)
+    for bad in ("8x0", "6", "8x4x2", "ax4"):
+        with pytest.raises(UserError):
+            parse_blocks(bad)

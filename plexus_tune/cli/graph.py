@@ -22,8 +22,8 @@ def register(subparsers) -> None:
         "generate",
         help="make a seeded synthetic graph (R-MAT or road-like 2D lattice)",
         description="rmat: Graph500 R-MAT (a=.57 b=.19 c=.19 d=.05), EDGES distinct undirected edges, "
-        "vertex ids scrambled. grid2d: nodes on a sqrt(N)-wide lattice in row-major order, 10%% of "
-        "lattice edges dropped and 1%% random long edges added (a locality-heavy, road-like graph). "
+        "vertex ids scrambled. grid2d: nodes on a sqrt(N)-wide lattice in row-major order, 10% of "
+        "lattice edges dropped and 1% random long edges added (a locality-heavy, road-like graph). "
         "Features are standard normal, labels are equal-frequency classes of node degree. "
         "The output format follows OUT's suffix (a directory name gives the own memory-mapped format).",
     )

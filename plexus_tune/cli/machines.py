@@ -23,6 +23,8 @@ def _summary(machine) -> dict:
     return {
         "name": machine.name,
         "gpus_per_node": machine.gpus_per_node,
+        "host_cores": machine.host_cores,
+        "threads_per_rank": machine.threads_per_rank,
         "device_memory_gib": machine.device_memory_bytes / 2**30,
         "gemm_tflops": machine.gemm_tflops,
         "spmm_kind": machine.spmm.get("kind"),
@@ -31,6 +33,22 @@ def _summary(machine) -> dict:
         "bandwidth_table": bool(coll.get("bandwidth_table")),
         "description": machine.description,
     }
+
+
+def _digits(value) -> str:
+    """A number to 4 significant digits, without an exponent below a million."""
+    value = float(value)
+    return f"{value:.0f}" if 1e4 <= abs(value) < 1e6 else f"{value:.4g}"
+
+
+def _node_text(s: dict) -> tuple[str, str]:
+    """(per node, memory) cells: GPUs and GiB per GPU, or for a CPU host (host_cores set)
+    the ranks sharing its cores and GiB per rank."""
+    memory = _digits(s["device_memory_gib"])
+    if s["host_cores"] is None:
+        return f"{s['gpus_per_node']} GPUs", f"{memory} per GPU"
+    threads = f" x {s['threads_per_rank']} threads" if s["threads_per_rank"] > 1 else ""
+    return f"{s['gpus_per_node']} ranks{threads}, {s['host_cores']} cores", f"{memory} per rank"
 
 
 def run(args) -> int:
@@ -69,6 +87,8 @@ def run(args) -> int:
         provenance = machine.raw.get("provenance", {})
         rows = [
             ("gpus_per_node", machine.gpus_per_node),
+            *([("host_cores", machine.host_cores), ("threads_per_rank", machine.threads_per_rank)]
+              if machine.host_cores is not None else []),
             ("device_memory_gib", machine.raw.get("device_memory_gib")),
             ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
             ("gemm_tflops", machine.gemm_tflops),
@@ -106,17 +126,17 @@ def run(args) -> int:
         sys.stdout.write("\n")
         return 0
     table = Table(title="Machine profiles", title_justify="left")
-    for col in ("name", "GPUs/node", "memory GiB", "GEMM TFLOP/s", "SpMM model", "beta intra/inter GB/s",
+    for col in ("name", "per node", "memory GiB", "GEMM TFLOP/s", "SpMM model", "beta intra/inter GB/s",
                 "measured table", "description"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("name", "per node", "memory GiB"))
     for e in entries:
         m = e["machine"]
         if m is None:
             table.add_row(e["name"], "", "", "", "", "", "", f"[red]invalid: {e['problem']}[/red]")
             continue
         s = _summary(m)
-        table.add_row(e["name"], str(s["gpus_per_node"]), f"{s['device_memory_gib']:g}", f"{s['gemm_tflops']:g}",
-                      str(s["spmm_kind"]), f"{s['beta_intra_gbps']:g} / {s['beta_inter_gbps']:g}",
+        table.add_row(e["name"], *_node_text(s), _digits(s["gemm_tflops"]),
+                      str(s["spmm_kind"]), f"{_digits(s['beta_intra_gbps'])} / {_digits(s['beta_inter_gbps'])}",
                       "yes" if s["bandwidth_table"] else "no", s["description"])
     console.print(table)
     return 0

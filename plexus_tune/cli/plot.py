@@ -16,10 +16,13 @@ def register(subparsers) -> None:
         p.add_argument("--format", default="png,svg", help="comma-separated formats (default png,svg)")
         p.set_defaults(handler=run)
 
-    for kind, helptext in (("pred-vs-obs", "observed against predicted epoch time of every logged grid of a (graph, G)"),
-                           ("breakdown", "stacked time breakdown per grid, predicted and observed side by side")):
+    for kind, helptext, loghelp in (
+            ("pred-vs-obs", "observed against predicted epoch time of every logged grid of a (graph, G)",
+             "run log (JSON Lines) written by plexus-tune measure, train --log or run"),
+            ("breakdown", "stacked time breakdown per grid, predicted and observed side by side",
+             "run log (JSON Lines); breakdown without --log plots predictions of --dataset")):
         p = sub.add_parser(kind, help=helptext, description=helptext)
-        p.add_argument("--log", help="run log (JSON Lines); breakdown without --log plots predictions of --dataset")
+        p.add_argument("--log", help=loghelp)
         p.add_argument("--graph", help="graph name or source in the log (needed if the log holds several)")
         p.add_argument("--gpus", type=int, help="G (needed if the graph was run on several)")
         p.add_argument("--machine", help="predict with this profile (default: the predictions logged with the runs)")
@@ -27,7 +30,10 @@ def register(subparsers) -> None:
             p.add_argument("--dataset", help="catalog dataset: predicted breakdown of every grid of --gpus (no log)")
             p.add_argument("--top", type=int, default=12, help="with --dataset: the K best predicted grids (default 12)")
         common(p)
-    p = sub.add_parser("scaling", help="predicted best epoch time against G per dataset, observed where logged")
+    helptext = "predicted best epoch time against G per dataset, observed where logged"
+    p = sub.add_parser("scaling", help=helptext,
+                       description=f"{helptext}: for each catalog dataset and GPU count, the fastest grid that "
+                       "fits in memory on --machine; runs from --log are overlaid by graph name.")
     p.add_argument("--datasets", required=True, help="comma-separated catalog datasets")
     p.add_argument("--machine", required=True, help="machine profile")
     p.add_argument("--gpus", default="4..1024:pow2", help="GPU counts (default 4..1024:pow2)")
@@ -84,6 +90,8 @@ def make_figure(args):
 
         machine = load_machine(args.machine)
     if kind in ("pred-vs-obs", "breakdown"):
+        if args.gpus is not None and args.gpus < 1:
+            raise UserError(f"--gpus must be >= 1, got {args.gpus}")
         if kind == "breakdown" and args.log is None:
             if not args.dataset or not args.gpus or machine is None:
                 raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
@@ -136,9 +144,14 @@ def make_figure(args):
 
 
 def run(args) -> int:
+    import os
+
+    from plexus_tune.errors import UserError
     from plexus_tune.plotting import save_figure
 
     formats = _formats(args.format)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out} is a file; give a directory for the figures (default plots/)")
     fig, stem = make_figure(args)
     for path in save_figure(fig, args.out, stem, formats):
         print(path)

@@ -35,7 +35,9 @@ def register(subparsers) -> None:
     parser.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate (default 0.01)")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and permutations")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="floating-point type of the adjacency, features and weights, hence of the "
+                             "communicated blocks (default float32)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")

@@ -11,6 +11,13 @@ from pathlib import Path
 from plexus_tune.errors import UserError
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_output_path(path, overwrite: bool) -> Path:
     path = Path(path)
     if path.exists() and not overwrite:
@@ -23,7 +30,8 @@ def check_output_path(path, overwrite: bool) -> Path:
 @contextlib.contextmanager
 def atomic_file(path, *, overwrite: bool = False):
     """Yield a temporary path in the target's directory (same suffix); on success it is
-    renamed onto ``path``, on any error it is removed."""
+    given the permissions the umask gives new files and renamed onto ``path``, on any
+    error it is removed."""
     path = check_output_path(path, overwrite)
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
@@ -32,6 +40,7 @@ def atomic_file(path, *, overwrite: bool = False):
         yield Path(tmp)
         if path.is_dir():
             raise UserError(f"{path} is a directory; choose a file name")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -40,12 +49,14 @@ def atomic_file(path, *, overwrite: bool = False):
 
 @contextlib.contextmanager
 def atomic_directory(path, *, overwrite: bool = False):
-    """Yield a fresh temporary directory beside ``path``; on success it replaces ``path``
-    (an existing one is moved aside first and deleted after), on error it is deleted."""
+    """Yield a fresh temporary directory beside ``path``; on success it gets the permissions
+    the umask gives new directories and replaces ``path`` (an existing one is moved aside
+    first and deleted after), on error it is deleted."""
     path = check_output_path(path, overwrite)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))

@@ -98,7 +98,7 @@ def unpermute_rows(x: np.ndarray, perm: np.ndarray) -> np.ndarray:
 
 
 def parse_blocks(text: str) -> tuple[int, int]:
-    """``"8x8"`` -> ``(8, 8)``; ``"4"`` -> ``(4, 4)``."""
+    """``"8x4"`` -> ``(8, 4)``: R row blocks by C column blocks, both given."""
     t = str(text).strip().lower()
     parts = t.split("x")
     try:
@@ -106,7 +106,7 @@ def parse_blocks(text: str) -> tuple[int, int]:
     except ValueError:
         raise UserError(f"bad block grid {text!r}; expected RxC such as 8x8") from None
     if len(values) == 1:
-        values = values * 2
+        raise UserError(f"bad block grid {text!r}; give both sizes as RxC, e.g. {values[0]}x{values[0]}")
     if len(values) != 2 or min(values) < 1:
         raise UserError(f"bad block grid {text!r}; expected RxC with R, C >= 1, such as 8x8")
     return values[0], values[1]

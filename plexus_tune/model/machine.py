@@ -114,15 +114,25 @@ class Machine:
 
 
 def models_dirs() -> list[Path]:
-    """Directories searched for profiles by name, in order."""
+    """Directories searched for profiles by name, in order: those of ``$PLEXUS_TUNE_MODELS``
+    (``os.pathsep``-separated), then the shipped profiles (docs/profiles.md).
+
+    The shipped profiles are the package ``plexus_tune.profiles`` (the repository's
+    ``models/`` directory, installed under that name); a source checkout used without
+    installing has no such package and reads ``models/`` beside ``plexus_tune/``.
+    """
+    import importlib.resources
+
     dirs = []
     env = os.environ.get("PLEXUS_TUNE_MODELS", "")
     for part in env.split(os.pathsep):
         if part.strip():
             dirs.append(Path(part.strip()).expanduser())
-    import plexus_tune
-
-    dirs.append(Path(plexus_tune.__file__).resolve().parents[1] / "models")
+    try:
+        shipped = Path(str(importlib.resources.files("plexus_tune.profiles")))
+    except ModuleNotFoundError:
+        shipped = Path(__file__).resolve().parents[2] / "models"
+    dirs.append(shipped)
     return dirs
 
 
@@ -264,7 +274,12 @@ def read_machine_file(path) -> Machine:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"machine profile {path} does not exist") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        found = sorted(path.glob("*.json"))
+        example = f" such as {found[0]}" if found else ""
+        raise UserError(f"machine profile {path} is a directory; give a profile JSON file{example}, or a profile "
+                        f"name with the directory listed in PLEXUS_TUNE_MODELS") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read machine profile {path}: {exc.__class__.__name__}") from None
     try:
         data = json.loads(text)
