@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from plexus_tune.comm_precision_model import (
     COMM_CLASSES,
@@ -131,7 +130,9 @@ def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     rows, cols = q.shape
     pad = (-cols) % per
     if pad:
-        q = F.pad(q, (0, pad))
+        padded = q.new_zeros((rows, cols + pad))
+        padded[:, :cols] = q
+        q = padded
     q = q.view(rows, -1, per)
     out = q[..., 0].clone()
     for k in range(1, per):
@@ -349,15 +350,24 @@ def _exchange_sum(blocks: torch.Tensor, group, g: int, me: int, precision: str, 
     else:
         bits = PRECISION_BITS[precision]
         with meter.local():
-            send = _encode_chunks(blocks.reshape(g * rows, cols), g, bits, generator)
+            # the chunk this rank keeps is not quantized; its slot stays zero
+            chunk_bytes = packed_bytes(rows, cols, bits) + param_bytes(rows)
+            send = torch.zeros((g, chunk_bytes), dtype=torch.uint8, device=blocks.device)
+            for lo, hi in ((0, me), (me + 1, g)):
+                if hi > lo:
+                    send[lo:hi] = _encode_chunks(blocks[lo:hi].reshape((hi - lo) * rows, cols), hi - lo,
+                                                 bits, generator)
             recv = torch.empty_like(send)
         meter.send(dist.all_to_all_single, recv.view(-1), send.view(-1), group=group,
                    nbytes=(g - 1) * send.shape[1])
         with meter.local():
             parts = _decode_chunks(recv, g, rows, cols, bits)
     with meter.local():
-        parts[me] = blocks[me]
-        return parts.sum(dim=0)
+        total = blocks[me].clone()          # own contribution, unrounded
+        for r in range(g):                  # then the others in rank order
+            if r != me:
+                total.add_(parts[r])
+        return total
 
 
 def _gather_blocks(block: torch.Tensor, group, g: int, precision: str, generator,
@@ -429,11 +439,11 @@ def all_reduce(x: torch.Tensor, group=None, precision: str = "fp32", *,
         if precision in _LOW_DTYPES:
             c = -(-n // g)
             flat = x.reshape(-1).to(torch.float32)
-            blocks = F.pad(flat, (0, g * c - n)).view(g, 1, c)
+            blocks = _pad_rows(flat, g * c).view(g, 1, c)
         else:
             rows, cols = _rows_cols(x.shape)
             c = -(-rows // g)
-            blocks = F.pad(_as_rows(x), (0, 0, 0, g * c - rows)).view(g, c, cols)
+            blocks = _pad_rows(_as_rows(x), g * c).view(g, c, cols)
     owned = _exchange_sum(blocks, group, g, me, precision, generator, meter)
     gathered = _gather_blocks(owned, group, g, precision, generator, meter)
     with meter.local():
@@ -442,6 +452,15 @@ def all_reduce(x: torch.Tensor, group=None, precision: str = "fp32", *,
         else:
             x.copy_(gathered.reshape(g * c, -1)[:rows].reshape(x.shape))
     return x
+
+
+def _pad_rows(h: torch.Tensor, rows: int) -> torch.Tensor:
+    """``h`` with zero rows appended up to ``rows`` (``h`` itself when contiguous and long enough)."""
+    if h.shape[0] == rows:
+        return h.contiguous()
+    out = h.new_zeros((rows,) + tuple(h.shape[1:]))
+    out[:h.shape[0]] = h
+    return out
 
 
 def _join(blocks: torch.Tensor, dim: int) -> torch.Tensor:
