@@ -19,7 +19,7 @@ from plexus_tune.comm_precision_model import (
 )
 from plexus_tune.errors import UserError
 from plexus_tune.launch import launch_local
-from plexus_tune.trainer.precision import dequantize, quantize
+from plexus_tune.trainer.precision import CommCounter, dequantize, quantize
 
 U16 = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # unit roundoff of the 16-bit formats
 LEVELS = {"int8": 255, "int4": 15, "int2": 3}
@@ -230,6 +230,24 @@ def test_quantize_edge_cases():
     assert [packed_bytes(3, 5, b) for b in (8, 4, 2)] == [15, 9, 6]
     with pytest.raises(ValueError):
         quantize(mixed, 3, gen)
+    assert quantize(mixed, "int4", gen).bits == 4
+    with pytest.raises(ValueError):
+        quantize(mixed, "bf16", gen)
+
+
+def test_counter_records_per_class():
+    counter = CommCounter()
+    counter.add("aggregation", 100, 1.5)
+    counter.add("gather", 7, 0.5, calls=2)
+    counter.quant_ms += 2.0
+    record = counter.as_dict()
+    assert record["aggregation_bytes"] == 100 and record["gather_calls"] == 2
+    assert record["combination_bytes"] == 0 and record["quant_ms"] == 2.0
+    assert counter.total_bytes == 107
+    with pytest.raises(ValueError):
+        counter.add("scatter", 1)
+    counter.reset()
+    assert counter.total_bytes == 0 and counter.quant_ms == 0.0
 
 
 def test_stochastic_rounding_is_unbiased():
