@@ -295,12 +295,16 @@ def test_wire_bytes_formulas():
 
 
 def test_model_module_does_not_import_torch():
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     code = ("import sys; import plexus_tune.comm_precision_model as m; "
             "m.wire_bytes('all_reduce', 4, 4096, 'int4', 16); print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
 
 
@@ -345,8 +349,8 @@ def test_collectives_within_error_bounds(g):
                         parts.append(steps.reshape(x.shape) + 4 * EPS32 * x.double().abs().max())
                 _check_within(outs[0], exact, torch.cat(parts, dim=dim), label)
             else:
+                blocks = [list(x.double().chunk(g, dim=dim)) for x in inputs]
                 for r in range(g):
-                    blocks = [list(x.double().chunk(g, dim=dim)) for x in inputs]
                     exact = sum(b[r] for b in blocks)
                     others = [inputs[k].chunk(g, dim=dim)[r] for k in range(g) if k != r]
                     own_slack = _fp_slack([b[r] for b in blocks], g)
@@ -388,8 +392,10 @@ def test_counted_bytes_match_the_model_and_the_packed_sizes(g):
             if rows % g == 0 and cols % 4 == 0:
                 assert measured["int2"] == measured["fp32"] // 16 + 2 * (g - 1) * param_bytes(c), label
         else:
-            rb, cb = (rows // g, cols) if op == "reduce_scatter" and dim == 0 else \
-                (rows, cols // g) if op == "reduce_scatter" else (rows, cols)
+            if op == "all_gather":
+                rb, cb = rows, cols  # the shape is the block
+            else:
+                rb, cb = (rows // g, cols) if dim == 0 else (rows, cols // g)
             assert measured["int2"] == (g - 1) * (packed_bytes(rb, cb, 2) + param_bytes(rb)), label
             if cb % 4 == 0:
                 assert measured["int2"] == measured["fp32"] // 16 + (g - 1) * param_bytes(rb), label

@@ -38,7 +38,6 @@ import torch.distributed as dist
 from plexus_tune.comm_precision_model import (
     COMM_CLASSES,
     COMM_PRECISIONS,
-    PARAM_BYTES_PER_ROW,
     PRECISION_BITS,
     QUANTIZED_PRECISIONS,
     CommPrecision,
