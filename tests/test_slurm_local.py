@@ -1,4 +1,4 @@
-"""Slurm primitives (plexus_tune.launch_slurm): parsing on recorded outputs, and the real
+"""Slurm primitives (plexus_tune.launch.slurm): parsing on recorded outputs, and the real
 thing against a running Slurm (runners/slurm/local-cluster.sh).
 
 Without a running Slurm the tests that need one skip, except under PLEXUS_TUNE_CI=1,
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from plexus_tune import launch_slurm as ls
+from plexus_tune.launch import slurm as ls
 from plexus_tune.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -328,7 +328,7 @@ def test_too_large_request_is_rejected(slurm):
 
 _STEP_SNIPPET = """
 import json, os, subprocess, sys
-from plexus_tune import launch_slurm as ls
+from plexus_tune.launch import slurm as ls
 from plexus_tune.errors import UserError
 alloc = ls.allocation_size()
 out = {"in_allocation": ls.in_allocation(), "nodes": alloc.nodes, "tasks": alloc.tasks}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import sys
 import uuid
@@ -152,3 +153,95 @@ class TorchrunLauncher(Launcher):
                                  endpoint=endpoint, run_id=run_id, job_dir=str(job_dir))
             agents.append(self.agent_command(node, argv, env))
         return run_agents(agents, job_dir, world_size, timeout_s=timeout_s + 60.0)
+
+
+class SlurmLauncher(Launcher):
+    """One ``srun`` job step per process set, inside the current allocation.
+
+    The step has ``nodes`` nodes of ``ranks_per_node`` tasks (default: the allocation's
+    nodes, and G spread evenly over them); each task runs the worker module, whose
+    rendezvous address is the step's first node.
+    """
+
+    name = "slurm"
+
+    def __init__(self, ranks_per_node: int | None = None, *, environ: Mapping[str, str] | None = None,
+                 gpus_per_task: int | None = None, job_root: str | None = None):
+        from plexus_tune.launch import slurm
+
+        super().__init__(ranks_per_node)
+        self.allocation = slurm.allocation_size(environ)
+        self.gpus_per_task = gpus_per_task
+        self.job_root = job_root or os.getcwd()
+
+    def layout(self, world_size: int) -> tuple[int, int]:
+        """(nodes, ranks per node) of a step of ``world_size`` tasks."""
+        if self.ranks_per_node:
+            return -(-world_size // self.ranks_per_node), self.ranks_per_node
+        nodes = min(self.allocation.nodes, world_size)
+        while world_size % nodes:
+            nodes -= 1
+        return nodes, world_size // nodes
+
+    def check(self, world_size: int) -> None:
+        from plexus_tune.launch import slurm
+
+        nodes, per_node = self.layout(world_size)
+        if nodes * per_node != world_size:
+            raise UserError(f"{world_size} ranks are not a whole number of nodes of {per_node} ranks; "
+                            f"choose ranks per node dividing {world_size}")
+        slurm.check_allocation(self.allocation, nodes, per_node)
+
+    def cluster(self) -> dict | None:
+        return {"kind": "slurm", "job_id": self.allocation.job_id, "nodes": self.allocation.nodes,
+                "ranks_per_node": self.ranks_per_node}
+
+    def run(self, fn, world_size, args=(), *, backend="gloo", timeout_s=DEFAULT_TIMEOUT_S, threads_per_rank=None,
+            preload=()) -> Launched:
+        from plexus_tune.launch import slurm
+
+        self.check(world_size)
+        nodes, per_node = self.layout(world_size)
+        job_dir = write_job(fn, args, backend=backend, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
+                            directory=self.job_root)
+        argv = slurm.srun_step_argv(nodes, per_node, [sys.executable, "-m", WORKER_MODULE, str(job_dir)],
+                                    gpus_per_task=self.gpus_per_task, job_name="plexus-tune")
+        env = {**os.environ, "MASTER_PORT": str(free_port())}
+        env.pop("MASTER_ADDR", None)
+        return run_agents([(argv, env)], job_dir, world_size, timeout_s=timeout_s + 60.0)
+
+
+def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts: str | None = None,
+                  ranks_per_node: int | None = None, environ: Mapping[str, str] | None = None) -> Launcher:
+    """The launcher a command asked for; ``slurm`` by default inside an allocation.
+
+    ``cluster`` (an emulated-cluster spec) implies ``emulated``; ``hosts`` (comma-separated)
+    is required by ``torchrun``.
+    """
+    from plexus_tune.launch import slurm
+
+    env = os.environ if environ is None else environ
+    if name is None:
+        name = "emulated" if cluster else ("slurm" if slurm.in_allocation(env) else "local")
+    if name not in LAUNCHERS:
+        raise UserError(f"unknown launcher {name!r}; choose one of {', '.join(LAUNCHERS)}")
+    if cluster and name != "emulated":
+        raise UserError(f"a cluster spec goes with the emulated launcher, not {name!r}")
+    if name == "local":
+        return Launcher(ranks_per_node)
+    if name == "slurm":
+        if shutil.which("srun") is None:
+            raise UserError("the slurm launcher needs srun on the PATH: run on a Slurm node, or choose another launcher")
+        return SlurmLauncher(ranks_per_node, environ=env)
+    if name == "torchrun":
+        host_list = [h.strip() for h in (hosts or "").split(",") if h.strip()]
+        if not host_list or not ranks_per_node:
+            raise UserError("the torchrun launcher needs the node hosts (comma-separated) and the ranks per node")
+        return TorchrunLauncher(host_list, ranks_per_node)
+    from plexus_tune.cluster.spec import parse_cluster
+
+    if not cluster:
+        raise UserError("the emulated launcher needs a cluster spec such as "
+                        "emulated:nodes=2,ranks_per_node=4,inter_gbps=0.5,inter_latency_us=200")
+    return EmulatedLauncher(parse_cluster(cluster))
+

@@ -38,7 +38,7 @@
 # Final job states: there is no slurmdbd (it needs a MariaDB server), so sacct does not
 # work. Finished jobs stay in slurmctld's memory for MinJobAge=3600 s, where
 # `scontrol show job -o ID` gives JobState, Reason, ExitCode (exit:signal) and
-# DerivedExitCode (the highest exit code of its steps); plexus_tune.launch_slurm reads
+# DerivedExitCode (the highest exit code of its steps); plexus_tune.launch.slurm reads
 # that. jobcomp.log keeps the final state of every job past that hour. The final states
 # of individual job steps are not kept anywhere (that needs slurmdbd); a failing step
 # shows in the job's DerivedExitCode and, with srun --kill-on-bad-exit=1 under
