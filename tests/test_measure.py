@@ -5,6 +5,7 @@ from plexus_tune.cli import main
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
 from plexus_tune.measure.store import read_records
+from plexus_tune.trainer.run import config_fields
 
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
@@ -12,11 +13,7 @@ SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 def _fake_trainer(calls, fail_grids=()):
     def run_training(config, raise_on_failure=True):
         calls.append((tuple(config.grid), config.synthetic))
-        grid = "x".join(map(str, config.grid))
-        base = {"kind": "train", "status": "ok", "graph_source": f"synthetic:{config.synthetic}", "grid": grid,
-                "gx": config.grid[0], "gy": config.grid[1], "gz": config.grid[2], "layers": config.layers,
-                "hidden": config.hidden, "epochs": config.epochs, "warmup": config.warmup,
-                "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap}}
+        base = {"kind": "train", "status": "ok", **config_fields(config)}  # what the trainer's record starts with
         if config.grid in fail_grids:
             return {**base, "status": "oom", "reason": "rank 1 failed: MemoryError"}
         return {**base, "epoch_ms": 10.0 + config.grid[0]}
