@@ -114,3 +114,26 @@ def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
     orders = [[c[0] for c in calls[t * 6 : (t + 1) * 6]] for t in range(3)]
     assert all(sorted(o) == sorted(grids) for o in orders)
     assert len({tuple(o) for o in orders}) > 1  # not one fixed order for every trial
+
+
+def test_campaign_resumes_a_v1_log(tmp_path, monkeypatch):
+    """Trials logged by the v1 writer (the profile's name as machine, nodes) count as done."""
+    import json
+    import platform
+
+    from plexus_tune.measure.campaign import campaign_config
+
+    calls = []
+    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))
+    log = tmp_path / "runs.jsonl"
+    with open(log, "w") as fh:
+        for trial in range(2):
+            config = campaign_config(SPEC, (2, 1, 1), layers=3, hidden=8, epochs=3, warmup=1)
+            v1 = {"schema": "plexus-tune/run-v1", "kind": "train", "status": "ok", **config_fields(config),
+                  "machine": "perlmutter", "predicted": {"machine": "perlmutter", "total_ms": 1.0},
+                  "environment": {"host": platform.node()}, "nodes": 256, "epoch_ms": 10.0, "trial": trial}
+            for key in ("launcher", "cluster", "rank_nodes", "hosts", "comm_precision"):
+                v1.pop(key)
+            fh.write(json.dumps(v1) + "\n")
+    new = run_campaign(SPEC, 2, [(2, 1, 1), (1, 2, 1)], log=log, trials=3, epochs=3, warmup=1, hidden=8, machine="perlmutter")
+    assert sorted((r["grid"], r["trial"]) for r in new) == [("1x2x1", 0), ("1x2x1", 1), ("1x2x1", 2), ("2x1x1", 2)]

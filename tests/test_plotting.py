@@ -183,3 +183,22 @@ def test_selection_errors(tmp_path):
         plotting.runs_frame(tmp_path / "missing.jsonl")
     assert plotting.safe_name("a b/c:d") == "a-b-c-d"
     assert isinstance(frame, pd.DataFrame)
+
+
+def test_runs_of_two_settings_are_two_points_per_grid(tmp_path):
+    """Permuted and unpermuted runs of one grid are not pooled: each is a point, labelled by its setting."""
+    records = []
+    for i, grid in enumerate(GRIDS_8):
+        for trial in range(2):
+            records.append(run_record(grid, 100.0 + 10.0 * i + trial, trial))
+            records.append({**run_record(grid, 300.0 + 10.0 * i + trial, trial), "options": {"permute": "none"}})
+    append_records(tmp_path / "runs.jsonl", records)
+    runs, _, _ = plotting.select_runs(plotting.runs_frame(tmp_path / "runs.jsonl"), "tiny", 8)
+    frame = plotting.pred_obs_frame(runs)
+    assert len(frame) == 2 * len(GRIDS_8) and (frame["trials"] == 2).all()
+    by_label = dict(zip(frame["grid"], frame["obs_epoch_ms"]))
+    assert by_label["2x2x2 (permute=double)"] == pytest.approx(120.5)  # median of 120, 121: not of 120, 121, 320, 321
+    assert by_label["2x2x2 (permute=none)"] == pytest.approx(320.5)
+    best = plotting.observed_scaling_frame(plotting.runs_frame(tmp_path / "runs.jsonl"))
+    assert sorted(best["dataset"]) == ["tiny (permute=double)", "tiny (permute=none)"]
+    assert sorted(best["obs_epoch_ms"]) == [100.5, 300.5]
