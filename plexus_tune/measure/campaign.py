@@ -181,7 +181,7 @@ def run_campaign(
         from plexus_tune.model.machine import load_machine
 
         machine = load_machine(machine)
-    graph_source_text(graph)
+    graph_source_text(graph)  # a missing file or bad spec fails before any run
     stats = stats or (load_stats(graph) if machine is not None else None)
     workload = workload_of(stats, layers, hidden) if stats is not None else None
     done = logged_trials(log)
