@@ -2,8 +2,9 @@
 
 Every ``plot_*`` function takes plain data (DataFrames, an Optuna study) and returns a
 matplotlib Figure (Agg backend, no display needed); :func:`save_figure` writes it as
-PNG and SVG. The ``*_frame`` helpers build the DataFrames from run logs
-(``plexus-tune/run-v1`` records, shared breakdown keys) and the cost model.
+PNG and SVG. The ``*_frame`` helpers build the DataFrames from run logs (the runs
+table of :mod:`plexus_tune.measure.records`: medians over trials, observed columns
+``obs_<key>``, predicted ``pred_<key>``; docs/records.md) and the cost model.
 """
 
 from __future__ import annotations
@@ -97,32 +98,33 @@ def r2_identity(predicted, observed) -> float:
 
 
 def runs_frame(log_or_records):
-    """Successful run records of a log (path, list of paths, or records) as a DataFrame."""
-    from plexus_tune.measure.store import records_frame
+    """The runs table (one row per run identity, medians over its successful trials) of a log, logs or records."""
+    from plexus_tune.measure.records import runs_table
+    from plexus_tune.measure.store import read_runs
 
-    if isinstance(log_or_records, (str, os.PathLike)) and not os.path.exists(log_or_records):
-        raise UserError(f"run log {str(log_or_records)!r} does not exist; run plexus-tune measure or train --log first")
-    frame = records_frame(log_or_records, schema="plexus-tune/run-v1")
-    if frame.empty:
-        return frame
-    if "status" in frame:
-        frame = frame[frame["status"].fillna("ok") == "ok"]
-    return frame[frame["epoch_ms"].notna()].reset_index(drop=True) if "epoch_ms" in frame else frame.iloc[0:0]
+    source = log_or_records
+    if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
+                                                   and all(isinstance(s, (str, os.PathLike)) for s in source)):
+        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        for path in paths:
+            if not os.path.exists(path):
+                raise UserError(f"run log {str(path)!r} does not exist; run plexus-tune measure or train --log first")
+        source = read_runs(paths)
+    return runs_table(source)
 
 
 def select_runs(frame, graph: str | None = None, gpus: int | None = None):
-    """Rows of ``frame`` for one graph (its name or source) and G; UserError naming what is there."""
+    """Rows of the runs table for one graph (its name or source) and G; UserError naming what is there."""
     if frame.empty:
         raise UserError("the run log has no successful run")
-    graphs = sorted(set(frame.get("graph", frame.get("graph_source")).dropna().astype(str)))
+    graphs = sorted(set(frame["graph_name"].dropna().astype(str)))
     if graph is None:
         if len(graphs) != 1:
             raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one with --graph")
         graph = graphs[0]
     mask = np.zeros(len(frame), dtype=bool)
-    for col in ("graph", "graph_source"):
-        if col in frame:
-            mask |= frame[col].astype(str).to_numpy() == str(graph)
+    for col in ("graph_name", "graph"):
+        mask |= frame[col].astype(str).to_numpy() == str(graph)
     sub = frame[mask]
     if sub.empty:
         raise UserError(f"no run of graph {graph!r} in the log; it holds {', '.join(graphs) or 'none'}")
@@ -138,54 +140,40 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
 
 
 def workload_of_runs(runs):
-    """The workload the runs trained (graph statistics and widths of the first record)."""
+    """The workload the runs trained (graph statistics, widths and element size of the first row)."""
     from plexus_tune.model.workload import Workload
 
     r = runs.iloc[0]
-    try:
-        return Workload.from_graph_stats(str(r.get("graph", "graph")), int(r["nodes"]), int(r["nnz"]), int(r["features"]),
-                                         int(r["classes"]), int(r["layers"]), int(r["hidden"]))
-    except (KeyError, TypeError, ValueError):
-        raise UserError("the run records lack graph statistics (nodes, nnz, features, classes); give --machine with a catalog dataset") from None
+    return Workload(name=str(r["graph_name"]), nodes=int(r["graph_nodes"]), nnz=int(r["nnz"]), widths=tuple(r["widths"]),
+                    bytes_per_element=int(r["bytes_per_element"]))
 
 
 def pred_obs_frame(runs, machine=None):
-    """One row per grid: observed median (and std over trials) of every breakdown key, and the prediction.
+    """One row per grid (and setting) of runs-table rows: the observed medians and the prediction.
 
     Predictions come from ``machine`` (a profile: predicted again with the cost model)
-    or, without one, from the ``predicted.*`` fields the runs were logged with.
-    Columns: grid, gx, gy, gz, trials, observed_ms, observed_std_ms, obs_<key>,
-    predicted_ms, pred_<key>, feasible.
+    or, without one, from the predictions the runs were logged with. The profile's
+    fixed per-epoch overhead is shown with the other (unattributed) time in
+    ``pred_other_ms``. Columns: grid (with the setting when several are selected), gx,
+    gy, gz, trials, obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms,
+    pred_<key>, pred_feasible.
     """
-    import pandas as pd
+    from plexus_tune.measure.records import setting_labels
 
     keys = [k for k, _, _ in BREAKDOWN_PARTS] + ["comm_ms"]
-    rows = []
-    for grid, group in runs.groupby("grid", sort=True):
-        g0 = group.iloc[0]
-        row = {"grid": str(grid), "gx": int(g0["gx"]), "gy": int(g0["gy"]), "gz": int(g0["gz"]), "trials": len(group),
-               "observed_ms": float(group["epoch_ms"].median()), "observed_std_ms": float(group["epoch_ms"].std(ddof=0))}
-        for k in keys:
-            row[f"obs_{k}"] = float(group[k].median()) if k in group else float("nan")
-        if machine is None:
-            row["predicted_ms"] = float(group["predicted.total_ms"].mean()) if "predicted.total_ms" in group else float("nan")
-            for k in keys:
-                col = f"predicted.{k}"
-                row[f"pred_{k}"] = float(group[col].mean()) if col in group else float("nan")
-            row["feasible"] = bool(group["predicted.feasible"].iloc[0]) if "predicted.feasible" in group else True
-        rows.append(row)
-    frame = pd.DataFrame(rows)
     if machine is not None:
-        from plexus_tune.model.costs import predict_grids
+        from plexus_tune.fit.validation import predict_runs
 
-        pred = predict_grids(workload_of_runs(runs), machine, frame[["gx", "gy", "gz"]].to_numpy(dtype=np.int64))
-        frame["predicted_ms"] = np.asarray(pred["total_ms"], dtype=float)
-        for k in keys:
-            frame[f"pred_{k}"] = np.asarray(pred[k], dtype=float)
-        # the profile's fixed per-epoch overhead is shown with the other (unattributed) time
-        frame["pred_other_ms"] += np.asarray(pred.get("overhead_ms", 0.0), dtype=float)
-        frame["feasible"] = np.asarray(pred["feasible"], dtype=bool)
-    if frame["predicted_ms"].isna().all():
+        runs = predict_runs(runs, machine)
+    frame = runs.copy()
+    labels = setting_labels(frame)
+    frame["grid"] = [f"{g} ({s})" if s else g for g, s in zip(frame["grid"], labels)]
+    frame["pred_other_ms"] = frame["pred_other_ms"] + frame["pred_overhead_ms"].fillna(0.0)
+    frame = frame.sort_values("grid").reset_index(drop=True)
+    columns = ["grid", "gx", "gy", "gz", "trials", "obs_epoch_ms", "obs_epoch_ms_std", *(f"obs_{k}" for k in keys),
+               "pred_epoch_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
+    frame = frame[columns]
+    if frame["pred_epoch_ms"].isna().all():
         raise UserError("the runs carry no prediction; give --machine to predict them with a profile")
     return frame
 
@@ -210,19 +198,21 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
             j = idx[int(np.argmin(total[idx]))]
             if np.isfinite(total[j]):
                 rows.append({"dataset": workload.name, "gpus": int(g), "best_grid": "x".join(map(str, grids[j])),
-                             "predicted_ms": float(total[j])})
-    return pd.DataFrame(rows, columns=["dataset", "gpus", "best_grid", "predicted_ms"])
+                             "pred_epoch_ms": float(total[j])})
+    return pd.DataFrame(rows, columns=["dataset", "gpus", "best_grid", "pred_epoch_ms"])
 
 
 def observed_scaling_frame(runs):
-    """Best observed epoch per (graph, G) from run records: dataset, gpus, best_grid, observed_ms."""
+    """Best observed epoch per (graph, G) (and setting, when several) of a runs table: dataset, gpus, best_grid, obs_epoch_ms."""
     import pandas as pd
 
+    from plexus_tune.measure.records import setting_labels
+
     if runs.empty:
-        return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "observed_ms"])
-    medians = runs.groupby(["graph", "gpus", "grid"], as_index=False)["epoch_ms"].median()
-    best = medians.loc[medians.groupby(["graph", "gpus"])["epoch_ms"].idxmin()]
-    return best.rename(columns={"graph": "dataset", "grid": "best_grid", "epoch_ms": "observed_ms"}).reset_index(drop=True)
+        return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "obs_epoch_ms"])
+    runs = runs.assign(dataset=[f"{g} ({s})" if s else g for g, s in zip(runs["graph_name"], setting_labels(runs))])
+    best = runs.loc[runs.groupby(["dataset", "gpus"], sort=True)["obs_epoch_ms"].idxmin()]
+    return best.rename(columns={"grid": "best_grid"})[["dataset", "gpus", "best_grid", "obs_epoch_ms"]].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -237,12 +227,12 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     """
     fig = _figure()
     ax = fig.add_subplot()
-    pred = frame["predicted_ms"].to_numpy(dtype=float)
-    obs = frame["observed_ms"].to_numpy(dtype=float)
+    pred = frame["pred_epoch_ms"].to_numpy(dtype=float)
+    obs = frame["obs_epoch_ms"].to_numpy(dtype=float)
     rho, r2 = spearman(pred, obs), r2_identity(pred, obs)
     ax.scatter(pred, obs, s=36, color="#4c72b0", zorder=3, label=f"grids (n={len(frame)}): Spearman {rho:.3f}, R$^2$ {r2:.3f}")
-    if "observed_std_ms" in frame and frame["observed_std_ms"].fillna(0).gt(0).any():
-        ax.errorbar(pred, obs, yerr=frame["observed_std_ms"].fillna(0).to_numpy(), fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
+    if "obs_epoch_ms_std" in frame and frame["obs_epoch_ms_std"].fillna(0).gt(0).any():
+        ax.errorbar(pred, obs, yerr=frame["obs_epoch_ms_std"].fillna(0).to_numpy(), fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
     if label_points:
         for p, o, g in zip(pred, obs, frame["grid"]):
             ax.annotate(str(g), (p, o), textcoords="offset points", xytext=(4, 4), fontsize=8)
@@ -250,7 +240,7 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     hi = float(np.nanmax(np.concatenate([pred, obs])))
     pad = 0.05 * (hi - lo if hi > lo else max(abs(hi), 1.0))
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linestyle="--", linewidth=1, label="y = x")
-    feasible = frame["feasible"].to_numpy(dtype=bool) if "feasible" in frame else np.ones(len(frame), dtype=bool)
+    feasible = frame["pred_feasible"].to_numpy(dtype=bool) if "pred_feasible" in frame else np.ones(len(frame), dtype=bool)
     if feasible.any():
         rec = int(np.flatnonzero(feasible)[np.argmin(pred[feasible])])
         ax.scatter([pred[rec]], [obs[rec]], marker="*", s=260, color="#dd8452", zorder=4,
@@ -309,11 +299,11 @@ def plot_strong_scaling(predicted, observed=None, *, title: str = "", machine: s
         colour = colours[i % len(colours)]
         part = predicted[predicted["dataset"] == name].sort_values("gpus")
         if not part.empty:
-            ax.plot(part["gpus"], part["predicted_ms"], marker=".", color=colour, label=f"{name} (predicted)")
+            ax.plot(part["gpus"], part["pred_epoch_ms"], marker=".", color=colour, label=f"{name} (predicted)")
         if observed is not None:
             obs = observed[observed["dataset"] == name]
             if not obs.empty:
-                ax.scatter(obs["gpus"], obs["observed_ms"], marker="s", s=40, color=colour, edgecolors="black",
+                ax.scatter(obs["gpus"], obs["obs_epoch_ms"], marker="s", s=40, color=colour, edgecolors="black",
                            zorder=4, label=f"{name} (observed)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -60,7 +60,7 @@ def test_collectives_on_two_local_ranks(tmp_path):
         (op, m) for op in ("all_reduce", "all_gather", "reduce_scatter") for m in (1024, 65536)
     }
     for r in records:
-        assert r["group_size"] == 2 and r["stride"] == 1 and r["nodes"] == 1 and r["contiguous"]
+        assert r["group_size"] == 2 and r["stride"] == 1 and r["nodes_spanned"] == 1 and r["contiguous"]
         assert r["time_min_ms"] <= r["time_ms"] <= r["time_max_ms"]
         factor = 1.0 if r["op"] == "all_reduce" else 0.5
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
@@ -78,7 +78,7 @@ def test_random_csr_and_sweep_records():
     assert all(64 <= s["rows"] <= 256 and 1 <= s["dense_cols"] <= 8 and s["nnz"] <= 2000 for s in shapes)
     records = spmm_sweep(shapes, repeats=2)
     assert [r["rows"] for r in records] == [s["rows"] for s in shapes]
-    assert all(r["time_ms"] > 0 and r["schema"] == "plexus-tune/spmm-v1" for r in records)
+    assert all(r["time_ms"] > 0 and r["schema"] == "plexus-tune/spmm-v2" for r in records)
 
 
 def test_graph_shards_have_the_cost_model_shapes_and_cover_every_nonzero():
@@ -88,8 +88,8 @@ def test_graph_shards_have_the_cost_model_shapes_and_cover_every_nonzero():
     adj = sp.csr_matrix(dense + dense.T)
     widths = [6, 5, 3]
     records = calibrate_graph_shards(adj, widths, 4, grids=[(2, 1, 2)], repeats=1, all_shards=True)
-    spmm = [r for r in records if r["schema"].endswith("spmm-v1")]
-    gemm = [r for r in records if r["schema"].endswith("gemm-v1")]
+    spmm = [r for r in records if r["schema"].endswith("spmm-v2")]
+    gemm = [r for r in records if r["schema"].endswith("gemm-v2")]
     # layer 0 roles (outer X=2, inner Y=1, depth Z=2): rows ceil(30/2)=15, common 15, cols ceil(6/1)=6
     fwd0 = [r for r in spmm if r["layer"] == 0 and r["direction"] == "forward"]
     assert len(fwd0) == 4  # g_d x g_o distinct shards

@@ -154,8 +154,8 @@ def test_gemm_and_epoch_fits_recover_coefficients():
     gm = fit_gemm(g, n_splits=5)
     assert gm.tflops == pytest.approx(0.05, rel=1e-6)
     assert gm.overhead_ms == pytest.approx(0.005, rel=1e-6)
-    runs = pd.DataFrame({"spmm_ms": rng.uniform(1, 50, 30), "gemm_ms": rng.uniform(1, 10, 30), "comm_ms": rng.uniform(0, 40, 30), "other_ms": 0.0})
-    runs["epoch_ms"] = 1.3 * runs.spmm_ms + 2.0 * runs.gemm_ms + 0.7 * runs.comm_ms + 4.0
+    runs = pd.DataFrame({"pred_spmm_ms": rng.uniform(1, 50, 30), "pred_gemm_ms": rng.uniform(1, 10, 30), "pred_comm_ms": rng.uniform(0, 40, 30), "pred_other_ms": 0.0})
+    runs["obs_epoch_ms"] = 1.3 * runs.pred_spmm_ms + 2.0 * runs.pred_gemm_ms + 0.7 * runs.pred_comm_ms + 4.0
     em = fit_epoch(runs, n_splits=5)
     assert em.scales["spmm_ms"] == pytest.approx(1.3, rel=1e-6)
     assert em.scales["gemm_ms"] == pytest.approx(2.0, rel=1e-6)
@@ -166,13 +166,13 @@ def test_gemm_and_epoch_fits_recover_coefficients():
 
 def test_epoch_fit_pins_each_scale_on_the_logged_breakdown():
     rng = np.random.default_rng(8)
-    runs = pd.DataFrame({"spmm_ms": rng.uniform(1, 50, 30), "gemm_ms": rng.uniform(1, 10, 30), "comm_ms": rng.uniform(1, 40, 30), "other_ms": 0.0})
+    runs = pd.DataFrame({"pred_spmm_ms": rng.uniform(1, 50, 30), "pred_gemm_ms": rng.uniform(1, 10, 30), "pred_comm_ms": rng.uniform(1, 40, 30), "pred_other_ms": 0.0})
     own = {"spmm_ms": 1.5, "gemm_ms": 1.2, "comm_ms": 2.0}  # observed part = own scale x predicted part
     for c, b in own.items():
-        runs[f"observed_{c}"] = b * runs[c] * np.exp(rng.normal(0, 0.01, 30))
-    runs["observed_other_ms"] = 0.0
+        runs[f"obs_{c}"] = b * runs[f"pred_{c}"] * np.exp(rng.normal(0, 0.01, 30))
+    runs["obs_other_ms"] = 0.0
     # phases overlap: the epoch is 0.8 of the sum of the observed parts, plus 6 ms
-    runs["epoch_ms"] = 0.8 * sum(b * runs[c] for c, b in own.items()) + 6.0
+    runs["obs_epoch_ms"] = 0.8 * sum(b * runs[f"pred_{c}"] for c, b in own.items()) + 6.0
     em = fit_epoch(runs, n_splits=5)
     assert em.method == "breakdown"
     for c, b in own.items():
@@ -181,7 +181,7 @@ def test_epoch_fit_pins_each_scale_on_the_logged_breakdown():
     assert em.overhead_ms == pytest.approx(6.0, rel=0.05)
     assert em.scores["test_mape"] < 1.0
     # a breakdown missing where a part is predicted: back to the total method
-    partial = runs.assign(observed_comm_ms=runs.observed_comm_ms.where(runs.index != 4, 0.0))
+    partial = runs.assign(obs_comm_ms=runs.obs_comm_ms.where(runs.index != 4, 0.0))
     assert fit_epoch(partial, n_splits=0).method == "total"
 
 

@@ -46,7 +46,7 @@ def _logs(tmp_path, cores=None):
             for size in (1024, 65536, 1 << 22):
                 steps = (2 if op == "all_reduce" else 1) * (g - 1)
                 t = steps * ALPHA_US * 1e-3 + steps / g * size / (BETA * 1e9) * 1e3
-                rec = {"op": op, "group_size": g, "stride": p, "nodes": 1, "message_bytes": size, "time_ms": t, "world_size": 8, "backend": "gloo"}
+                rec = {"op": op, "group_size": g, "stride": p, "nodes_spanned": 1, "message_bytes": size, "time_ms": t, "world_size": 8, "backend": "gloo"}
                 if cores:  # 8 one-thread ranks time-sharing `cores` cores: every call takes 8 / cores as long
                     rec.update(time_ms=t * 8 / cores, machine_info={"cpu_count": cores})
                 recs.append(rec)
@@ -60,7 +60,7 @@ def _logs(tmp_path, cores=None):
         pred = predict_grids(w, truth, grids)
         epoch = 2.5 + sum(SCALES[c] * pred[c] for c in SCALES)
         for j, grid in enumerate(grids):
-            recs.append({"graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "nodes": nodes, "nnz": nnz_g, "widths": list(widths),
+            recs.append({"graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "graph_nodes": nodes, "nnz": nnz_g, "widths": list(widths),
                          "gx": int(grid[0]), "gy": int(grid[1]), "gz": int(grid[2]), "epoch_ms": float(epoch[j]), "status": "ok", "options": {}})
     append_records(runs, recs)
     return spmm, coll, runs

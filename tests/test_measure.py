@@ -5,6 +5,7 @@ from plexus_tune.cli import main
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
 from plexus_tune.measure.store import read_records
+from plexus_tune.trainer.run import config_fields
 
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
@@ -12,11 +13,7 @@ SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 def _fake_trainer(calls, fail_grids=()):
     def run_training(config, raise_on_failure=True):
         calls.append((tuple(config.grid), config.synthetic))
-        grid = "x".join(map(str, config.grid))
-        base = {"kind": "train", "status": "ok", "graph_source": f"synthetic:{config.synthetic}", "grid": grid,
-                "gx": config.grid[0], "gy": config.grid[1], "gz": config.grid[2], "layers": config.layers,
-                "hidden": config.hidden, "epochs": config.epochs, "warmup": config.warmup,
-                "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap}}
+        base = {"kind": "train", "status": "ok", **config_fields(config)}  # what the trainer's record starts with
         if config.grid in fail_grids:
             return {**base, "status": "oom", "reason": "rank 1 failed: MemoryError"}
         return {**base, "epoch_ms": 10.0 + config.grid[0]}
@@ -117,3 +114,26 @@ def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
     orders = [[c[0] for c in calls[t * 6 : (t + 1) * 6]] for t in range(3)]
     assert all(sorted(o) == sorted(grids) for o in orders)
     assert len({tuple(o) for o in orders}) > 1  # not one fixed order for every trial
+
+
+def test_campaign_resumes_a_v1_log(tmp_path, monkeypatch):
+    """Trials logged by the v1 writer (the profile's name as machine, nodes) count as done."""
+    import json
+    import platform
+
+    from plexus_tune.measure.campaign import campaign_config
+
+    calls = []
+    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))
+    log = tmp_path / "runs.jsonl"
+    with open(log, "w") as fh:
+        for trial in range(2):
+            config = campaign_config(SPEC, (2, 1, 1), layers=3, hidden=8, epochs=3, warmup=1)
+            v1 = {"schema": "plexus-tune/run-v1", "kind": "train", "status": "ok", **config_fields(config),
+                  "machine": "perlmutter", "predicted": {"machine": "perlmutter", "total_ms": 1.0},
+                  "environment": {"host": platform.node()}, "nodes": 256, "epoch_ms": 10.0, "trial": trial}
+            for key in ("launcher", "cluster", "rank_nodes", "hosts", "comm_precision"):
+                v1.pop(key)
+            fh.write(json.dumps(v1) + "\n")
+    new = run_campaign(SPEC, 2, [(2, 1, 1), (1, 2, 1)], log=log, trials=3, epochs=3, warmup=1, hidden=8, machine="perlmutter")
+    assert sorted((r["grid"], r["trial"]) for r in new) == [("1x2x1", 0), ("1x2x1", 1), ("1x2x1", 2), ("2x1x1", 2)]

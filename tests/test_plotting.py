@@ -25,7 +25,7 @@ def run_record(grid, epoch_ms, trial=0, graph="tiny", gpus=None, status="ok"):
     rec = {
         "kind": "train", "status": status, "graph": graph, "graph_source": f"synthetic:rmat:{graph}",
         "grid": f"{gx}x{gy}x{gz}", "gx": gx, "gy": gy, "gz": gz, "gpus": gpus or gx * gy * gz,
-        "nodes": 2048, "nnz": 40000, "features": 32, "classes": 8, "layers": 3, "hidden": 16,
+        "graph_nodes": 2048, "nnz": 40000, "features": 32, "classes": 8, "layers": 3, "hidden": 16,
         "epochs": 10, "warmup": 2, "trial": trial,
         "epoch_ms": epoch_ms, "spmm_ms": spmm, "gemm_ms": gemm, "comm_ms": cx + cy + cz,
         "comm_x_ms": cx, "comm_y_ms": cy, "comm_z_ms": cz, "other_ms": other,
@@ -84,15 +84,15 @@ def test_pred_vs_obs_points_stats_and_marks(tmp_path):
     assert len(ax.collections[0].get_offsets()) == len(GRIDS_8)
     assert sorted(t.get_text() for t in ax.texts) == sorted(frame["grid"])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    pred, obs = frame["predicted_ms"].to_numpy(), frame["observed_ms"].to_numpy()
+    pred, obs = frame["pred_epoch_ms"].to_numpy(), frame["obs_epoch_ms"].to_numpy()
     # hand references: Spearman = Pearson of ranks (no ties); R^2 about y = x
     rho = np.corrcoef(ranks(pred), ranks(obs))[0, 1]
     r2 = 1 - ((obs - pred) ** 2).sum() / ((obs - obs.mean()) ** 2).sum()
     assert f"Spearman {rho:.3f}" in legend[0] and f"R$^2$ {r2:.3f}" in legend[0]
     # recommended = best predicted feasible (8x1x1 is infeasible in the log); observed best = lowest mean
-    feas = frame[frame["feasible"]]
-    assert any(f"recommended {feas.loc[feas['predicted_ms'].idxmin(), 'grid']}" == s for s in legend)
-    assert any(f"observed best {frame.loc[frame['observed_ms'].idxmin(), 'grid']}" == s for s in legend)
+    feas = frame[frame["pred_feasible"]]
+    assert any(f"recommended {feas.loc[feas['pred_epoch_ms'].idxmin(), 'grid']}" == s for s in legend)
+    assert any(f"observed best {frame.loc[frame['obs_epoch_ms'].idxmin(), 'grid']}" == s for s in legend)
     check_files(plotting.save_figure(fig, tmp_path / "out", "pred-vs-obs_tiny_G8"))
 
 
@@ -108,7 +108,7 @@ def test_breakdown_bar_counts(tmp_path):
         x = round(patch.get_x() + patch.get_width() / 2, 3)
         heights[x] = max(heights.get(x, 0.0), patch.get_y() + patch.get_height())
     assert sorted(round(v, 6) for v in heights.values()) == sorted(
-        round(v, 6) for v in list(frame["observed_ms"]) + list(frame[[f"pred_{k}" for k, _, _ in plotting.BREAKDOWN_PARTS]].sum(axis=1))
+        round(v, 6) for v in list(frame["obs_epoch_ms"]) + list(frame[[f"pred_{k}" for k, _, _ in plotting.BREAKDOWN_PARTS]].sum(axis=1))
     )
     only_pred = plotting.plot_breakdown(frame.drop(columns=[c for c in frame if c.startswith("obs_")]))
     assert len(only_pred.axes[0].patches) == len(GRIDS_8) * parts
@@ -130,9 +130,9 @@ def test_strong_scaling_lines_and_observed_points(tmp_path):
     p = predict_grids(workload_from_dataset("ogbn-products"), load_machine("perlmutter"), grids)
     best = min(t for t, f in zip(p["total_ms"], p["feasible"]) if f)
     row = pred[(pred["dataset"] == "ogbn-products") & (pred["gpus"] == 64)]
-    assert row["predicted_ms"].iloc[0] == pytest.approx(best)
+    assert row["pred_epoch_ms"].iloc[0] == pytest.approx(best)
     observed = plotting.observed_scaling_frame(plotting.runs_frame(write_log(tmp_path / "runs.jsonl")))
-    assert list(observed["gpus"]) == [4, 8] and observed["observed_ms"].iloc[1] == pytest.approx(100.5)
+    assert list(observed["gpus"]) == [4, 8] and observed["obs_epoch_ms"].iloc[1] == pytest.approx(100.5)
     observed["dataset"] = "ogbn-products"
     fig = plotting.plot_strong_scaling(pred, observed, machine="perlmutter")
     ax = fig.axes[0]
@@ -183,3 +183,22 @@ def test_selection_errors(tmp_path):
         plotting.runs_frame(tmp_path / "missing.jsonl")
     assert plotting.safe_name("a b/c:d") == "a-b-c-d"
     assert isinstance(frame, pd.DataFrame)
+
+
+def test_runs_of_two_settings_are_two_points_per_grid(tmp_path):
+    """Permuted and unpermuted runs of one grid are not pooled: each is a point, labelled by its setting."""
+    records = []
+    for i, grid in enumerate(GRIDS_8):
+        for trial in range(2):
+            records.append(run_record(grid, 100.0 + 10.0 * i + trial, trial))
+            records.append({**run_record(grid, 300.0 + 10.0 * i + trial, trial), "options": {"permute": "none"}})
+    append_records(tmp_path / "runs.jsonl", records)
+    runs, _, _ = plotting.select_runs(plotting.runs_frame(tmp_path / "runs.jsonl"), "tiny", 8)
+    frame = plotting.pred_obs_frame(runs)
+    assert len(frame) == 2 * len(GRIDS_8) and (frame["trials"] == 2).all()
+    by_label = dict(zip(frame["grid"], frame["obs_epoch_ms"]))
+    assert by_label["2x2x2 (permute=double)"] == pytest.approx(120.5)  # median of 120, 121: not of 120, 121, 320, 321
+    assert by_label["2x2x2 (permute=none)"] == pytest.approx(320.5)
+    best = plotting.observed_scaling_frame(plotting.runs_frame(tmp_path / "runs.jsonl"))
+    assert sorted(best["dataset"]) == ["tiny (permute=double)", "tiny (permute=none)"]
+    assert sorted(best["obs_epoch_ms"]) == [100.5, 300.5]

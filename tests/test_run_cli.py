@@ -1,6 +1,7 @@
 """``plexus-tune run``: the recommended grid is trained, logged and compared with its prediction."""
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -30,11 +31,18 @@ def test_run_trains_the_recommended_grid_and_logs_it(tmp_path, capsys, monkeypat
     rec = json.loads(lines[-1])
     assert rec["grid"] == "x".join(map(str, best)) and rec["status"] == "ok" and rec["trial"] == 0
     assert rec["predicted"]["total_ms"] == pytest.approx(min(t for t, f in zip(pred["total_ms"], pred["feasible"]) if f))
-    assert rec["epoch_ms"] > 0 and rec["machine"] == "cpu-gloo-2core"
+    # the record names the machine it ran on (this host); the profile is the prediction's
+    assert rec["epoch_ms"] > 0 and rec["machine"] == platform.node() and rec["predicted"]["machine"] == "cpu-gloo-2core"
+    assert rec["schema"] == "plexus-tune/run-v2" and rec["graph_nodes"] == 128 and "nodes" not in rec
+    assert rec["launcher"] == "local" and rec["rank_nodes"] == [0, 0] and rec["hosts"] == [platform.node()]
+    assert rec["comm_precision"] == "fp32" and "cluster" not in rec  # None is not written: absent means the default
     # the same grid again (given explicitly): a second trial of it, not a duplicate key
     assert main(["run"] + TINY + ["--grid", rec["grid"]]) == 0
+    out = capsys.readouterr().out
     rec2 = json.loads((tmp_path / "measurements" / "runs.jsonl").read_text().splitlines()[-1])
     assert rec2["grid"] == rec["grid"] and rec2["trial"] == 1
+    median = float(np.median([rec["epoch_ms"], rec2["epoch_ms"]]))
+    assert f"median over the 2 successful trials of this run in the log: {median:.2f} ms" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("extra, message", [(["--grid", "2x2x1"], "has 4 ranks"), (["--epochs", "1"], "warmup < epochs")])

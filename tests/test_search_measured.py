@@ -35,3 +35,41 @@ def test_measured_search_never_trains_a_config_twice(tmp_path, capsys, monkeypat
     capsys.readouterr()
     grids = [json.loads(line)["grid"] for line in log.read_text().splitlines()]
     assert len(grids) == len(set(grids)) <= 3
+
+
+def test_known_runs_reuse_only_the_identity_the_search_would_train(tmp_path):
+    """Logged runs of another overlap, backend or permutation are not this search's runs; trials pool by median."""
+    from plexus_tune.measure.campaign import campaign_config
+    from plexus_tune.measure.store import append_records
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.search import Config, known_runs
+    from plexus_tune.trainer.run import config_fields
+
+    _, workload = graph_workload(GRAPH, layers=2, hidden=4)
+    model = ModelEvaluator(workload, load_machine("cpu-gloo-2core"))
+    stats = {"graph": "g", "graph_nodes": 128, "nnz": 1000, "features": 8, "classes": 4, "widths": [8, 4, 4]}
+
+    def record(grid, epoch_ms, trial=0, **options):
+        config = campaign_config(GRAPH, grid, layers=2, hidden=4, epochs=2, warmup=1, options=options)
+        rec = {"kind": "train", "status": "ok", **config_fields(config), **stats, "trial": trial, "timestamp": f"t{trial}"}
+        return {**rec, "epoch_ms": epoch_ms} if epoch_ms else {**rec, "status": "oom", "reason": "out of memory"}
+
+    log = tmp_path / "runs.jsonl"
+    append_records(log, [
+        record((2, 1, 1), 10.0, 0), record((2, 1, 1), 30.0, 1), record((2, 1, 1), 11.0, 2),  # median 11
+        record((2, 1, 1), 1.0, 0, permute="none"),  # another permutation
+        record((1, 2, 1), 2.0, 0, backend="nccl"),  # another backend
+        record((1, 1, 2), 3.0, 0, block_rows=16, overlap=True),  # overlapped: not what the search trains
+        record((1, 1, 2), 7.0, 0, block_rows=16),
+        record((1, 2, 1), None, 0),  # only failed
+    ])
+    known = known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=2, warmup=1)
+    assert set(known) == {Config(2, 1, 1), Config(1, 1, 2, 16), Config(1, 2, 1)}
+    assert known[Config(2, 1, 1)].observed_ms == 11.0 and known[Config(2, 1, 1)].run_id == "t2"
+    assert known[Config(1, 1, 2, 16)].observed_ms == 7.0
+    assert known[Config(1, 2, 1)].observed_ms is None and known[Config(1, 2, 1)].failure == "oom: out of memory"
+    # a search on the nccl backend sees the nccl run (and not the gloo ones)
+    nccl = known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=2, warmup=1, train_options={"backend": "nccl"})
+    assert set(nccl) == {Config(1, 2, 1)} and nccl[Config(1, 2, 1)].observed_ms == 2.0
+    # different epochs: nothing to reuse
+    assert known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=3, warmup=1) == {}

@@ -144,3 +144,19 @@ def test_frame_flattens_and_keeps_failed_runs(tmp_path):
     assert list(frame.columns) == ["schema", "x.y"]
     with pytest.raises(UserError, match="status"):
         failure_record({}, "why", status="weird")
+
+
+def test_read_runs_reads_several_logs_of_both_versions_and_names_bad_lines(tmp_path):
+    from plexus_tune.measure.store import read_runs
+
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    old.write_text(json.dumps({"schema": "plexus-tune/run-v1", "nodes": 5, "k": 0}) + "\n{broken\n")
+    append_records(new, [{"graph_nodes": 6, "k": 1}])
+    append_records(new, [{"nnz": 1, "time_ms": 0.5}], schema=SPMM_SCHEMA)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = read_runs([old, new])
+    assert [r["k"] for r in runs] == [0, 1]  # run records only, as stored
+    assert runs[0]["nodes"] == 5 and runs[0]["schema"].endswith("-v1")
+    assert len(caught) == 1 and "old.jsonl: skipped 1 bad line(s): line 2" in str(caught[0].message)
+    assert RUN_SCHEMA == "plexus-tune/run-v2" and SPMM_SCHEMA == "plexus-tune/spmm-v2"

@@ -27,9 +27,9 @@ def test_train_cli_logs_a_checked_record(tmp_path, capsys):
     records, problems = read_records(log)
     assert problems == [] and len(records) == 1
     rec = records[0]
-    assert rec["schema"] == "plexus-tune/run-v1" and rec["status"] == "ok"
+    assert rec["schema"] == "plexus-tune/run-v2" and rec["status"] == "ok"
     assert (rec["gx"], rec["gy"], rec["gz"], rec["gpus"], rec["machine"]) == (1, 2, 1, 2, "testbox")
-    assert rec["nodes"] == 61 and rec["widths"] == [6, 5, 3] and rec["backend"] == "gloo"
+    assert rec["graph_nodes"] == 61 and rec["widths"] == [6, 5, 3] and rec["backend"] == "gloo"
     assert rec["check_loss_rel_diff"] < 1e-5 and rec["check_output_rel_diff"] < 1e-4
     assert len(rec["losses"]) == 4 and len(rec["epoch_times_ms"]) == 4
     for key in BREAKDOWN:

@@ -13,7 +13,8 @@ from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.spmm import predict_spmm_ms
 from plexus_tune.measure.store import append_records
-from plexus_tune.fit.validation import leave_one_group_out, regret, runs_frame, spearman
+from plexus_tune.fit.validation import leave_one_group_out, predict_runs, regret, spearman
+from plexus_tune.measure.records import runs_table
 from plexus_tune.model.workload import Workload
 
 PROFILE = {
@@ -43,7 +44,7 @@ def _runs(graphs=((4096, 60000, (32, 64, 64, 8)), (8192, 40000, (16, 64, 64, 4))
                 for trial in range(2):
                     records.append(
                         {
-                            "graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "status": "ok", "nodes": n, "nnz": nnz,
+                            "graph": f"g{gi}", "graph_source": f"synthetic:g{gi}", "status": "ok", "graph_nodes": n, "nnz": nnz,
                             "widths": list(widths), "gx": int(grid[0]), "gy": int(grid[1]), "gz": int(grid[2]),
                             "epoch_ms": float(epoch[j]) * (1.01 if trial else 0.99), "options": {"block_rows": None},
                         }
@@ -61,20 +62,26 @@ def test_spearman_and_regret_by_hand():
     assert regret([1.0, 2.0], [5.0, 6.0]) == 1.0
 
 
-def test_runs_frame_takes_the_median_trial_and_drops_failures():
+def test_runs_table_takes_the_median_trial_and_drops_failures():
     records = _runs()
-    df = runs_frame(records)
+    df = runs_table(records)
     assert (df["trials"] == 2).all()
     assert len(df) == 2 * (6 + 10)  # grids of 4 and of 8, two graphs
+    # the failed 8x1x1 run of g0 is counted with the identity it failed in, not pooled
+    failed = df[(df["graph"] == "synthetic:g0") & (df["grid"] == "8x1x1")]
+    assert list(failed["failed"]) == [1] and failed["last_failure"].iloc[0] == "oom: out of memory"
+    assert df["failed"].sum() == 1 and df.attrs["failed_trials"] == 1
     # a third trial that met a stall 10x slower: the median of (0.99, 1.01, 10) x t is 1.01 x t
     first = records[0]
     stalled = {**first, "epoch_ms": first["epoch_ms"] / 0.99 * 10.0}
-    df3 = runs_frame(records + [stalled])
+    df3 = runs_table(records + [stalled])
     row = df3[(df3["graph"] == first["graph_source"]) & (df3["gx"] == first["gx"]) & (df3["gy"] == first["gy"]) & (df3["gz"] == first["gz"])].iloc[0]
     assert row["trials"] == 3
-    assert row["epoch_ms"] == pytest.approx(first["epoch_ms"] / 0.99 * 1.01)
+    assert row["obs_epoch_ms"] == pytest.approx(first["epoch_ms"] / 0.99 * 1.01)
+    assert row["obs_epoch_ms_max"] == pytest.approx(first["epoch_ms"] / 0.99 * 10.0)
+    assert row["obs_epoch_ms_min"] == pytest.approx(first["epoch_ms"])
     with pytest.raises(UserError, match="no successful"):
-        runs_frame([{"status": "failed"}])
+        predict_runs(runs_table([{"status": "failed"}]), PROFILE)
 
 
 @pytest.mark.parametrize(
@@ -93,10 +100,10 @@ def test_runs_with_bad_times_are_named_not_scored(key, value, message):
     bad = {**records[3], key: value, "timestamp": "2026-01-01T00:00:00+00:00"}
     where = f"run {bad['gx']}x{bad['gy']}x{bad['gz']} of synthetic:g0 at 2026-01-01T00:00:00+00:00: "
     with pytest.raises(UserError, match=re.escape(where + message)):
-        runs_frame(records[:3] + [bad] + records[4:])
+        runs_table(records[:3] + [bad] + records[4:])
     # a run that did not finish is dropped, not an error
     failed = {**bad, "status": "failed", "epoch_ms": None}
-    assert len(runs_frame(records[:3] + [failed] + records[4:])) == len(runs_frame(records))
+    assert len(runs_table(records[:3] + [failed] + records[4:])) == len(runs_table(records))
 
 
 def test_validate_cli_rejects_a_nan_time_in_one_line(tmp_path, run_cli):
@@ -104,7 +111,7 @@ def test_validate_cli_rejects_a_nan_time_in_one_line(tmp_path, run_cli):
     records = _runs()
     append_records(log, records)
     with open(log, "a") as fh:  # JSON's NaN literal, as a careless writer may leave it
-        fh.write(json.dumps({**records[5], "schema": "plexus-tune/run-v1", "epoch_ms": float("nan")}) + "\n")
+        fh.write(json.dumps({**records[5], "schema": "plexus-tune/run-v2", "epoch_ms": float("nan")}) + "\n")
     before = log.read_bytes()
     prof = tmp_path / "toy.json"
     prof.write_text(json.dumps(PROFILE))
@@ -115,7 +122,7 @@ def test_validate_cli_rejects_a_nan_time_in_one_line(tmp_path, run_cli):
 
 
 def test_leave_one_group_out_recovers_a_rescaled_model():
-    df = runs_frame(_runs())
+    df = runs_table(_runs())
     result = leave_one_group_out(df, PROFILE)
     assert result["mean"]["groups"] == 4
     for g in result["groups"]:

@@ -117,7 +117,7 @@ def run_collectives(args) -> int:
         keyed.setdefault((r["op"], r["group_size"], r["stride"]), []).append(r)
     for (op, g, p), rows in keyed.items():
         rows.sort(key=lambda r: r["message_bytes"])
-        table.add_row(op, str(g), str(p), str(rows[-1]["nodes"]), f"{rows[0]['time_ms']:.3f}", f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
+        table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), f"{rows[0]['time_ms']:.3f}", f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
     Console().print(table)
     console.print(f"appended {len(records)} records to {args.out}")
     return 0
@@ -145,7 +145,7 @@ def run_spmm(args) -> int:
 
     from plexus_tune.measure.microbench import calibrate_graph_shards, spmm_sweep, sweep_shapes
     from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records, environment_info
+    from plexus_tune.measure.store import append_records, environment_info, record_type
 
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
@@ -196,7 +196,7 @@ def run_spmm(args) -> int:
     for r in records:
         r["machine_info"] = env
     append_records(args.out, records)
-    spmm = [r for r in records if r["schema"].endswith("spmm-v1")]
+    spmm = [r for r in records if record_type(r) == "spmm"]
     gemm = len(records) - len(spmm)
     total = sum(r["time_ms"] for r in spmm)
     Console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")

@@ -202,19 +202,13 @@ def run(args) -> int:
     Machine.from_dict(profile, source=args.out)  # validates before any epoch fit
 
     if args.runs:
-        from plexus_tune.measure.store import read_records
-        from plexus_tune.fit.validation import COMPONENTS, predict_runs, runs_frame
+        from plexus_tune.fit.validation import predict_runs
+        from plexus_tune.measure.records import runs_table
+        from plexus_tune.measure.store import read_runs
 
-        records = []
-        for path in args.runs:
-            recs, problems = read_records(path, schema="run")
-            if problems:
-                warnings.warn(f"{path}: skipped {len(problems)} bad line(s)", stacklevel=1)
-            records.extend(recs)
-        runs = predict_runs(runs_frame(records), profile)
-        raw_mape = float(100 * np.mean(np.abs(runs["pred_total_ms"] - runs["epoch_ms"]) / runs["epoch_ms"]))
-        frame = runs[[f"pred_{c}" for c in COMPONENTS] + [f"observed_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
-        epoch = fitting.fit_epoch(frame, n_splits=args.splits, seed=args.seed)
+        runs = predict_runs(runs_table(read_runs(args.runs)), profile)
+        raw_mape = float(100 * np.mean(np.abs(runs["pred_epoch_ms"] - runs["obs_epoch_ms"]) / runs["obs_epoch_ms"]))
+        epoch = fitting.fit_epoch(runs, n_splits=args.splits, seed=args.seed)
         profile = fitting.apply_epoch_fit(profile, epoch)
         provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {len(runs)} trainer configurations (median over trials)"
         for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):

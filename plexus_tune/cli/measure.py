@@ -39,7 +39,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from plexus_tune.errors import UserError
-    from plexus_tune.measure.campaign import choose_grids, graph_source_text, load_stats, run_campaign, workload_of
+    from plexus_tune.measure.campaign import campaign_config, choose_grids, graph_source_text, load_stats, run_campaign, workload_of
 
     graph = args.graph or args.synthetic
     graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
@@ -59,6 +59,7 @@ def run(args) -> int:
     console = Console(width=max(Console().width, 140))
     err = Console(stderr=True)
     total = len(grids) * args.trials
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
     rows = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
         task = progress.add_task(f"measuring {len(grids)} grids x {args.trials} trials", total=total)
@@ -92,46 +93,44 @@ def run(args) -> int:
             stats=stats,
             redo=args.redo,
             retry_failed=args.retry_failed,
-            train_options={"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout},
+            train_options=options,
             on_result=on_result,
             on_skip=on_skip,
             batch=args.batch,
         )
-    _summary(console, args.log, graph, args.gpus, machine)
+    _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                                warmup=args.warmup, options=options), args.gpus)
     failed = sum(1 for r in rows if r.get("status") != "ok")
     err.print(f"{len(rows)} new run(s), {failed} failed; log: {args.log}")
     return 0
 
 
-def _summary(console, log, graph, gpus, machine) -> None:
-    """Table of this graph's runs on G: median observed (and predicted) epoch per grid."""
-    import numpy as np
+def _summary(console, log, config, gpus) -> None:
+    """Table of the runs on G with this campaign's setting (any grid): the runs table's rows, best first."""
+    import math
+
     from rich.table import Table
 
-    from plexus_tune.measure.campaign import graph_source_text
-    from plexus_tune.measure.store import read_records
+    from plexus_tune.measure.campaign import config_identity
+    from plexus_tune.measure.records import run_setting, runs_table
+    from plexus_tune.measure.store import read_runs
 
-    source = graph_source_text(graph)[0]
-    records, _ = read_records(log, schema="run")
-    mine = [r for r in records if r.get("graph_source") == source and r.get("gpus") == gpus]
-    by_grid: dict = {}
-    for r in mine:
-        by_grid.setdefault(r["grid"], []).append(r)
-    table = Table(title=f"{source} on {gpus} ranks")
+    setting = run_setting(config_identity(config))
+    table = runs_table(read_runs(log, warn=False), include_failed=True)
+    mine = table[[run_setting(i) == setting for i in table["identity"]]]
+    mine = mine[mine["gpus"] == gpus].sort_values("obs_epoch_ms", na_position="last")
+    out = Table(title=f"{setting[0]} on {gpus} ranks")
     for col in ("grid", "runs", "failed", "observed median ms", "min..max", "predicted ms"):
-        table.add_column(col, justify="left" if col == "grid" else "right")
-    order = []
-    for grid, rs in by_grid.items():
-        ok = [r["epoch_ms"] for r in rs if r.get("status") == "ok"]
-        pred = [r["predicted"]["total_ms"] for r in rs if isinstance(r.get("predicted"), dict)]
-        order.append((np.median(ok) if ok else np.inf, grid, len(rs), len(rs) - len(ok), ok, pred))
-    for median, grid, n, bad, ok, pred in sorted(order):
-        table.add_row(
-            grid,
-            str(n),
-            str(bad),
-            f"{median:.2f}" if ok else "-",
-            f"{min(ok):.1f}..{max(ok):.1f}" if ok else "-",
-            f"{np.mean(pred):.2f}" if pred else "-",
+        out.add_column(col, justify="left" if col == "grid" else "right")
+    for _, row in mine.iterrows():
+        ok = int(row["trials"]) > 0
+        pred = row["pred_epoch_ms"]
+        out.add_row(
+            row["grid"],
+            str(int(row["trials"]) + int(row["failed"])),
+            str(int(row["failed"])),
+            f"{row['obs_epoch_ms']:.2f}" if ok else "-",
+            f"{row['obs_epoch_ms_min']:.1f}..{row['obs_epoch_ms_max']:.1f}" if ok else "-",
+            f"{pred:.2f}" if isinstance(pred, float) and not math.isnan(pred) else "-",
         )
-    console.print(table)
+    console.print(out)

@@ -39,7 +39,7 @@ def run(args) -> int:
     from plexus_tune.errors import UserError
     from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
     from plexus_tune.model.machine import load_machine
-    from plexus_tune.measure.campaign import graph_source_text, predicted_fields, run_key
+    from plexus_tune.measure.campaign import campaign_config, logged_trials, predicted_fields
     from plexus_tune.search import graph_workload
 
     if args.gpus < 1:
@@ -75,24 +75,22 @@ def run(args) -> int:
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
 
-    from plexus_tune.measure.store import append_records, read_records
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.measure.records import run_identity, runs_table
+    from plexus_tune.measure.store import append_records, read_runs
+    from plexus_tune.trainer import run_training
 
-    source, path, spec = graph_source_text(args.graph)
-    config = TrainConfig(grid=grid, graph=path, synthetic=spec, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                         warmup=args.warmup, backend=args.backend, block_rows=args.block_rows, timeout_s=args.timeout,
-                         machine=machine.name)
+    config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                             warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
+                                                          "timeout_s": args.timeout})
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     record = run_training(config, raise_on_failure=False)
     record["predicted"] = predicted_fields(workload, machine, grid)
-    # the trial index continues the runs of this configuration already in the log
+    # the trial index continues the runs of this identity already in the log
+    identity = run_identity(record)
+    logged = {t for (ident, t) in logged_trials(args.log) if ident == identity}
     trial = 0
-    if os.path.exists(args.log):
-        records, _ = read_records(args.log, schema="plexus-tune/run-v1")
-        probe = {**record, "trial": 0}
-        keys = {run_key(r) for r in records}
-        while run_key({**probe, "trial": trial}) in keys:
-            trial += 1
+    while trial in logged:
+        trial += 1
     record["trial"] = trial
     directory = os.path.dirname(args.log)
     if directory:
@@ -113,4 +111,11 @@ def run(args) -> int:
     console.print(cmp)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
                   f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {args.log} (trial {trial})")
+    table = runs_table(read_runs(args.log, warn=False))
+    mine = table[[ident == identity for ident in table["identity"]]]
+    if len(mine) and int(mine["trials"].iloc[0]) > 1:
+        row = mine.iloc[0]
+        console.print(f"median over the {int(row['trials'])} successful trials of this run in the log: "
+                      f"{row['obs_epoch_ms']:.2f} ms (min {row['obs_epoch_ms_min']:.2f}, max {row['obs_epoch_ms_max']:.2f})"
+                      + (f"; {int(row['failed'])} failed" if row["failed"] else ""))
     return 0

@@ -114,13 +114,12 @@ def run(args) -> int:
     model = ModelEvaluator(workload, machine)
     console = Console()
     if args.measured:
-        from plexus_tune.search import MeasuredEvaluator, known_runs
+        from plexus_tune.search import MeasuredEvaluator
 
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                       timeout_s=args.timeout, log_path=args.log)
-        known = known_runs(args.log, graph, model, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                           warmup=args.warmup)
+        known = evaluator.known_runs()
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
             warm_start(study, space, model.top_k(space, args.warm_start, args.objective))

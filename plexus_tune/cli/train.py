@@ -80,7 +80,7 @@ def summary_lines(record: dict) -> list[str]:
     keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
             "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
     lines = [
-        f"graph {record['graph']}: {record['nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
+        f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",
         f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "

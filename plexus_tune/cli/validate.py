@@ -23,30 +23,24 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import json
     import os
-    import warnings
 
     from rich.console import Console
     from rich.table import Table
 
+    from plexus_tune.fit.validation import leave_one_group_out
+    from plexus_tune.measure.records import runs_table
+    from plexus_tune.measure.store import read_runs
     from plexus_tune.model.machine import load_machine
-    from plexus_tune.measure.store import read_records
-    from plexus_tune.fit.validation import leave_one_group_out, runs_frame
 
     machine = load_machine(args.machine)
-    records = []
     console = Console(width=max(Console().width, 140))
-    for path in args.runs:
-        recs, problems = read_records(path, schema="run")
-        if problems:
-            warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {'; '.join(map(str, problems[:3]))}", stacklevel=1)
-        records.extend(recs)
-    df = runs_frame(records)
+    df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
     table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({'as is' if args.no_refit else 'refitted'})")
     for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for g in result["groups"]:
-        table.add_row(g["graph"], str(g["gpus"]), str(g["grids"]), f"{g['spearman']:.3f}", f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
+        table.add_row(g["graph"] + (f" ({g['setting']})" if g["setting"] else ""), str(g["gpus"]), str(g["grids"]), f"{g['spearman']:.3f}", f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
     m = result["mean"]
     table.add_row("mean", "", "", f"{m['spearman']:.3f}", f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
     console.print(table)

@@ -17,17 +17,22 @@ EPOCH_COMPONENTS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms")
 
 @dataclass
 class EpochModel:
-    """epoch_ms = sum_c scale[c] * predicted[c] + overhead_ms (all coefficients >= 0)."""
+    """epoch_ms = sum_c scale[c] * predicted[c] + overhead_ms (all coefficients >= 0).
+
+    ``predict`` reads the predicted component c from column ``predicted_prefix + c``
+    (the runs table's ``pred_spmm_ms``...; docs/records.md).
+    """
 
     scales: dict
     overhead_ms: float
     scores: dict = field(default_factory=dict)
     method: str = "total"
+    predicted_prefix: str = "pred_"
 
     def predict(self, df) -> np.ndarray:
         out = np.full(len(df), self.overhead_ms, dtype=np.float64)
         for comp, s in self.scales.items():
-            out = out + s * np.asarray(df[comp], dtype=np.float64)
+            out = out + s * np.asarray(df[f"{self.predicted_prefix}{comp}"], dtype=np.float64)
         return out
 
     def to_dict(self) -> dict:
@@ -37,19 +42,20 @@ class EpochModel:
 def fit_epoch(
     df,
     *,
-    observed: str = "epoch_ms",
+    observed: str = "obs_epoch_ms",
     components=EPOCH_COMPONENTS,
-    breakdown_prefix: str = "observed_",
+    predicted_prefix: str = "pred_",
+    breakdown_prefix: str = "obs_",
     n_splits: int = DEFAULT_SPLITS,
     seed: int = 0,
 ) -> EpochModel:
     """Fit non-negative scale factors of predicted components and an epoch overhead.
 
-    df holds one row per run: the model's predicted components (``components``, ms)
-    and the observed epoch time (``observed``). Components that are zero everywhere
-    keep scale 1. Two methods:
+    df holds one row per run (the runs table, docs/records.md): the model's predicted
+    components (``pred_spmm_ms``..., ms) and the observed epoch time (``obs_epoch_ms``).
+    Components that are zero everywhere keep scale 1. Two methods:
 
-    - ``breakdown``, when df also holds the observed components (``observed_spmm_ms``...,
+    - ``breakdown``, when df also holds the observed components (``obs_spmm_ms``...,
       the trainer's breakdown): each component's own scale b_c from observed_c = b_c
       predicted_c (relative least squares), then an overlap factor a and the overhead
       from the epoch time: epoch = a sum_c b_c predicted_c + overhead. Scales are
@@ -59,12 +65,13 @@ def fit_epoch(
       relative least squares on epoch times alone (parts that vary together across
       configurations can trade their scales).
     """
-    comps = [c for c in components if c in df.columns]
+    comps = [c for c in components if f"{predicted_prefix}{c}" in df.columns]
     if not comps:
-        raise UserError(f"trainer runs: missing column {components[0]!r} (predicted breakdown)")
-    check_frame(df, tuple(comps) + (observed,), positive=(observed,), min_count=min_rows(len(comps) + 1), what="trainer runs")
+        raise UserError(f"trainer runs: missing column {predicted_prefix + components[0]!r} (predicted breakdown)")
+    pcols = tuple(f"{predicted_prefix}{c}" for c in comps)
+    check_frame(df, pcols + (observed,), positive=(observed,), min_count=min_rows(len(comps) + 1), what="trainer runs")
     y = np.asarray(df[observed], dtype=np.float64)
-    P = np.stack([np.asarray(df[c], dtype=np.float64) for c in comps], axis=1)
+    P = np.stack([np.asarray(df[c], dtype=np.float64) for c in pcols], axis=1)
     active = np.any(P != 0, axis=0)
     breakdown_cols = [f"{breakdown_prefix}{c}" for c in comps]
     method = "breakdown" if all(c in df.columns for c in breakdown_cols) else "total"
@@ -85,12 +92,12 @@ def fit_epoch(
             for j, c in enumerate(comps):
                 if active[j]:
                     scales[c] = float(a * b[j])
-            return EpochModel(scales=scales, overhead_ms=float(overhead), method=method)
+            return EpochModel(scales=scales, overhead_ms=float(overhead), method=method, predicted_prefix=predicted_prefix)
         X = np.concatenate([P[idx][:, active], np.ones((len(idx), 1))], axis=1)
         w = nnls_relative(X, y[idx])
         for c, v in zip(np.array(comps)[active], w[:-1]):
             scales[str(c)] = float(v)
-        return EpochModel(scales=scales, overhead_ms=float(w[-1]), method=method)
+        return EpochModel(scales=scales, overhead_ms=float(w[-1]), method=method, predicted_prefix=predicted_prefix)
 
     model = solve(np.arange(len(y)))
     if n_splits > 0:

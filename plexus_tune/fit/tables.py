@@ -59,7 +59,8 @@ def load_table(path, *, schema: str | None = None):
     """
     import pandas as pd
 
-    from plexus_tune.measure.store import flatten_record, parse_lines
+    from plexus_tune.measure.records import table_row
+    from plexus_tune.measure.store import parse_lines
 
     path = Path(path)
     try:
@@ -91,7 +92,7 @@ def load_table(path, *, schema: str | None = None):
         for number, rec in zip(good_lines, records):
             if want is None or record_type(rec) == want:
                 kept.append((number, rec))
-        df = pd.DataFrame([flatten_record(r) for _, r in kept])
+        df = pd.DataFrame([table_row(r) for _, r in kept])  # any version, in current field names
         line_numbers = [n for n, _ in kept]
     df.attrs["source"] = str(path)
     df.attrs["line_numbers"] = line_numbers

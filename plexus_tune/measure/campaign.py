@@ -1,17 +1,19 @@
 """Measurement campaigns: run the bundled trainer on a list of grids and log every run.
 
 A campaign trains one graph on G ranks for each chosen grid, ``trials`` times, and
-appends one record per trial (``plexus-tune/run-v1``) to a log, successes and failures
-alike. Each record carries the cost model's prediction for its grid (``predicted``:
-the breakdown and ``total_ms``) when a machine profile is given, and ``trial``.
+appends one run record per trial (:class:`plexus_tune.measure.records.RunRecord`) to a
+log, successes and failures alike. Each record carries the cost model's prediction for
+its grid (``predicted``: the breakdown and ``total_ms``) when a machine profile is
+given, and ``trial``.
 
 Trials are interleaved: every grid's trial 0 runs (in a random order) before any
 grid's trial 1, each trial in a fresh order, so that a slow spell of the host lands on
 one trial of several grids rather than on every trial of one grid (compare the median
-over trials; :func:`plexus_tune.fit.validation.runs_frame`).
+over trials; :func:`plexus_tune.measure.records.runs_table`).
 
-Campaigns are resumable: a (graph, grid, model, options, trial) already in the log is
-skipped (failed runs too, unless ``retry_failed``; everything with ``redo``).
+Campaigns are resumable: a (run identity, trial) already in the log is skipped (failed
+runs too, unless ``retry_failed``; everything with ``redo``). The identity is
+:func:`plexus_tune.measure.records.run_identity` (docs/records.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.measure.records import RunIdentity, run_identity
 
 PREDICTED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "total_ms")
 
@@ -103,28 +106,45 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
     return out
 
 
-def run_key(record: dict) -> tuple:
-    """What makes two runs the same measurement (trial included)."""
-    opts = record.get("options") or {}
-    return (
-        record.get("graph_source"),
-        str(record.get("grid")),
-        int(record.get("layers", 0)),
-        int(record.get("hidden", 0)),
-        int(record.get("epochs", 0)),
-        int(record.get("warmup", 0)),
-        opts.get("permute"),
-        opts.get("block_rows"),
-        bool(opts.get("overlap")),
-        int(record.get("trial", 0)),
-    )
+def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, warmup: int,
+                    options: dict | None = None):
+    """The trainer configuration a campaign runs for one grid (``options``: further TrainConfig fields).
+
+    The record names the machine it ran on by the host name unless ``options`` has
+    ``machine``; the profile that predicts the runs is not the machine they run on (it
+    is logged as ``predicted.machine``).
+    """
+    from plexus_tune.trainer import TrainConfig
+
+    _, path, spec = graph_source_text(graph)
+    return TrainConfig(grid=tuple(int(g) for g in grid), graph=path, synthetic=spec, layers=layers, hidden=hidden,
+                       epochs=epochs, warmup=warmup, **dict(options or {}))
+
+
+def config_identity(config) -> RunIdentity:
+    """The run identity a configuration's record will have (launched locally)."""
+    from plexus_tune.trainer.run import config_fields
+
+    return run_identity(config_fields(config))
+
+
+def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
+    """(identity, trial) -> status of the runs in a log (the last record of each wins)."""
+    from plexus_tune.measure.store import read_records
+
+    done: dict[tuple[RunIdentity, int], str] = {}
+    if log is not None and os.path.exists(log):
+        records, _ = read_records(log, schema="run")
+        for r in records:
+            done[(run_identity(r), int(r.get("trial") or 0))] = r.get("status", "ok")
+    return done
 
 
 def predicted_fields(workload, machine, grid) -> dict:
     from plexus_tune.model.costs import predict_grids
 
     pred = predict_grids(workload, machine, np.array([grid]))
-    out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "total_ms")}
+    out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "overhead_ms", "total_ms")}
     out["feasible"] = bool(pred["feasible"][0])
     out["machine"] = machine.name
     return out
@@ -154,48 +174,24 @@ def run_campaign(
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     """
-    from plexus_tune.measure.store import append_records, read_records
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.measure.store import append_records
+    from plexus_tune.trainer import run_training
 
     if machine is not None:
         from plexus_tune.model.machine import load_machine
 
         machine = load_machine(machine)
-    source, path, spec = graph_source_text(graph)
+    graph_source_text(graph)  # a missing file or bad spec fails before any run
     stats = stats or (load_stats(graph) if machine is not None else None)
     workload = workload_of(stats, layers, hidden) if stats is not None else None
-    done: dict[tuple, str] = {}
-    if os.path.exists(log):
-        records, _ = read_records(log, schema="run")
-        for r in records:
-            done[run_key(r)] = r.get("status", "ok")
-    options = dict(train_options or {})
+    done = logged_trials(log)
     pending = []
     for trial in range(trials):
         for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
             grid = grids[int(g)]
-            config = TrainConfig(
-                grid=tuple(grid),
-                graph=path,
-                synthetic=spec,
-                layers=layers,
-                hidden=hidden,
-                epochs=epochs,
-                warmup=warmup,
-                machine=getattr(machine, "name", None),
-                **options,
-            )
-            probe = {
-                "graph_source": source,
-                "grid": "x".join(map(str, grid)),
-                "layers": layers,
-                "hidden": hidden,
-                "epochs": epochs,
-                "warmup": warmup,
-                "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap},
-                "trial": trial,
-            }
-            status = done.get(run_key(probe))
+            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
+                                     options=train_options)
+            status = done.get((config_identity(config), trial))
             if status is not None and not redo and not (retry_failed and status != "ok"):
                 if on_skip is not None:
                     on_skip(tuple(grid), trial)
@@ -238,7 +234,7 @@ def _run_batch(configs) -> list[dict] | None:
 
     from plexus_tune.launch import RankFailure, launch_local
     from plexus_tune.trainer.engine import rank_main
-    from plexus_tune.trainer.run import build_record, graph_source, validate
+    from plexus_tune.trainer.run import build_record, graph_source, local_placement, validate
 
     first = configs[0]
     world = int(np.prod(first.grid))
@@ -267,7 +263,7 @@ def _run_batch(configs) -> list[dict] | None:
         device = torch.cuda.get_device_name(0)
     out = []
     for config, result in zip(configs, results):
-        record = build_record(config, result, wall_s, device)
+        record = build_record(config, result, wall_s, device, **local_placement(world))
         record["batched"] = len(configs)
         out.append(record)
     return out

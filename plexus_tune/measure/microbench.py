@@ -10,7 +10,7 @@ Collectives (:func:`calibrate_collectives`)
     the slowest rank's, the reported time is the median over calls. M is the full
     buffer (the reduced or gathered result); algbw = M / t and busbw = algbw * 2(g-1)/g
     for all-reduce, (g-1)/g for the others (nccl-tests). Groups with stride 1 are
-    contiguous, the others strided; ``nodes`` is how many nodes (of
+    contiguous, the others strided; ``nodes_spanned`` is how many nodes (of
     ``gpus_per_node`` ranks each) a group spans.
 
 SpMM and GEMM (:func:`spmm_sweep`, :func:`calibrate_graph_shards`)
@@ -20,8 +20,8 @@ SpMM and GEMM (:func:`spmm_sweep`, :func:`calibrate_graph_shards`)
     (forward A F and backward A^T dH, plus the three GEMMs of a layer) on one device:
     the compute cost of any G, measured without G devices.
 
-Each measurement is a plain record (``plexus_tune.measure.store`` schemas collective-v1,
-spmm-v1, gemm-v1) with what was measured, on what and when.
+Each measurement is a plain record (schemas collective, spmm, gemm of
+:mod:`plexus_tune.measure.records`; docs/records.md) with what was measured, on what and when.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
                 "stride": p,
                 "contiguous": p == 1,
                 "groups": world // g,
-                "nodes": max(spans),
+                "nodes_spanned": max(spans),
                 "message_bytes": m,
                 "time_ms": t_ms,
                 "time_min_ms": float(np.min(calls)) * 1e3,
@@ -183,6 +183,9 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
                 "gpus_per_node": gpus_per_node,
                 "backend": backend,
                 "measured_at": stamp,
+                "launcher": "local",
+                "rank_nodes": [r // gpus_per_node for r in range(world)],
+                "comm_precision": "fp32",
                 **(extra or {}),
             }
         )
@@ -333,7 +336,7 @@ def _shape_bytes(shape) -> int:
 
 def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, passes: int = 1,
                statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
-    """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm-v1 records.
+    """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm records.
 
     Interleaved passes: each of ``passes`` passes visits every shape once, in a fresh
     random order, and keeps the minimum over ``repeats`` samples of >= 2 ms. A shape's
@@ -447,7 +450,7 @@ def calibrate_graph_shards(
     coordinates (:func:`plexus_tune.model.shapes.layer_shapes`, the trainer's shard
     shapes); shards are the same along the inner axis, so each distinct shard is
     timed once (``all_shards``; otherwise the one with the most nonzeros, which decides
-    the epoch). Returns spmm-v1 and gemm-v1 records.
+    the epoch). Returns spmm and gemm records.
     """
     import torch
 
@@ -478,7 +481,7 @@ def calibrate_graph_shards(
             picks = [(a, b) for a in range(g_d) for b in range(g_o)] if all_shards else [np.unravel_index(int(np.argmax(counts)), counts.shape)]
             base = {
                 "graph": graph_name,
-                "nodes": n,
+                "graph_nodes": n,
                 "grid": format_grid(grid),
                 "gx": grid[0],
                 "gy": grid[1],

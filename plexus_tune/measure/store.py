@@ -1,22 +1,11 @@
-"""Append-only measurement logs (JSON Lines) with a versioned record schema.
+"""Append-only measurement logs (JSON Lines) of typed, versioned records.
 
 Every line of a log is one JSON object with a ``schema`` field naming its record type
-and version, ``plexus-tune/<type>-v<version>``:
-
-``plexus-tune/run-v1``
-    one trainer run (or one trial of it): what was measured (graph statistics, grid,
-    widths, options), on what (machine, device, backend, versions), when, and either
-    the timings (the shared breakdown keys ``spmm_ms``, ``gemm_ms``, ``comm_ms``, ...,
-    ``epoch_ms``) or the failure: ``status`` is ``"ok"`` or the failure kind
-    (``"failed"``, ``"oom"``, ``"timeout"``) and ``reason`` says why. Failed runs are
-    kept: they are data.
-``plexus-tune/spmm-v1``
-    one timed SpMM: ``nnz, rows, common, dense_cols, time_ms`` (+ provenance).
-``plexus-tune/gemm-v1``
-    one timed dense GEMM: ``rows, inner, cols, time_ms``.
-``plexus-tune/collective-v1``
-    one timed collective: ``op, group_size, nodes, stride, message_bytes, time_ms,
-    algbw_gbps, busbw_gbps``.
+and version, ``plexus-tune/<type>-v<version>``: ``run`` (a trainer run or one trial of
+it), ``spmm``, ``gemm`` (a timed kernel) and ``collective`` (a timed collective). The
+schemas, their versions and the mapping of older versions are in
+:mod:`plexus_tune.measure.records` (docs/records.md); this module reads and writes
+lines. Failed runs are kept: they are data.
 
 Writes are atomic with several writers at once: a batch is encoded completely in
 memory, then written by one ``os.write`` on a file descriptor opened with
@@ -33,29 +22,33 @@ import datetime as _dt
 import json
 import math
 import os
-import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from plexus_tune.errors import UserError
+from plexus_tune.measure.records import (  # noqa: F401  (the schema names are part of this module's API)
+    COLLECTIVE_SCHEMA,
+    FAILURE_STATUSES,
+    GEMM_SCHEMA,
+    RUN_SCHEMA,
+    SCHEMA_PREFIX,
+    SCHEMA_VERSIONS,
+    SPMM_SCHEMA,
+    check_current_fields,
+    check_schema,
+    flatten_record,
+    record_type,
+)
 
 try:  # POSIX only; elsewhere appends are still single-write but not locked.
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
 
-SCHEMA_PREFIX = "plexus-tune/"
-RUN_SCHEMA = "plexus-tune/run-v1"
-SPMM_SCHEMA = "plexus-tune/spmm-v1"
-GEMM_SCHEMA = "plexus-tune/gemm-v1"
-COLLECTIVE_SCHEMA = "plexus-tune/collective-v1"
 #: record type -> newest version this reader understands
-KNOWN_SCHEMAS = {"run": 1, "spmm": 1, "gemm": 1, "collective": 1}
-FAILURE_STATUSES = ("failed", "oom", "timeout")
-
-_SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
+KNOWN_SCHEMAS = SCHEMA_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -105,20 +98,10 @@ def encode_records(records: Iterable[Mapping], *, schema: str | None = None) -> 
             if schema is None:
                 raise UserError(f"record {i} has no 'schema' field and no default schema was given")
             rec = {"schema": schema, **rec}
-        _check_schema(rec["schema"], where=f"record {i}")
+        check_schema(rec["schema"], where=f"record {i}")
+        check_current_fields(rec, where=f"record {i}")
         lines.append(json.dumps(rec, separators=(",", ":"), allow_nan=False))
     return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
-
-
-def _check_schema(schema, *, where: str) -> None:
-    match = _SCHEMA_RE.match(schema) if isinstance(schema, str) else None
-    if match is None:
-        raise UserError(f"{where}: schema {schema!r} is not of the form 'plexus-tune/<type>-v<N>'")
-    kind, version = match.group(1), int(match.group(2))
-    if kind not in KNOWN_SCHEMAS:
-        raise UserError(f"{where}: unknown record type {kind!r} (known: {', '.join(sorted(KNOWN_SCHEMAS))})")
-    if version > KNOWN_SCHEMAS[kind]:
-        raise UserError(f"{where}: schema {schema} is newer than this plexus-tune understands (v{KNOWN_SCHEMAS[kind]})")
 
 
 def append_records(path, records: Iterable[Mapping], *, schema: str | None = RUN_SCHEMA) -> int:
@@ -193,7 +176,7 @@ def parse_lines(data: bytes) -> tuple[list[dict], list[BadLine]]:
             problems.append(BadLine(number, "no 'schema' field", excerpt))
             continue
         try:
-            _check_schema(record["schema"], where=f"line {number}")
+            check_schema(record["schema"], where=f"line {number}")
         except UserError as exc:
             problems.append(BadLine(number, str(exc).split(": ", 1)[1], excerpt))
             continue
@@ -221,28 +204,19 @@ def read_records(path, *, schema: str | None = None) -> tuple[list[dict], list[B
     return records, problems
 
 
-def record_type(record: Mapping) -> str | None:
-    """``"run"`` for ``plexus-tune/run-v1`` and so on (None if the schema is not ours)."""
-    match = _SCHEMA_RE.match(str(record.get("schema", "")))
-    if match is None:
-        schema = str(record.get("schema", ""))
-        return schema if schema in KNOWN_SCHEMAS else None
-    return match.group(1)
-
-
-def flatten_record(record: Mapping, *, sep: str = ".") -> dict:
-    """Flatten nested dicts: ``{"grid": {"gx": 2}}`` becomes ``{"grid.gx": 2}``; lists stay."""
-    flat: dict = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, Mapping) and value:
-            for key, sub in value.items():
-                walk(f"{prefix}{sep}{key}" if prefix else str(key), sub)
-        else:
-            flat[prefix] = value
-
-    walk("", record)
-    return flat
+def read_runs(paths, *, warn: bool = True) -> list[dict]:
+    """The run records of one log or several (as stored; any version), bad lines skipped with a warning."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    runs: list[dict] = []
+    for path in paths:
+        records, problems = read_records(path, schema="run")
+        if problems and warn:
+            shown = "; ".join(str(p) for p in problems[:3])
+            more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+            warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {shown}{more}", stacklevel=2)
+        runs.extend(records)
+    return runs
 
 
 def records_frame(source, *, schema: str | None = None, warn: bool = True):

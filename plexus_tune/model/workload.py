@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plexus_tune.errors import UserError
+from plexus_tune.trainer.config import model_widths
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,12 @@ class Workload:
 
     @classmethod
     def from_graph_stats(cls, name, nodes, nnz, features, classes, layers=3, hidden=128, bytes_per_element=4):
-        """Workload of a ``layers``-layer GCN: widths (features, hidden x (layers-1), classes)."""
+        """Workload of a ``layers``-layer GCN: widths ``trainer.config.model_widths`` (features, hidden x (layers-1), classes)."""
         layers = _positive_int(layers, "the number of layers")
         hidden = _positive_int(hidden, "the hidden width")
-        widths = (features,) + (hidden,) * (layers - 1) + (classes,)
+        features = _positive_int(features, "layer width D_0")
+        classes = _positive_int(classes, f"layer width D_{layers}")
+        widths = tuple(model_widths(features, classes, layers, hidden))
         return cls(name=name, nodes=nodes, nnz=nnz, widths=widths, bytes_per_element=bytes_per_element)
 
     def as_dict(self) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 import os
-import numpy as np
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
 
@@ -19,49 +18,39 @@ def graph_workload(graph: str, *, layers: int = 3, hidden: int = 128):
     return stats, workload_of(stats, layers, hidden)
 
 
-def _same_run(record: dict, source: str, layers: int, hidden: int, epochs: int, warmup: int, block_rows) -> bool:
-    opts = record.get("options") or {}
-    return (
-        record.get("graph_source") == source
-        and int(record.get("layers", -1)) == layers
-        and int(record.get("hidden", -1)) == hidden
-        and int(record.get("epochs", -1)) == epochs
-        and int(record.get("warmup", -1)) == warmup
-        and (opts.get("block_rows") or None) == (block_rows or None)
-        and not opts.get("overlap")
-    )
+def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidden: int, epochs: int = 10, warmup: int = 2,
+               train_options: dict | None = None) -> dict:
+    """Logged runs of ``graph`` that a measured search with these settings would make, by configuration.
 
-
-def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidden: int, epochs: int = 10, warmup: int = 2) -> dict:
-    """Logged runs of ``graph`` with these settings, by configuration (mean epoch over trials).
-
-    A configuration whose logged runs all failed maps to a failed Evaluation, so a
-    search does not train it again.
+    A configuration's run identity (docs/records.md) must match exactly: the grid and
+    block rows come from the configuration, the rest from the arguments and
+    ``train_options`` (backend, overlap, ...), as :class:`MeasuredEvaluator` trains. The
+    observed time is the runs table's median over the successful trials; a
+    configuration whose logged runs all failed maps to a failed Evaluation, so a search
+    does not train it again.
     """
-    from plexus_tune.measure.campaign import graph_source_text
-    from plexus_tune.measure.store import read_records
+    from plexus_tune.measure.campaign import campaign_config, config_identity
+    from plexus_tune.measure.records import runs_table
+    from plexus_tune.measure.store import read_runs
 
     if not log_path or not os.path.exists(log_path):
         return {}
-    source = graph_source_text(graph)[0]
-    records, _ = read_records(log_path, schema="plexus-tune/run-v1")
-    groups: dict[Config, list[dict]] = {}
-    for r in records:
-        try:
-            cfg = Config(int(r["gx"]), int(r["gy"]), int(r["gz"]), (r.get("options") or {}).get("block_rows") or None)
-        except (KeyError, TypeError, ValueError):
-            continue
-        if _same_run(r, source, layers, hidden, epochs, warmup, cfg.block_rows):
-            groups.setdefault(cfg, []).append(r)
+    table = runs_table(read_runs(log_path, warn=False), include_failed=True)
     out = {}
-    for cfg, recs in groups.items():
+    for _, row in table.iterrows():
+        cfg = Config(int(row["gx"]), int(row["gy"]), int(row["gz"]), int(row["block_rows"]) or None)
+        options = dict(train_options or {})
+        if cfg.block_rows:
+            options["block_rows"] = int(cfg.block_rows)
+        probe = campaign_config(graph, cfg.grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup, options=options)
+        if row["identity"] != config_identity(probe):
+            continue
         base = model.evaluate(cfg)
-        ok = [r for r in recs if r.get("status", "ok") == "ok" and r.get("epoch_ms") is not None]
-        if ok:
-            base.observed_ms = float(np.median([r["epoch_ms"] for r in ok]))  # median over trials
-            base.run_id = str(ok[-1].get("timestamp"))
+        if int(row["trials"]) > 0:
+            base.observed_ms = float(row["obs_epoch_ms"])
+            base.run_id = str(row["timestamp"])
         else:
-            base.failure = f"{recs[-1].get('status')}: {recs[-1].get('reason', '')}"[:200]
+            base.failure = str(row["last_failure"])
         out[cfg] = base
     return out
 
@@ -87,6 +76,11 @@ class MeasuredEvaluator:
         self.options = {"backend": backend, "timeout_s": float(timeout_s), **(train_options or {})}
         self.runs = 0
 
+    def known_runs(self) -> dict:
+        """The configurations its log already holds runs of (:func:`known_runs` with its settings)."""
+        return known_runs(self.log_path, self.graph, self.model, layers=self.layers, hidden=self.hidden,
+                          epochs=self.epochs, warmup=self.warmup, train_options=self.options)
+
     def evaluate(self, config: Config) -> Evaluation:
         from plexus_tune.measure.campaign import run_campaign
 
@@ -104,9 +98,7 @@ class MeasuredEvaluator:
                            stats=self.stats, train_options=options)
         self.runs += len(new)
         if not new:  # logged meanwhile (another worker): read it back
-            known = known_runs(self.log_path, self.graph, self.model, layers=self.layers, hidden=self.hidden,
-                               epochs=self.epochs, warmup=self.warmup)
-            return known.get(config, Evaluation(ev.predicted_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
+            return self.known_runs().get(config, Evaluation(ev.predicted_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
         record = new[-1]
         ev.run_id = str(record.get("timestamp"))
         if record.get("status", "ok") == "ok" and record.get("epoch_ms") is not None:

@@ -4,7 +4,8 @@ Timing protocol: every phase is timed per rank and per epoch; an epoch's phase t
 the max over ranks (the straggler decides), ``imbalance`` is that max over the mean
 over ranks; the warm-up epochs are trained but left out, and the record gives the mean
 over the remaining epochs (``epoch_ms``, ``spmm_ms``, ...), their spread
-(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``).
+(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``). The record is a
+:class:`plexus_tune.measure.records.RunRecord` (fields and units: docs/records.md).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import os
 import platform
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
@@ -163,16 +166,24 @@ def summarize_timers(timers, warmup: int) -> dict:
     return out
 
 
-def base_record(config: TrainConfig) -> dict:
-    from plexus_tune.measure.store import environment_info, now_utc
+def config_fields(config: TrainConfig, *, launcher: str = "local", rank_nodes=None, hosts=None) -> dict:
+    """The run record fields a configuration fixes before it runs (its identity among them).
 
+    ``run_identity(config_fields(config))`` is the identity the run's record will have
+    (docs/records.md); campaigns use it to find what a log already holds.
+    """
     grid = [int(g) for g in config.grid]
-    record = {
-        "kind": "train",
-        "timestamp": now_utc(),
-        "status": "ok",
+    options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
+                         lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
+                         threads_per_rank=config.threads_per_rank)
+    return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
+        "launcher": launcher,
+        "cluster": getattr(config, "cluster", None),
+        "rank_nodes": rank_nodes,
+        "hosts": hosts,
+        "comm_precision": getattr(config, "comm_precision", None) or "fp32",
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -181,52 +192,68 @@ def base_record(config: TrainConfig) -> dict:
         "hidden": config.hidden,
         "epochs": config.epochs,
         "warmup": config.warmup,
-        "options": {"permute": config.permute, "block_rows": config.block_rows, "overlap": config.overlap,
-                    "dtype": config.dtype, "lr": config.lr, "weight_decay": config.weight_decay,
-                    "seed": config.seed, "threads_per_rank": config.threads_per_rank},
-        "environment": environment_info(),
+        "options": asdict(options),
     }
-    record["python"] = record["environment"].get("python")
-    record["torch"] = record["environment"].get("torch")
-    record["commit"] = record["environment"].get("commit")
-    return record
 
 
-def build_record(config: TrainConfig, result: dict, wall_s: float, device: str) -> dict:
-    record = base_record(config)
-    record.update({
-        "device": device,
-        "graph": result["graph_name"],
-        "nodes": result["nodes"],
-        "nnz": result["nnz"],
-        "raw_nnz": result["raw_nnz"],
-        "features": result["features"],
-        "classes": result["classes"],
-        "widths": result["widths"],
-        "padded_nodes": result["n_pad"],
-        "padded_widths": result["padded_widths"],
-        "w_split_over_depth": result["w_split"],
-    })
-    record["options"]["permute"] = result.get("permute", config.permute)  # shard files fix their own
-    record.update(summarize_timers(result["timers"], config.warmup))
+def base_record(config: TrainConfig, *, launcher: str = "local", rank_nodes=None, hosts=None) -> dict:
+    """The record of a run before its results: what runs where, when, with what software."""
+    from plexus_tune.measure.store import environment_info, now_utc
+
+    env = environment_info()
+    record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
+                       torch=env.get("torch"), commit=env.get("commit"),
+                       **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts))
+    return record.to_dict()
+
+
+def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, **where) -> dict:
+    """The record of a finished run (``where``: launcher, rank_nodes, hosts as for :func:`base_record`)."""
+    record = RunRecord.from_dict(base_record(config, **where))
+    record.options["permute"] = result.get("permute", config.permute)  # shard files fix their own
+    timers = summarize_timers(result["timers"], config.warmup)
+    names = set(RunRecord.field_names())
+    record.extra.update({k: v for k, v in timers.items() if k not in names})  # a timer the schema does not name yet
+    timers = {k: v for k, v in timers.items() if k in names}
     nnz = np.array(result["shard_nnz"], dtype=np.float64)  # (ranks, layers)
     mean = nnz.mean(axis=0)
-    record["shard_nnz_max"] = [int(v) for v in nnz.max(axis=0)]
-    record["shard_nnz_imbalance"] = [float(m / a) if a > 0 else 1.0 for m, a in zip(nnz.max(axis=0), mean)]
     memory = result["memory"]
     key = "cuda_max_allocated_bytes" if "cuda_max_allocated_bytes" in memory[0] else "tracked_bytes"
-    record["memory_source"] = "cuda_allocator" if key.startswith("cuda") else "tracked_tensors"
-    record["peak_memory_bytes"] = int(max(m[key] for m in memory))
-    record["peak_memory_bytes_per_rank"] = [int(m[key]) for m in memory]
-    record["peak_rss_bytes_per_rank"] = [int(m["rss_bytes"]) for m in memory]
-    record["rss_growth_bytes_per_rank"] = [int(m.get("rss_delta_bytes", 0)) for m in memory]
-    record["persistent_bytes_per_rank"] = [int(m.get("persistent_bytes", 0)) for m in memory]
-    record["losses"] = [float(v) for v in result["losses"]]
-    record["final_loss"] = record["losses"][-1]
-    record["setup_s"] = float(result["setup_s"])
-    record["load_s"] = float(result["load_s"])
-    record["wall_s"] = float(wall_s)
-    return record
+    losses = [float(v) for v in result["losses"]]
+    record = replace(
+        record,
+        device=device,
+        graph=result["graph_name"],
+        graph_nodes=result["nodes"],
+        nnz=result["nnz"],
+        raw_nnz=result["raw_nnz"],
+        features=result["features"],
+        classes=result["classes"],
+        widths=result["widths"],
+        padded_graph_nodes=result["n_pad"],
+        padded_widths=result["padded_widths"],
+        w_split_over_depth=result["w_split"],
+        **timers,
+        shard_nnz_max=[int(v) for v in nnz.max(axis=0)],
+        shard_nnz_imbalance=[float(m / a) if a > 0 else 1.0 for m, a in zip(nnz.max(axis=0), mean)],
+        memory_source="cuda_allocator" if key.startswith("cuda") else "tracked_tensors",
+        peak_memory_bytes=int(max(m[key] for m in memory)),
+        peak_memory_bytes_per_rank=[int(m[key]) for m in memory],
+        peak_rss_bytes_per_rank=[int(m["rss_bytes"]) for m in memory],
+        rss_growth_bytes_per_rank=[int(m.get("rss_delta_bytes", 0)) for m in memory],
+        persistent_bytes_per_rank=[int(m.get("persistent_bytes", 0)) for m in memory],
+        losses=losses,
+        final_loss=losses[-1],
+        setup_s=float(result["setup_s"]),
+        load_s=float(result["load_s"]),
+        wall_s=float(wall_s),
+    )
+    return record.to_dict()
+
+
+def local_placement(world: int) -> dict:
+    """``launcher``, ``rank_nodes`` and ``hosts`` of ranks started on this host."""
+    return {"launcher": "local", "rank_nodes": [0] * int(world), "hosts": [platform.node()]}
 
 
 def _append(config: TrainConfig, record: dict) -> None:
@@ -253,6 +280,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict 
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
     world = int(np.prod(config.grid))
+    where = local_placement(world) if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
         if env is not None:
@@ -267,11 +295,9 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict 
                                    threads_per_rank=config.threads_per_rank,
                                    preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
     except RankFailure as exc:
-        record = base_record(config)
-        record.update({"status": _failure_status(exc.reason), "reason": str(exc),
-                       "failed_rank": exc.rank, "wall_s": time.perf_counter() - start})
-        if exc.details:
-            record["traceback"] = exc.details[-4000:]
+        record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
+                         reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
+                         traceback=exc.details[-4000:] if exc.details else None).to_dict()
         _append(config, record)
         if raise_on_failure:
             raise TrainingFailed(str(exc), record) from None
@@ -283,17 +309,18 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict 
 
         device = torch.cuda.get_device_name(0)
     result = results[0]
-    record = build_record(config, result, wall_s, device)
+    record = build_record(config, result, wall_s, device, **where)
     if config.check:
         from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype)
-        record["check_loss_rel_diff"] = max_relative_difference(result["losses"], ref["losses"])
-        record["check_output_rel_diff"] = max_relative_difference(result["outputs"], ref["outputs"], normwise=True)
-        record["reference_losses"] = ref["losses"]
-        record["reference_epoch_ms"] = float(np.mean(ref["epoch_ms"][config.warmup:]))
+        record = replace(RunRecord.from_dict(record),
+                         check_loss_rel_diff=max_relative_difference(result["losses"], ref["losses"]),
+                         check_output_rel_diff=max_relative_difference(result["outputs"], ref["outputs"], normwise=True),
+                         reference_losses=ref["losses"],
+                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:]))).to_dict()
     _append(config, record)
     if config.collect_outputs:
         record = dict(record)

@@ -1,0 +1,687 @@
+"""Measurement records: one schema per record type, their versions, run identity, the runs table.
+
+Four record types are logged (JSON Lines, :mod:`plexus_tune.measure.store`), each named
+by its ``schema`` field ``plexus-tune/<type>-v<version>``: ``run`` (a trainer run, one
+trial), ``spmm`` and ``gemm`` (a timed kernel), ``collective`` (a timed collective).
+Each has a dataclass here (:class:`RunRecord`, :class:`SpmmRecord`,
+:class:`GemmRecord`, :class:`CollectiveRecord`) whose fields, with units, are the
+schema; docs/records.md lists them. On disk a record is a plain JSON object: a field
+that is absent holds its default.
+
+Versions: v2 renamed ``nodes``, which meant two things: in run, spmm and gemm records
+it is the graph's vertex count, now ``graph_nodes``; in collective records it is the
+machine nodes a group spans, now ``nodes_spanned``. :func:`upgrade` maps an older
+record to the current version (and fills the defaults of fields added since), so v1
+logs load everywhere.
+
+Run identity (:func:`run_identity`): the fields :data:`IDENTITY_FIELDS` of a run that
+change its measured time; trials of one identity are repeated measurements of one
+thing. :func:`runs_table` reduces run records to one row per identity: the median over
+the successful trials of every observed time (``obs_<key>``), the logged predictions
+(``pred_<key>``), the trial count and spread; failed trials are counted, never pooled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import namedtuple
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from plexus_tune.errors import UserError
+
+SCHEMA_PREFIX = "plexus-tune/"
+#: record type -> current version
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2}
+FAILURE_STATUSES = ("failed", "oom", "timeout")
+_SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
+
+
+def schema_name(kind: str, version: int | None = None) -> str:
+    """``plexus-tune/<kind>-v<version>`` (default: the current version of ``kind``)."""
+    return f"{SCHEMA_PREFIX}{kind}-v{SCHEMA_VERSIONS[kind] if version is None else int(version)}"
+
+
+RUN_SCHEMA = schema_name("run")
+SPMM_SCHEMA = schema_name("spmm")
+GEMM_SCHEMA = schema_name("gemm")
+COLLECTIVE_SCHEMA = schema_name("collective")
+
+#: (type, version) -> {old field: new field}: the renames from that version to the next.
+RENAMES: dict[tuple[str, int], dict[str, str]] = {
+    ("run", 1): {"nodes": "graph_nodes", "padded_nodes": "padded_graph_nodes"},
+    ("spmm", 1): {"nodes": "graph_nodes"},
+    ("gemm", 1): {"nodes": "graph_nodes"},
+    ("collective", 1): {"nodes": "nodes_spanned"},
+}
+
+#: Where and how a measurement ran (run and collective records); the defaults are
+#: what every record written before these fields existed means.
+CONTEXT_DEFAULTS = {"launcher": "local", "cluster": None, "rank_nodes": None, "hosts": None, "comm_precision": "fp32"}
+#: Bytes of one element of each trainer dtype.
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+def parse_schema(schema) -> tuple[str, int] | None:
+    """(type, version) of a schema name, or None if it is not of our form."""
+    match = _SCHEMA_RE.match(schema) if isinstance(schema, str) else None
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def check_schema(schema, *, where: str) -> tuple[str, int]:
+    """(type, version) of a schema this reader understands; UserError naming ``where`` otherwise."""
+    parsed = parse_schema(schema)
+    if parsed is None:
+        raise UserError(f"{where}: schema {schema!r} is not of the form 'plexus-tune/<type>-v<N>'")
+    kind, version = parsed
+    if kind not in SCHEMA_VERSIONS:
+        raise UserError(f"{where}: unknown record type {kind!r} (known: {', '.join(sorted(SCHEMA_VERSIONS))})")
+    if version > SCHEMA_VERSIONS[kind]:
+        raise UserError(f"{where}: schema {schema} is newer than this plexus-tune understands (v{SCHEMA_VERSIONS[kind]})")
+    return kind, version
+
+
+def record_type(record: Mapping) -> str | None:
+    """``"run"`` for ``plexus-tune/run-v2`` and so on (None if the schema is not ours)."""
+    schema = record.get("schema", "")
+    parsed = parse_schema(schema)
+    if parsed is None:
+        return schema if schema in SCHEMA_VERSIONS else None
+    return parsed[0]
+
+
+def check_current_fields(record: Mapping, *, where: str) -> None:
+    """UserError if a record of a current schema uses a field name that an older version had."""
+    parsed = parse_schema(record.get("schema"))
+    if parsed is None or parsed[1] != SCHEMA_VERSIONS.get(parsed[0]):
+        return
+    kind, version = parsed
+    for (k, v), renames in RENAMES.items():
+        if k != kind:
+            continue
+        for old, new in renames.items():
+            if old in record and new not in record:
+                raise UserError(f"{where}: {kind} records name {old!r} {new!r} since v{v + 1} (docs/records.md); "
+                                f"write {new!r}, or give the record the schema {schema_name(kind, v)}")
+
+
+def upgrade(record: Mapping, kind: str | None = None) -> dict:
+    """A copy of ``record`` at the current version of its type (docs/records.md, "Versions").
+
+    Fields renamed since its version get their new names (in place, order kept) and
+    the context fields added since get their defaults. A record without a ``schema``
+    is taken to be of type ``kind`` at version 1 (renames apply only where the new name
+    is absent); without either it is returned as a plain copy.
+    """
+    parsed = parse_schema(record.get("schema"))
+    if parsed is not None:
+        kind, version = check_schema(record["schema"], where="record")
+    elif kind is None:
+        return dict(record)
+    else:
+        version = 1
+    out = dict(record)
+    for v in range(version, SCHEMA_VERSIONS[kind]):
+        renames = RENAMES.get((kind, v), {})
+        if any(old in out and new not in out for old, new in renames.items()):
+            out = {(renames[k] if k in renames and renames[k] not in out else k): val for k, val in out.items()}
+        if (kind, v) == ("run", 1):
+            out = _run_machine_v1(out)
+    if kind in ("run", "collective"):
+        for key, default in CONTEXT_DEFAULTS.items():
+            out.setdefault(key, default)
+    out["schema"] = schema_name(kind)
+    return out
+
+
+def _run_machine_v1(record: dict) -> dict:
+    """v1 ``measure`` and ``run`` logged the prediction profile's name as ``machine``; v2 logs where it ran.
+
+    Such a record (its ``machine`` equals ``predicted.machine``) gets the host name of
+    its ``environment`` as ``machine`` (kept when the environment does not say).
+    """
+    predicted = record.get("predicted")
+    host = (record.get("environment") or {}).get("host") if isinstance(record.get("environment"), Mapping) else None
+    if isinstance(predicted, Mapping) and host and record.get("machine") is not None and predicted.get("machine") == record["machine"]:
+        return {**record, "machine": host}
+    return record
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def _f(default: Any = None, unit: str = "", doc: str = "", factory=None):
+    """A schema field: default (or factory), unit and one-line meaning (docs/records.md)."""
+    meta = {"unit": unit, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(kw_only=True)
+class _Record:
+    """Common behaviour: ``to_dict`` for the log, ``from_dict`` from any version."""
+
+    KIND: ClassVar[str] = ""
+    extra: dict = _f(factory=dict, doc="fields outside the schema, kept as written")
+
+    @classmethod
+    def schema(cls) -> str:
+        return schema_name(cls.KIND)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name != "extra")
+
+    @classmethod
+    def from_dict(cls, record: Mapping):
+        """The typed record of a logged one (any version; unknown fields go to ``extra``)."""
+        data = upgrade(record, kind=cls.KIND)
+        names = set(cls.field_names())
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names and k != "schema"}
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict:
+        """The record as logged: ``schema`` first, then every field that is not None, then ``extra``."""
+        out = {"schema": self.schema()}
+        for name in self.field_names():
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        clash = sorted(set(self.extra) & set(out))
+        if clash:
+            raise ValueError(f"extra fields {clash} shadow schema fields of a {self.KIND} record")
+        out.update(self.extra)
+        return out
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """``options`` of a run record: how the trainer ran (docs/records.md)."""
+
+    permute: str = _f("double", doc="vertex permutation: double, single or none")
+    block_rows: int | None = _f(None, "rows", "rows per SpMM block of blocked aggregation (None: one block)")
+    overlap: bool = _f(False, doc="all-reduce of a row block overlapped with the next block's SpMM")
+    dtype: str = _f("float32", doc="element type of features, weights and activations")
+    lr: float = _f(0.01, doc="AdamW learning rate")
+    weight_decay: float = _f(0.01, doc="AdamW weight decay")
+    seed: int = _f(0, doc="seed of weights, permutation and synthetic graphs")
+    threads_per_rank: int | None = _f(None, "threads", "torch threads per rank (None: the launcher's default)")
+
+
+OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
+
+
+@dataclass(kw_only=True)
+class RunRecord(_Record):
+    """One trainer run (one trial): what ran, where, and its timings or its failure."""
+
+    KIND: ClassVar[str] = "run"
+    kind: str = _f("train", doc="always 'train'")
+    timestamp: str | None = _f(None, "ISO 8601 UTC", "when the run started")
+    status: str = _f("ok", doc="ok, or the failure kind: failed, oom, timeout")
+    reason: str | None = _f(None, doc="why it failed")
+    failed_rank: int | None = _f(None, doc="the rank that failed first")
+    traceback: str | None = _f(None, doc="end of the failing rank's traceback")
+    # where
+    machine: str | None = _f(None, doc="name of the machine the run happened on: train --machine, else the host name")
+    backend: str = _f("gloo", doc="torch.distributed backend: gloo or nccl")
+    device: str | None = _f(None, doc="cpu or the CUDA device name")
+    launcher: str = _f("local", doc="who started the ranks: local, torchrun, slurm")
+    cluster: dict | None = _f(None, doc="cluster description (kind, nodes, ranks_per_node, link settings, emulated or real); None: one host")
+    rank_nodes: list | None = _f(None, doc="node index of each rank (rank order)")
+    hosts: list | None = _f(None, doc="host name of each node index")
+    comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
+    # what
+    graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")
+    graph: str | None = _f(None, doc="graph name")
+    graph_nodes: int | None = _f(None, "vertices", "N, the graph's vertex count (v1: nodes)")
+    nnz: int | None = _f(None, "nonzeros", "nonzeros of the normalized adjacency, self-loops included")
+    raw_nnz: int | None = _f(None, "nonzeros", "nonzeros of the adjacency as loaded")
+    features: int | None = _f(None, "columns", "input feature width D_0")
+    classes: int | None = _f(None, "columns", "output width D_L")
+    widths: list | None = _f(None, "columns", "layer widths D_0..D_L = model_widths(features, classes, layers, hidden)")
+    padded_graph_nodes: int | None = _f(None, "vertices", "N padded to a multiple of the grid's divisions (v1: padded_nodes)")
+    padded_widths: list | None = _f(None, "columns", "widths padded likewise")
+    w_split_over_depth: list | None = _f(None, doc="per layer: weights split over the depth axis")
+    grid: str | None = _f(None, doc="'GxxGyxGz'")
+    gx: int | None = _f(None, "ranks", "grid size along X")
+    gy: int | None = _f(None, "ranks", "grid size along Y")
+    gz: int | None = _f(None, "ranks", "grid size along Z")
+    gpus: int | None = _f(None, "ranks", "G = Gx Gy Gz")
+    layers: int | None = _f(None, doc="GCN layers L")
+    hidden: int | None = _f(None, "columns", "hidden width")
+    epochs: int | None = _f(None, doc="epochs trained, warm-up included")
+    warmup: int | None = _f(None, doc="warm-up epochs left out of the timings")
+    options: dict = _f(factory=lambda: dict(OPTION_DEFAULTS), doc="RunOptions: permute, block_rows, overlap, dtype, lr, weight_decay, seed, threads_per_rank")
+    environment: dict | None = _f(None, doc="host, platform, processor, cpu_count, python, numpy, torch, scipy, commit")
+    python: str | None = _f(None, doc="Python version")
+    torch: str | None = _f(None, doc="torch version")
+    commit: str | None = _f(None, doc="git commit of plexus-tune")
+    # timings: per epoch, max over ranks, mean over the measured epochs
+    epoch_ms: float | None = _f(None, "ms", "epoch time")
+    spmm_ms: float | None = _f(None, "ms", "SpMM time")
+    gemm_ms: float | None = _f(None, "ms", "dense GEMM time")
+    comm_ms: float | None = _f(None, "ms", "collective time, all axes")
+    comm_x_ms: float | None = _f(None, "ms", "collective time on the X axis")
+    comm_y_ms: float | None = _f(None, "ms", "collective time on the Y axis")
+    comm_z_ms: float | None = _f(None, "ms", "collective time on the Z axis")
+    all_reduce_ms: float | None = _f(None, "ms", "all-reduce time")
+    all_gather_ms: float | None = _f(None, "ms", "all-gather time")
+    reduce_scatter_ms: float | None = _f(None, "ms", "reduce-scatter time")
+    other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm, at least 0")
+    fwd_ms: float | None = _f(None, "ms", "forward pass")
+    bwd_ms: float | None = _f(None, "ms", "backward pass")
+    loss_ms: float | None = _f(None, "ms", "loss")
+    optimizer_ms: float | None = _f(None, "ms", "optimizer step")
+    epoch_ms_std: float | None = _f(None, "ms", "std over the measured epochs of the epoch time")
+    epoch_times_ms: list | None = _f(None, "ms", "every epoch's time, warm-up included")
+    rank_mean_ms: dict | None = _f(None, "ms", "per timing key: mean over ranks instead of max")
+    imbalance: dict | None = _f(None, "ratio", "per timing key: max over ranks / mean over ranks")
+    per_rank_epoch_ms: list | None = _f(None, "ms", "each rank's mean epoch time")
+    spmm_layer_ms: dict | None = _f(None, "ms", "fwd and bwd: each layer's SpMM time")
+    shard_nnz_max: list | None = _f(None, "nonzeros", "per layer: the largest shard's nonzeros")
+    shard_nnz_imbalance: list | None = _f(None, "ratio", "per layer: max / mean shard nonzeros")
+    memory_source: str | None = _f(None, doc="cuda_allocator or tracked_tensors")
+    peak_memory_bytes: int | None = _f(None, "bytes", "peak device memory of the fullest rank")
+    peak_memory_bytes_per_rank: list | None = _f(None, "bytes", "peak device memory of each rank")
+    peak_rss_bytes_per_rank: list | None = _f(None, "bytes", "peak resident set size of each rank")
+    rss_growth_bytes_per_rank: list | None = _f(None, "bytes", "RSS growth of each rank during training")
+    persistent_bytes_per_rank: list | None = _f(None, "bytes", "memory held between epochs by each rank")
+    losses: list | None = _f(None, doc="training loss of every epoch")
+    final_loss: float | None = _f(None, doc="last epoch's loss")
+    setup_s: float | None = _f(None, "s", "process-group and layout set-up")
+    load_s: float | None = _f(None, "s", "graph load and sharding")
+    wall_s: float | None = _f(None, "s", "wall time of the whole run (per run in a batch)")
+    check_loss_rel_diff: float | None = _f(None, "ratio", "--check: max relative difference of the losses from the serial reference")
+    check_output_rel_diff: float | None = _f(None, "ratio", "--check: normwise relative difference of the outputs")
+    reference_losses: list | None = _f(None, doc="--check: the serial reference's losses")
+    reference_epoch_ms: float | None = _f(None, "ms", "--check: the serial reference's epoch time")
+    # campaign
+    trial: int | None = _f(None, doc="trial index among the runs of one identity")
+    campaign: dict | None = _f(None, doc="gpus, trials and grids of the campaign that ran it")
+    batched: int | None = _f(None, "runs", "runs trained in one process set with it")
+    predicted: dict | None = _f(None, "ms", "the cost model's prediction: PREDICTED_KEYS, feasible, machine")
+
+
+@dataclass(kw_only=True)
+class SpmmRecord(_Record):
+    """One timed SpMM (``torch.sparse.mm`` of a CSR shard by a dense matrix)."""
+
+    KIND: ClassVar[str] = "spmm"
+    nnz: int | None = _f(None, "nonzeros", "nonzeros of the sparse operand")
+    rows: int | None = _f(None, "rows", "rows of the sparse operand and of the output")
+    common: int | None = _f(None, "columns", "columns of the sparse operand = rows of the dense one")
+    dense_cols: int | None = _f(None, "columns", "columns of the dense operand and of the output")
+    time_ms: float | None = _f(None, "ms", "the reported time (see statistic)")
+    time_min_ms: float | None = _f(None, "ms", "sweep: min over passes")
+    time_median_ms: float | None = _f(None, "ms", "sweep: median over passes")
+    statistic: str | None = _f(None, doc="how time_ms was reduced from samples")
+    source: str | None = _f(None, doc="sweep (random shapes) or graph (real shards)")
+    kernel: str | None = _f(None, doc="the timed call")
+    threads: int | None = _f(None, "threads", "torch threads")
+    passes: int | None = _f(None, doc="sweep: interleaved passes over all shapes")
+    repeats: int | None = _f(None, doc="samples per pass")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    graph: str | None = _f(None, doc="graph: its name")
+    graph_nodes: int | None = _f(None, "vertices", "graph: N (v1: nodes)")
+    grid: str | None = _f(None, doc="graph: the grid whose shard this is")
+    gx: int | None = _f(None, "ranks", "graph: grid size along X")
+    gy: int | None = _f(None, "ranks", "graph: grid size along Y")
+    gz: int | None = _f(None, "ranks", "graph: grid size along Z")
+    gpus: int | None = _f(None, "ranks", "graph: G")
+    layer: int | None = _f(None, doc="graph: layer index")
+    direction: str | None = _f(None, doc="graph: forward (A F) or backward (A^T dH)")
+    shard: list | None = _f(None, doc="graph: (depth, outer) coordinates of the shard")
+    nnz_imbalance: float | None = _f(None, "ratio", "graph: max / mean shard nonzeros of the layer")
+    machine_info: dict | None = _f(None, doc="environment of the host (as RunRecord.environment)")
+
+
+@dataclass(kw_only=True)
+class GemmRecord(_Record):
+    """One timed dense GEMM of a layer's shard shapes: (rows x inner) @ (inner x cols)."""
+
+    KIND: ClassVar[str] = "gemm"
+    rows: int | None = _f(None, "rows", "rows of the left operand and of the output")
+    inner: int | None = _f(None, "columns", "the contracted dimension")
+    cols: int | None = _f(None, "columns", "columns of the right operand and of the output")
+    time_ms: float | None = _f(None, "ms", "min over samples")
+    product: str | None = _f(None, doc="which product of the layer")
+    graph: str | None = _f(None, doc="graph name")
+    graph_nodes: int | None = _f(None, "vertices", "N (v1: nodes)")
+    grid: str | None = _f(None, doc="the grid whose shard this is")
+    gx: int | None = _f(None, "ranks", "grid size along X")
+    gy: int | None = _f(None, "ranks", "grid size along Y")
+    gz: int | None = _f(None, "ranks", "grid size along Z")
+    gpus: int | None = _f(None, "ranks", "G")
+    layer: int | None = _f(None, doc="layer index")
+    threads: int | None = _f(None, "threads", "torch threads")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host")
+
+
+@dataclass(kw_only=True)
+class CollectiveRecord(_Record):
+    """One timed collective on every group of one (group size, stride) at once."""
+
+    KIND: ClassVar[str] = "collective"
+    op: str | None = _f(None, doc="all_reduce, all_gather or reduce_scatter")
+    group_size: int | None = _f(None, "ranks", "g, ranks per group")
+    stride: int | None = _f(None, "ranks", "rank distance between group members")
+    contiguous: bool | None = _f(None, doc="stride == 1")
+    groups: int | None = _f(None, doc="groups timed at once (world / g)")
+    nodes_spanned: int | None = _f(None, "nodes", "machine nodes a group spans, the most of any group (v1: nodes)")
+    message_bytes: int | None = _f(None, "bytes", "M, the full buffer: the reduced or gathered result")
+    time_ms: float | None = _f(None, "ms", "median over calls of the slowest rank's time")
+    time_min_ms: float | None = _f(None, "ms", "fastest call")
+    time_max_ms: float | None = _f(None, "ms", "slowest call")
+    repeats: int | None = _f(None, doc="timed calls")
+    algbw_gbps: float | None = _f(None, "GB/s", "M / time")
+    busbw_gbps: float | None = _f(None, "GB/s", "algbw x 2(g-1)/g (all-reduce) or (g-1)/g (nccl-tests)")
+    world_size: int | None = _f(None, "ranks", "ranks started")
+    gpus_per_node: int | None = _f(None, "ranks", "ranks per machine node")
+    backend: str | None = _f(None, doc="gloo or nccl")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    launcher: str = _f("local", doc="who started the ranks")
+    cluster: dict | None = _f(None, doc="cluster description, as in run records")
+    rank_nodes: list | None = _f(None, doc="node index of each rank")
+    hosts: list | None = _f(None, doc="host name of each node index")
+    comm_precision: str = _f("fp32", doc="precision of the payload")
+    machine_info: dict | None = _f(None, doc="environment of the host")
+    threads_per_rank: int | None = _f(None, "threads", "torch threads per rank")
+
+
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord)}
+
+
+def flatten_record(record: Mapping, *, sep: str = ".") -> dict:
+    """Flatten nested dicts: ``{"grid": {"gx": 2}}`` becomes ``{"grid.gx": 2}``; lists stay."""
+    flat: dict = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, sub in value.items():
+                walk(f"{prefix}{sep}{key}" if prefix else str(key), sub)
+        else:
+            flat[prefix] = value
+
+    walk("", record)
+    return flat
+
+
+def table_row(record: Mapping) -> dict:
+    """One flat row of a measurement table (fitting input) from a record of any version.
+
+    Nested dicts are flattened with dots. Collective rows also carry ``nodes`` (=
+    ``nodes_spanned``), the column name of the collective fit's table API (op,
+    group_size, nodes, message_bytes, time_ms).
+    """
+    row = flatten_record(upgrade(record))
+    if record_type(row) == "collective" and "nodes_spanned" in row:
+        row["nodes"] = row["nodes_spanned"]
+    return row
+
+
+# --------------------------------------------------------------------------- run identity
+
+
+@dataclass(frozen=True)
+class IdentityField:
+    """One part of a run's identity: its name, where it sits in a record, its default."""
+
+    name: str
+    path: tuple[str, ...]
+    default: Any
+    kind: type
+
+
+#: What makes two runs the same measurement (trial aside): every option that changes
+#: the measured time. A missing field takes its default (the meaning it had before the
+#: field existed); a new option joins the identity by a new entry here.
+IDENTITY_FIELDS: tuple[IdentityField, ...] = (
+    IdentityField("graph", ("graph_source",), "", str),
+    IdentityField("gx", ("gx",), 0, int),
+    IdentityField("gy", ("gy",), 0, int),
+    IdentityField("gz", ("gz",), 0, int),
+    IdentityField("layers", ("layers",), 0, int),
+    IdentityField("hidden", ("hidden",), 0, int),
+    IdentityField("permute", ("options", "permute"), "double", str),
+    IdentityField("block_rows", ("options", "block_rows"), 0, int),
+    IdentityField("overlap", ("options", "overlap"), False, bool),
+    IdentityField("dtype", ("options", "dtype"), "float32", str),
+    IdentityField("threads_per_rank", ("options", "threads_per_rank"), 0, int),
+    IdentityField("backend", ("backend",), "gloo", str),
+    IdentityField("epochs", ("epochs",), 0, int),
+    IdentityField("warmup", ("warmup",), 0, int),
+    IdentityField("launcher", ("launcher",), "local", str),
+    IdentityField("cluster", ("cluster",), "", str),
+    IdentityField("machine", ("machine",), "", str),
+    IdentityField("comm_precision", ("comm_precision",), "fp32", str),
+)
+IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
+GRID_FIELDS = ("gx", "gy", "gz")
+#: The identity without the grid: the settings a grid choice is made under.
+SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in GRID_FIELDS)
+RunIdentity = namedtuple("RunIdentity", IDENTITY_NAMES)
+
+
+def _lookup(record: Mapping, path: tuple[str, ...]):
+    value = record
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _identity_value(spec: IdentityField, value):
+    if value is None:
+        return spec.default
+    if spec.name == "cluster":
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if spec.kind is bool:
+        return bool(value)
+    if spec.kind is int:
+        return int(value)
+    return str(value)
+
+
+def run_identity(record: Mapping) -> RunIdentity:
+    """The identity of a run record (any version, or the fields of a run not yet made).
+
+    ``graph`` is the graph's source (file path or synthetic spec; the name when the
+    source is missing); the widths are fixed by the graph (features, classes) and
+    ``layers``, ``hidden`` (``trainer.config.model_widths``); ``block_rows`` and
+    ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
+    one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
+    """
+    rec = upgrade(record, kind="run")
+    values = [_identity_value(spec, _lookup(rec, spec.path)) for spec in IDENTITY_FIELDS]
+    ident = RunIdentity(*values)
+    if not ident.graph and rec.get("graph"):
+        ident = ident._replace(graph=str(rec["graph"]))
+    if ident.gx == 0 and isinstance(rec.get("grid"), str) and rec["grid"].count("x") == 2:
+        try:
+            gx, gy, gz = (int(v) for v in rec["grid"].split("x"))
+        except ValueError:
+            pass
+        else:
+            ident = ident._replace(gx=gx, gy=gy, gz=gz)
+    return ident
+
+
+def run_setting(identity: RunIdentity) -> tuple:
+    """The identity without the grid (:data:`SETTING_NAMES`)."""
+    return tuple(getattr(identity, n) for n in SETTING_NAMES)
+
+
+def grid_label(identity) -> str:
+    return f"{identity.gx}x{identity.gy}x{identity.gz}"
+
+
+def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
+    """Per row, ``name=value`` of the setting columns whose values differ between rows ("" if none do)."""
+    varying = [c for c in columns if c in frame and c not in skip and frame[c].astype(str).nunique() > 1]
+    return [", ".join(f"{c}={row[c]}" for c in varying) for _, row in frame[varying].iterrows()] if varying else [""] * len(frame)
+
+
+# --------------------------------------------------------------------------- runs table
+
+#: Observed timing keys of a run record, each reduced to ``obs_<key>``.
+OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms",
+                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
+#: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
+PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
+#: Graph statistics of the runs (as logged), not part of the identity.
+GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "widths")
+#: Run record fields the runs table needs from a successful run.
+REQUIRED_FIELDS = ("graph_nodes", "nnz", "gx", "gy", "gz", "epoch_ms")
+
+
+def check_run_times(record: Mapping) -> None:
+    """UserError unless a successful run's epoch_ms is finite and > 0 and its other times finite and >= 0.
+
+    The message names the run by grid, graph and timestamp.
+    """
+    for key in OBSERVED_KEYS:
+        value = record.get(key)
+        if value is None and key != "epoch_ms":
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not math.isfinite(number) or number < 0 or (key == "epoch_ms" and number == 0):
+            where = f"run {record.get('gx')}x{record.get('gy')}x{record.get('gz')} of {record.get('graph_source') or record.get('graph', 'graph')}"
+            stamp = f" at {record['timestamp']}" if record.get("timestamp") else ""
+            need = "a finite time > 0" if key == "epoch_ms" else "a finite time >= 0"
+            raise UserError(f"{where}{stamp}: {key} = {value!r} is not {need}; fix or remove that record "
+                            "(a run that did not finish needs status 'failed')")
+
+
+def _widths(rec: Mapping):
+    if rec.get("widths") is not None:
+        return tuple(int(w) for w in rec["widths"])
+    needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
+    if any(v is None for v in needed):
+        return None
+    from plexus_tune.trainer.config import model_widths  # trainer imports this module
+
+    return tuple(model_widths(*needed))
+
+
+def _number(value) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
+    """One row per run identity (and graph as measured): medians over the successful trials.
+
+    Columns (docs/records.md, "Runs table"): the identity (:data:`IDENTITY_NAMES` and
+    ``identity``, the :class:`RunIdentity`), ``grid``, ``gpus``, ``bytes_per_element``,
+    the graph (:data:`GRAPH_COLUMNS`); ``trials`` (successful), ``failed`` (failed
+    trials of the identity) and ``last_failure``; ``obs_<key>`` for
+    :data:`OBSERVED_KEYS` (median over the successful trials), ``obs_epoch_ms_std``
+    (population std), ``obs_epoch_ms_min``, ``obs_epoch_ms_max``; ``pred_<key>`` for
+    :data:`PREDICTED_KEYS` from the logged predictions (median), ``pred_feasible``,
+    ``pred_machine``; ``timestamp`` of the latest successful trial.
+
+    Records of other types are ignored. A successful run with a NaN, infinite or
+    negative time (or a zero epoch) raises UserError naming it. Identities whose every
+    trial failed are left out unless ``include_failed`` (then ``trials`` is 0 and the
+    observed columns NaN).
+    """
+    import pandas as pd
+
+    rows: list[dict] = []
+    failures: dict[RunIdentity, list[dict]] = {}
+    for record in records:
+        kind = record_type(record)
+        if kind is not None and kind != "run":
+            continue
+        rec = upgrade(record, kind="run")
+        ident = run_identity(rec)
+        if rec.get("status", "ok") != "ok" or rec.get("epoch_ms") is None:
+            failures.setdefault(ident, []).append(rec)
+            continue
+        missing = [k for k in REQUIRED_FIELDS if rec.get(k) is None]
+        widths = _widths(rec)
+        if missing or widths is None:
+            name = missing[0] if missing else "widths"
+            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure / train --log)?")
+        check_run_times(rec)
+        predicted = rec.get("predicted") if isinstance(rec.get("predicted"), Mapping) else {}
+        row = dict(ident._asdict())
+        row.update({
+            "identity": ident,
+            "graph_name": str(rec.get("graph") or ident.graph),
+            "graph_nodes": int(rec["graph_nodes"]),
+            "nnz": int(rec["nnz"]),
+            "features": int(rec["features"]) if rec.get("features") is not None else int(widths[0]),
+            "classes": int(rec["classes"]) if rec.get("classes") is not None else int(widths[-1]),
+            "widths": widths,
+            "timestamp": str(rec.get("timestamp") or ""),
+        })
+        for key in OBSERVED_KEYS:
+            row[f"obs_{key}"] = _number(rec.get(key))
+        for key in PREDICTED_KEYS:
+            row[f"pred_{key}"] = _number(predicted.get("total_ms" if key == "epoch_ms" else key))
+        row["pred_feasible"] = bool(predicted.get("feasible", True))
+        row["pred_machine"] = str(predicted.get("machine") or "")
+        rows.append(row)
+
+    keys = ["identity", *GRAPH_COLUMNS]
+    obs = [f"obs_{k}" for k in OBSERVED_KEYS]
+    pred = [f"pred_{k}" for k in PREDICTED_KEYS]
+    out_rows = []
+    if rows:
+        trials = pd.DataFrame(rows)
+        for _, group in trials.groupby(keys, sort=False, dropna=False):
+            first = group.iloc[0]
+            out = {n: first[n] for n in IDENTITY_NAMES}
+            out.update({k: first[k] for k in keys})
+            out.update(group[obs + pred].median(skipna=True).to_dict())
+            epoch = group["obs_epoch_ms"].to_numpy(dtype=float)
+            out.update(obs_epoch_ms_std=float(epoch.std()), obs_epoch_ms_min=float(epoch.min()),
+                       obs_epoch_ms_max=float(epoch.max()), trials=len(group),
+                       pred_feasible=bool(group["pred_feasible"].all()), pred_machine=str(group["pred_machine"].iloc[-1]),
+                       timestamp=str(group["timestamp"].max()))
+            out_rows.append(out)
+    seen = {r["identity"] for r in out_rows}
+    for r in out_rows:
+        fails = failures.get(r["identity"], [])
+        r["failed"] = len(fails)
+        r["last_failure"] = _failure_text(fails[-1]) if fails else ""
+    if include_failed:
+        for ident, fails in failures.items():
+            if ident in seen:
+                continue
+            r = {**ident._asdict(), "identity": ident, "graph_name": str(fails[-1].get("graph") or ident.graph),
+                 "trials": 0, "failed": len(fails), "last_failure": _failure_text(fails[-1]),
+                 "timestamp": "", "pred_feasible": True, "pred_machine": ""}
+            out_rows.append(r)
+    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "trials", "failed",
+               "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
+               "pred_feasible", "pred_machine", "timestamp"]
+    table = pd.DataFrame(out_rows, columns=columns)
+    if len(table):
+        table["grid"] = [grid_label(i) for i in table["identity"]]
+        table["gpus"] = (table["gx"] * table["gy"] * table["gz"]).astype(int)
+        table["bytes_per_element"] = [DTYPE_BYTES.get(d, 4) for d in table["dtype"]]
+        table["trials"] = table["trials"].astype(int)
+        table["failed"] = table["failed"].astype(int)
+    table.attrs["failed_trials"] = sum(len(f) for f in failures.values())
+    return table
+
+
+def _failure_text(record: Mapping) -> str:
+    return f"{record.get('status', 'failed')}: {record.get('reason', '')}"[:200]
