@@ -13,7 +13,8 @@ all-gather and reduce-scatter ``busbw = algbw * (g - 1) / g`` (M is the full
 gathered buffer).  GB/s = 1e9 bytes/s.  Every rank writes ``DIR/rank<r>.json``.
 
 ``--loop-s S`` then all-reduces a small buffer on all ranks for S seconds (a
-stand-in for training steps; used to cut a link mid-run).
+stand-in for training steps; used to cut a link mid-run); each rank first
+creates ``DIR/rank<r>.loop``.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                                   "rtt_us_min": min(rtts)}
         dist.barrier()
     if args.loop_s > 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"rank{rank}.loop"), "w") as fh:
+            fh.write(f"{time.time()}\n")
         x = torch.ones(1024)
         end = time.monotonic() + args.loop_s
         steps = 0
