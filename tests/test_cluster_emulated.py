@@ -168,9 +168,8 @@ HOLDER = r"""
 import json, sys, time
 from plexus_tune.cluster.emulated import EmulatedCluster
 cluster = EmulatedCluster(sys.argv[1]).start()
-helpers = [h["pid"] for h in cluster._state()["helpers"]]
 print(json.dumps({"namespaces": [cluster.switch_ns, *cluster.node_namespaces],
-                  "state_file": str(cluster.state_file), "helpers": helpers}), flush=True)
+                  "state_file": str(cluster.state_file), "helpers": cluster.helper_pids}), flush=True)
 time.sleep(600)
 """
 

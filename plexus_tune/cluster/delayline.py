@@ -1,20 +1,23 @@
 """Fixed one-way delay for the emulated cluster's uplinks, in user space.
 
-The kernel this project runs on may lack ``sch_netem``, so the switch namespace
-runs this small forwarder instead: for every node it reads the frames the node
+Where the kernel lacks ``sch_netem``, the switch namespace runs this small
+forwarder instead: for every node it reads the frames the node
 sends (an ``AF_PACKET`` socket on the switch-side end of the node's cable,
 ``PACKET_VNET_HDR`` so 64 KiB GSO frames pass whole) and writes each one, after
 ``delay_us`` counted from the kernel's receive timestamp, into the veth that
 leads to the bridge.  Frames coming back from the bridge never pass through
 here (a ``tc`` mirred redirect sends them straight to the node's cable).
 
-Run inside the switch namespace::
+Frames are sent early by the measured wake-up latency (an integral controller),
+so the median lateness is ~0; the process asks for SCHED_FIFO because on a busy
+host ordinary scheduling delays its wake-ups by milliseconds.  Standard library
+only, so it also runs by path.  Run inside the switch namespace::
 
-    python -m plexus_tune.cluster.delayline --owner-pid PID --delay-us 200 \
-        --pair u0:q0 --pair u1:q1
+    python delayline.py --owner-pid PID --delay-us 200 --pair u0:q0 --pair u1:q1
 
 It exits when the owner process dies, on SIGTERM/SIGINT, or when an interface
-disappears (the namespace was deleted).
+disappears, and prints a JSON summary (lateness percentiles in us, frames,
+bytes, drops per link) as its last stdout line.
 """
 
 from __future__ import annotations

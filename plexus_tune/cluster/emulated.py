@@ -16,10 +16,13 @@ Shaping, per node link and direction:
   flow can fill, unlike real per-flow hashing.
 * latency: ``inter_latency_us`` is added once per node-to-node path, on the
   sender's uplink, so one way is ``inter_latency_us`` and a round trip twice that.
-  The kernel here has no ``sch_netem``, so a user-space delay line
-  (:mod:`plexus_tune.cluster.delayline`) in the switch namespace holds each frame
-  until its kernel receive time plus the delay.  With ``inter_latency_us=0`` the
-  u<k> ports sit on the bridge directly and no delay line runs.
+  ``sch_netem`` is often not built (CONFIG_NET_SCH_NETEM unset in many VM
+  kernels), so a user-space delay line (:mod:`plexus_tune.cluster.delayline`) in
+  the switch namespace holds each frame until its kernel receive time plus the
+  delay; one way measures the setting + 10-30 us (about 50 us at the least).  It
+  carries every inter-node byte, so with latency on, CPU-poor hosts reach lower
+  rates than without.  With ``inter_latency_us=0`` the u<k> ports sit on the
+  bridge directly and no delay line runs.
 
 Ranks of one node reach each other through the node's own address, which Linux
 routes over ``lo``: intra-node traffic is never shaped.
@@ -558,6 +561,11 @@ class EmulatedCluster:
         if self._delayline_stderr is not None:
             self._delayline_stderr.close()
 
+    @property
+    def helper_pids(self) -> list[int]:
+        """Pids of the helper processes (the delay line) this cluster runs."""
+        return [helper["pid"] for helper in self._state()["helpers"]]
+
     # -- mid-run control and records
 
     def set_link(self, node: int, up: bool = True) -> None:
@@ -626,12 +634,12 @@ class EmulatedCluster:
                     continue
                 server.sendto(data, peer)
 
+        thread = threading.Thread(target=echo, daemon=True)
         try:
             server.bind((self.address(dst), 0))
             server.settimeout(0.1)
             client.settimeout(timeout_s)
             target = (self.address(dst), server.getsockname()[1])
-            thread = threading.Thread(target=echo, daemon=True)
             thread.start()
             rtts = []
             for seq in range(count + 1):  # the first one also resolves ARP: not counted
@@ -646,6 +654,8 @@ class EmulatedCluster:
             return rtts
         finally:
             stop.set()
+            if thread.is_alive():
+                thread.join(1.0)
             client.close()
             server.close()
 
