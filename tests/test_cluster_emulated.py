@@ -227,7 +227,7 @@ def test_topology_describe_and_nics():
     from plexus_tune.cluster.emulated import EmulatedCluster, list_clusters, netns_list
 
     spec = "emulated:nodes=3,ranks_per_node=1,inter_gbps=0.025,inter_latency_us=100,nics=2"
-    with EmulatedCluster(spec) as cluster:
+    with EmulatedCluster(spec, tcp_congestion="reno") as cluster:
         names = [cluster.switch_ns, *cluster.node_namespaces]
         assert set(names) <= set(netns_list())
         assert all(len(n) <= 15 for n in names)
@@ -239,6 +239,7 @@ def test_topology_describe_and_nics():
             assert "tbf" in node["uplink_tc"] and "400Mbit" in node["uplink_tc"]
             assert "tbf" in node["downlink_tc"] and "400Mbit" in node["downlink_tc"]
         assert info["latency"]["one_way_us"] == 100
+        assert info["tcp_congestion_control"] == "reno"
         assert [c["id"] for c in list_clusters() if c["alive"]].count(cluster.id) == 1
         out = subprocess.run(cluster.exec_argv(2, ["ip", "-o", "-4", "addr", "show", "dev", "nic0"]),
                              capture_output=True, text=True, check=True).stdout
