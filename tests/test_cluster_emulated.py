@@ -175,8 +175,9 @@ time.sleep(600)
 
 
 def _start_holder(spec_text):
+    # Its own process group, so that a group-wide SIGINT is what Ctrl-C in a terminal sends.
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, spec_text], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_child_env(), text=True)
+                            stderr=subprocess.PIPE, env=_child_env(), text=True, start_new_session=True)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
     line = proc.stdout.readline() if ready else ""
     if not line:
@@ -347,7 +348,10 @@ def test_signal_tears_down(signum):
 
     proc, held = _start_holder("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1,inter_latency_us=50")
     assert set(held["namespaces"]) <= set(netns_list())
-    proc.send_signal(signum)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)  # like Ctrl-C: the whole foreground group
+    else:
+        proc.send_signal(signum)
     code = proc.wait(20)
     assert code != 0
     if signum == signal.SIGTERM:

@@ -251,20 +251,25 @@ _ATEXIT = []
 
 @contextmanager
 def _critical():
-    """Defer the main thread's signal handling while setup or teardown runs in it."""
-    with _LOCK:
-        _CRITICAL["depth"] += 1
-        _CRITICAL["thread"] = threading.get_ident()
-        try:
-            yield
-        finally:
-            _CRITICAL["depth"] -= 1
-            if _CRITICAL["depth"] == 0:
-                _CRITICAL["thread"] = None
-    if _PENDING and threading.current_thread() is threading.main_thread() and _CRITICAL["depth"] == 0:
-        signum = _PENDING.pop(0)
-        _PENDING.clear()
-        _dispatch(signum, None)
+    """Defer the main thread's signal handling while setup or teardown runs in it;
+    a signal that came meanwhile is handled on the way out (also on errors)."""
+    deliver = None
+    try:
+        with _LOCK:
+            _CRITICAL["depth"] += 1
+            _CRITICAL["thread"] = threading.get_ident()
+            try:
+                yield
+            finally:
+                _CRITICAL["depth"] -= 1
+                if _CRITICAL["depth"] == 0:
+                    _CRITICAL["thread"] = None
+                    if _PENDING and threading.current_thread() is threading.main_thread():
+                        deliver = _PENDING[0]
+                        _PENDING.clear()
+    finally:
+        if deliver is not None:
+            _dispatch(deliver, None)
 
 
 def close_all() -> None:
