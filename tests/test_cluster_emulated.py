@@ -109,6 +109,29 @@ def test_check_world():
         ClusterSpec.from_dict({"nodes": 2})
 
 
+def test_busbw_factors_follow_nccl_tests():
+    from plexus_tune.cluster.probe import busbw_factor
+
+    assert busbw_factor("all_reduce", 2) == 1.0
+    assert busbw_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert busbw_factor("all_gather", 4) == pytest.approx(0.75)
+    assert busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
+
+
+def test_run_torchrun_rejects_bad_calls():
+    from plexus_tune.cluster.emulated import EmulatedCluster
+    from plexus_tune.cluster.launcher import run_torchrun
+
+    cluster = EmulatedCluster("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1")  # not started
+    with pytest.raises(UserError, match="started cluster"):
+        run_torchrun(cluster, ["plexus_tune.cluster.probe"], timeout_s=5)
+    with pytest.raises(UserError, match="rdzv"):
+        run_torchrun(cluster, ["plexus_tune.cluster.probe"], timeout_s=5, rdzv="etcd")
+    big = EmulatedCluster("emulated:nodes=10,ranks_per_node=1,inter_gbps=0.1")
+    with pytest.raises(UserError, match="static"):
+        run_torchrun(big, ["plexus_tune.cluster.probe"], timeout_s=5)
+
+
 def test_cluster_package_does_not_import_torch():
     code = "import sys, plexus_tune.cluster; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=_child_env())

@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=60.0, help="gloo timeout")
     args = parser.parse_args(argv)
     ops = [op for op in args.ops.split(",") if op]
-    for op in ops:
-        busbw_factor(op, 2)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        parser.error(f"--ops: unknown {', '.join(unknown) or '(none given)'}; use a comma list of {', '.join(OPS)}")
+    if args.message_bytes < 8 or args.iters < 1 or args.warmup < 0:
+        parser.error("--message-bytes must be >= 8, --iters >= 1 and --warmup >= 0")
 
     import torch
     import torch.distributed as dist
