@@ -9,7 +9,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
