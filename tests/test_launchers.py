@@ -53,3 +53,35 @@ def test_torchrun_failure_names_the_failing_rank():
 def test_torchrun_world_that_does_not_fit_is_rejected_before_starting():
     with pytest.raises(UserError, match="do not fit 2 node"):
         TorchrunLauncher(["localhost", "localhost"], 2).check(6)
+
+
+def test_emulated_launcher_runs_ranks_on_their_nodes():
+    import os
+
+    from plexus_tune.launch.launchers import make_launcher
+
+    if os.geteuid() != 0:
+        pytest.skip("the emulated cluster needs root")
+    launcher = make_launcher(cluster="emulated:nodes=2,ranks_per_node=2,inter_gbps=0.2")
+    with launcher:
+        launcher.check(4)
+        out = launcher.run(all_reduce_ranks, 4, timeout_s=90)
+    assert [v["sum"] for v in out.values] == [6.0] * 4
+    assert [p["node"] for p in out.placement] == [0, 0, 1, 1]
+    assert check_placement(out.placement, 2)["placement_ok"]
+    described = launcher.describe()
+    assert described["launcher"] == "emulated" and described["cluster"]["inter_gbps"] == 0.2
+    from plexus_tune.cluster.emulated import netns_list
+
+    assert not set(launcher.emulated.node_namespaces) & set(netns_list())  # removed on exit
+
+
+def test_make_launcher_rejects_bad_choices():
+    from plexus_tune.launch.launchers import make_launcher
+
+    with pytest.raises(UserError, match="unknown launcher"):
+        make_launcher("mpirun")
+    with pytest.raises(UserError, match="hosts"):
+        make_launcher("torchrun")
+    with pytest.raises(UserError):
+        make_launcher(cluster="emulated:nodes=2,ranks_per_node=2,inter_gbps=-1")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 
 
 def register(subparsers) -> None:
@@ -23,11 +26,13 @@ def register(subparsers) -> None:
     parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
     parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default gloo")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double")
+    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
+                        help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
     parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
+    add_launcher_arguments(parser)
     parser.add_argument("--batch", type=int, default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
     parser.add_argument("--redo", action="store_true", help="run again what the log already holds")
     parser.add_argument("--retry-failed", action="store_true", help="run again the logged failures")
@@ -60,8 +65,9 @@ def run(args) -> int:
     err = Console(stderr=True)
     total = len(grids) * args.trials
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
     rows = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
+    with launcher, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
         task = progress.add_task(f"measuring {len(grids)} grids x {args.trials} trials", total=total)
 
         def on_skip(grid, trial):
@@ -97,6 +103,7 @@ def run(args) -> int:
             on_result=on_result,
             on_skip=on_skip,
             batch=args.batch,
+            launcher=launcher,
         )
     _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                                                 warmup=args.warmup, options=options), args.gpus)

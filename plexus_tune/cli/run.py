@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
+from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 
 
 def register(subparsers) -> None:
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
     p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
+    add_launcher_arguments(p)
     p.add_argument("--log", default="measurements/runs.jsonl", help="run log to append to (default measurements/runs.jsonl)")
     p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
     p.set_defaults(handler=run)
@@ -46,6 +48,7 @@ def run(args) -> int:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
     grids = enumerate_grids(args.gpus)
@@ -83,7 +86,8 @@ def run(args) -> int:
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
                                                           "timeout_s": args.timeout})
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
-    record = run_training(config, raise_on_failure=False)
+    with launcher:
+        record = run_training(config, raise_on_failure=False, launcher=launcher)
     record["predicted"] = predicted_fields(workload, machine, grid)
     # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)

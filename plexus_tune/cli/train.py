@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import numpy as np
+
+from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 
 
 def register(subparsers) -> None:
@@ -47,6 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--check", action="store_true",
                         help="also train serially with PyTorch Geometric and report the largest relative differences")
     parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
+    add_launcher_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -105,8 +109,15 @@ def run(args: argparse.Namespace) -> int:
     config = _config(args)
     from plexus_tune.trainer import TrainingFailed, run_training
 
+    from plexus_tune.launch import detect_environment
+
+    launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
     try:
-        record = run_training(config)
+        if launcher is None:
+            record = run_training(config)
+        else:
+            with launcher:
+                record = run_training(config, launcher=launcher)
     except TrainingFailed as exc:
         print(f"plexus-tune: error: {exc}", file=sys.stderr)
         if args.log:

@@ -92,12 +92,18 @@ class Launcher:
 
 
 def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
-                  job_dir: str, python: str = sys.executable) -> list[str]:
-    """One torchrun agent's command: c10d rendezvous at ``endpoint`` (host:port)."""
-    return [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+                  job_dir: str, local_addr: str | None = None, python: str = sys.executable) -> list[str]:
+    """One torchrun agent's command: c10d rendezvous at ``endpoint`` (host:port), hosted by node 0.
+
+    ``local_addr`` is the address the agent advertises; c10d orders nodes by it.
+    """
+    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={run_id}", "--max-restarts=0", "--monitor-interval=0.5",
-            "-m", WORKER_MODULE, job_dir]
+            f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={int(node_rank == 0)}", "--max-restarts=0",
+            "--monitor-interval=0.5"]
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    return argv + ["-m", WORKER_MODULE, job_dir]
 
 
 class TorchrunLauncher(Launcher):
@@ -132,6 +138,9 @@ class TorchrunLauncher(Launcher):
     def rendezvous_host(self) -> str:
         return self.hosts[0]
 
+    def local_addr(self, node: int) -> str | None:
+        return None
+
     def agent_command(self, node: int, argv: list[str], env: dict) -> tuple[list[str], dict]:
         host = self.hosts[node]
         if host in ("localhost", "127.0.0.1", socket.gethostname()):
@@ -150,9 +159,57 @@ class TorchrunLauncher(Launcher):
         for node in range(self.nodes):
             env = {**os.environ, "PLEXUS_TUNE_NODE": str(node)}
             argv = torchrun_argv(nnodes=self.nodes, nproc_per_node=self.ranks_per_node, node_rank=node,
-                                 endpoint=endpoint, run_id=run_id, job_dir=str(job_dir))
+                                 endpoint=endpoint, run_id=run_id, job_dir=str(job_dir),
+                                 local_addr=self.local_addr(node))
             agents.append(self.agent_command(node, argv, env))
         return run_agents(agents, job_dir, world_size, timeout_s=timeout_s + 60.0)
+
+
+class EmulatedLauncher(TorchrunLauncher):
+    """torchrun agents inside the nodes of an emulated cluster (:mod:`plexus_tune.cluster`).
+
+    The cluster (namespaces, shaped links) exists between ``__enter__`` and ``__exit__``;
+    gloo binds to each node's NIC, so ranks of one node talk over its local route and ranks
+    of different nodes over the shaped link.
+    """
+
+    name = "emulated"
+
+    def __init__(self, spec):
+        from plexus_tune.cluster.emulated import EmulatedCluster
+
+        super().__init__([f"node{k}" for k in range(spec.nodes)], spec.ranks_per_node)
+        self.spec = spec
+        self.emulated = EmulatedCluster(spec)
+        self.started = False
+
+    def __enter__(self):
+        self.emulated.start()
+        self.started = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.emulated.close()
+        self.started = False
+
+    def cluster(self) -> dict | None:
+        return {**self.spec.to_dict(), "emulated": True}
+
+    def rendezvous_host(self) -> str:
+        return self.emulated.address(0)
+
+    def local_addr(self, node: int) -> str | None:
+        return self.emulated.address(node)
+
+    def agent_command(self, node: int, argv: list[str], env: dict) -> tuple[list[str], dict]:
+        env = {**env, "GLOO_SOCKET_IFNAME": self.emulated.nic(node), "PLEXUS_TUNE_CLUSTER": self.spec.to_string()}
+        return self.emulated.exec_argv(node, argv), env
+
+    def run(self, fn, world_size, args=(), **kwargs) -> Launched:
+        if not self.started:
+            with self:
+                return super().run(fn, world_size, args, **kwargs)
+        return super().run(fn, world_size, args, **kwargs)
 
 
 class SlurmLauncher(Launcher):

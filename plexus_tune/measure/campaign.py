@@ -122,7 +122,7 @@ def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, 
 
 
 def config_identity(config) -> RunIdentity:
-    """The run identity a configuration's record will have (launched locally)."""
+    """The run identity a configuration's record will have (its launcher and cluster included)."""
     from plexus_tune.trainer.run import config_fields
 
     return run_identity(config_fields(config))
@@ -169,10 +169,13 @@ def run_campaign(
     on_result: Callable[[dict, tuple], None] | None = None,
     on_skip: Callable[[tuple, int], None] | None = None,
     batch: int = 1,
+    launcher=None,
 ) -> list[dict]:
     """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
+    ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
+    of every run's identity, so a campaign on another cluster does not count as done.
     """
     from plexus_tune.measure.store import append_records
     from plexus_tune.trainer import run_training
@@ -184,6 +187,10 @@ def run_campaign(
     graph_source_text(graph)  # a missing file or bad spec fails before any run
     stats = stats or (load_stats(graph) if machine is not None else None)
     workload = workload_of(stats, layers, hidden) if stats is not None else None
+    if launcher is not None:
+        for grid in grids:
+            launcher.check(int(np.prod(grid)))
+        train_options = {**(train_options or {}), "launcher": launcher.name, "cluster": launcher.cluster()}
     done = logged_trials(log)
     pending = []
     for trial in range(trials):
@@ -213,17 +220,17 @@ def run_campaign(
     batch = max(1, int(batch))
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
-        records = _run_batch([c for _, _, c in chunk]) if len(chunk) > 1 else None
+        records = _run_batch([c for _, _, c in chunk], launcher) if len(chunk) > 1 else None
         if records is None:  # one at a time (or the batch failed: redo its runs one by one)
             for grid, trial, config in chunk:
-                finish(grid, trial, run_training(config, raise_on_failure=False))
+                finish(grid, trial, run_training(config, raise_on_failure=False, launcher=launcher))
         else:
             for (grid, trial, _), record in zip(chunk, records):
                 finish(grid, trial, record)
     return new
 
 
-def _run_batch(configs) -> list[dict] | None:
+def _run_batch(configs, launcher=None) -> list[dict] | None:
     """Train several configurations of one graph and world size in one process set.
 
     Saves the process start and graph load per run; the records say ``batched``. Returns
@@ -232,9 +239,10 @@ def _run_batch(configs) -> list[dict] | None:
     """
     import time
 
-    from plexus_tune.launch import RankFailure, launch_local
+    from plexus_tune.launch import RankFailure
+    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
-    from plexus_tune.trainer.run import build_record, graph_source, local_placement, validate
+    from plexus_tune.trainer.run import build_record, graph_source, placement_fields, validate
 
     first = configs[0]
     world = int(np.prod(first.grid))
@@ -245,14 +253,11 @@ def _run_batch(configs) -> list[dict] | None:
     device_kind = "cuda" if first.backend == "nccl" else "cpu"
     start = time.perf_counter()
     try:
-        results = launch_local(
-            rank_main,
-            world,
-            args=(graph_source(first), list(configs), device_kind),
-            backend=first.backend,
-            timeout_s=first.timeout_s * len(configs),
-            threads_per_rank=first.threads_per_rank,
-        )[0]
+        launcher = launcher or Launcher()
+        launched = launcher.run(rank_main, world, (graph_source(first), list(configs), device_kind),
+                                backend=first.backend, timeout_s=first.timeout_s * len(configs),
+                                threads_per_rank=first.threads_per_rank)
+        results = launched.values[0]
     except RankFailure:
         return None
     wall_s = (time.perf_counter() - start) / len(configs)
@@ -263,7 +268,7 @@ def _run_batch(configs) -> list[dict] | None:
         device = torch.cuda.get_device_name(0)
     out = []
     for config, result in zip(configs, results):
-        record = build_record(config, result, wall_s, device, **local_placement(world))
+        record = build_record(config, result, wall_s, device, **placement_fields(launched, launcher.ranks_per_node))
         record["batched"] = len(configs)
         out.append(record)
     return out

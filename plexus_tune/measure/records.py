@@ -235,6 +235,7 @@ class RunRecord(_Record):
     cluster: dict | None = _f(None, doc="cluster description (kind, nodes, ranks_per_node, link settings, emulated or real); None: one host")
     rank_nodes: list | None = _f(None, doc="node index of each rank (rank order)")
     hosts: list | None = _f(None, doc="host name of each node index")
+    placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")

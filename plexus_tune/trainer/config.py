@@ -44,6 +44,8 @@ class TrainConfig:
     machine: str | None = None
     timeout_s: float = 1800.0
     threads_per_rank: int | None = None
+    launcher: str = "local"
+    cluster: dict | None = None
     extra: dict = field(default_factory=dict)
 
     def options(self) -> dict:

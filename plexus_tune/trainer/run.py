@@ -166,7 +166,8 @@ def summarize_timers(timers, warmup: int) -> dict:
     return out
 
 
-def config_fields(config: TrainConfig, *, launcher: str = "local", rank_nodes=None, hosts=None) -> dict:
+def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
+                  placement_ok=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
 
     ``run_identity(config_fields(config))`` is the identity the run's record will have
@@ -179,10 +180,11 @@ def config_fields(config: TrainConfig, *, launcher: str = "local", rank_nodes=No
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
-        "launcher": launcher,
-        "cluster": getattr(config, "cluster", None),
+        "launcher": launcher or config.launcher,
+        "cluster": config.cluster,
         "rank_nodes": rank_nodes,
         "hosts": hosts,
+        "placement_ok": placement_ok,
         "comm_precision": getattr(config, "comm_precision", None) or "fp32",
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
@@ -196,14 +198,16 @@ def config_fields(config: TrainConfig, *, launcher: str = "local", rank_nodes=No
     }
 
 
-def base_record(config: TrainConfig, *, launcher: str = "local", rank_nodes=None, hosts=None) -> dict:
+def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
+                placement_ok=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
     from plexus_tune.measure.store import environment_info, now_utc
 
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
-                       **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts))
+                       **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
+                                     placement_ok=placement_ok))
     return record.to_dict()
 
 
@@ -251,9 +255,17 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
     return record.to_dict()
 
 
-def local_placement(world: int) -> dict:
-    """``launcher``, ``rank_nodes`` and ``hosts`` of ranks started on this host."""
-    return {"launcher": "local", "rank_nodes": [0] * int(world), "hosts": [platform.node()]}
+def placement_fields(launched, ranks_per_node: int | None) -> dict:
+    """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks."""
+    from plexus_tune.launch.launchers import check_placement
+
+    world = len(launched.values)
+    checked = check_placement(launched.placement, ranks_per_node or world)
+    hosts: dict = {}
+    for node, host in zip(checked["rank_nodes"], checked["rank_hosts"]):
+        hosts.setdefault(node, host)
+    return {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
+            "placement_ok": checked["placement_ok"]}
 
 
 def _append(config: TrainConfig, record: dict) -> None:
@@ -263,24 +275,30 @@ def _append(config: TrainConfig, record: dict) -> None:
         append_records(config.log, [record])
 
 
-def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict | None:
+def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None) -> dict | None:
     """Train one configuration and return its record (appended to ``config.log`` if set).
 
-    Run by hand it starts ``prod(grid)`` local processes; under torchrun or srun this
+    Run by hand it starts ``prod(grid)`` ranks with ``launcher`` (default: local processes;
+    see :mod:`plexus_tune.launch.launchers`); under torchrun or srun this
     process is one rank and only rank 0 returns the record (others return None). A
     failing rank stops the run; the failed-run record is logged and
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
-    from plexus_tune.launch import RankFailure, detect_environment, launch_local, run_in_environment
+    from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
+    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
 
     env = detect_environment()
+    if env is None:
+        launcher = launcher or Launcher()
+        launcher.check(int(np.prod(config.grid)))
+        config = replace(config, launcher=launcher.name, cluster=launcher.cluster())
     validate(config, env.world_size if env else None)
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
     world = int(np.prod(config.grid))
-    where = local_placement(world) if env is None else {"launcher": env.source}
+    where = {} if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
         if env is not None:
@@ -290,10 +308,11 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True) -> dict 
             if env.rank != 0:
                 return None
         else:
-            results = launch_local(rank_main, world, args=(source, [config], device_kind),
-                                   backend=config.backend, timeout_s=config.timeout_s,
-                                   threads_per_rank=config.threads_per_rank,
-                                   preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+            launched = launcher.run(rank_main, world, (source, [config], device_kind), backend=config.backend,
+                                    timeout_s=config.timeout_s, threads_per_rank=config.threads_per_rank,
+                                    preload=("torch._dynamo", "plexus_tune.trainer.engine"))
+            results = launched.values[0]
+            where = placement_fields(launched, launcher.ranks_per_node)
     except RankFailure as exc:
         record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
                          reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
