@@ -345,3 +345,28 @@ def test_fit_rejects_bad_arguments():
         fit_collectives(df, gpus_per_node=0)
     with pytest.raises(UserError, match="missing column 'stride'"):
         fit_collectives(df.drop(columns="stride"), table=True)
+
+
+def test_per_span_fits_only_what_a_key_was_timed_at():
+    truth = Network.from_dict(TRUTH, N)
+    df = synthetic(network_times(truth), seed=0, noise=0.0)
+    small = (df["op"] == "all_gather") & (df["group_size"] == 16)  # latency-bound below 1 MiB
+    large = (df["op"] == "reduce_scatter") & (df["group_size"] == 8) & (df["stride"] == 1)
+    df = df[~(small & (df["message_bytes"] > 2**18)) & ~(large & (df["message_bytes"] < 2**24))].reset_index(drop=True)
+    small = (df["op"] == "all_gather") & (df["group_size"] == 16)
+    large = (df["op"] == "reduce_scatter") & (df["group_size"] == 8) & (df["stride"] == 1)
+    slow_latency = Network.from_dict({**TRUTH, "alpha_inter_us": 1.5 * TRUTH["alpha_inter_us"]}, N)
+    slow_bandwidth = Network.from_dict({**TRUTH, "beta_inter_gbps": TRUTH["beta_inter_gbps"] / 1.2}, N)
+    df.loc[small, "time_ms"] = network_times(slow_latency)(df[small])
+    df.loc[large, "time_ms"] = network_times(slow_bandwidth)(df[large])
+    model = fit_collectives(df, n_splits=0, form="per-span", sharing=True)
+    entries = {(e["op"], e["group"], e["nodes"]): e for e in model.network.entries}
+    net = model.network
+    e = entries[("all_gather", 16, 4)]  # timed at 64..256 KiB: alpha fitted, the tier's beta kept
+    assert e["beta_gbps"] == pytest.approx(net.beta_inter_gbps, rel=1e-12)
+    assert e["alpha_us"] == pytest.approx(1.5 * TRUTH["alpha_inter_us"], rel=0.02)
+    e = entries[("reduce_scatter", 8, 2)]  # timed at 16..64 MiB: beta fitted, the tier's alpha kept
+    assert e["alpha_us"] == pytest.approx(net.alpha_inter_us, rel=1e-12)
+    assert e["beta_gbps"] == pytest.approx(TRUTH["beta_inter_gbps"] / 1.2, rel=0.03)
+    e = entries[("all_gather", 8, 2)]  # timed on both sides of its crossover: both fitted
+    assert (e["alpha_us"], e["beta_gbps"]) == pytest.approx((TRUTH["alpha_inter_us"], TRUTH["beta_inter_gbps"]), rel=1e-6)

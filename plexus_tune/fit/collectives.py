@@ -212,27 +212,38 @@ def _nnls2(suu, suv, svv, su, sv, n):
 
 
 def _fit_per_span(rows: _Rows, idx: np.ndarray, tiers: dict, sharing: bool, by_stride: bool) -> tuple:
-    """alpha and 1/beta per (op, group size, nodes spanned[, stride]) by NNLS on relative error;
-    a key measured at one message size keeps its tier's alpha and fits beta only."""
+    """alpha and 1/beta per (op, group size, nodes spanned[, stride]) by NNLS on relative error.
+
+    Both are kept where the key's timings straddle the size at which the fitted latency and
+    bandwidth terms are equal; a key timed only below it keeps its tier's beta and fits alpha,
+    one timed only above it keeps its tier's alpha and fits beta (an unconstrained parameter
+    would be extrapolated from noise).
+    """
     op, g, place = rows.op[idx], rows.g[idx], rows.place[idx]
-    y, msgs = rows.y[idx], rows.messages[idx]
+    y, msgs, m_bytes = rows.y[idx], rows.messages[idx], rows.m_bytes[idx]
     steps, factor = ring_terms(op, g)
     s = np.where(place.nodes > 1, place.concurrent if sharing else 1, 1).astype(np.float64)
     u = 1e-3 * steps * msgs / y
-    v = 1e-6 * factor * rows.m_bytes[idx] * s / y
+    v = 1e-6 * factor * m_bytes * s / y
     cols = [_op_codes(op), g, place.nodes] + ([place.stride] if by_stride else [])
     keys, codes = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
     codes = codes.ravel()
     n_keys = len(keys)
     suu, suv, svv, su, sv, n = _group_sums(codes, n_keys, u * u, u * v, v * v, u, v, np.ones(len(u)))
-    sizes = np.bincount(np.unique(np.stack([codes, rows.size[idx]], axis=1), axis=0)[:, 0], minlength=n_keys)
     a, b = _nnls2(suu, suv, svv, su, sv, n)
-    tier_alpha = np.where(keys[:, 2] > 1, tiers["alpha_inter_us"], tiers["alpha_intra_us"])
+    # where each row's latency term (a u) is at least its bandwidth term (b v), per the key's own fit
+    latency_bound = a[codes] * u >= b[codes] * v
+    n_lat = np.bincount(codes, weights=latency_bound.astype(np.float64), minlength=n_keys)
+    key_inter = keys[:, 2] > 1
+    ka = np.where(key_inter, tiers["alpha_inter_us"], tiers["alpha_intra_us"])
+    kb = 1.0 / np.where(key_inter, tiers["beta_inter_gbps"], tiers["beta_intra_gbps"])
     with np.errstate(divide="ignore", invalid="ignore"):
-        b_fixed = np.maximum((sv - tier_alpha * suv) / svv, 0.0)
-    one_size = sizes < 2
-    a = np.where(one_size, tier_alpha, a)
-    b = np.where(one_size, b_fixed, b)
+        a_only = np.maximum((su - kb * suv) / suu, 0.0)  # beta kept from the tier
+        b_only = np.maximum((sv - ka * suv) / svv, 0.0)  # alpha kept from the tier
+    both = (n_lat > 0) & (n_lat < n)
+    latency_only = ~both & (n_lat > 0)
+    a = np.where(both, a, np.where(latency_only, a_only, ka))
+    b = np.where(both, b, np.where(latency_only, kb, b_only))
     entries = []
     for key, alpha, inv in zip(keys, a, b):
         entries.append({"op": COLLECTIVE_OPS[int(key[0])], "group": int(key[1]), "nodes": int(key[2]),
