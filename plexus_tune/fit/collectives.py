@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, regression_scores, repeated_split_scores, single_threaded_blas
+from plexus_tune.fit.scoring import (
+    DEFAULT_SPLITS,
+    regression_scores,
+    repeated_split_scores,
+    single_threaded_blas,
+)
 from plexus_tune.fit.solvers import nnls_relative
 from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, check_frame, pd_numeric
 from plexus_tune.model.collectives import (  # noqa: F401  (ring_terms, bus_bandwidth_gbps: re-exported)
@@ -328,7 +333,7 @@ def _sizes_out(fitter: _Fitter, cand: _Candidate) -> dict:
             continue
         network, _ = fitter.fit(cand, train)
         pred[test] = rows.predict(network, test)
-        size_bytes = int(round(float(np.median(rows.m_bytes[test]))))
+        size_bytes = round(float(np.median(rows.m_bytes[test])))
         by_size[str(size_bytes)] = regression_scores(rows.y[test], pred[test])["mape"]
     done = np.isfinite(pred)
     scores = regression_scores(rows.y[done], pred[done])
