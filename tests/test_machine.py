@@ -84,6 +84,21 @@ def test_table_first_match_ops_and_fallback():
     assert effective_beta_gbps(m, "all_reduce", 2, 4) == 40 / 4  # no entry: inter formula
 
 
+def test_profile_chooses_the_collective_form():
+    m = Machine.from_dict(minimal_profile())
+    assert m.network.form == "two-tier" and m.network.sharing and m.collectives["form"] == "two-tier"
+    data = minimal_profile()
+    data["collectives"].update(form="hierarchical", sharing=False)
+    h = Machine.from_dict(data)
+    assert h.network.form == "hierarchical" and not h.network.sharing
+    # 8 ranks over 2 nodes of 4: 2 x 3 intra steps, 2 x 1 inter step, 1.5 M at 100 GB/s, 1.0 M at 40 GB/s
+    M = 1e6
+    assert collective_time_ms(h, "all_reduce", 8, 1, M) == pytest.approx(6 * 10e-3 + 2 * 20e-3 + 1.5 * M / 100e9 * 1e3 + M / 40e9 * 1e3)
+    data["collectives"]["form"] = "ring"
+    with pytest.raises(UserError, match="collectives.form"):
+        Machine.from_dict(data)
+
+
 def test_collective_formulas_by_hand():
     m = Machine.from_dict(minimal_profile())
     M = 1e6

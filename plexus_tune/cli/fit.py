@@ -9,8 +9,8 @@ def register(subparsers) -> None:
         "fit",
         help="fit a machine profile from SpMM, collective and trainer-run logs",
         description="Fit the SpMM model (every kind scored on repeated random 70/30 splits; --kind auto "
-        "keeps the lowest held-out MAPE), the collectives' alpha/beta per tier (and a bus bandwidth "
-        "per op, stride and group size), GEMM throughput, and, from trainer runs, the epoch-level "
+        "keeps the lowest held-out MAPE), the collective network model (every form scored on the same "
+        "splits and by leaving each message size out; auto keeps the lowest leave-sizes-out MAPE), GEMM throughput, and, from trainer runs, the epoch-level "
         "scale factors and overhead; write the profile with provenance and scores.",
     )
     parser.add_argument("--spmm", required=True, nargs="+", metavar="FILE", help="SpMM logs (calibrate spmm) or CSV with nnz,rows,common,dense_cols,time_ms")
@@ -23,10 +23,12 @@ def register(subparsers) -> None:
     parser.add_argument("--splits", type=int, default=1000, help="random 70/30 splits for the scores (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
+    parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
+                        help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
     parser.add_argument("--host-cores", type=int, default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
                         "gloo collective logs; none for NCCL); 0: do not model time-sharing. Collective timings are divided by the "
                         "oversubscription they ran under and predictions multiply it back")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest world size of the collective logs")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
     parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
     parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
     parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
@@ -121,22 +123,28 @@ def run(args) -> int:
         coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
         console.print(f"collective timings divided by the oversubscription they ran under ({host_cores} cores): x{stretch.min():.3g} to x{stretch.max():.3g}")
 
-    # collectives
-    coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=not args.no_table and "stride" in coll_df)
-    plain = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, table=False) if coll.table else coll
-    table_kept = bool(coll.table) and _no_worse(coll.scores, plain.scores)
-    ctable = Table(title=f"collectives on {coll.n_samples} measurements")
-    for col in ("model", "alpha intra us", "beta intra GB/s", "test R^2", "test MAPE %"):
+    # collectives: every form scored; the profile's network model is the chosen one
+    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
+    logged_gpn = np.nanmax(fitting.pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
+    gpn = int(args.gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
+    coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, form=args.collective_form,
+                                   table=not args.no_table and "stride" in coll_df, gpus_per_node=gpn)
+    ctable = Table(title=f"collective models on {coll.n_samples} measurements: {args.splits} random 70/30 splits and each "
+                   f"message size left out (means; * chosen)")
+    for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %"):
         ctable.add_column(col, justify="left" if col == "model" else "right")
-    intra = coll.tiers.get("intra") or coll.tiers.get("inter")
-    ctable.add_row("ring alpha-beta", _fmt(intra["alpha_us"]), _fmt(intra["beta_gbps"]), _fmt(plain.scores.get("test_r2")), _fmt(plain.scores.get("test_mape"), True))
-    if coll.table:
-        mark = "kept" if table_kept else "dropped: held-out R^2 or MAPE worse"
-        ctable.add_row(f"+ table ({len(coll.table)} betas, {mark})", _fmt(intra["alpha_us"]), "per entry", _fmt(coll.scores.get("test_r2")), _fmt(coll.scores.get("test_mape"), True))
+    for name, sc in coll.all_scores.items():
+        ctable.add_row(name + (" *" if name == coll.name else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
+                       _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True))
     console.print(ctable)
-    table_scores = coll.scores if coll.table else None
-    if coll.table and not table_kept:
-        coll = plain
+    net = coll.network
+    console.print(f"collectives: {coll.name}; alpha {net.alpha_intra_us:.4g} / {net.alpha_inter_us:.4g} us, beta "
+                  f"{net.beta_intra_gbps:.4g} / {net.beta_inter_gbps:.4g} GB/s (intra / inter)"
+                  + (f"; {len(coll.table)} table entries" if coll.table else "")
+                  + (f"; {len(net.entries)} per-span entries" if coll.form == "per-span" else ""))
+    if coll.placement_mismatches:
+        console.print(f"warning: {coll.placement_mismatches} collective timings span other node counts than groups of their "
+                      f"stride on nodes of {gpn} GPUs; the model places them as predictions do")
 
     # GEMM
     gemm = None
@@ -149,8 +157,6 @@ def run(args) -> int:
     else:
         raise UserError("no GEMM measurements found; run 'plexus-tune calibrate spmm --graph ...' or give --gemm-tflops")
 
-    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
-    gpn = int(args.gpus_per_node or world)
     if args.device_memory_gib:
         mem = float(args.device_memory_gib)
     else:
@@ -172,12 +178,14 @@ def run(args) -> int:
         profile["host_cores"] = int(host_cores)
         profile["threads_per_rank"] = 1
     provenance = {
-        "gpus_per_node": "--gpus-per-node" if args.gpus_per_node else f"largest world size in the collective logs ({world})",
+        "gpus_per_node": "--gpus-per-node" if args.gpus_per_node else (f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn) else f"largest world size in the collective logs ({world})"),
         "device_memory_gib": "--device-memory-gib" if args.device_memory_gib else "host memory / gpus_per_node",
         "gemm_tflops": f"fit_gemm on {len(gemm_df)} GEMM timings" if gemm else "--gemm-tflops",
         "elementwise_gbps": f"starting value {args.elementwise_gbps} GB/s",
         "spmm": f"fit_spmm kind {spmm.kind} (chosen {'by lowest held-out MAPE' if args.kind == 'auto' else 'by --kind'}) on {len(spmm_df)} SpMM timings",
-        "collectives": f"fit_collectives (ring alpha-beta per tier, relative least squares) on {coll.n_samples} timings"
+        "collectives": f"fit_collectives form {coll.name} ("
+        + (f"lowest {coll.selected_by} of {len(coll.all_scores)} candidates" if coll.selected_by else "--collective-form")
+        + f"; relative least squares) on {coll.n_samples} timings"
         + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
         + ("; times divided by the oversubscription of each calibration run" if np.any(stretch > 1) else ""),
     }
@@ -196,7 +204,9 @@ def run(args) -> int:
         "splits": args.splits,
         "seed": args.seed,
         "spmm": {"chosen": spmm.kind, "samples": len(spmm_df), "scores": spmm.all_scores},
-        "collectives": {"tiers": coll.tiers, "scores_formula": plain.scores, "scores_with_table": table_scores, "table_kept": bool(coll.table), "table_rule": "kept only if neither held-out R^2 nor MAPE is worse than the formula's"},
+        "collectives": {"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
+                        "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
+                        "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"},
         "gemm": {"tflops": gemm.tflops, "overhead_ms": gemm.overhead_ms, "scores": gemm.scores} if gemm else None,
     }
     Machine.from_dict(profile, source=args.out)  # validates before any epoch fit
@@ -234,6 +244,7 @@ def run(args) -> int:
 
 
 def _no_worse(scores: dict, baseline: dict) -> bool:
-    """Held-out R^2 no lower and held-out MAPE no higher than the baseline's."""
-    inf = float("inf")
-    return scores.get("test_r2", -inf) >= baseline.get("test_r2", -inf) - 1e-6 and scores.get("test_mape", inf) <= baseline.get("test_mape", inf) + 1e-6
+    """Held-out R^2 no lower and held-out MAPE no higher than the baseline's (the bandwidth table rule)."""
+    from plexus_tune.fit.collectives import no_worse
+
+    return no_worse(scores, baseline)

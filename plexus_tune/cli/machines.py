@@ -95,8 +95,13 @@ def run(args) -> int:
             ("elementwise_gbps", machine.elementwise_gbps),
             ("spmm", _spmm_text(machine.spmm)),
         ]
+        coll = machine.collectives
+        rows.append(("collectives.form", f"{coll['form']}, {'NIC shared by min(n, stride) groups' if coll['sharing'] else 'no sharing'}"))
         for key in ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"):
-            rows.append((f"collectives.{key}", machine.collectives[key]))
+            rows.append((f"collectives.{key}", coll[key]))
+        if coll.get("per_span"):
+            rows.append(("collectives.per_span", f"{len(coll['per_span'])} entries (alpha, beta per op, group size, nodes spanned"
+                         + (", stride)" if any(e["stride"] is not None for e in coll["per_span"]) else ")")))
         table_raw = machine.raw["collectives"].get("bandwidth_table")
         if table_raw:
             rows.append(("collectives.bandwidth_table", "; ".join(

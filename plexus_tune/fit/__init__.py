@@ -40,12 +40,14 @@ from plexus_tune.fit.spmm import (  # noqa: F401
 from plexus_tune.fit.collectives import (  # noqa: F401
     COLLECTIVE_COLUMNS,
     COLLECTIVE_OPS,
+    COLLECTIVE_FORMS,
     ring_terms,
     bus_bandwidth_gbps,
     CollectiveModel,
     MAX_BETA_GBPS,
     collective_time_sharing,
     fit_collectives,
+    no_worse,
 )
 from plexus_tune.fit.gemm import (  # noqa: F401
     GEMM_COLUMNS,

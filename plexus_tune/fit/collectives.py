@@ -1,125 +1,406 @@
-"""Fit the collective-communication model from timings."""
+"""Fit the collective-communication model from timings.
+
+The fit estimates the parameters of the network models that ``predict`` evaluates
+(:mod:`plexus_tune.model.collectives`): every form is linear in (alpha_intra, alpha_inter,
+1 / beta_intra, 1 / beta_inter) given its ring terms, so its parameters come from
+non-negative least squares on relative error, and predictions (here and in a profile)
+call the same ``Network`` (docs/model.md, "Collectives").
+
+Each candidate form is scored on held-out data two ways: repeated random 70/30 splits of
+the rows, and leave-whole-message-sizes-out (for each distinct message size, fit on the
+other sizes and predict it; MAPE over all rows). ``form="auto"`` keeps the candidate
+with the lowest leave-sizes-out MAPE (random-split MAPE when fewer than 3 sizes were
+measured); a more complex candidate must beat a simpler one by more than 1e-6 points.
+"""
 
 from __future__ import annotations
+
+import math
 from dataclasses import dataclass, field
+
 import numpy as np
+
 from plexus_tune.errors import UserError
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, repeated_split_scores
+from plexus_tune.fit.scoring import (
+    DEFAULT_SPLITS,
+    regression_scores,
+    repeated_split_scores,
+    single_threaded_blas,
+)
 from plexus_tune.fit.solvers import nnls_relative
-from plexus_tune.fit.tables import check_frame, pd_numeric
+from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, check_frame, pd_numeric
+from plexus_tune.model.collectives import (  # noqa: F401  (ring_terms, bus_bandwidth_gbps: re-exported)
+    COLLECTIVE_OPS,
+    FORMS,
+    HierarchicalNetwork,
+    Network,
+    PerSpanNetwork,
+    Placement,
+    TwoTierNetwork,
+    bus_bandwidth_gbps,
+    hierarchical_terms,
+    op_array,
+    placement,
+    ring_terms,
+    two_tier_terms,
+)
+from plexus_tune.model.machine import time_sharing_factor
+
+#: bandwidth reported when the bandwidth term fits to zero (latency-bound data only)
+MAX_BETA_GBPS = 1e4
+#: message sizes within this ratio of the smallest of a run are one size (buffers are rounded
+#: to whole elements per rank, so the sizes of one nominal size differ slightly by op and group)
+SIZE_RATIO = 1.05
+#: a more complex candidate must lower the deciding held-out MAPE by more than this (points)
+MIN_GAIN = 1e-6
+COLLECTIVE_FORMS = ("auto", *FORMS)
+NO_INTER_NOTE = "no inter-node measurements: inter-node values copy the intra-node fit"
 
 
-COLLECTIVE_COLUMNS = ("op", "group_size", "nodes", "message_bytes", "time_ms")
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-# --------------------------------------------------------------------------- collectives
+# --------------------------------------------------------------------------- inputs
 
 
-def ring_terms(op, group_size) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, factor) of the ring formula per row: all-reduce 2(g-1), 2(g-1)/g; others g-1, (g-1)/g."""
-    op = np.asarray(op)
-    g = np.asarray(group_size, dtype=np.float64)
-    bad = ~np.isin(op, COLLECTIVE_OPS)
-    if np.any(bad):
-        raise UserError(f"unknown collective op {str(op[bad][0])!r}; expected one of {', '.join(COLLECTIVE_OPS)}")
-    mult = np.where(op == "all_reduce", 2.0, 1.0)
-    return mult * (g - 1.0), mult * (g - 1.0) / g
+def nodes_column(df) -> np.ndarray:
+    """Nodes each measured group spans: column ``nodes_spanned`` where logged, else ``nodes``."""
+    return np.asarray(df["nodes_spanned"] if "nodes_spanned" in df else df["nodes"], dtype=np.float64)
 
 
-def bus_bandwidth_gbps(op, group_size, message_bytes, time_ms) -> tuple[np.ndarray, np.ndarray]:
-    """(algbw, busbw) in GB/s with nccl-tests conventions: algbw = M / t, busbw = algbw * factor."""
-    _, factor = ring_terms(op, group_size)
-    algbw = np.asarray(message_bytes, dtype=np.float64) / (np.asarray(time_ms, dtype=np.float64) * 1e-3) / 1e9
-    return algbw, algbw * factor
+def _stride_column(df) -> np.ndarray | None:
+    if "stride" not in df:
+        return None
+    stride = pd_numeric(df["stride"], np.nan)
+    return stride.astype(np.int64) if np.all(np.isfinite(stride) & (stride >= 1)) else None
+
+
+def frame_placement(df, gpus_per_node: int | None) -> tuple[Placement, int]:
+    """:class:`Placement` of every row, and how many rows' logged nodes disagree with it.
+
+    With a ``stride`` column and ``gpus_per_node``: placed as ``predict`` places that shape
+    (:func:`~plexus_tune.model.collectives.placement`). Otherwise: k = the nodes column,
+    r = column ``ranks_per_node`` or ceil(g / k), s = column ``concurrent`` or, across
+    nodes, n // r (1 when n is unknown).
+    """
+    g = np.asarray(df["group_size"], dtype=np.float64).astype(np.int64)
+    nodes = nodes_column(df).astype(np.int64)
+    stride = _stride_column(df)
+    if stride is not None and gpus_per_node is not None:
+        place = placement(g, stride, gpus_per_node)
+        return place, int(np.sum((place.nodes != nodes) & (g > 1)))
+    k = np.maximum(nodes, 1)
+    r = pd_numeric(df["ranks_per_node"], np.nan) if "ranks_per_node" in df else np.full(len(g), np.nan)
+    r = np.where(np.isfinite(r), r, -(-g // k)).astype(np.int64)
+    c = pd_numeric(df["concurrent"], np.nan) if "concurrent" in df else np.full(len(g), np.nan)
+    guess = np.maximum(1, int(gpus_per_node) // r) if gpus_per_node is not None else np.ones(len(g), dtype=np.int64)
+    c = np.where(np.isfinite(c), c, np.where(k > 1, guess, 1)).astype(np.int64)
+    return Placement(nodes=k, ranks_per_node=r, concurrent=c, stride=stride), 0
+
+
+def size_groups(message_bytes) -> np.ndarray:
+    """Index of each row's message size, sizes within :data:`SIZE_RATIO` of a group's smallest joined."""
+    m = np.asarray(message_bytes, dtype=np.float64)
+    values = np.unique(m)
+    ids = np.zeros(len(values), dtype=np.int64)
+    start = values[0] if len(values) else 0.0
+    for i, v in enumerate(values[1:], 1):
+        if v > start * SIZE_RATIO:
+            start = v
+            ids[i] = ids[i - 1] + 1
+        else:
+            ids[i] = ids[i - 1]
+    return ids[np.searchsorted(values, m)]
+
+
+@dataclass
+class _Rows:
+    op: np.ndarray
+    g: np.ndarray
+    place: Placement
+    m_bytes: np.ndarray
+    messages: np.ndarray
+    y: np.ndarray
+    size: np.ndarray
+    gpus_per_node: int | None
+
+    def predict(self, network: Network, idx) -> np.ndarray:
+        return network.placed_time_ms(self.op[idx], self.g[idx], self.place[idx], self.m_bytes[idx], self.messages[idx])
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    form: str
+    sharing: bool
+    table: bool = False
+    by_stride: bool = False
+
+
+def _terms_matrix(rows: _Rows, form: str, sharing: bool) -> np.ndarray:
+    """Columns for (alpha_intra_us, alpha_inter_us, 1/beta_intra_gbps, 1/beta_inter_gbps) in ms."""
+    fn = hierarchical_terms if form == "hierarchical" else two_tier_terms
+    t = fn(rows.op, rows.g, rows.place, rows.m_bytes, rows.messages, sharing)
+    return np.stack([1e-3 * t.lat_intra, 1e-3 * t.lat_inter, 1e-6 * t.bytes_intra, 1e-6 * t.bytes_inter], axis=1)
+
+
+def _inverse_beta(w: float) -> float:
+    return 1.0 / max(float(w), 1.0 / MAX_BETA_GBPS)
+
+
+def _fit_tiers(X: np.ndarray, y: np.ndarray) -> tuple[dict, dict]:
+    """Tier parameters by NNLS on relative error, and rows per tier; a tier without rows copies the other."""
+    w = nnls_relative(X, y)
+    samples = {"intra": int(np.sum(np.any(X[:, [0, 2]] != 0, axis=1))), "inter": int(np.sum(np.any(X[:, [1, 3]] != 0, axis=1)))}
+    intra = (float(w[0]), _inverse_beta(w[2]))
+    inter = (float(w[1]), _inverse_beta(w[3]))
+    if not samples["inter"]:
+        inter = intra
+    if not samples["intra"]:
+        intra = inter
+    tiers = {"alpha_intra_us": intra[0], "beta_intra_gbps": intra[1], "alpha_inter_us": inter[0], "beta_inter_gbps": inter[1]}
+    return tiers, samples
+
+
+def _op_codes(op: np.ndarray) -> np.ndarray:
+    """Index of each op in COLLECTIVE_OPS."""
+    codes = np.zeros(op.shape, dtype=np.int64)
+    for i, name in enumerate(COLLECTIVE_OPS):
+        codes[op == name] = i
+    return codes
+
+
+def _group_sums(codes: np.ndarray, n_keys: int, *columns) -> list[np.ndarray]:
+    return [np.bincount(codes, weights=c, minlength=n_keys) for c in columns]
+
+
+def _fit_table(rows: _Rows, idx: np.ndarray, alpha_intra_us: float) -> tuple:
+    """One bus bandwidth per intra-node (op, stride, group size) with >= 2 rows, alpha kept:
+    least relative error of t - steps alpha = factor M / beta."""
+    sel = idx[rows.place.nodes[idx] <= 1]
+    if rows.place.stride is None or not len(sel):
+        return ()
+    op, g, p = rows.op[sel], rows.g[sel], rows.place.stride[sel]
+    steps, factor = ring_terms(op, g)
+    y = rows.y[sel]
+    a = factor * rows.m_bytes[sel] * 1e-6 / y
+    b = 1.0 - steps * rows.messages[sel] * alpha_intra_us * 1e-3 / y
+    keys, codes = np.unique(np.stack([_op_codes(op), p, g], axis=1), axis=0, return_inverse=True)
+    codes = codes.ravel()
+    ab, aa, count = _group_sums(codes, len(keys), a * b, a * a, np.ones(len(a)))
+    entries = []
+    for (o, ps, gs), num, den, c in zip(keys, ab, aa, count):
+        if c >= 2:
+            inv = max(num / den, 1.0 / MAX_BETA_GBPS)
+            entries.append({"stride": (int(ps), int(ps)), "group": (int(gs), int(gs)), "beta_gbps": float(1.0 / inv),
+                            "ops": (COLLECTIVE_OPS[o],)})
+    return tuple(entries)
+
+
+def _nnls2(suu, suv, svv, su, sv, n):
+    """Per key, non-negative (a, b) minimising sum (a u + b v - 1)^2 from the sums (vectorized)."""
+    det = suu * svv - suv**2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = (su * svv - sv * suv) / det
+        b = (sv * suu - su * suv) / det
+        ok = (det > 1e-12 * suu * svv) & (a >= 0) & (b >= 0)
+        a0, b0 = np.zeros_like(su), np.where(svv > 0, np.maximum(sv / svv, 0.0), 0.0)   # a = 0
+        a1, b1 = np.where(suu > 0, np.maximum(su / suu, 0.0), 0.0), np.zeros_like(sv)   # b = 0
+
+    def sse(x, z):
+        return x * x * suu + 2 * x * z * suv + z * z * svv - 2 * x * su - 2 * z * sv + n
+
+    first = sse(a0, b0) <= sse(a1, b1)
+    a = np.where(ok, a, np.where(first, a0, a1))
+    b = np.where(ok, b, np.where(first, b0, b1))
+    return a, b
+
+
+def _fit_per_span(rows: _Rows, idx: np.ndarray, tiers: dict, sharing: bool, by_stride: bool) -> tuple:
+    """alpha and 1/beta per (op, group size, nodes spanned[, stride]) by NNLS on relative error.
+
+    Both are kept where the key's timings straddle the size at which the fitted latency and
+    bandwidth terms are equal; a key timed only below it keeps its tier's beta and fits alpha,
+    one timed only above it keeps its tier's alpha and fits beta (an unconstrained parameter
+    would be extrapolated from noise).
+    """
+    op, g, place = rows.op[idx], rows.g[idx], rows.place[idx]
+    y, msgs, m_bytes = rows.y[idx], rows.messages[idx], rows.m_bytes[idx]
+    steps, factor = ring_terms(op, g)
+    s = np.where(place.nodes > 1, place.concurrent if sharing else 1, 1).astype(np.float64)
+    u = 1e-3 * steps * msgs / y
+    v = 1e-6 * factor * m_bytes * s / y
+    cols = [_op_codes(op), g, place.nodes] + ([place.stride] if by_stride else [])
+    keys, codes = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    codes = codes.ravel()
+    n_keys = len(keys)
+    suu, suv, svv, su, sv, n = _group_sums(codes, n_keys, u * u, u * v, v * v, u, v, np.ones(len(u)))
+    a, b = _nnls2(suu, suv, svv, su, sv, n)
+    # where each row's latency term (a u) is at least its bandwidth term (b v), per the key's own fit
+    latency_bound = a[codes] * u >= b[codes] * v
+    n_lat = np.bincount(codes, weights=latency_bound.astype(np.float64), minlength=n_keys)
+    key_inter = keys[:, 2] > 1
+    ka = np.where(key_inter, tiers["alpha_inter_us"], tiers["alpha_intra_us"])
+    kb = 1.0 / np.where(key_inter, tiers["beta_inter_gbps"], tiers["beta_intra_gbps"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_only = np.maximum((su - kb * suv) / suu, 0.0)  # beta kept from the tier
+        b_only = np.maximum((sv - ka * suv) / svv, 0.0)  # alpha kept from the tier
+    both = (n_lat > 0) & (n_lat < n)
+    latency_only = ~both & (n_lat > 0)
+    a = np.where(both, a, np.where(latency_only, a_only, ka))
+    b = np.where(both, b, np.where(latency_only, kb, b_only))
+    entries = []
+    for key, alpha, inv in zip(keys, a, b):
+        entries.append({"op": COLLECTIVE_OPS[int(key[0])], "group": int(key[1]), "nodes": int(key[2]),
+                        "stride": int(key[3]) if by_stride else None, "alpha_us": float(alpha), "beta_gbps": _inverse_beta(inv)})
+    return tuple(entries)
+
+
+class _Fitter:
+    """Fits a candidate on a subset of rows; term matrices are computed once."""
+
+    def __init__(self, rows: _Rows):
+        self.rows = rows
+        self._X: dict = {}
+
+    def X(self, form: str, sharing: bool) -> np.ndarray:
+        key = ("hierarchical" if form == "hierarchical" else "two-tier", sharing)
+        if key not in self._X:
+            self._X[key] = _terms_matrix(self.rows, *key)
+        return self._X[key]
+
+    def fit(self, cand: _Candidate, idx: np.ndarray) -> tuple[Network, dict]:
+        rows = self.rows
+        tiers, samples = _fit_tiers(self.X(cand.form, cand.sharing)[idx], rows.y[idx])
+        common = dict(gpus_per_node=rows.gpus_per_node, sharing=cand.sharing, **tiers)
+        if cand.form == "hierarchical":
+            return HierarchicalNetwork(**common), samples
+        table = _fit_table(rows, idx, tiers["alpha_intra_us"]) if cand.table else ()
+        if cand.form == "per-span":
+            entries = _fit_per_span(rows, idx, tiers, cand.sharing, cand.by_stride)
+            return PerSpanNetwork(**common, bandwidth_table=table, entries=entries), samples
+        return TwoTierNetwork(**common, bandwidth_table=table), samples
+
+
+def _candidates(rows: _Rows, form: str, table: bool, sharing: bool | None) -> tuple[list[_Candidate], dict]:
+    """Candidates in order of complexity, and the variants left out because they predict the same."""
+    place = rows.place
+    crossing = place.nodes > 1
+    shared = bool(np.any(crossing & (place.concurrent > 1)))
+    same_as = {}
+    if sharing is None:
+        variants = [True, False] if shared else [True]
+        if not shared:
+            same_as.update({f"{f}/no-sharing": f for f in FORMS})
+    else:
+        variants = [bool(sharing)]
+
+    def name(f, s):
+        return f if s else f"{f}/no-sharing"
+
+    out = []
+    forms = FORMS if form == "auto" else (form,)
+    for f in forms:
+        for s in variants:
+            out.append(_Candidate(name(f, s), f, s))
+            if f == "two-tier" and table:
+                out.append(_Candidate(name(f, s) + "+table", f, s, table=True))
+    if "per-span" in forms and place.stride is not None:
+        keys = np.unique(np.stack([_op_codes(rows.op), rows.g, place.nodes, place.stride], axis=1), axis=0)
+        if len(np.unique(keys[:, :3], axis=0)) < len(keys):  # some (op, g, k) measured at several strides
+            out.append(_Candidate(name("per-span", variants[0]) + "+stride", "per-span", variants[0], by_stride=True))
+    return out, same_as
+
+
+def no_worse(scores: dict, baseline: dict) -> bool:
+    """Held-out R^2 no lower and held-out MAPE no higher than the baseline's."""
+    inf = float("inf")
+    return scores.get("test_r2", -inf) >= baseline.get("test_r2", -inf) - 1e-6 and scores.get("test_mape", inf) <= baseline.get("test_mape", inf) + 1e-6
+
+
+def _sizes_out(fitter: _Fitter, cand: _Candidate) -> dict:
+    """Leave-whole-message-sizes-out: per size, fit on the others and predict it."""
+    rows = fitter.rows
+    sizes = np.unique(rows.size)
+    if len(sizes) < 2:
+        return {}
+    pred = np.full(len(rows.y), np.nan)
+    by_size = {}
+    for s in sizes:
+        test = np.flatnonzero(rows.size == s)
+        train = np.flatnonzero(rows.size != s)
+        if len(train) < 2:
+            continue
+        network, _ = fitter.fit(cand, train)
+        pred[test] = rows.predict(network, test)
+        size_bytes = round(float(np.median(rows.m_bytes[test])))
+        by_size[str(size_bytes)] = regression_scores(rows.y[test], pred[test])["mape"]
+    done = np.isfinite(pred)
+    scores = regression_scores(rows.y[done], pred[done])
+    return {"sizes_out_mape": scores["mape"], "sizes_out_r2": scores["r2"], "sizes_out_worst_mape": max(by_size.values()),
+            "sizes_out_by_size": by_size, "sizes_out_sizes": len(by_size)}
+
+
+# --------------------------------------------------------------------------- result
 
 
 @dataclass
 class CollectiveModel:
-    """alpha (us per ring step) and beta (bus bandwidth, GB/s) per tier (intra, inter).
+    """A fitted collective model: ``network`` is what a profile's ``collectives`` object builds.
 
-    With a ``table`` (entries op, stride, group, beta_gbps), a row whose (op, stride,
-    group size) is listed uses that bus bandwidth instead of its tier's beta.
+    ``name`` is the chosen candidate (form, "/no-sharing", "+table", "+stride"), ``scores``
+    its held-out scores and ``all_scores`` every candidate's; ``same_as`` names candidates
+    not scored because they predict exactly what another does on these rows.
     """
 
-    tiers: dict
-    table: list = field(default_factory=list)
+    network: Network
+    name: str = "two-tier"
     scores: dict = field(default_factory=dict)
+    all_scores: dict = field(default_factory=dict)
     n_samples: int = 0
+    tier_samples: dict = field(default_factory=dict)
+    placement_mismatches: int = 0
+    selected_by: str = ""
+    same_as: dict = field(default_factory=dict)
+
+    @property
+    def form(self) -> str:
+        return self.network.form
+
+    @property
+    def tiers(self) -> dict:
+        """{'intra': {alpha_us, beta_gbps, samples}, 'inter': ...}: the tiers that had rows."""
+        net = self.network
+        out = {}
+        for tier in ("intra", "inter"):
+            if self.tier_samples.get(tier):
+                out[tier] = {"alpha_us": getattr(net, f"alpha_{tier}_us"), "beta_gbps": getattr(net, f"beta_{tier}_gbps"),
+                             "samples": self.tier_samples[tier]}
+        return out
+
+    @property
+    def table(self) -> list[dict]:
+        """The fitted bandwidth table: op, stride, group, beta_gbps per entry (empty if none)."""
+        return [{"op": e["ops"][0], "stride": e["stride"][0], "group": e["group"][0], "beta_gbps": e["beta_gbps"]}
+                for e in getattr(self.network, "bandwidth_table", ())]
 
     def predict(self, df) -> np.ndarray:
-        """time_ms = steps alpha + factor M / beta, with the tier chosen by nodes (1: intra)."""
-        op = np.asarray(df["op"]).astype(str)
-        g = np.asarray(df["group_size"])
-        steps, factor = ring_terms(op, g)
-        inter = np.asarray(df["nodes"], dtype=np.float64) > 1
-        alpha_us = np.where(inter, self._get("inter", "alpha_us"), self._get("intra", "alpha_us"))
-        beta = np.where(inter, self._get("inter", "beta_gbps"), self._get("intra", "beta_gbps")).astype(np.float64)
-        if self.table and "stride" in df:
-            stride = np.asarray(df["stride"])
-            for e in self.table:
-                hit = (op == e["op"]) & (stride == e["stride"]) & (g == e["group"])
-                beta = np.where(hit, e["beta_gbps"], beta)
-        m = np.asarray(df["message_bytes"], dtype=np.float64)
-        return steps * alpha_us * 1e-3 + factor * m / (beta * 1e9) * 1e3
-
-    def _get(self, tier: str, key: str) -> float:
-        t = self.tiers.get(tier) or self.tiers.get("intra") or self.tiers.get("inter")
-        return float(t[key])
+        """time_ms of every row (columns op, group_size, nodes, message_bytes; stride, messages
+        optional), placed as in the fit and timed by the profile's network model."""
+        place, _ = frame_placement(df, self.network.gpus_per_node)
+        msgs = np.asarray(df["messages"], dtype=np.float64) if "messages" in df else 1.0
+        return self.network.placed_time_ms(np.asarray(df["op"]).astype(str), np.asarray(df["group_size"]).astype(np.int64),
+                                           place, np.asarray(df["message_bytes"], dtype=np.float64), msgs)
 
     def to_dict(self) -> dict:
-        """The machine profile's ``collectives`` entry (inter copies intra if not measured)."""
-        intra = self.tiers.get("intra") or self.tiers["inter"]
-        inter = self.tiers.get("inter") or intra
-        out = {
-            "alpha_intra_us": intra["alpha_us"],
-            "beta_intra_gbps": intra["beta_gbps"],
-            "alpha_inter_us": inter["alpha_us"],
-            "beta_inter_gbps": inter["beta_gbps"],
-        }
-        if self.table:
-            out["bandwidth_table"] = [
-                {"stride": [e["stride"], e["stride"]], "group": [e["group"], e["group"]], "beta_gbps": e["beta_gbps"], "ops": [e["op"]]}
-                for e in self.table
-            ]
-        if "inter" not in self.tiers:
-            out["note"] = "no inter-node measurements: inter-node values copy the intra-node fit"
+        """The machine profile's ``collectives`` object."""
+        out = self.network.to_dict()
+        if not self.tier_samples.get("inter"):
+            out["note"] = NO_INTER_NOTE
         return out
 
 
-#: bandwidth reported when the bandwidth term fits to zero (latency-bound data only)
-MAX_BETA_GBPS = 1e4
-
-
-def _fit_alpha_beta(steps, factor, m, y) -> tuple[float, float]:
-    X = np.stack([steps * 1e-3, factor * m * 1e-6], axis=1)  # alpha in us, 1/beta in 1/(GB/s)
-    alpha_us, inv_beta = nnls_relative(X, y)
-    return float(alpha_us), float(1.0 / max(inv_beta, 1.0 / MAX_BETA_GBPS))
-
-
-def _fit_beta_given_alpha(steps, factor, m, y, alpha_us) -> float:
-    """Least relative error 1/beta >= 0 with alpha fixed: t - steps alpha = factor M / beta."""
-    a = factor * m * 1e-6 / y
-    b = 1.0 - steps * alpha_us * 1e-3 / y
-    inv = max(float(a @ b) / float(a @ a), 1.0 / MAX_BETA_GBPS)
-    return 1.0 / inv
-
-
-def _fit_collective_rows(idx, op, steps, factor, m, y, inter, stride, g, table: bool):
-    tiers = {}
-    for tier, mask in (("intra", ~inter), ("inter", inter)):
-        sel = idx[mask[idx]]
-        if len(sel) >= 2:
-            alpha, beta = _fit_alpha_beta(steps[sel], factor[sel], m[sel], y[sel])
-            tiers[tier] = {"alpha_us": alpha, "beta_gbps": beta, "samples": int(len(sel))}
-    entries = []
-    if table and stride is not None and tiers:
-        keys = sorted({(op[i], int(stride[i]), int(g[i])) for i in idx})
-        for o, p, gs in keys:
-            sel = idx[(op[idx] == o) & (stride[idx] == p) & (g[idx] == gs) & ~inter[idx]]
-            if len(sel) >= 2:
-                alpha = tiers.get("intra", tiers.get("inter"))["alpha_us"]
-                beta = _fit_beta_given_alpha(steps[sel], factor[sel], m[sel], y[sel], alpha)
-                entries.append({"op": o, "stride": p, "group": gs, "beta_gbps": float(beta)})
-    return tiers, entries
+# --------------------------------------------------------------------------- fit
 
 
 def collective_time_sharing(df, host_cores: int | None) -> np.ndarray:
@@ -131,8 +412,6 @@ def collective_time_sharing(df, host_cores: int | None) -> np.ndarray:
     per-rank time the cost model's collectives describe. 1 where ``host_cores`` is
     None or the world size is unknown.
     """
-    from plexus_tune.model.machine import time_sharing_factor
-
     n = len(df)
     if host_cores is None or "world_size" not in df:
         return np.ones(n)
@@ -145,38 +424,80 @@ def collective_time_sharing(df, host_cores: int | None) -> np.ndarray:
     return np.where(np.isfinite(world), factor, 1.0)
 
 
+def _gpus_per_node(df, gpus_per_node) -> int | None:
+    if gpus_per_node is not None:
+        if isinstance(gpus_per_node, bool) or int(gpus_per_node) != gpus_per_node or gpus_per_node < 1:
+            raise UserError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+        return int(gpus_per_node)
+    if "gpus_per_node" in df:
+        values = pd_numeric(df["gpus_per_node"], np.nan)
+        if np.any(np.isfinite(values)):
+            return int(np.nanmax(values))
+    return None
 
-def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, table: bool = False) -> CollectiveModel:
-    """Fit alpha and beta per tier (intra: nodes == 1, inter: nodes > 1) to ring formulas.
 
-    df columns: op, group_size, nodes, message_bytes (full buffer), time_ms (and stride,
-    for ``table``). Rows with a group of one rank carry no ring term and are ignored.
-    Least squares on relative error with alpha, 1/beta >= 0. With ``table``, every
-    intra-node (op, stride, group size) also gets its own bus bandwidth (alpha kept
-    from the tier fit): the profile's ``bandwidth_table``.
+def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: str = "auto", table: bool = False,
+                    gpus_per_node: int | None = None, sharing: bool | None = None) -> CollectiveModel:
+    """Fit the collective network model to timings and score every candidate form on held-out data.
+
+    df columns: op, group_size, nodes (nodes the group spans; ``nodes_spanned`` also read),
+    message_bytes (full buffer), time_ms; optional stride, messages, ranks_per_node,
+    concurrent, gpus_per_node. Rows are placed by :func:`frame_placement` with
+    ``gpus_per_node`` (default: the largest in the column of that name). Rows with a
+    group of one rank carry no ring term and are ignored.
+
+    ``form``: two-tier, per-span, hierarchical, or auto (every form, each with and without
+    sharing where some measured group shares a node with others, scored; the lowest
+    leave-sizes-out MAPE wins). ``sharing``: None tries both, else fixed. ``table`` also
+    fits a bus bandwidth per intra-node (op, stride, group size) (the profile's
+    ``bandwidth_table``, alpha kept from the tier), kept only when its random-split
+    held-out R^2 and MAPE are no worse than the plain formula's (:func:`no_worse`).
     """
+    if form not in COLLECTIVE_FORMS:
+        raise UserError(f"unknown collective model form {form!r}; choose one of {', '.join(COLLECTIVE_FORMS)}")
+    if "nodes" not in df and "nodes_spanned" in df:
+        df = df.assign(nodes=df["nodes_spanned"])
     check_frame(df, COLLECTIVE_COLUMNS, positive=("group_size", "nodes", "message_bytes", "time_ms"), min_count=2, what="collective measurements")
+    op_array(np.asarray(df["op"]))
     df = df[np.asarray(df["group_size"], dtype=np.float64) > 1].reset_index(drop=True)
     if len(df) < 2:
         raise UserError("collective measurements: fewer than 2 rows with group_size > 1; measure groups of 2 or more ranks")
-    op = np.asarray(df["op"]).astype(str)
-    g = np.asarray(df["group_size"]).astype(np.int64)
-    steps, factor = ring_terms(op, g)
-    m = np.asarray(df["message_bytes"], dtype=np.float64)
-    y = np.asarray(df["time_ms"], dtype=np.float64)
-    inter = np.asarray(df["nodes"], dtype=np.float64) > 1
-    if table and "stride" not in df:
+    if table and _stride_column(df) is None:
         raise UserError("collective measurements: missing column 'stride' (needed for a bandwidth table)")
-    stride = np.asarray(df["stride"]).astype(np.int64) if "stride" in df else None
-    args = (op, steps, factor, m, y, inter, stride, g, table)
-    tiers, entries = _fit_collective_rows(np.arange(len(y)), *args)
-    model = CollectiveModel(tiers=tiers, table=entries, n_samples=len(y))
-    if n_splits > 0 and len(y) >= 5:
+    n = _gpus_per_node(df, gpus_per_node)
+    place, mismatches = frame_placement(df, n)
+    m_bytes = np.asarray(df["message_bytes"], dtype=np.float64)
+    rows = _Rows(op=np.asarray(df["op"]).astype(str), g=np.asarray(df["group_size"], dtype=np.float64).astype(np.int64), place=place,
+                 m_bytes=m_bytes, messages=np.asarray(df["messages"], dtype=np.float64) if "messages" in df else np.ones(len(df)),
+                 y=np.asarray(df["time_ms"], dtype=np.float64), size=size_groups(m_bytes), gpus_per_node=n)
+    fitter = _Fitter(rows)
+    candidates, same_as = _candidates(rows, form, table, sharing)
+    all_scores: dict = {}
+    with single_threaded_blas():
+        for cand in candidates:
+            scores: dict = {}
+            if n_splits > 0 and len(rows.y) >= 5:
 
-        def fit_rows(idx):
-            t, e = _fit_collective_rows(idx, *args)
-            sub = CollectiveModel(tiers=t or tiers, table=e)
-            return lambda rows: sub.predict(df.iloc[rows])
+                def fit_rows(idx, cand=cand):
+                    network, _ = fitter.fit(cand, idx)
+                    return lambda test: rows.predict(network, test)
 
-        model.scores = repeated_split_scores(fit_rows, y, n_splits=n_splits, seed=seed)
-    return model
+                scores = repeated_split_scores(fit_rows, rows.y, n_splits=n_splits, seed=seed)
+            scores.update(_sizes_out(fitter, cand))
+            all_scores[cand.name] = scores
+    # the table replaces the plain formula only where no held-out score is worse
+    usable = [c for c in candidates if not c.table]
+    for c in candidates:
+        if c.table:
+            plain = c.name.removesuffix("+table")
+            if no_worse(all_scores[c.name], all_scores[plain]):
+                usable[usable.index(next(u for u in usable if u.name == plain))] = c
+    decide = "sizes_out_mape" if len(np.unique(rows.size)) >= 3 else "test_mape"
+    chosen = usable[0]
+    for c in usable[1:]:
+        if all_scores[c.name].get(decide, math.inf) < all_scores[chosen.name].get(decide, math.inf) - MIN_GAIN:
+            chosen = c
+    network, samples = fitter.fit(chosen, np.arange(len(rows.y)))
+    return CollectiveModel(network=network, name=chosen.name, scores=all_scores[chosen.name], all_scores=all_scores,
+                           n_samples=len(rows.y), tier_samples=samples, placement_mismatches=mismatches,
+                           selected_by=decide if len(usable) > 1 else "", same_as=same_as)

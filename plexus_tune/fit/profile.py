@@ -5,6 +5,7 @@ import math
 from collections.abc import Mapping
 from plexus_tune.errors import UserError
 from plexus_tune.fit.epoch import EpochModel
+from plexus_tune.model.collectives import scale_collectives
 
 
 # --------------------------------------------------------------------------- profiles
@@ -34,8 +35,8 @@ def scale_spmm_entry(entry: Mapping, s: float) -> dict:
 def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     """Fold epoch-level scale factors into a profile's rates; the overhead goes to ``epoch_overhead_ms``.
 
-    spmm times x s_spmm; gemm_tflops / s_gemm; collective alpha x s_comm and every beta
-    / s_comm; elementwise_gbps / s_other. Scales below :data:`MIN_SCALE` are raised to it.
+    spmm times x s_spmm; gemm_tflops / s_gemm; collective alphas x s_comm and every beta
+    / s_comm (tiers, bandwidth_table, per_span); elementwise_gbps / s_other. Scales below :data:`MIN_SCALE` are raised to it.
     """
     out = json_copy(profile)
     s = {k: max(float(v), MIN_SCALE) for k, v in epoch.scales.items()}
@@ -44,14 +45,7 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     if "gemm_ms" in s:
         out["gemm_tflops"] = float(out["gemm_tflops"]) / s["gemm_ms"]
     if "comm_ms" in s:
-        coll = dict(out["collectives"])
-        for key in ("alpha_intra_us", "alpha_inter_us"):
-            coll[key] = float(coll[key]) * s["comm_ms"]
-        for key in ("beta_intra_gbps", "beta_inter_gbps"):
-            coll[key] = float(coll[key]) / s["comm_ms"]
-        if coll.get("bandwidth_table"):
-            coll["bandwidth_table"] = [{**e, "beta_gbps": float(e["beta_gbps"]) / s["comm_ms"]} for e in coll["bandwidth_table"]]
-        out["collectives"] = coll
+        out["collectives"] = scale_collectives(out["collectives"], s["comm_ms"])
     if "other_ms" in s and out.get("elementwise_gbps"):
         out["elementwise_gbps"] = float(out["elementwise_gbps"]) / s["other_ms"]
     out["epoch_overhead_ms"] = float(epoch.overhead_ms)

@@ -4,12 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 
 
 SPMM_COLUMNS = ("nnz", "rows", "common", "dense_cols", "time_ms")
 COLLECTIVE_COLUMNS = ("op", "group_size", "nodes", "message_bytes", "time_ms")
 GEMM_COLUMNS = ("rows", "inner", "cols", "time_ms")
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # --------------------------------------------------------------------------- input checks
 
 

@@ -29,15 +29,20 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.model.collectives import (  # the single home of these; re-exported here
+    COLLECTIVE_OPS,
+    bandwidths_gbps,
+    collective_elements,
+    nodes_spanned,
+)
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 KIB = 1024
 DEFAULT_MESSAGE_BYTES = tuple(KIB * 4**k for k in range(9))  # 1 KiB .. 64 MiB, factor 4
 
@@ -76,26 +81,6 @@ def partition(world: int, group_size: int, stride: int) -> list[list[int]]:
             seen.update(members)
             groups.append(members)
     return groups
-
-
-def nodes_spanned(members: Iterable[int], gpus_per_node: int) -> int:
-    """How many nodes (consecutive blocks of ``gpus_per_node`` ranks) hold the members."""
-    return len({m // gpus_per_node for m in members})
-
-
-def collective_elements(op: str, message_bytes: int, group_size: int, element_size: int = 4) -> int:
-    """Elements of the full buffer, rounded so that all-gather and reduce-scatter split evenly."""
-    elems = max(1, int(round(message_bytes / element_size)))
-    if op != "all_reduce":
-        elems = max(group_size, int(round(elems / group_size)) * group_size)
-    return elems
-
-
-def bandwidths_gbps(op: str, group_size: int, message_bytes: float, time_ms: float) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s, nccl-tests conventions."""
-    algbw = message_bytes / (time_ms * 1e-3) / 1e9
-    factor = 2.0 * (group_size - 1) / group_size if op == "all_reduce" else (group_size - 1) / group_size
-    return algbw, algbw * factor
 
 
 # --------------------------------------------------------------------------- collectives

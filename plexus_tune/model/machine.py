@@ -1,4 +1,4 @@
-"""Machine profiles: loading, validation and the collective-communication model.
+"""Machine profiles: loading, validation, and the machine's collective-communication model.
 
 A machine profile is a JSON file (see ``models/README.md`` for the full schema and
 :data:`FIELDS` for a one-line description of every field). Profiles are found by
@@ -7,22 +7,12 @@ name in the directories listed in the environment variable ``PLEXUS_TUNE_MODELS`
 that ships with the package; any argument that names an existing file, contains a
 path separator or ends in ``.json`` is read as a path.
 
-Collectives (DESIGN.md 4.2, ring algorithms, alpha-beta). For a buffer of M bytes
-(the full reduced or gathered result) on g ranks with per-step latency alpha and
-bus bandwidth beta (nccl-tests convention)::
-
-    all_reduce:                   2 (g - 1) alpha * m + 2 (g - 1) / g * M / beta
-    all_gather, reduce_scatter:     (g - 1) alpha * m +   (g - 1) / g * M / beta
-
-where m is the number of messages the buffer is sent in (1 unless the aggregation
-is blocked). A group of one rank costs nothing.
-
-Topology (DESIGN.md 4.3): with stride p (product of the faster axes' sizes) and n
-GPUs per node, a group is intra-node when p * g <= n (alpha_intra, beta_intra);
-otherwise it crosses nodes and the p groups sharing a node share its NICs:
-alpha_inter and beta_inter / min(n, p). A measured ``bandwidth_table`` overrides
-beta for the (stride, group size) ranges it lists; the first matching entry wins
-and unmatched shapes fall back to the tier formula.
+Collectives: the profile's ``collectives`` object builds a
+:class:`plexus_tune.model.collectives.Network` (``Machine.network``); its forms, the ring
+formulas and the placement of groups on nodes are documented there and in docs/model.md.
+The default form is the two-tier model: with stride p and n GPUs per node a group is
+intra-node when p g <= n (alpha_intra, beta_intra), otherwise it uses alpha_inter and
+beta_inter / min(n, p), and a measured ``bandwidth_table`` overrides beta where it matches.
 """
 
 from __future__ import annotations
@@ -37,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives  # noqa: F401
 
 GIB = 2**30
 GB = 1e9
 SCHEMA = "plexus-tune/machine/1"
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 #: Every field of a machine profile, with a one-line description.
 FIELDS = {
@@ -59,13 +49,21 @@ FIELDS = {
     "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of DESIGN.md 4.1 "
     "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.model.spmm",
     "collectives": "required; the collective-communication model, an object with the collectives.* fields",
+    "collectives.form": "optional; 'two-tier' (default: intra or inter ring), 'per-span' (measured alpha and beta "
+    "per op, group size and nodes spanned) or 'hierarchical' (intra-node stages around an inter-node stage)",
+    "collectives.sharing": "optional; true (default): the min(n, stride) groups on a node share its inter-node "
+    "bandwidth; false: each group has all of it",
     "collectives.alpha_intra_us": "required; per-step latency inside a node, microseconds, >= 0",
     "collectives.beta_intra_gbps": "required; bus bandwidth inside a node, GB/s (1e9 bytes/s), > 0",
     "collectives.alpha_inter_us": "required; per-step latency across nodes, microseconds, >= 0",
     "collectives.beta_inter_gbps": "required; bus bandwidth per node across nodes, GB/s, shared by min(n, stride) groups, > 0",
-    "collectives.bandwidth_table": "optional; measured bus bandwidth by stride and group size: list of "
+    "collectives.bandwidth_table": "optional (forms two-tier, per-span); measured bus bandwidth by stride and group size: list of "
     "{'stride': [min, max|null], 'group': [min, max|null], 'beta_gbps': > 0, 'ops': [...] (optional)}; "
     "first match wins",
+    "collectives.per_span": "required by form per-span; list of {'op', 'group', 'nodes' (nodes spanned), 'stride' "
+    "(optional), 'alpha_us' >= 0, 'beta_gbps' > 0}: steps alpha + factor M / beta (beta / min(n, stride) across "
+    "nodes with sharing); first match wins, shapes no entry covers use the two-tier formula",
+    "collectives.note": "optional; free text about how the collectives were fitted",
     "host_cores": "optional; CPU cores shared by the ranks of one node when ranks are processes on a CPU "
     "(gloo); null/absent for GPUs. When ranks_per_node x threads_per_rank exceeds it, the ranks time-share "
     "the cores and every modelled time stretches by that ratio (see oversubscription())",
@@ -76,7 +74,6 @@ FIELDS = {
 }
 
 _REQUIRED_TOP = ("name", "gpus_per_node", "device_memory_gib", "gemm_tflops", "spmm", "collectives")
-_REQUIRED_COLL = ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps")
 
 
 @dataclass(frozen=True)
@@ -98,6 +95,7 @@ class Machine:
     epoch_overhead_ms: float = 0.0
     host_cores: int | None = None
     threads_per_rank: int = 1
+    network: Network | None = field(default=None, repr=False, compare=False)
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -149,43 +147,6 @@ def _number(data: Mapping, key: str, where: str, source: str, *, positive: bool 
     return value
 
 
-def _range(value, what: str, source: str) -> tuple[int, float]:
-    """A table range: an int, or [min, max] with max null meaning unbounded."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        low, high = value, value
-    elif isinstance(value, list) and len(value) == 2:
-        low, high = value
-    else:
-        raise UserError(f"machine profile {source}: bandwidth_table {what} must be an integer or [min, max], got {value!r}")
-    if isinstance(low, bool) or not isinstance(low, int) or low < 1:
-        raise UserError(f"machine profile {source}: bandwidth_table {what} minimum must be an integer >= 1, got {low!r}")
-    if high is None:
-        high = math.inf
-    elif isinstance(high, bool) or not isinstance(high, int) or high < low:
-        raise UserError(f"machine profile {source}: bandwidth_table {what} maximum must be an integer >= {low} or null, got {high!r}")
-    return low, high
-
-
-def _check_table(table, source: str) -> list[dict]:
-    if not isinstance(table, list):
-        raise UserError(f"machine profile {source}: collectives.bandwidth_table must be a list of entries")
-    entries = []
-    for k, entry in enumerate(table):
-        if not isinstance(entry, Mapping):
-            raise UserError(f"machine profile {source}: bandwidth_table[{k}] must be an object")
-        for key in ("stride", "group", "beta_gbps"):
-            if key not in entry:
-                raise UserError(f"machine profile {source} lacks the field 'collectives.bandwidth_table[{k}].{key}'")
-        stride = _range(entry["stride"], f"[{k}].stride", source)
-        group = _range(entry["group"], f"[{k}].group", source)
-        beta = _number(entry, "beta_gbps", f"collectives.bandwidth_table[{k}].", source, positive=True)
-        ops = entry.get("ops", list(COLLECTIVE_OPS))
-        if not isinstance(ops, list) or any(op not in COLLECTIVE_OPS for op in ops):
-            raise UserError(f"machine profile {source}: bandwidth_table[{k}].ops must list some of {', '.join(COLLECTIVE_OPS)}")
-        entries.append({"stride": stride, "group": group, "beta_gbps": float(beta), "ops": tuple(ops)})
-    return entries
-
-
 def _build_machine(data, source: str) -> Machine:
     if not isinstance(data, Mapping):
         raise UserError(f"machine profile {source} must be a JSON object")
@@ -224,19 +185,7 @@ def _build_machine(data, source: str) -> Machine:
             known = ", ".join(sorted({"paper", *spmm_models.EVALUATORS}))
             raise UserError(f"machine profile {source}: unknown spmm kind {spmm['kind']!r}; known kinds: {known}")
 
-    coll = data["collectives"]
-    if not isinstance(coll, Mapping):
-        raise UserError(f"machine profile {source}: 'collectives' must be an object")
-    for key in _REQUIRED_COLL:
-        if key not in coll:
-            raise UserError(f"machine profile {source} lacks the field 'collectives.{key}'; see models/README.md")
-    checked = {}
-    for key in ("alpha_intra_us", "alpha_inter_us"):
-        checked[key] = float(_number(coll, key, "collectives.", source, nonneg=True))
-    for key in ("beta_intra_gbps", "beta_inter_gbps"):
-        checked[key] = float(_number(coll, key, "collectives.", source, positive=True))
-    if coll.get("bandwidth_table") is not None:
-        checked["bandwidth_table"] = _check_table(coll["bandwidth_table"], source)
+    checked = check_collectives(data["collectives"], source)
     host_cores = None
     if data.get("host_cores") is not None:
         host_cores = _number(data, "host_cores", "", source, positive=True)
@@ -258,6 +207,7 @@ def _build_machine(data, source: str) -> Machine:
         device_memory_bytes=int(round(float(mem) * GIB)),
         spmm=dict(spmm),
         collectives=checked,
+        network=Network.from_checked(checked, int(gpn)),
         gemm_tflops=float(gemm),
         raw=dict(data),
         elementwise_gbps=elementwise,
@@ -372,49 +322,26 @@ def oversubscription(machine: Machine, gpus) -> np.ndarray:
     return time_sharing_factor(np.minimum(g, machine.gpus_per_node), machine.threads_per_rank, machine.host_cores)
 
 
+def _network(machine: Machine) -> Network:
+    return machine.network or Network.from_checked(machine.collectives, machine.gpus_per_node)
+
+
 def effective_beta_gbps(machine: Machine, op: str, group_size, stride) -> np.ndarray:
-    """Bus bandwidth (GB/s) of a group: the tier formula of DESIGN.md 4.3, or the measured table."""
-    g, p = np.broadcast_arrays(np.asarray(group_size, dtype=np.int64), np.asarray(stride, dtype=np.int64))
-    coll = machine.collectives
-    n = machine.gpus_per_node
-    intra = p * g <= n
-    beta = np.where(intra, coll["beta_intra_gbps"], coll["beta_inter_gbps"] / np.minimum(n, p)).astype(np.float64)
-    table = coll.get("bandwidth_table")
-    if table:
-        done = np.zeros(g.shape, dtype=bool)
-        for entry in table:
-            if op not in entry["ops"]:
-                continue
-            (p_lo, p_hi), (g_lo, g_hi) = entry["stride"], entry["group"]
-            hit = ~done & (p >= p_lo) & (p <= p_hi) & (g >= g_lo) & (g <= g_hi)
-            beta = np.where(hit, entry["beta_gbps"], beta)
-            done |= hit
-    return beta
+    """Bus bandwidth (GB/s) a group of ``group_size`` ranks at ``stride`` sees on the machine's network
+    (two-tier: beta_intra, beta_inter / min(n, p), or the measured table's entry)."""
+    return _network(machine).effective_beta_gbps(op, group_size, stride)
 
 
 def collective_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, messages=1) -> np.ndarray:
-    """Time (ms) of one collective ``op`` on ``group_size`` ranks at ``stride`` (vectorized).
+    """Time (ms) of one collective ``op`` on ``group_size`` ranks at ``stride`` (vectorized), by the
+    machine's :class:`~plexus_tune.model.collectives.Network`.
 
     ``message_bytes`` is the full buffer (reduced or gathered result). ``messages``
-    splits it into that many sends: latency is paid per message, bandwidth once::
+    splits it into that many sends: latency is paid per message, bandwidth once; for the
+    two-tier form::
 
         all_reduce:      2 (g-1) alpha m + 2 (g-1)/g M / beta
         all_gather,
         reduce_scatter:    (g-1) alpha m +   (g-1)/g M / beta
     """
-    if op not in COLLECTIVE_OPS:
-        raise UserError(f"unknown collective {op!r}; known: {', '.join(COLLECTIVE_OPS)}")
-    g, p, m_bytes, msgs = np.broadcast_arrays(
-        np.asarray(group_size, dtype=np.int64),
-        np.asarray(stride, dtype=np.int64),
-        np.asarray(message_bytes, dtype=np.float64),
-        np.asarray(messages, dtype=np.float64),
-    )
-    coll = machine.collectives
-    intra = p * g <= machine.gpus_per_node
-    alpha_us = np.where(intra, coll["alpha_intra_us"], coll["alpha_inter_us"])
-    beta = effective_beta_gbps(machine, op, g, p)
-    steps = 2.0 * (g - 1) if op == "all_reduce" else (g - 1).astype(np.float64)
-    factor = steps / g
-    time_ms = steps * alpha_us * msgs * 1e-3 + factor * m_bytes / (beta * GB) * 1e3
-    return np.where(g > 1, time_ms, 0.0)
+    return _network(machine).time_ms(op, group_size, stride, message_bytes, messages)
