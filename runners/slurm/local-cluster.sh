@@ -144,6 +144,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
 KillWait=5
+MailProg=/bin/true
 InactiveLimit=0
 Waittime=0
 JobAcctGatherType=jobacct_gather/none
@@ -181,8 +182,7 @@ start_munge() {
     rm -f "$STATE/munge/munged.pid"
     runuser -u munge -- munged --pid-file="$STATE/munge/munged.pid" \
         --log-file="$STATE/munge/munged.log" --socket="$MUNGE_SOCKET"
-    local i
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
         if live_pid "$STATE/munge/munged.pid" >/dev/null \
             && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
             cp "$STATE/munge/munged.pid" "$STATE/munged.pid"
@@ -234,10 +234,10 @@ cmd_start() {
 }
 
 stop_pidfile() {
-    local name=$1 file=$2 pid i
+    local name=$1 file=$2 pid
     if pid=$(live_pid "$file"); then
         kill "$pid" 2>/dev/null || true
-        for i in $(seq 100); do
+        for _ in $(seq 100); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
