@@ -382,3 +382,44 @@ def test_slurm_train_sbatch_runs_the_trainer(slurm, tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert len(records) == 1, output
     assert records[0]["status"] == "ok" and records[0]["grid"] == "2x1x1" and records[0]["gpus"] == 2
+
+
+def _partition_nodes(name: str) -> int:
+    result = subprocess.run(["sinfo", "-h", "-p", name, "-o", "%D"], check=False, capture_output=True,
+                            text=True, timeout=10)
+    return sum(int(x) for x in result.stdout.split() if x.isdigit())
+
+
+_TWO_NODE_SNIPPET = """
+import json, os, subprocess, sys
+from plexus_tune import launch_slurm as ls
+alloc = ls.allocation_size()
+argv = ls.srun_step_argv(2, 2, [sys.executable, "-c",
+    "import os, json; print(json.dumps([os.environ[k] for k in "
+    "('SLURM_PROCID', 'SLURMD_NODENAME', 'SLURM_NODEID', 'SLURM_NTASKS')]))"],
+    cpus_per_task=alloc.cpus_per_task(2), job_name="pt-two-nodes")
+run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+ranks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
+print("RESULT " + json.dumps({"nodes": alloc.nodes, "tasks": alloc.tasks, "rc": run.returncode,
+                              "ranks": ranks, "err": run.stderr[-500:]}))
+"""
+
+
+def test_srun_step_across_two_nodes(slurm):
+    if _partition_nodes("multi") < 2:
+        pytest.skip("no partition 'multi' with 2 nodes (runners/slurm/local-cluster.sh makes one)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-salloc2",
+                             sys.executable, "-c", _TWO_NODE_SNIPPET],
+                            check=False, capture_output=True, text=True, timeout=60, env=env)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout + result.stderr
+    out = json.loads(lines[0][len("RESULT "):])
+    assert (out["nodes"], out["tasks"], out["rc"]) == (2, 4, 0), out["err"]
+    assert sorted(int(r[0]) for r in out["ranks"]) == [0, 1, 2, 3]
+    by_node: dict[str, list[int]] = {}
+    for procid, node, node_id, ntasks in out["ranks"]:
+        assert ntasks == "4"
+        by_node.setdefault(f"{node}/{node_id}", []).append(int(procid))
+    assert len(by_node) == 2 and all(len(v) == 2 for v in by_node.values())  # block layout: 0,1 | 2,3
+    assert sorted(sorted(v) for v in by_node.values()) == [[0, 1], [2, 3]]
