@@ -231,6 +231,7 @@ node_states() {
 # one line: "vm idle, vm-2 idle"
 summary() {
     local states
+    live_pid "$STATE/slurmctld.pid" >/dev/null || { echo "slurmctld not running"; return; }
     states=$(node_states || true)
     [ -n "$states" ] || { echo "no node reported"; return; }
     echo "$states" | paste -sd, - | sed 's/,/, /g'
