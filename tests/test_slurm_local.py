@@ -190,6 +190,7 @@ def test_allocation_rules():
     assert (alloc.nodes, alloc.tasks, alloc.cpus_per_node) == (1, 4, (4,))
     alloc = ls.allocation_size(ENV_SALLOC_CPUS)
     assert (alloc.nodes, alloc.tasks, alloc.cpus_per_node) == (3, 40, (16, 16, 8))
+    assert alloc.cpus_per_task(4, nodes=2) == 4 and alloc.cpus_per_task(4) == 2
     ls.check_allocation(alloc, 3, 8)
     with pytest.raises(UserError, match=r"has 4 tasks on 1 node\(s\) but 8 tasks"):
         ls.check_allocation(ls.allocation_size(ENV_BATCH), 1, 8)
@@ -199,9 +200,12 @@ def test_allocation_rules():
 
 def test_command_lines():
     argv = ls.srun_step_argv(2, 4, ["python", "-m", "x"], job_name="t")
-    assert argv[:6] == ["srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8",
-                        "--kill-on-bad-exit=1", "--exclusive"]
+    assert argv[:5] == ["srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8",
+                        "--kill-on-bad-exit=1"]
+    assert "--exclusive" not in argv and "--cpu-bind=none" in argv  # the job's CPUs, unpinned
     assert argv[-3:] == ["python", "-m", "x"] and not any("gpu" in a for a in argv)
+    own = ls.srun_step_argv(1, 2, ["a"], cpus_per_task=4)
+    assert {"--exclusive", "--cpus-per-task=4", "--cpu-bind=cores"} <= set(own)
     gpu = ls.srun_step_argv(1, 4, ["a"], gpus_per_task=1, cpus_per_task=8, overlap=True)
     assert {"--gpus-per-task=1", "--gpu-bind=closest", "--cpus-per-task=8", "--cpu-bind=cores",
             "--overlap"} <= set(gpu) and "--exclusive" not in gpu
@@ -249,7 +253,8 @@ def _slurm_down_reason() -> str | None:
     if shutil.which("sinfo") is None:
         return "sinfo is not on the PATH"
     try:
-        result = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5)
+        result = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True,
+                                timeout=5)
     except subprocess.TimeoutExpired:
         return "sinfo did not answer in 5 s"
     states = result.stdout.split()
@@ -266,7 +271,7 @@ def slurm():
     reason = _slurm_down_reason()
     started = False
     if reason and IN_CI:
-        started = subprocess.run([str(CLUSTER_SCRIPT), "start"]).returncode == 0
+        started = subprocess.run([str(CLUSTER_SCRIPT), "start"], check=False).returncode == 0
         reason = _slurm_down_reason()
     if reason:
         message = f"slurm not running: start it with runners/slurm/local-cluster.sh start ({reason})"
@@ -275,7 +280,7 @@ def slurm():
         pytest.skip(message)
     yield
     if started:
-        subprocess.run([str(CLUSTER_SCRIPT), "stop"])
+        subprocess.run([str(CLUSTER_SCRIPT), "stop"], check=False)
 
 
 def _wait(job_id: str, timeout_s: float = 60.0) -> list[ls.JobState]:
@@ -336,9 +341,10 @@ try:
     ls.check_allocation(alloc, 1, 8)
 except UserError as exc:
     out["too_small"] = str(exc)
-argv = ls.srun_step_argv(1, 4, [sys.executable, "-c",
+argv = ls.srun_step_argv(1, 4, cpus_per_task=alloc.cpus_per_task(4), argv=[sys.executable, "-c",
     "import os, json; print(json.dumps([os.environ['SLURM_PROCID'], os.environ['SLURM_STEP_ID'], "
     "os.environ['SLURM_NTASKS']]))"], job_name="pt-step")
+out["argv"] = argv
 run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
 out["ranks"] = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
 out["rc"] = run.returncode
@@ -349,13 +355,13 @@ print("RESULT " + json.dumps(out))
 def test_srun_step_in_allocation_starts_four_ranks(slurm):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(["salloc", "-n", "4", "-J", "pt-salloc", sys.executable, "-c", _STEP_SNIPPET],
-                            capture_output=True, text=True, timeout=60, env=env)
+                            check=False, capture_output=True, text=True, timeout=60, env=env)
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stdout + result.stderr
     out = json.loads(lines[0][len("RESULT "):])
     assert out["in_allocation"] and (out["nodes"], out["tasks"]) == (1, 4)
     assert "but 8 tasks" in out["too_small"]
-    assert out["rc"] == 0
+    assert out["rc"] == 0 and "--exclusive" in out["argv"] and "--cpus-per-task=1" in out["argv"]
     assert sorted(int(r[0]) for r in out["ranks"]) == [0, 1, 2, 3]
     assert {(r[1], r[2]) for r in out["ranks"]} == {("0", "4")}
 
@@ -376,3 +382,44 @@ def test_slurm_train_sbatch_runs_the_trainer(slurm, tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert len(records) == 1, output
     assert records[0]["status"] == "ok" and records[0]["grid"] == "2x1x1" and records[0]["gpus"] == 2
+
+
+def _partition_nodes(name: str) -> int:
+    result = subprocess.run(["sinfo", "-h", "-p", name, "-o", "%D"], check=False, capture_output=True,
+                            text=True, timeout=10)
+    return sum(int(x) for x in result.stdout.split() if x.isdigit())
+
+
+_TWO_NODE_SNIPPET = """
+import json, os, subprocess, sys
+from plexus_tune.launch import slurm as ls
+alloc = ls.allocation_size()
+argv = ls.srun_step_argv(2, 2, [sys.executable, "-c",
+    "import os, json; print(json.dumps([os.environ[k] for k in "
+    "('SLURM_PROCID', 'SLURMD_NODENAME', 'SLURM_NODEID', 'SLURM_NTASKS')]))"],
+    cpus_per_task=alloc.cpus_per_task(2), job_name="pt-two-nodes")
+run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+ranks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
+print("RESULT " + json.dumps({"nodes": alloc.nodes, "tasks": alloc.tasks, "rc": run.returncode,
+                              "ranks": ranks, "err": run.stderr[-500:]}))
+"""
+
+
+def test_srun_step_across_two_nodes(slurm):
+    if _partition_nodes("multi") < 2:
+        pytest.skip("no partition 'multi' with 2 nodes (runners/slurm/local-cluster.sh makes one)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-salloc2",
+                             sys.executable, "-c", _TWO_NODE_SNIPPET],
+                            check=False, capture_output=True, text=True, timeout=60, env=env)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout + result.stderr
+    out = json.loads(lines[0][len("RESULT "):])
+    assert (out["nodes"], out["tasks"], out["rc"]) == (2, 4, 0), out["err"]
+    assert sorted(int(r[0]) for r in out["ranks"]) == [0, 1, 2, 3]
+    by_node: dict[str, list[int]] = {}
+    for procid, node, node_id, ntasks in out["ranks"]:
+        assert ntasks == "4"
+        by_node.setdefault(f"{node}/{node_id}", []).append(int(procid))
+    assert len(by_node) == 2 and all(len(v) == 2 for v in by_node.values())  # block layout: 0,1 | 2,3
+    assert sorted(sorted(v) for v in by_node.values()) == [[0, 1], [2, 3]]

@@ -39,9 +39,9 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 from plexus_tune.errors import UserError
 
@@ -82,6 +82,11 @@ class Allocation:
     def tasks_per_node(self) -> int:
         """Tasks each node can take when they are spread evenly."""
         return self.tasks // self.nodes if self.nodes else 0
+
+    def cpus_per_task(self, tasks_per_node: int, nodes: int | None = None) -> int:
+        """CPUs each of ``tasks_per_node`` tasks gets on the ``nodes`` largest nodes (at least 1)."""
+        used = sorted(self.cpus_per_node, reverse=True)[:nodes or self.nodes]
+        return max(1, min(used, default=1) // max(1, tasks_per_node))
 
 
 def in_allocation(environ: Mapping[str, str] | None = None) -> bool:
@@ -155,16 +160,20 @@ def srun_step_argv(nodes: int, tasks_per_node: int, argv: Sequence[str], *,
     """The srun command that runs ``argv`` as one job step of ``nodes`` x ``tasks_per_node`` tasks.
 
     * ``--nodes``, ``--ntasks-per-node`` and ``--ntasks`` fix the task layout exactly.
-    * ``--exclusive`` (default): the step gets CPUs of its own, only those it asks for
-      (``--exact`` is implied), so steps started side by side in one allocation do not
-      share CPUs and a step waits until its CPUs are free. ``overlap=True`` gives
-      ``--overlap`` instead: the step shares CPUs with running steps, which is needed
-      to start a step from inside another one (e.g. an ``srun --pty bash`` session).
     * ``--kill-on-bad-exit=1``: a task that exits non-zero ends the whole step, so a
       crashed rank does not leave the others waiting in a collective.
-    * ``--cpus-per-task``: Slurm 22.05 and later no longer hand the allocation's
-      ``--cpus-per-task`` to srun, so pass it here; with it ``--cpu-bind=cores`` pins
-      each task to its own cores (ignored where the site's TaskPlugin does not bind).
+    * CPUs: with ``cpus_per_task`` (see :meth:`Allocation.cpus_per_task`) the step gets
+      ``--exclusive --cpus-per-task=C --cpu-bind=cores``: exactly those CPUs, its own
+      (``--exclusive`` implies ``--exact``), so steps started side by side in one
+      allocation do not share CPUs, and each task is pinned to its C cores where the
+      site's TaskPlugin binds. Without it the step takes every CPU of the job on its
+      nodes (Slurm's default for a step; ``--exclusive`` alone would give each task a
+      single CPU) and tasks are not pinned (``--cpu-bind=none``), so threaded ranks can
+      use them all. Slurm 22.05 no longer hands the allocation's ``--cpus-per-task`` to
+      srun, hence the explicit value.
+    * ``overlap=True`` adds ``--overlap`` (instead of ``--exclusive``): the step shares
+      CPUs with running steps, which is needed to start a step from inside another one
+      (e.g. an ``srun --pty bash`` session).
     * GPUs only when ``gpus_per_task`` is given: ``--gpus-per-task=N --gpu-bind=closest``.
     * ``extra`` goes after these options, before the program.
     """
@@ -175,9 +184,12 @@ def srun_step_argv(nodes: int, tasks_per_node: int, argv: Sequence[str], *,
         raise ValueError("srun_step_argv: empty command")
     cmd = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
            f"--ntasks={nodes * tasks_per_node}", "--kill-on-bad-exit=1"]
-    cmd.append("--overlap" if overlap else "--exclusive")
     if job_name:
         cmd.append(f"--job-name={job_name}")
+    if overlap:
+        cmd.append("--overlap")
+    elif cpus_per_task:
+        cmd.append("--exclusive")
     if cpus_per_task:
         cmd += [f"--cpus-per-task={cpus_per_task}", "--cpu-bind=cores"]
     else:
@@ -248,7 +260,7 @@ def _run(argv: Sequence[str], *, stdin: str | None = None, env: Mapping[str, str
          timeout: float = _COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     _require(argv[0])
     try:
-        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True,
+        return subprocess.run(list(argv), check=False, input=stdin, capture_output=True, text=True,
                               env=None if env is None else dict(env), cwd=cwd, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise UserError(f"{argv[0]} did not answer within {timeout:.0f} s: is slurmctld up? "
@@ -266,16 +278,16 @@ def _last_error_line(stderr: str) -> str:
 
 _SBATCH_HINTS = (
     ("More processors requested than permitted",
-     "ask for fewer tasks or CPUs per task per node, or more nodes; sinfo -o '%P %D %c' "
-     "lists each partition's nodes and CPUs"),
+     ("ask for fewer tasks or CPUs per task per node, or more nodes; sinfo -o '%P %D %c' "
+      "lists each partition's nodes and CPUs")),
     ("Requested node configuration is not available",
-     "no node has the CPUs, memory, GPUs or features asked for; sinfo -o '%P %D %c %m %G %f' "
-     "lists what the nodes have"),
+     ("no node has the CPUs, memory, GPUs or features asked for; sinfo -o '%P %D %c %m %G %f' "
+      "lists what the nodes have")),
     ("Node count specification invalid",
      "ask for no more nodes than the partition has (sinfo -o '%P %D')"),
     ("Invalid generic resource (gres) specification",
-     "the partition has no such GPUs or generic resources: drop --gpus*/--gres, or choose a "
-     "partition that has them (sinfo -o '%P %G')"),
+     ("the partition has no such GPUs or generic resources: drop --gpus*/--gres, or choose a "
+      "partition that has them (sinfo -o '%P %G')")),
     ("Invalid partition name specified",
      "choose a partition that exists (sinfo -s lists them)"),
     ("Invalid account or account/partition combination specified",

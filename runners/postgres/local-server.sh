@@ -36,7 +36,7 @@ die() { log "error: $*"; exit 1; }
 
 pg_bindir() {
     local d
-    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+    d=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1 || true)
     if [ -n "$d" ] && [ -x "$d/pg_ctl" ]; then
         echo "$d"
     elif command -v pg_ctl >/dev/null && command -v initdb >/dev/null; then
@@ -108,8 +108,7 @@ cmd_start() {
     as_owner "$bin/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start -o \
         "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
         >/dev/null || { tail -n 30 "$LOG" >&2 || true; die "the server did not start (log: $LOG)"; }
-    local i
-    for i in $(seq 60); do
+    for _ in $(seq 60); do
         "$bin/pg_isready" -q -h 127.0.0.1 -p "$PORT" && break
         sleep 0.5
     done
