@@ -70,9 +70,11 @@ def test_detect_environment_torchrun_slurm_and_none():
                               "MASTER_ADDR": "node7", "MASTER_PORT": "29400"})
     assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.source) == \
         (3, 8, 1, "node7", 29400, "torchrun")
-    env = detect_environment({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+    env = detect_environment({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
                               "SLURM_JOB_NODELIST": "nid[001-004,010]", "SLURM_JOB_ID": "12345"})
     assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.source) == \
         (5, 8, 1, "nid001", 22345, "slurm")
-    # a single SLURM task (e.g. an interactive allocation) is run by hand, not as a process set
+    # a batch script or an allocation's shell (no job step of its own) is run by hand, not as a rank
     assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+    assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}) is None
+    assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "4294967291"}) is None

@@ -87,7 +87,9 @@ def detect_environment(environ: dict[str, str] | None = None) -> DistEnv | None:
             master_port=int(env.get("MASTER_PORT", "29500")),
             source="torchrun",
         )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip()
+    in_step = step.isdigit() and int(step) < 4294967290  # a batch script has no step of its own
+    if in_step and "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
         port = env.get("MASTER_PORT")
         if port is None:  # same on every task of a job, away from the ephemeral range
