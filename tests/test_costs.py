@@ -1,4 +1,4 @@
-"""The cost model against values derived by hand from DESIGN.md 4.1-4.3.
+"""The cost model against values derived by hand from docs/model.md (SpMM, Collectives).
 
 Toy workload: N = 1001 nodes (not divisible: exercises padding), NNZ = 5000,
 widths (12, 8, 6) -> 2 layers, fp32 (u = 4). Toy machine: 4 GPUs per node,
@@ -202,7 +202,7 @@ def test_vectorized_equals_one_at_a_time_and_table():
 
 
 def reference_paper_comm_ms(n, widths, grid, beta_intra=200.0, beta_inter=100.0, per_node=4):
-    """Scalar re-derivation of DESIGN.md 4.2/4.3 without latency and without padding."""
+    """Scalar re-derivation of docs/model.md, Per-layer collectives, without latency and padding."""
     gx, gy, gz = grid
     sizes = {"x": gx, "y": gy, "z": gz}
     stride = {"y": 1, "x": gy, "z": gx * gy}

@@ -21,7 +21,7 @@ The gathered W_i block and layer-0 features (and the dW, dF_0 reduce-scatters) c
 g_d w c_o and g_d f c_0 elements: the "c_i c_o" and layer-0 "r_o c_i" messages below.
 
 SpMM (``spmm_ms``)
-    Machine kind ``paper``: the paper's epoch-level form (DESIGN.md 4.1, eq. 4.4),
+    Machine kind ``paper``: the paper's epoch-level form (docs/model.md, SpMM; paper eq. 4.4),
     with the paper's unpadded sizes (exact division, as the paper writes N/G and
     D_i/g and as its published model code computes)::
 
@@ -40,9 +40,9 @@ SpMM (``spmm_ms``)
     blocks of ceil(r_d / b) rows (the trainer's blocks; its last one is shorter) and
     z / b nonzeros each.
 
-Communication (``comm_ms``): every collective of DESIGN.md 4.2 per layer, with the
+Communication (``comm_ms``): every collective of docs/model.md, Per-layer collectives, with the
 padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
-alpha-beta, topology of DESIGN.md 4.3 or the machine's measured table), M in bytes:
+alpha-beta, topology of docs/model.md, Collectives, or the machine's measured table), M in bytes:
 
     forward   layer 0: all-gather F over d,  M = u r_o c_i
               all-reduce H over o,           M = u r_d c_i   (b messages if blocked)
@@ -119,7 +119,7 @@ def _as_grids(grids) -> np.ndarray:
 
 
 def paper_spmm_ms(workload, grids, c0: float, c1: float, c2: float) -> np.ndarray:
-    """The paper's epoch-level SpMM time (DESIGN.md 4.1), unpadded sizes, in ms."""
+    """The paper's epoch-level SpMM time (docs/model.md, SpMM), unpadded sizes, in ms."""
     grids = _as_grids(grids).astype(np.float64)
     n, nnz, widths = float(workload.nodes), float(workload.nnz), workload.widths
     total = grids.prod(axis=1)

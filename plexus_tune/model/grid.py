@@ -20,7 +20,7 @@ from plexus_tune.errors import UserError
 
 AXIS_NAMES = ("x", "y", "z")
 
-#: layer index mod 3 -> (outer, inner, depth) axis indices (DESIGN.md section 3).
+#: layer index mod 3 -> (outer, inner, depth) axis indices (docs/model.md, The 3D layer and its roles).
 _ROLES = ((0, 1, 2), (2, 0, 1), (1, 2, 0))
 
 

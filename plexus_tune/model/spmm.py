@@ -9,7 +9,7 @@ evaluates it on arrays of shapes and returns milliseconds.
 Kinds:
 
 ``paper``
-    The paper's form (DESIGN.md 4.1) at the level of one SpMM, with f = nnz * k::
+    The paper's form (docs/model.md, SpMM) at the level of one SpMM, with f = nnz * k::
 
         t = c0 sqrt(f) + c1 sqrt(f) common / k + c2 sqrt(f) rows / k
 
