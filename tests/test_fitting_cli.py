@@ -72,14 +72,18 @@ def test_fit_writes_a_loadable_profile_with_provenance_and_scores(tmp_path, caps
     code = main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", "fitted",
                  "--out", str(out), "--splits", "20", "--device-memory-gib", "4"])
     assert code == 0
-    text = capsys.readouterr().out
-    for kind in ("paper", "roofline", "learned"):
+    captured = capsys.readouterr()
+    text = captured.out
+    for kind in ("paper-spmm", "roofline", "learned", "learned-roofline"):
         assert kind in text
     assert "test R^2" in text and "epoch fit (total) on 12 configurations" in text
+    # progress on stderr (not a terminal: one plain line as each stage ends)
+    for stage in ("spmm paper-spmm: 20/20", "spmm learned-roofline: 20/20", "collectives: 1/1", "gemm: 20/20", "epoch: 1/1"):
+        assert f"fit: {stage} done" in captured.err
     profile = json.loads(out.read_text())
     machine = load_machine(str(out))
     assert machine.name == "fitted" and machine.gpus_per_node == 8
-    assert set(profile["fit"]["spmm"]["scores"]) == {"paper", "roofline", "learned", "learned-roofline"}
+    assert set(profile["fit"]["spmm"]["scores"]) == {"paper-spmm", "roofline", "learned", "learned-roofline"}
     assert profile["fit"]["spmm"]["scores"]["roofline"]["test_mape"] < 1e-3
     assert "provenance" in profile and "spmm" in profile["provenance"]
     # exact synthetic data: the epoch scales come back and are folded into the rates
@@ -135,8 +139,25 @@ def test_fit_bad_csv_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_fit_names_the_kinds_and_the_flag_of_a_missing_gemm_rate(tmp_path, capsys):
+    spmm, coll, _ = _logs(tmp_path)
+    out = tmp_path / "x.json"
+    assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--kind", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown SpMM model kind 'paper' to fit" in err and "'paper-spmm'" in err and "learned-boosted" in err
+    csv = tmp_path / "spmm.csv"  # SpMM timings alone: no GEMM records to fall back on
+    csv.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 * i},{5 + i},8,4,{0.1 * (i + 1)}" for i in range(1, 30)) + "\n")
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0"]) == 2
+    assert "no GEMM measurements" in (err := capsys.readouterr().err) and err.strip().endswith("(--gemm-tflops)")
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0",
+                 "--gemm-tflops", "0.5", "--kind", "roofline", "--device-memory-gib", "2"]) == 0
+    profile = json.loads(out.read_text())
+    assert profile["gemm_tflops"] == 0.5 and profile["provenance"]["gemm_tflops"] == "--gemm-tflops"
+    assert profile["provenance"]["device_memory_gib"] == "--device-memory-gib" and profile["spmm"]["kind"] == "roofline"
+
+
 def test_bandwidth_table_is_kept_only_if_no_held_out_score_is_worse():
-    from plexus_tune.cli.fit import _no_worse
+    from plexus_tune.fit import no_worse as _no_worse
 
     formula = {"test_r2": 0.64, "test_mape": 40.8}
     assert not _no_worse({"test_r2": 0.10, "test_mape": 31.7}, formula)  # lower MAPE, far worse R^2
