@@ -18,7 +18,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +189,6 @@ class FittedProfile:
     collectives: object
     gemm: GemmModel | None = None
     epoch: EpochModel | None = None
-    timings: dict = field(default_factory=dict)
 
 
 #: progress(stage, done, total): stages are "spmm <kind>", "collectives", "gemm", "epoch"
@@ -404,7 +403,7 @@ def fit_profile(
         "epoch": report_epoch,
         "seconds": timings,
     }
-    return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch, timings=timings)
+    return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch)
 
 
 def _comparable(df, kind: str) -> list[str]:

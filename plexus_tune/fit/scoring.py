@@ -12,14 +12,15 @@ import numpy as np
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
 #: stop scoring once the standard error of the mean held-out R^2 is at most this
-#: (None or 0: score every split); see :func:`repeated_split_scores`
-R2_SEM = 0.002
+#: (None or 0: score every split; see :func:`repeated_split_scores`): two standard
+#: errors, the half-width of a 95 % interval, are then 0.005
+R2_SEM = 0.0025
 #: splits scored before the standard error is first looked at
 MIN_SPLITS = 50
 #: the standard error is looked at after every this many splits
 CHECK_EVERY = 10
-#: with n_jobs > 1, a kind whose splits take less than this (s) is scored in-process
-PARALLEL_MIN_SECONDS = 0.02
+#: with n_jobs > 1, a model whose splits take less than this (s) each is scored in-process
+PARALLEL_MIN_SECONDS = 0.005
 _COLUMNS = ("r2", "rmse_ms", "mape")
 
 

@@ -473,6 +473,8 @@ class Learned(SpmmKind):
         self.mean, self.scale, self.coef = (_floats(data, key, kind) for key in ("mean", "scale", "coef"))
         self.intercept = _float(data, "intercept", kind)
         exponents = data["exponents"]
+        if not isinstance(exponents, (list, tuple)):
+            raise UserError(f"{kind} SpMM model: 'exponents' must be a list of exponent lists")
         if not (len(exponents) == len(self.mean) == len(self.scale) == len(self.coef)) or self.coef.ndim != 1:
             raise UserError(f"{kind} SpMM model is inconsistent: exponents, mean, scale and coef differ in length")
         variables = LEARNED_FEATURES[self.features]
@@ -554,13 +556,19 @@ class LearnedBoosted(SpmmKind):
         self.feature = self.threshold = self.leaf = None
 
     def fit(self, shapes, time_ms) -> "LearnedBoosted":
+        import sklearn
         from sklearn.ensemble import GradientBoostingRegressor
 
         shapes, y = _fit_arrays(shapes, time_ms)
         self.base = LearnedRoofline().fit(shapes, y)
         z = learned_features(self.features, *shapes)
         residual = np.log(y) - _base_log_ms(self.base, shapes)
-        gbr = GradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
+        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
+            raise ValueError("boosted trees need finite features and log times")
+        # the inputs are checked above: scikit-learn's own checks, repeated for each of
+        # the trees, take a fifth of the time
+        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+            gbr = GradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
         self.depth = int(self.boosting["max_depth"])
         trees = [complete_tree(est.tree_, self.depth) for est in gbr.estimators_[:, 0]]
         self.learning_rate = float(self.boosting["learning_rate"])
@@ -665,22 +673,26 @@ def complete_tree(tree, depth: int) -> tuple[list, list, list]:
     feature = [0] * internal
     threshold = [TREE_PAD] * internal
     leaf = [0.0] * (internal + 1)
+    # plain lists once: each attribute access of a scikit-learn Tree builds a new array
+    left, right = tree.children_left.tolist(), tree.children_right.tolist()
+    split_on, split_at = tree.feature.tolist(), tree.threshold.tolist()
+    value = tree.value.reshape(len(left), -1)[:, 0].tolist()
 
     def place(node: int, i: int, level: int) -> None:
-        is_leaf = tree.children_left[node] == -1
+        is_leaf = left[node] == -1
         if level == depth:
             if not is_leaf:
                 raise ValueError(f"tree deeper than {depth}")
-            leaf[i - internal] = float(f"{tree.value[node].ravel()[0]:.7g}")
+            leaf[i - internal] = float(f"{value[node]:.7g}")
             return
         if is_leaf:
             place(node, 2 * i + 1, level + 1)
             place(node, 2 * i + 2, level + 1)
             return
-        feature[i] = int(tree.feature[node])
-        threshold[i] = float(f"{tree.threshold[node]:.9g}")
-        place(int(tree.children_left[node]), 2 * i + 1, level + 1)
-        place(int(tree.children_right[node]), 2 * i + 2, level + 1)
+        feature[i] = int(split_on[node])
+        threshold[i] = float(f"{split_at[node]:.9g}")
+        place(left[node], 2 * i + 1, level + 1)
+        place(right[node], 2 * i + 2, level + 1)
 
     place(0, 0, 0)
     return feature, threshold, leaf
