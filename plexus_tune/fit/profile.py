@@ -274,34 +274,14 @@ def fit_profile(
 
     # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
     started = time.perf_counter()
-    if host_cores is not None:
-        cores, cores_from = (host_cores or None), "given"
-    elif "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
-        cores = int(np.nanmax(pd_numeric(coll_df["machine_info.cpu_count"], np.nan)))
-        cores_from = "CPU count recorded in the gloo collective logs"
-    else:
-        cores, cores_from = None, None
+    cores, cores_from = _host_cores(coll_df, host_cores)
     stretch = collective_time_sharing(coll_df, cores)
     time_sharing = None
     if np.any(stretch > 1):
         coll_df = coll_df.copy()
         coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
         time_sharing = {"host_cores": int(cores), "min": float(stretch.min()), "max": float(stretch.max())}
-
-    # collectives: the ring formula, and a bandwidth table kept only if no held-out score is worse
-    report_coll = _stage(progress, "collectives")
-    if report_coll:
-        report_coll(0, 1)
-    coll = fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=table and "stride" in coll_df)
-    plain = fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=False) if coll.table else coll
-    table_kept = bool(coll.table) and no_worse(coll.scores, plain.scores)
-    table_scores = coll.scores if coll.table else None
-    table_entries = len(coll.table) if coll.table else 0
-    intra = coll.tiers.get("intra") or coll.tiers.get("inter")
-    if coll.table and not table_kept:
-        coll = plain
-    if report_coll:
-        report_coll(1, 1)
+    coll, coll_report = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=table, progress=_stage(progress, "collectives"))
     timings["collectives"] = time.perf_counter() - started
 
     # GEMM
@@ -363,8 +343,8 @@ def fit_profile(
         "r2_sem": r2_sem or None,
         "seed": seed,
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
-        "collectives": {"tiers": coll.tiers, "scores_formula": plain.scores, "scores_with_table": table_scores, "table_kept": bool(coll.table),
-                        "table_rule": "kept only if neither held-out R^2 nor MAPE is worse than the formula's"},
+        "collectives": {"tiers": coll.tiers, "scores_formula": coll_report["formula"], "scores_with_table": coll_report["table"],
+                        "table_kept": coll_report["table_kept"], "table_rule": "kept only if neither held-out R^2 nor MAPE is worse than the formula's"},
         "gemm": {"tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
     }
     Machine.from_dict(profile, source=source)  # validates before any epoch fit
@@ -373,23 +353,13 @@ def fit_profile(
     report_epoch = None
     if runs:
         started = time.perf_counter()
-        report_stage = _stage(progress, "epoch")
-        if report_stage:
-            report_stage(0, 1)
-        frame = predict_runs(runs_frame(_run_records(runs)), profile)
-        raw_mape = float(100 * np.mean(np.abs(frame["pred_total_ms"] - frame["epoch_ms"]) / frame["epoch_ms"]))
-        table_in = frame[[f"pred_{c}" for c in COMPONENTS] + [f"observed_{c}" for c in COMPONENTS] + ["epoch_ms"]].rename(columns={f"pred_{c}": c for c in COMPONENTS})
-        epoch = fit_epoch(table_in, n_splits=n_splits, seed=seed)
+        epoch, report_epoch = _fit_epoch(profile, runs, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
         profile = apply_epoch_fit(profile, epoch)
-        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {len(frame)} trainer configurations (median over trials)"
+        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
         for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
             provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
-        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": len(frame),
-                             "mape_before_run_fit": raw_mape, "scores": epoch.scores}
-        report_epoch = {"method": epoch.method, "configurations": len(frame), "scales": dict(epoch.scales), "overhead_ms": epoch.overhead_ms,
-                        "mape_before": raw_mape, "scores": epoch.scores}
-        if report_stage:
-            report_stage(1, 1)
+        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
+                             "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
         timings["epoch"] = time.perf_counter() - started
     profile["provenance"] = provenance
     profile["fit"] = fit_info
@@ -397,13 +367,54 @@ def fit_profile(
     report = {
         "spmm": {"samples": len(spmm_df), "splits": n_splits, "chosen": spmm_model.kind, "rows": scores_table_rows(spmm_model.all_scores)},
         "time_sharing": time_sharing,
-        "collectives": {"samples": coll.n_samples, "alpha_us": intra["alpha_us"], "beta_gbps": intra["beta_gbps"], "formula": plain.scores,
-                        "table": table_scores, "table_entries": table_entries, "table_kept": table_kept},
+        "collectives": coll_report,
         "gemm": {"samples": len(gemm_df), "tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
         "epoch": report_epoch,
         "seconds": timings,
     }
     return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch)
+
+
+def _host_cores(coll_df, host_cores: int | None) -> tuple[int | None, str | None]:
+    """(cores shared by a node's ranks, where the number came from): given, a gloo log's CPU count, or none."""
+    if host_cores is not None:
+        return (host_cores or None), "given"
+    if "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
+        return int(np.nanmax(pd_numeric(coll_df["machine_info.cpu_count"], np.nan))), "CPU count recorded in the gloo collective logs"
+    return None, None
+
+
+def _fit_collectives(coll_df, *, n_splits: int, seed: int, table: bool, progress) -> tuple[object, dict]:
+    """The ring formula, and with a per-(op, stride, group) bandwidth table if that scores no worse held out.
+
+    Returns the kept model and its report: samples, the intra tier's alpha and beta, the
+    formula's and the table's scores, the table's entries and whether it was kept.
+    """
+    if progress:
+        progress(0, 1)
+    coll = fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=table and "stride" in coll_df)
+    plain = fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=False) if coll.table else coll
+    kept = bool(coll.table) and no_worse(coll.scores, plain.scores)
+    intra = coll.tiers.get("intra") or coll.tiers.get("inter")
+    report = {"samples": coll.n_samples, "alpha_us": intra["alpha_us"], "beta_gbps": intra["beta_gbps"], "formula": plain.scores,
+              "table": coll.scores if coll.table else None, "table_entries": len(coll.table) if coll.table else 0, "table_kept": kept}
+    if progress:
+        progress(1, 1)
+    return (coll if kept or not coll.table else plain), report
+
+
+def _fit_epoch(profile: Mapping, runs, *, n_splits: int, seed: int, progress) -> tuple[EpochModel, dict]:
+    """The epoch-level fit of the profile's predictions to trainer runs (medians over trials) and its report."""
+    if progress:
+        progress(0, 1)
+    frame = predict_runs(runs_frame(_run_records(runs)), profile)
+    raw_mape = float(100 * np.mean(np.abs(frame["pred_total_ms"] - frame["epoch_ms"]) / frame["epoch_ms"]))
+    columns = [f"pred_{c}" for c in COMPONENTS] + [f"observed_{c}" for c in COMPONENTS] + ["epoch_ms"]
+    epoch = fit_epoch(frame[columns].rename(columns={f"pred_{c}": c for c in COMPONENTS}), n_splits=n_splits, seed=seed)
+    if progress:
+        progress(1, 1)
+    return epoch, {"method": epoch.method, "configurations": len(frame), "scales": dict(epoch.scales), "overhead_ms": epoch.overhead_ms,
+                   "mape_before": raw_mape, "scores": epoch.scores}
 
 
 def _comparable(df, kind: str) -> list[str]:
