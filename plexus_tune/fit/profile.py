@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows
+from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.fit.validation import COMPONENTS, predict_runs, runs_frame
@@ -265,15 +267,7 @@ def fit_profile(
         raise err
     timings["load"] = time.perf_counter() - started
 
-    # SpMM: every kind on the same splits
-    started = time.perf_counter()
-    spmm_model = fit_spmm(spmm_df, kind, n_splits=n_splits, seed=seed, kinds=None if kind == "auto" else _comparable(spmm_df, kind),
-                          r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
-                          progress=None if progress is None else (lambda k, done, total: progress(f"spmm {k}", done, total)))
-    timings["spmm"] = time.perf_counter() - started
-
     # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
-    started = time.perf_counter()
     cores, cores_from = _host_cores(coll_df, host_cores)
     stretch = collective_time_sharing(coll_df, cores)
     time_sharing = None
@@ -281,18 +275,32 @@ def fit_profile(
         coll_df = coll_df.copy()
         coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
         time_sharing = {"host_cores": int(cores), "min": float(stretch.min()), "max": float(stretch.max())}
-    coll, coll_report = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=table, progress=_stage(progress, "collectives"))
-    timings["collectives"] = time.perf_counter() - started
 
-    # GEMM
-    started = time.perf_counter()
-    gemm_model = None
-    if len(gemm_df):
-        gemm_model = fit_gemm(gemm_df, n_splits=n_splits, seed=seed, progress=_stage(progress, "gemm"))
-        rate = gemm_model.tflops
+    def spmm_stage():
+        started = time.perf_counter()
+        fitted = fit_spmm(spmm_df, kind, n_splits=n_splits, seed=seed, kinds=None if kind == "auto" else _comparable(spmm_df, kind),
+                          r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                          progress=None if progress is None else (lambda k, done, total: progress(f"spmm {k}", done, total)))
+        timings["spmm"] = time.perf_counter() - started
+        return fitted
+
+    if n_jobs > 1:
+        # the collective and GEMM fits in a process of their own, beside the SpMM scoring
+        for stage in ("collectives", "gemm"):
+            if progress:
+                progress(stage, 0, 1)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            others = pool.submit(_other_fits, coll_df, gemm_df, n_splits=n_splits, seed=seed, table=table)
+            if progress:
+                others.add_done_callback(lambda done: _report_other_fits(done, progress))
+            spmm_model = spmm_stage()
+            (coll, coll_report), gemm_model, seconds = others.result()
+        timings.update(seconds)
     else:
-        rate = float(gemm_tflops)
-    timings["gemm"] = time.perf_counter() - started
+        spmm_model = spmm_stage()
+        (coll, coll_report), gemm_model, seconds = _other_fits(coll_df, gemm_df, n_splits=n_splits, seed=seed, table=table, progress=progress)
+        timings.update(seconds)
+    rate = gemm_model.tflops if gemm_model else float(gemm_tflops)
 
     world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
     gpn = int(gpus_per_node or world)
@@ -382,6 +390,29 @@ def _host_cores(coll_df, host_cores: int | None) -> tuple[int | None, str | None
     if "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
         return int(np.nanmax(pd_numeric(coll_df["machine_info.cpu_count"], np.nan))), "CPU count recorded in the gloo collective logs"
     return None, None
+
+
+def _other_fits(coll_df, gemm_df, *, n_splits: int, seed: int, table: bool, progress=None):
+    """((collective model, its report), GEMM model or None, seconds of each): the fits that do not need the SpMM model."""
+    seconds = {}
+    with single_threaded_blas():  # many small solves
+        started = time.perf_counter()
+        coll = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, table=table, progress=_stage(progress, "collectives"))
+        seconds["collectives"] = time.perf_counter() - started
+        started = time.perf_counter()
+        gemm = fit_gemm(gemm_df, n_splits=n_splits, seed=seed, progress=_stage(progress, "gemm")) if len(gemm_df) else None
+        seconds["gemm"] = time.perf_counter() - started
+    return coll, gemm, seconds
+
+
+def _report_other_fits(future, progress: Progress) -> None:
+    """progress of the collective and GEMM stages once their process has finished them."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    _, gemm, _ = future.result()
+    progress("collectives", 1, 1)
+    splits = int((gemm.scores or {}).get("splits", 1)) if gemm else 1
+    progress("gemm", splits, splits)
 
 
 def _fit_collectives(coll_df, *, n_splits: int, seed: int, table: bool, progress) -> tuple[object, dict]:

@@ -116,10 +116,14 @@ def repeated_split_scores(
     while len(rows) < stop:
         lo = len(rows)
         if parallel is None:
-            hi = min(stop, lo + CHECK_EVERY)
+            # in-process; with n_jobs > 1 the first two splits time one split (the first pays
+            # one-off costs such as imports), then the rest goes to the workers if it is slow
+            hi = min(stop, lo + (2 if n_jobs > 1 and lo == 0 else CHECK_EVERY))
+            first = min(lo + 1, hi) if lo == 0 else lo
+            batch = _score_splits(fit, y, train[lo:first], test[lo:first])
             started = time.perf_counter()
-            batch = _score_splits(fit, y, train[lo:hi], test[lo:hi])
-            if n_jobs > 1 and (time.perf_counter() - started) / (hi - lo) >= PARALLEL_MIN_SECONDS:
+            batch = np.concatenate([batch, _score_splits(fit, y, train[first:hi], test[first:hi])])
+            if n_jobs > 1 and hi > first and (time.perf_counter() - started) / (hi - first) >= PARALLEL_MIN_SECONDS:
                 from joblib import Parallel
 
                 parallel = Parallel(n_jobs=n_jobs, backend="loky")
