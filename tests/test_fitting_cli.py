@@ -164,3 +164,26 @@ def test_bandwidth_table_is_kept_only_if_no_held_out_score_is_worse():
     assert not _no_worse({"test_r2": 0.90, "test_mape": 45.0}, formula)
     assert _no_worse({"test_r2": 0.90, "test_mape": 30.0}, formula)
     assert not _no_worse({}, formula)
+
+
+def test_progress_off_a_terminal_is_a_line_per_finished_stage_and_every_interval():
+    import io
+
+    from plexus_tune.cli.fit import ProgressReporter
+
+    now = [100.0]
+    out = io.StringIO()
+    reporter = ProgressReporter(stream=out, interval_s=10.0)
+    reporter.clock = lambda: now[0]
+    reporter.started = reporter.last = 100.0
+    for t, done in ((101.0, 10), (105.0, 20), (112.0, 30), (115.0, 40), (123.0, 50)):
+        now[0] = t
+        reporter("spmm learned-boosted", done, 1000)
+    now[0] = 124.0
+    reporter("spmm learned-boosted", 60, 60)  # stopped early: total shrinks to what was scored
+    reporter.close()
+    assert out.getvalue().splitlines() == [
+        "fit: spmm learned-boosted: 30/1000 running (11.0 s; 12.0 s in all)",
+        "fit: spmm learned-boosted: 50/1000 running (22.0 s; 23.0 s in all)",
+        "fit: spmm learned-boosted: 60/60 done (23.0 s; 24.0 s in all)",
+    ]

@@ -25,8 +25,8 @@ def register(subparsers) -> None:
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
     parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
-    parser.add_argument("--kind", default="auto", help="SpMM model kind: auto (default; the lowest held-out MAPE), paper-spmm, roofline, "
-                        "learned, learned-roofline or learned-boosted; every kind the data supports is scored beside it")
+    parser.add_argument("--kind", default="auto", help="SpMM model kind to fit (default auto: the lowest held-out MAPE); every kind "
+                        "the data supports is scored beside it, and an unknown name lists them")
     parser.add_argument("--splits", type=int, default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
     parser.add_argument("--r2-sem", type=float, default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")

@@ -30,7 +30,7 @@ from plexus_tune.fit.collectives import collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
-from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, fit_spmm
+from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.fit.validation import COMPONENTS, predict_runs, runs_frame
 from plexus_tune.measure.store import environment_info, now_utc, read_records
@@ -243,6 +243,7 @@ def fit_profile(
     ``progress(stage, done, total)`` is called as work is done. Warnings name input
     lines that were skipped.
     """
+    check_kind(kind)
     if n_splits < 0:
         raise UserError(f"the number of splits must be >= 0, got {n_splits}")
     if host_cores is not None and host_cores < 0:

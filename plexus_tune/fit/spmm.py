@@ -36,6 +36,13 @@ def _unknown_kind(kind) -> UserError:
     return UserError(f"unknown SpMM model kind {kind!r} to fit; choose one of {', '.join(SPMM_KINDS + ('auto',))}{hint}")
 
 
+def check_kind(kind: str) -> str:
+    """``kind`` if fit_spmm can fit it (a name of :data:`SPMM_KINDS` or auto), else UserError listing them."""
+    if kind != "auto" and kind not in SPMM_KINDS:
+        raise _unknown_kind(kind)
+    return kind
+
+
 @dataclass
 class SpmmModel:
     """A fitted per-SpMM time model: ``predict(df)`` in ms, ``scores``, ``to_dict()``.
@@ -96,8 +103,7 @@ def fit_spmm(
     rows; ``scores`` holds the chosen kind's split scores and ``all_scores`` every
     scored kind's. ``progress(kind, done, total)`` reports the splits scored.
     """
-    if kind != "auto" and kind not in SPMM_KINDS:
-        raise _unknown_kind(kind)
+    check_kind(kind)
     if n_splits < 0:
         raise UserError(f"the number of splits must be >= 0, got {n_splits}")
     compared = list(SPMM_KINDS if kind == "auto" else (kind,)) if kinds is None else list(kinds)
