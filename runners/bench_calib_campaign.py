@@ -2,7 +2,8 @@
 
     python runners/bench_calib_campaign.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
 
-Steps (each a plexus-tune command, logged with the load average before and after):
+Steps (each logged with its duration and the load average before and after; the fits call
+:func:`plexus_tune.fit.fit_profile`, the others are plexus-tune commands):
 1. ``calibrate collectives`` on every G of ``--gpus`` (default 4, 6, 8: every group shape
    of their grids, 1 KiB..64 MiB);
 2. ``calibrate spmm --sweep`` (random shard shapes, 24 interleaved passes, median; the
@@ -27,9 +28,15 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from plexus_tune.cli.fit import ProgressReporter  # noqa: E402
+from plexus_tune.errors import UserError  # noqa: E402
+from plexus_tune.fit import fit_profile, write_profile  # noqa: E402
 GRAPHS = (
     "rmat:nodes=16384,edges=262144,features=64,classes=8,seed=0",  # average degree ~32, skewed
     "grid2d:nodes=16384,features=64,classes=8,seed=0",  # road-like lattice, degree ~4
@@ -44,18 +51,42 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def step(log: list, name: str, args: list[str]) -> None:
-    cmd = [sys.executable, "-W", "ignore", "-m", "plexus_tune", *args]
+def step(log: list, name: str, args) -> None:
+    """Run one step: a plexus-tune command (a list of arguments) or a fit (a dict of fit_profile arguments and ``out``)."""
     before = load()
     start = time.time()
-    print(f"\n== {name} (load {before:.2f}): {' '.join(args)}", flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT)
-    entry = {"step": name, "args": args, "rc": proc.returncode, "seconds": round(time.time() - start, 1),
+    if isinstance(args, dict):
+        print(f"\n== {name} (load {before:.2f}): fit_profile -> {args['out']}", flush=True)
+        rc = fit(args)
+    else:
+        print(f"\n== {name} (load {before:.2f}): {' '.join(args)}", flush=True)
+        rc = subprocess.run([sys.executable, "-W", "ignore", "-m", "plexus_tune", *args], cwd=ROOT).returncode
+    entry = {"step": name, "args": args, "rc": rc, "seconds": round(time.time() - start, 1),
              "load_before": round(before, 2), "load_after": round(load(), 2),
              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))}
     log.append(entry)
-    if proc.returncode != 0:
-        raise SystemExit(f"step {name} failed with exit code {proc.returncode}")
+    if rc != 0:
+        raise SystemExit(f"step {name} failed with exit code {rc}")
+
+
+def fit(args: dict) -> int:
+    """Fit a profile with the library and write it; 0, or 2 after printing a bad-input error."""
+    kwargs = {k: v for k, v in args.items() if k != "out"}
+    progress = ProgressReporter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = fit_profile(**kwargs, source=args["out"], progress=progress)
+    except UserError as exc:
+        print(f"fit: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        progress.close()
+    write_profile(fitted.profile, args["out"])
+    for row in fitted.report["spmm"]["rows"]:
+        print(f"  SpMM {row['kind']}: test R^2 {row['test_r2']:.4f}, test MAPE {row['test_mape']:.1f} %")
+    print(f"  chosen {fitted.report['spmm']['chosen']}; wrote {args['out']}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -70,6 +101,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--gpus", default="4,6,8", help="comma-separated rank counts to calibrate and measure (default 4,6,8)")
     args = parser.parse_args()
+    os.chdir(ROOT)  # every path is relative to the checkout, for the commands and the fits alike
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)
@@ -91,7 +123,7 @@ def main() -> int:
     passes = "3" if args.quick else "24"
     micro = Path(args.models_dir) / f"{args.name}-micro.json"
     final = Path(args.models_dir) / f"{args.name}.json"
-    splits = "100" if args.quick else "1000"
+    splits = 100 if args.quick else 1000
     log: list = []
     plan = []
     for g in reversed(gpus):
@@ -101,11 +133,12 @@ def main() -> int:
     for graph in graphs:
         for g in gpus:
             plan.append((f"spmm-graph-{graph.split(':')[0]}-{g}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(g), "--hidden", hidden, "--repeats", "7" if not args.quick else repeats, "--out", str(spmm)]))
-    plan.append(("fit-micro", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--machine-name", f"{args.name}-micro", "--out", str(micro), "--splits", splits]))
+    fit_inputs = {"spmm": [str(sweep)], "gemm": [str(spmm)], "collectives": [str(coll)], "n_splits": splits}
+    plan.append(("fit-micro", {**fit_inputs, "name": f"{args.name}-micro", "out": str(micro)}))
     for graph in graphs:
         for g in gpus:
             plan.append((f"measure-{graph.split(':')[0]}-{g}", ["measure", "--graph", graph, "--gpus", str(g), "--trials", trials, "--epochs", epochs, "--hidden", hidden, "--machine", str(micro), "--batch", "100", "--log", str(runs)]))
-    plan.append(("fit", ["fit", "--spmm", str(sweep), "--gemm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", args.name, "--out", str(final), "--splits", splits]))
+    plan.append(("fit", {**fit_inputs, "runs": [str(runs)], "name": args.name, "out": str(final)}))
     plan.append(("validate", ["validate", "--machine", str(final), "--runs", str(runs), "--json", str(out / "validation.json")]))
     plan.append(("validate-as-is", ["validate", "--machine", str(final), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-as-is.json")]))
     plan.append(("validate-micro", ["validate", "--machine", str(micro), "--runs", str(runs), "--no-refit", "--json", str(out / "validation-micro.json")]))

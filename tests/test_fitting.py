@@ -1,12 +1,15 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.spmm import PaperSpmm, Roofline
 from plexus_tune.errors import UserError
 from plexus_tune.fit import (
+    SPMM_KINDS,
     bus_bandwidth_gbps,
     fit_collectives,
     fit_epoch,
@@ -14,6 +17,7 @@ from plexus_tune.fit import (
     fit_spmm,
     load_table,
     regression_scores,
+    repeated_split_scores,
     split_indices,
 )
 
@@ -43,12 +47,12 @@ def test_splits_are_70_30_partitions():
     assert len({tuple(sorted(t)) for t in train}) > 1
 
 
-def test_paper_kind_recovers_its_coefficients_and_serializes_as_paper_spmm():
+def test_paper_spmm_kind_recovers_its_coefficients():
     df = _shapes(60)
     f = df.nnz * df.dense_cols
     # t = c0 sqrt(f) + c1 sqrt(f) common/k + c2 sqrt(f) rows/k
     df["time_ms"] = 2e-3 * np.sqrt(f) + 3e-6 * np.sqrt(f) * df.common / df.dense_cols + 1e-6 * np.sqrt(f) * df.rows / df.dense_cols
-    model = fit_spmm(df, "paper", n_splits=20)
+    model = fit_spmm(df, "paper-spmm", n_splits=20)
     d = model.to_dict()
     assert d["kind"] == "paper-spmm"
     assert [d["c0"], d["c1"], d["c2"]] == pytest.approx([2e-3, 3e-6, 1e-6], rel=1e-6)
@@ -56,6 +60,9 @@ def test_paper_kind_recovers_its_coefficients_and_serializes_as_paper_spmm():
     # one hand-computed point: nnz=100, k=4 -> sqrt(f)=20; common=400, rows=200
     one = pd.DataFrame({"nnz": [100], "rows": [200], "common": [400], "dense_cols": [4]})
     assert model.predict(one)[0] == pytest.approx(20 * (2e-3 + 3e-6 * 100 + 1e-6 * 50))
+    # 'paper' names the epoch-level form in profiles: fit says which kind to ask for
+    with pytest.raises(UserError, match="its per-SpMM form is 'paper-spmm'"):
+        fit_spmm(df, "paper", n_splits=5)
 
 
 def test_roofline_kind_recovers_non_negative_costs():
@@ -90,7 +97,7 @@ def test_learned_roofline_is_a_correction_of_the_roofline():
     df["time_ms"] = base * (1.0 + 0.5 * np.log(df.dense_cols) / np.log(128))  # shape-dependent efficiency
     model = fit_spmm(df, "learned-roofline", n_splits=10)
     entry = model.to_dict()
-    assert entry["kind"] == "learned" and entry["base"]["kind"] == "roofline"
+    assert entry["kind"] == "learned-roofline" and entry["base"]["kind"] == "roofline"
     assert model.scores["test_mape"] < 2.0
     plain = fit_spmm(df, "roofline", n_splits=10)
     assert model.scores["test_mape"] < plain.scores["test_mape"]
@@ -101,10 +108,10 @@ def test_auto_picks_the_lowest_held_out_error_and_reports_every_kind():
     rng = np.random.default_rng(0)
     df["time_ms"] = 3e-6 * df.nnz**0.8 * df.dense_cols**1.2 * np.exp(rng.normal(0, 0.02, len(df)))
     model = fit_spmm(df, "auto", n_splits=30)
-    assert set(model.all_scores) == {"paper", "roofline", "learned", "learned-roofline"}
+    assert set(model.all_scores) == {"paper-spmm", "roofline", "learned", "learned-roofline"}  # 100 rows: too few for trees
     best = min(model.all_scores, key=lambda k: model.all_scores[k]["test_mape"])
     assert model.kind == best
-    assert model.scores["test_mape"] < model.all_scores["paper"]["test_mape"]
+    assert model.scores["test_mape"] < model.all_scores["paper-spmm"]["test_mape"]
     assert model.scores["test_r2"] > 0.95
 
 
@@ -207,7 +214,7 @@ def test_load_table_names_file_lines(tmp_path):
     path.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 + i},{5 + i},8,4,{0.1 * (i + 1)}" for i in range(30)) + "\n10,5,8,4,-3\n")
     df = load_table(path)
     with pytest.raises(UserError, match=r"spmm.csv line 32: time_ms = -3 must be > 0"):
-        fit_spmm(df, "paper", n_splits=5)
+        fit_spmm(df, "paper-spmm", n_splits=5)
     with pytest.raises(UserError, match="does not exist"):
         load_table(tmp_path / "nope.csv")
     with pytest.raises(UserError, match="unknown collective op 'broadcast'"):
@@ -251,12 +258,16 @@ def test_learned_boosted_follows_a_step_the_polynomial_cannot():
     df = _shapes(600, seed=6)
     # a kernel that turns 2.5x slower per row past 8000 rows (a change of regime)
     df["time_ms"] = 2e-6 * df.nnz * df.dense_cols**0.8 * np.where(df.rows > 8000, 2.5, 1.0)
-    smooth = fit_spmm(df, "learned-roofline", n_splits=5)
-    boosted = fit_spmm(df, "learned-boosted", n_splits=5)
-    assert boosted.scores["test_mape"] < 0.5 * smooth.scores["test_mape"]
+    calls = []
+    boosted = fit_spmm(df, "auto", n_splits=5, progress=lambda *a: calls.append(a))
+    smooth = boosted.all_scores["learned-roofline"]
+    assert boosted.kind == "learned-boosted"  # auto recovers the kind that can follow the step
+    assert boosted.scores["test_mape"] < 0.5 * smooth["test_mape"]
     assert boosted.scores["test_mape"] < 5.0
+    # progress: every kind reports its splits, ending at the count it scored
+    assert [c for c in calls if c[1] == c[2]] == [(k, 5, 5) for k in SPMM_KINDS]
     entry = json.loads(json.dumps(boosted.to_dict()))
-    assert entry["kind"] == "boosted" and entry["base"]["kind"] == "learned"
+    assert entry["kind"] == "learned-boosted" and entry["base"]["kind"] == "learned-roofline"
     again = spmm_models.predict_spmm_ms(entry, df.nnz, df.rows, df.common, df.dense_cols)
     np.testing.assert_allclose(again, boosted.predict(df), rtol=1e-9)
     # beyond the measured rows the trees stay constant: the base model alone scales
@@ -264,6 +275,75 @@ def test_learned_boosted_follows_a_step_the_polynomial_cannot():
     far = spmm_models.predict_spmm_ms(entry, 4e7, 4e6, 1e6, 1024) / spmm_models.predict_spmm_ms(entry["base"], 4e7, 4e6, 1e6, 1024)
     near = spmm_models.predict_spmm_ms(entry, 4e6, 4e5, 1e5, 512) / spmm_models.predict_spmm_ms(entry["base"], 4e6, 4e5, 1e5, 512)
     assert far == pytest.approx(near, rel=1e-9)
+
+
+def _known(kind):
+    """A model of ``kind`` built by hand (learned: t = 1e-5 (nnz + 1)^0.8 k^0.9 e^(0.05 log rows log k) lines(k)^0.3)."""
+    if kind == "paper-spmm":
+        return PaperSpmm(2e-3, 3e-6, 1e-6)
+    if kind == "roofline":
+        return Roofline({"const": 0.02, "flops": 1e-9, "sparse_bytes": 0.0, "dense_in_bytes": 0.0, "out_bytes": 2e-8, "rows": 1e-6})
+    return spmm_models.Learned.from_dict({
+        "kind": "learned", "features": "log-shape-lines-polynomial",
+        "exponents": [[1, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 1, 0, 1, 0], [0, 0, 0, 0, 1]],
+        "mean": [0.0] * 4, "scale": [1.0] * 4, "coef": [0.8, 0.9, 0.05, 0.3], "intercept": float(np.log(1e-5))})
+
+
+@pytest.mark.parametrize("kind, noise", [("paper-spmm", 0.0), ("roofline", 0.03), ("learned", 0.0)])
+def test_auto_recovers_the_kind_that_generated_the_data(kind, noise):
+    df = _shapes(140, seed=11)
+    truth = _known(kind)
+    clean = truth.predict(df.nnz, df.rows, df.common, df.dense_cols)
+    df["time_ms"] = clean * np.exp(np.random.default_rng(12).normal(0, noise, len(df)))
+    model = fit_spmm(df, "auto", n_splits=20)
+    assert model.kind == kind
+    assert type(model.model) is type(truth)
+    rel = np.abs(model.predict(df) / clean - 1)
+    assert rel.max() < (0.05 if noise else 1e-3)
+
+
+def _linear_problem(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.stack([np.ones(n), rng.uniform(1, 10, n)], axis=1)
+    y = X @ np.array([1.0, 2.0]) * np.exp(rng.normal(0, 0.2, n))
+
+    def fit(idx):
+        w = np.linalg.lstsq(X[idx], y[idx], rcond=None)[0]
+        return lambda rows: X[rows] @ w
+
+    return fit, X, y
+
+
+def test_scoring_stops_at_the_first_check_where_the_r2_standard_error_is_small_enough():
+    fit, X, y = _linear_problem()
+    target = 0.01
+    fast = repeated_split_scores(fit, y, n_splits=500, r2_sem=target, min_splits=20)
+    n = fast["splits"]
+    # by hand: held-out R^2 of each split, std / sqrt(n) at every tenth split from 20 on
+    train, test = split_indices(len(y), 500)
+    r2 = np.array([regression_scores(y[te], fit(tr)(te))["r2"] for tr, te in zip(train, test)])
+    sem = {m: r2[:m].std() / np.sqrt(m) for m in range(20, 501, 10)}
+    first = min(m for m, v in sem.items() if v <= target)
+    assert n == first < 500 and fast["test_r2_sem"] == pytest.approx(sem[first])
+    assert fast["test_r2"] == pytest.approx(r2[:n].mean()) and fast["splits_requested"] == 500
+    # the splits scored are the first n of the full run's: the same means as a run of n splits
+    prefix = repeated_split_scores(fit, y, n_splits=n)
+    assert {k: fast[k] for k in prefix} == prefix
+    # too strict a target: every split is scored
+    assert repeated_split_scores(fit, y, n_splits=40, r2_sem=1e-9, min_splits=20)["splits"] == 40
+
+
+def test_parallel_scoring_gives_the_same_scores(monkeypatch):
+    from plexus_tune.fit import scoring
+
+    fit, X, y = _linear_problem(seed=1)
+    serial = repeated_split_scores(fit, y, n_splits=60, r2_sem=0.01, min_splits=20)
+    monkeypatch.setattr(scoring, "PARALLEL_MIN_SECONDS", 0.0)  # even these cheap splits go to the workers
+    seen = []
+    parallel = repeated_split_scores(fit, y, n_splits=60, r2_sem=0.01, min_splits=20, n_jobs=2, progress=lambda d, t: seen.append((d, t)))
+    assert parallel == serial
+    # two splits in-process (one timed), then rounds of 10 per worker; the last call is the stop
+    assert seen[:2] == [(2, 60), (22, 60)] and seen[-1] == (serial["splits"], serial["splits"]) and serial["splits"] == 50
 
 
 def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
@@ -274,3 +354,52 @@ def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
     assert json.loads(text) == profile
     assert '"leaf": [\n' in text and "[0.5, -1.25]" in text and '"a": [1, 2]' in text
     assert text.endswith("}\n")
+
+
+def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
+    from plexus_tune.fit import fit_profile
+    from plexus_tune.model.machine import load_machine
+
+    logs = Path(__file__).resolve().parents[1] / "measurements" / "cpu-gloo-2026-11-23"
+    calls = []
+    fitted = fit_profile(spmm=logs / "spmm-sweep.jsonl", gemm=[logs / "spmm-shards.jsonl"], collectives=logs / "collectives.jsonl",
+                         runs=logs / "runs.jsonl", name="shipped-logs", n_splits=3, device_memory_gib=4,
+                         progress=lambda *a: calls.append(a))
+    profile = fitted.profile
+    machine = load_machine(profile)
+    assert machine.name == "shipped-logs" and machine.host_cores == 2 and machine.gpus_per_node == 8
+    # the inputs are the files the shipped profile names (same hashes) and every score is recorded
+    shipped = json.loads((logs.parents[1] / "models" / "cpu-gloo-2core-fitted-2026-11-23.json").read_text())
+    assert [i["sha256"] for i in profile["fit"]["inputs"]["spmm"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["spmm"]]
+    assert [i["sha256"] for i in profile["fit"]["inputs"]["runs"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["runs"]]
+    assert set(profile["fit"]["spmm"]["scores"]) == set(SPMM_KINDS)
+    assert profile["spmm"]["kind"] == fitted.report["spmm"]["chosen"] == fitted.spmm.kind
+    assert profile["fit"]["epoch"]["configurations"] == 50 and fitted.report["epoch"]["configurations"] == 50
+    assert fitted.report["time_sharing"] == {"host_cores": 2, "min": 2.0, "max": 4.0}
+    # progress: each stage starts and finishes, in pipeline order
+    stages = [c[0] for c in calls if c[1] == c[2]]
+    assert stages == [f"spmm {k}" for k in SPMM_KINDS] + ["collectives", "gemm", "epoch"]
+    # folding the run fit into the rates: the SpMM entry is the fitted model scaled by the epoch's spmm factor
+    shapes = (np.array([1e4, 3e5]), np.array([500.0, 9000.0]), np.array([800.0, 16000.0]), np.array([16.0, 64.0]))
+    np.testing.assert_allclose(spmm_models.predict_spmm_ms(profile["spmm"], *shapes),
+                               fitted.profile["fit"]["epoch"]["scales"]["spmm_ms"] * fitted.spmm.model.predict(*shapes), rtol=1e-12)
+
+
+def test_fit_profile_takes_tables_and_says_what_is_missing():
+    from plexus_tune.fit import fit_profile
+
+    df = _shapes(40)
+    df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols
+    coll = pd.DataFrame({"op": ["all_gather"] * 4, "group_size": [2, 2, 4, 4], "nodes": [1] * 4, "message_bytes": [1e3, 1e6, 1e3, 1e6],
+                         "time_ms": [0.0105, 0.02, 0.0307, 0.045]})
+    with pytest.raises(UserError, match="no GEMM measurements") as err:
+        fit_profile(spmm=df, collectives=coll, name="t", n_splits=0)
+    assert err.value.parameter == "gemm_tflops"  # the command line names its flag
+    fitted = fit_profile(spmm=df, collectives=coll, name="t", kind="roofline", n_splits=4, gemm_tflops=0.5, device_memory_gib=1)
+    assert fitted.profile["gemm_tflops"] == 0.5 and fitted.profile["spmm"]["kind"] == "roofline"
+    assert fitted.profile["fit"]["inputs"]["spmm"] == [{"table": "a table", "rows": 40}]
+    # an explicit kind is scored beside every other kind the 40 rows support: rows > (parameters + 2) / 0.7,
+    # so learned (21) needs 33, learned-roofline (27) 42 and learned-boosted (100) 146
+    assert set(fitted.profile["fit"]["spmm"]["scores"]) == {"paper-spmm", "roofline", "learned"}
+    with pytest.raises(UserError, match="number of splits"):
+        fit_profile(spmm=df, collectives=coll, name="t", n_splits=-1, gemm_tflops=0.5)

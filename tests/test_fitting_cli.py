@@ -72,14 +72,18 @@ def test_fit_writes_a_loadable_profile_with_provenance_and_scores(tmp_path, caps
     code = main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--machine-name", "fitted",
                  "--out", str(out), "--splits", "20", "--device-memory-gib", "4"])
     assert code == 0
-    text = capsys.readouterr().out
-    for kind in ("paper", "roofline", "learned"):
+    captured = capsys.readouterr()
+    text = captured.out
+    for kind in ("paper-spmm", "roofline", "learned", "learned-roofline"):
         assert kind in text
     assert "test R^2" in text and "epoch fit (total) on 12 configurations" in text
+    # progress on stderr (not a terminal: one plain line as each stage ends)
+    for stage in ("spmm paper-spmm: 20/20", "spmm learned-roofline: 20/20", "collectives: 1/1", "gemm: 20/20", "epoch: 1/1"):
+        assert f"fit: {stage} done" in captured.err
     profile = json.loads(out.read_text())
     machine = load_machine(str(out))
     assert machine.name == "fitted" and machine.gpus_per_node == 8
-    assert set(profile["fit"]["spmm"]["scores"]) == {"paper", "roofline", "learned", "learned-roofline"}
+    assert set(profile["fit"]["spmm"]["scores"]) == {"paper-spmm", "roofline", "learned", "learned-roofline"}
     assert profile["fit"]["spmm"]["scores"]["roofline"]["test_mape"] < 1e-3
     assert "provenance" in profile and "spmm" in profile["provenance"]
     # exact synthetic data: the epoch scales come back and are folded into the rates
@@ -135,11 +139,51 @@ def test_fit_bad_csv_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_fit_names_the_kinds_and_the_flag_of_a_missing_gemm_rate(tmp_path, capsys):
+    spmm, coll, _ = _logs(tmp_path)
+    out = tmp_path / "x.json"
+    assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--kind", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown SpMM model kind 'paper' to fit" in err and "'paper-spmm'" in err and "learned-boosted" in err
+    csv = tmp_path / "spmm.csv"  # SpMM timings alone: no GEMM records to fall back on
+    csv.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 * i},{5 + i},8,4,{0.1 * (i + 1)}" for i in range(1, 30)) + "\n")
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0"]) == 2
+    assert "no GEMM measurements" in (err := capsys.readouterr().err) and err.strip().endswith("(--gemm-tflops)")
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0",
+                 "--gemm-tflops", "0.5", "--kind", "roofline", "--device-memory-gib", "2"]) == 0
+    profile = json.loads(out.read_text())
+    assert profile["gemm_tflops"] == 0.5 and profile["provenance"]["gemm_tflops"] == "--gemm-tflops"
+    assert profile["provenance"]["device_memory_gib"] == "--device-memory-gib" and profile["spmm"]["kind"] == "roofline"
+
+
 def test_bandwidth_table_is_kept_only_if_no_held_out_score_is_worse():
-    from plexus_tune.cli.fit import _no_worse
+    from plexus_tune.fit import no_worse as _no_worse
 
     formula = {"test_r2": 0.64, "test_mape": 40.8}
     assert not _no_worse({"test_r2": 0.10, "test_mape": 31.7}, formula)  # lower MAPE, far worse R^2
     assert not _no_worse({"test_r2": 0.90, "test_mape": 45.0}, formula)
     assert _no_worse({"test_r2": 0.90, "test_mape": 30.0}, formula)
     assert not _no_worse({}, formula)
+
+
+def test_progress_off_a_terminal_is_a_line_per_finished_stage_and_every_interval():
+    import io
+
+    from plexus_tune.cli.fit import ProgressReporter
+
+    now = [100.0]
+    out = io.StringIO()
+    reporter = ProgressReporter(stream=out, interval_s=10.0)
+    reporter.clock = lambda: now[0]
+    reporter.started = reporter.last = 100.0
+    for t, done in ((101.0, 10), (105.0, 20), (112.0, 30), (115.0, 40), (123.0, 50)):
+        now[0] = t
+        reporter("spmm learned-boosted", done, 1000)
+    now[0] = 124.0
+    reporter("spmm learned-boosted", 60, 60)  # stopped early: total shrinks to what was scored
+    reporter.close()
+    assert out.getvalue().splitlines() == [
+        "fit: spmm learned-boosted: 30/1000 running (11.0 s; 12.0 s in all)",
+        "fit: spmm learned-boosted: 50/1000 running (22.0 s; 23.0 s in all)",
+        "fit: spmm learned-boosted: 60/60 done (23.0 s; 24.0 s in all)",
+    ]

@@ -120,7 +120,7 @@ def test_datasets_and_machines_listings(run_cli):
     from plexus_tune.model.spmm import describe_spmm_model
 
     text = describe_spmm_model(load_machine("cpu-gloo-2core-fitted").spmm)
-    assert text.startswith("boosted: 150 trees of depth 5 on log-shape-footprints; correcting learned: ridge on ")
+    assert text.startswith("learned-boosted: 150 trees of depth 5 on log-shape-footprints; correcting learned-roofline: ridge on ")
     assert "; correcting roofline: const " in text
     code, out, _ = run_cli(["machines", "--fields"])
     assert code == 0 and "bandwidth_table" in out

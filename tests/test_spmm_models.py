@@ -1,8 +1,35 @@
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.spmm import monomial_exponents, predict_spmm_ms
+from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.spmm import (
+    FIT_KINDS,
+    SPMM_MODELS,
+    LearnedBoosted,
+    LearnedRoofline,
+    Paper,
+    Roofline,
+    current_kind,
+    monomial_exponents,
+    predict_spmm_ms,
+    spmm_model_from_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOF = {"const": 1.0, "flops": 0.0, "sparse_bytes": 0.0, "dense_in_bytes": 0.0, "out_bytes": 0.0, "rows": 0.01}
+
+
+def _shapes(n, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = np.round(np.exp(rng.uniform(np.log(50), np.log(20000), n)))
+    common = np.round(np.exp(rng.uniform(np.log(50), np.log(20000), n)))
+    k = 2.0 ** rng.integers(0, 8, n)
+    nnz = np.round(rows * np.exp(rng.uniform(0, np.log(30), n)))
+    return nnz, rows, common, k
 
 
 def test_learned_evaluator_by_hand():
@@ -15,18 +42,44 @@ def test_learned_evaluator_by_hand():
     assert predict_spmm_ms(model, 5, 5, 5, k) == pytest.approx(np.exp(0.5 * (9.0 - 1.0) / 2.0))
 
 
-def test_learned_with_roofline_base_multiplies_it():
-    base = {"kind": "roofline", "coefficients": {"const": 1.0, "flops": 0.0, "sparse_bytes": 0.0, "dense_in_bytes": 0.0, "out_bytes": 0.0, "rows": 0.01}}
-    model = {"kind": "learned", "exponents": [[0, 1, 0, 0]], "mean": [0.0], "scale": [1.0], "coef": [0.0], "intercept": float(np.log(3.0)), "base": base}
+def test_older_learned_with_roofline_base_loads_as_learned_roofline():
+    base = {"kind": "roofline", "coefficients": ROOF}
+    old = {"kind": "learned", "exponents": [[0, 1, 0, 0]], "mean": [0.0], "scale": [1.0], "coef": [0.0], "intercept": float(np.log(3.0)), "base": base}
+    assert current_kind(old) == "learned-roofline"
+    model = spmm_model_from_dict(old)
+    assert isinstance(model, LearnedRoofline) and isinstance(model.base, Roofline)
     # base = 1 + 0.01 rows = 2 at rows=100; correction exp(log 3) = 3
-    assert predict_spmm_ms(model, 50, 100, 10, 8) == pytest.approx(6.0)
+    assert predict_spmm_ms(old, 50, 100, 10, 8) == pytest.approx(6.0)
+    new = model.to_dict()
+    assert new["kind"] == "learned-roofline" and new["base"]["kind"] == "roofline"
+    assert predict_spmm_ms(new, 50, 100, 10, 8) == predict_spmm_ms(old, 50, 100, 10, 8)
+    # a plain learned model (older fits wrote "base": null) stays learned
+    assert current_kind({**old, "base": None}) == "learned"
+    with pytest.raises(UserError, match="only a roofline base"):
+        spmm_model_from_dict({**old, "base": {"kind": "paper-spmm", "c0": 1.0, "c1": 0.0, "c2": 0.0}})
 
 
-def test_paper_spmm_alias_equals_paper():
+def test_older_boosted_loads_as_learned_boosted():
+    learned = {"kind": "learned", "exponents": [[1, 0, 0, 0]], "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0}
+    # one depth-1 tree: z[0] = log(nnz + 1) <= log 5 -> leaf 0.0, else 1.0 (x e^0.5 at rate 0.5)
+    old = {"kind": "boosted", "features": "log-shape-polynomial", "depth": 1, "learning_rate": 0.5, "init": 0.0,
+           "feature": [[0]], "threshold": [[float(np.log(5.0))]], "leaf": [[0.0, 1.0]], "base": learned}
+    model = spmm_model_from_dict(old)
+    assert isinstance(model, LearnedBoosted) and model.base.name == "learned"
+    assert predict_spmm_ms(old, 3, 1, 1, 1) == pytest.approx(4.0)  # base nnz + 1 = 4, leaf 0
+    assert predict_spmm_ms(old, 9, 1, 1, 1) == pytest.approx(10.0 * np.exp(0.5))
+    assert model.to_dict()["kind"] == "learned-boosted"
+    assert model.describe() == "learned-boosted: 1 trees of depth 1 on log-shape-polynomial; correcting learned: ridge on 1 monomials of degree <= ? of log-shape-polynomial"
+
+
+def test_paper_and_paper_spmm_evaluate_the_same_formula_and_only_paper_spmm_fits():
     coefs = {"c0": 1e-3, "c1": 2e-6, "c2": -1e-6}
     a = predict_spmm_ms({"kind": "paper", **coefs}, 100, 200, 400, 4)
     b = predict_spmm_ms({"kind": "paper-spmm", **coefs}, 100, 200, 400, 4)
     assert a == b == pytest.approx(20 * (1e-3 + 2e-6 * 100 - 1e-6 * 50))
+    assert "paper" not in FIT_KINDS and set(FIT_KINDS) == set(SPMM_MODELS) - {"paper"}
+    with pytest.raises(UserError, match="paper-spmm"):
+        Paper().fit(_shapes(10), np.ones(10))
 
 
 def test_monomials_and_bad_models():
@@ -36,6 +89,22 @@ def test_monomials_and_bad_models():
         predict_spmm_ms({"kind": "learned", "exponents": [], "mean": [], "scale": [], "intercept": 0}, 1, 1, 1, 1)
     with pytest.raises(UserError, match="unknown SpMM model kind"):
         predict_spmm_ms({"kind": "magic"}, 1, 1, 1, 1)
+    with pytest.raises(UserError, match=r"lacks coefficients \['rows'\]"):
+        predict_spmm_ms({"kind": "roofline", "coefficients": {k: 0.0 for k in list(ROOF)[:-1]}}, 1, 1, 1, 1)
+    with pytest.raises(UserError, match="finite number"):
+        spmm_model_from_dict({"kind": "paper-spmm", "c0": "fast", "c1": 0, "c2": 0})
+    with pytest.raises(UserError, match="lacks its 'base'"):
+        spmm_model_from_dict({"kind": "learned-boosted", "depth": 1, "feature": [], "threshold": [], "leaf": []})
+
+
+def test_polynomial_features_against_brute_force():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(7, 3))
+    exps = monomial_exponents(3, 3)
+    brute = np.array([[np.prod([row[j] ** e[j] for j in range(3)]) for e in exps] for row in z])
+    got = spmm_models.polynomial_features(z, exps)
+    np.testing.assert_allclose(got, brute, rtol=1e-14)
+    assert got.flags.c_contiguous
 
 
 def test_cache_lines_per_row_against_brute_force():
@@ -74,3 +143,77 @@ def test_learned_model_does_not_extrapolate_beyond_its_fitted_box():
              "z_min": [0.0, 0.0, 0.0, float(np.log(2))], "z_max": [99.0, 99.0, 99.0, float(np.log(8))]}
     t = predict_spmm_ms(model, 10, 10, 10, [1, 4, 64])
     np.testing.assert_allclose(t, np.exp(np.log([2.0, 4.0, 8.0]) ** 2))
+
+
+@pytest.fixture(scope="module")
+def fitted_kinds():
+    """Every fittable kind fitted on one noisy synthetic data set (boosted needs 150 rows)."""
+    shapes = _shapes(220, seed=3)
+    nnz, rows, common, k = shapes
+    rng = np.random.default_rng(4)
+    time_ms = (0.01 + 2e-6 * nnz * k**0.9 + 1e-7 * rows * k) * np.where(rows > 4000, 1.6, 1.0) * np.exp(rng.normal(0, 0.05, len(k)))
+    return shapes, {name: SPMM_MODELS[name]().fit(shapes, time_ms) for name in FIT_KINDS}
+
+
+def test_every_kind_round_trips_through_json_with_identical_predictions(fitted_kinds):
+    fresh = _shapes(50, seed=9)
+    far = (np.array([1e8, 0.0]), np.array([1e7, 3.0]), np.array([1e7, 2.0]), np.array([2048.0, 1.0]))  # outside the data
+    for name, model in fitted_kinds[1].items():
+        entry = json.loads(json.dumps(model.to_dict()))
+        assert entry["kind"] == name
+        again = spmm_model_from_dict(entry)
+        assert type(again) is type(model) and again.to_dict() == entry
+        for shapes in (fresh, far):
+            np.testing.assert_array_equal(again.predict(*shapes), model.predict(*shapes))
+            np.testing.assert_array_equal(predict_spmm_ms(entry, *shapes), model.predict(*shapes))
+        assert again.describe() == model.describe() and again.describe().startswith(name + ":")
+        assert model.n_parameters == type(model).n_parameters > 0
+
+
+def test_every_kind_scales_its_predictions(fitted_kinds):
+    fresh = _shapes(30, seed=10)
+    for name, model in {**fitted_kinds[1], "paper": Paper(1e-3, 2e-6, -1e-6)}.items():
+        scaled = model.scaled(2.5)
+        assert type(scaled) is type(model)
+        np.testing.assert_allclose(scaled.predict(*fresh), 2.5 * model.predict(*fresh), rtol=1e-12)
+        np.testing.assert_array_equal(model.predict(*fresh), spmm_model_from_dict(model.to_dict()).predict(*fresh))  # unchanged
+
+
+def test_fitted_boosted_corrects_a_learned_roofline(fitted_kinds):
+    boosted = fitted_kinds[1]["learned-boosted"]
+    entry = boosted.to_dict()
+    assert entry["base"]["kind"] == "learned-roofline" and entry["base"]["base"]["kind"] == "roofline"
+    assert len(entry["feature"]) == spmm_models.BOOSTING["n_estimators"]
+    assert all(len(t) == 2 ** entry["depth"] - 1 for t in entry["threshold"])
+
+
+def test_unfitted_model_says_so():
+    with pytest.raises(ValueError, match="not fitted"):
+        Roofline().predict(1, 1, 1, 1)
+    assert "not fitted" in repr(LearnedBoosted())
+
+
+def test_shipped_profiles_predict_as_before():
+    """Per-SpMM times and predict's spmm_ms of every shipped profile, as computed before the kinds became classes."""
+    from plexus_tune.cli import main
+    from plexus_tune.model.machine import load_machine
+
+    golden = json.loads((ROOT / "tests" / "data" / "shipped_spmm_predictions.json").read_text())
+    shapes = golden["shapes"]
+    args = {"ogbn-products G=8": ["--dataset", "ogbn-products", "--gpus", "8"],
+            "rmat-16384 G=6": ["--nodes", "16384", "--nnz", "278528", "--features", "64", "--classes", "8", "--hidden", "64", "--gpus", "6"]}
+    assert set(golden["profiles"]) == {p.stem for p in (ROOT / "models").glob("*.json")}
+    for name, expected in golden["profiles"].items():
+        machine = load_machine(name)
+        got = predict_spmm_ms(machine.spmm, shapes["nnz"], shapes["rows"], shapes["common"], shapes["dense_cols"])
+        np.testing.assert_allclose(got, expected["spmm_ms"], rtol=1e-12, atol=0)
+        for case, grids in expected["predict"].items():
+            import contextlib
+            import io
+
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                main(["predict", *args[case], "--machine", name, "--top", "0", "--format", "json"])
+            rows = {r["grid"]: r["spmm_ms"] for r in json.loads(out.getvalue())}
+            assert rows.keys() == grids.keys()
+            np.testing.assert_allclose([rows[g] for g in grids], list(grids.values()), rtol=1e-12, atol=0)

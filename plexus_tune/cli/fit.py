@@ -1,17 +1,23 @@
-"""``plexus-tune fit``: a machine profile from calibration logs and trainer runs."""
+"""``plexus-tune fit``: a machine profile from calibration logs and trainer runs.
+
+The work is :func:`plexus_tune.fit.fit_profile`; this module parses the arguments,
+shows progress on stderr, prints the scores and writes the profile.
+"""
 
 from __future__ import annotations
 
+#: flags of the arguments whose values the profile's provenance names
+_GIVEN = {"gpus_per_node": "--gpus-per-node", "device_memory_gib": "--device-memory-gib", "gemm_tflops": "--gemm-tflops", "host_cores": "--host-cores"}
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "fit",
         help="fit a machine profile from SpMM, collective and trainer-run logs",
-        description="Fit the SpMM model (every kind scored on repeated random 70/30 splits; --kind auto "
+        description="Fit the SpMM model (every kind scored on the same random 70/30 splits; --kind auto "
         "keeps the lowest held-out MAPE), the collective network model (every form scored on the same "
         "splits and by leaving each message size out; auto keeps the lowest leave-sizes-out MAPE), GEMM throughput, and, from trainer runs, the epoch-level "
-        "scale factors and overhead; write the profile with provenance and scores.",
+        "scale factors and overhead; write the profile with provenance and scores. Progress goes to stderr.",
     )
     parser.add_argument("--spmm", required=True, nargs="+", metavar="FILE", help="SpMM logs (calibrate spmm) or CSV with nnz,rows,common,dense_cols,time_ms")
     parser.add_argument("--collectives", required=True, nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
@@ -19,8 +25,13 @@ def register(subparsers) -> None:
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
     parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
-    parser.add_argument("--kind", default="auto", choices=("auto", "paper", "roofline", "learned", "learned-roofline", "learned-boosted"), help="SpMM model kind (default auto)")
-    parser.add_argument("--splits", type=int, default=1000, help="random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--kind", default="auto", help="SpMM model kind to fit (default auto: the lowest held-out MAPE); every kind "
+                        "the data supports is scored beside it, and an unknown name lists them")
+    parser.add_argument("--splits", type=int, default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--r2-sem", type=float, default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
+                        "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
+    parser.add_argument("--jobs", type=int, default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
+                        "1: none); the scores do not depend on it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
@@ -36,215 +47,146 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def _load(paths, schema):
-    import pandas as pd
-
-    from plexus_tune.fit import load_table
-
-    frames = [load_table(p, schema=schema) for p in paths]
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame()
-    if len(frames) == 1:
-        return frames[0]
-    out = pd.concat(frames, ignore_index=True)
-    out.attrs["source"] = ", ".join(map(str, paths))
-    return out
-
-
-def _file_info(path) -> dict:
-    import hashlib
-    from pathlib import Path
-
-    data = Path(path).read_bytes()
-    return {"path": str(path), "sha256": hashlib.sha256(data).hexdigest()[:16], "lines": data.count(b"\n")}
-
-
 def _fmt(v, pct=False):
     if v is None:
         return "-"
     return f"{v:.1f}" if pct else (f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}")
 
 
+class ProgressReporter:
+    """``progress(stage, done, total)`` for :func:`plexus_tune.fit.fit_profile`, shown on stderr.
+
+    On a terminal: a rich progress bar per stage. Otherwise: one plain line when a stage
+    ends and at most one every ``interval_s`` seconds while it runs.
+    """
+
+    def __init__(self, stream=None, interval_s: float = 10.0):
+        import sys
+        import time
+
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self.clock = time.monotonic
+        self.started = self.last = self.clock()
+        self.stage_started: dict = {}
+        self.bar = None
+        self.tasks: dict = {}
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(file=self.stream), transient=False)
+            self.bar.start()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = self.clock()
+        self.stage_started.setdefault(stage, now)
+        if self.bar is not None:
+            if stage not in self.tasks:
+                self.tasks[stage] = self.bar.add_task(stage, total=total)
+            self.bar.update(self.tasks[stage], completed=done, total=total)
+            return
+        finished = done >= total
+        if finished or now - self.last >= self.interval_s:
+            self.last = now
+            what = "done" if finished else "running"
+            print(f"fit: {stage}: {done}/{total} {what} ({now - self.stage_started[stage]:.1f} s; {now - self.started:.1f} s in all)",
+                  file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 def run(args) -> int:
     import os
     import warnings
 
-    import numpy as np
     from rich.console import Console
     from rich.table import Table
 
     from plexus_tune import fit as fitting
     from plexus_tune.errors import UserError
-    from plexus_tune.model.machine import Machine
-    from plexus_tune.measure.store import environment_info, now_utc
 
-    console = Console(width=max(Console().width, 110))
     if args.splits < 0:
         raise UserError("--splits must be >= 0")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        spmm_df = _load(args.spmm, "spmm")
-        coll_df = _load(args.collectives, "collective")
-        gemm_df = _load(args.gemm or args.spmm, "gemm")
-    if not len(spmm_df):
-        raise UserError(f"no SpMM measurements in {', '.join(args.spmm)}")
-    if not len(coll_df):
-        raise UserError(f"no collective measurements in {', '.join(args.collectives)}")
-
-    # SpMM: every kind on the same splits
-    spmm = fitting.fit_spmm(spmm_df, args.kind, n_splits=args.splits, seed=args.seed)
-    if args.kind != "auto":
-        others = [k for k in fitting.SPMM_KINDS if k != args.kind and len(spmm_df) >= fitting.min_rows(fitting.SPMM_PARAMETERS[k])]
-        for k in others:
-            spmm.all_scores[k] = fitting.fit_spmm(spmm_df, k, n_splits=args.splits, seed=args.seed).scores
-    table = Table(title=f"SpMM models on {len(spmm_df)} measurements, {args.splits} random 70/30 splits (means; * chosen)")
-    for col in ("kind", "train R^2", "test R^2", "train RMSE ms", "test RMSE ms", "train MAPE %", "test MAPE %"):
-        table.add_column(col, justify="left" if col == "kind" else "right")
-    for row in fitting.scores_table_rows(spmm.all_scores):
-        mark = " *" if row["kind"] == spmm.kind else ""
-        table.add_row(row["kind"] + mark, _fmt(row["train_r2"]), _fmt(row["test_r2"]), _fmt(row["train_rmse_ms"]), _fmt(row["test_rmse_ms"]), _fmt(row["train_mape"], True), _fmt(row["test_mape"], True))
-    console.print(table)
-
-    # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
+    if args.r2_sem < 0:
+        raise UserError("--r2-sem must be >= 0 (0: score every split)")
+    if args.jobs < 0:
+        raise UserError("--jobs must be >= 0 (0: one per CPU)")
     if args.host_cores is not None and args.host_cores < 0:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
-    if args.host_cores is not None:
-        host_cores = args.host_cores or None
-        cores_from = "--host-cores"
-    elif "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
-        host_cores = int(np.nanmax(fitting.pd_numeric(coll_df["machine_info.cpu_count"], np.nan)))
-        cores_from = "CPU count recorded in the gloo collective logs"
-    else:
-        host_cores, cores_from = None, None
-    stretch = fitting.collective_time_sharing(coll_df, host_cores)
-    if np.any(stretch > 1):
-        coll_df = coll_df.copy()
-        coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
-        console.print(f"collective timings divided by the oversubscription they ran under ({host_cores} cores): x{stretch.min():.3g} to x{stretch.max():.3g}")
+    console = Console(width=max(Console().width, 110))
+    progress = ProgressReporter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # every skipped input line is reported
+            fitted = fitting.fit_profile(
+                spmm=args.spmm, collectives=args.collectives, gemm=args.gemm, runs=args.runs, name=args.machine_name,
+                kind=args.kind, n_splits=args.splits, seed=args.seed, r2_sem=args.r2_sem or None, n_jobs=args.jobs or os.cpu_count() or 1,
+                table=not args.no_table, collective_form=args.collective_form, host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
+                device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
+                elementwise_gbps=args.elementwise_gbps, description=args.description, source=args.out, progress=progress,
+            )
+    except UserError as exc:
+        flag = _GIVEN.get(getattr(exc, "parameter", None))
+        if flag:
+            raise UserError(f"{exc} ({flag})") from None
+        raise
+    finally:
+        progress.close()
+    profile, report = fitted.profile, fitted.report
+    for key, flag in _GIVEN.items():  # the library says "given": name the flag
+        if str(profile["provenance"].get(key, "")).startswith("given"):
+            profile["provenance"][key] = flag
 
-    # collectives: every form scored; the profile's network model is the chosen one
-    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
-    logged_gpn = np.nanmax(fitting.pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
-    gpn = int(args.gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
-    coll = fitting.fit_collectives(coll_df, n_splits=args.splits, seed=args.seed, form=args.collective_form,
-                                   table=not args.no_table and "stride" in coll_df, gpus_per_node=gpn)
-    ctable = Table(title=f"collective models on {coll.n_samples} measurements: {args.splits} random 70/30 splits and each "
+    spmm = report["spmm"]
+    table = Table(title=f"SpMM models on {spmm['samples']} measurements, up to {args.splits} random 70/30 splits (means; * chosen)")
+    table.add_column("kind", no_wrap=True, min_width=max(len(row["kind"]) for row in spmm["rows"]) + 2)
+    for col in ("splits", "train R^2", "test R^2", "train RMSE ms", "test RMSE ms", "train MAPE %", "test MAPE %"):
+        table.add_column(col, justify="right")
+    for row in spmm["rows"]:
+        mark = " *" if row["kind"] == spmm["chosen"] else ""
+        splits = fitted.spmm.all_scores.get(row["kind"], {}).get("splits")
+        table.add_row(row["kind"] + mark, "-" if splits is None else str(splits), _fmt(row["train_r2"]), _fmt(row["test_r2"]),
+                      _fmt(row["train_rmse_ms"]), _fmt(row["test_rmse_ms"]), _fmt(row["train_mape"], True), _fmt(row["test_mape"], True))
+    console.print(table)
+
+    sharing = report["time_sharing"]
+    if sharing:
+        console.print(f"collective timings divided by the oversubscription they ran under ({sharing['host_cores']} cores): x{sharing['min']:.3g} to x{sharing['max']:.3g}")
+    coll = report["collectives"]
+    ctable = Table(title=f"collective models on {coll['samples']} measurements: up to {args.splits} random 70/30 splits and each "
                    f"message size left out (means; * chosen)")
     for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %"):
         ctable.add_column(col, justify="left" if col == "model" else "right")
-    for name, sc in coll.all_scores.items():
-        ctable.add_row(name + (" *" if name == coll.name else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
+    for name, sc in coll["scores"].items():
+        ctable.add_row(name + (" *" if name == coll["chosen"] else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
                        _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True))
     console.print(ctable)
-    net = coll.network
-    console.print(f"collectives: {coll.name}; alpha {net.alpha_intra_us:.4g} / {net.alpha_inter_us:.4g} us, beta "
-                  f"{net.beta_intra_gbps:.4g} / {net.beta_inter_gbps:.4g} GB/s (intra / inter)"
-                  + (f"; {len(coll.table)} table entries" if coll.table else "")
-                  + (f"; {len(net.entries)} per-span entries" if coll.form == "per-span" else ""))
-    if coll.placement_mismatches:
-        console.print(f"warning: {coll.placement_mismatches} collective timings span other node counts than groups of their "
-                      f"stride on nodes of {gpn} GPUs; the model places them as predictions do")
+    alpha, beta = coll["alpha_us"], coll["beta_gbps"]
+    console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
+                  f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"
+                  + (f"; {coll['table_entries']} table entries" if coll["table_entries"] else "")
+                  + (f"; {coll['per_span_entries']} per-span entries" if coll["per_span_entries"] else ""))
+    if coll["placement_mismatches"]:
+        console.print(f"warning: {coll['placement_mismatches']} collective timings span other node counts than groups of their "
+                      f"stride on nodes of {profile['gpus_per_node']} GPUs; the model places them as predictions do")
 
-    # GEMM
-    gemm = None
-    if len(gemm_df):
-        gemm = fitting.fit_gemm(gemm_df, n_splits=args.splits, seed=args.seed)
-        gemm_tflops = gemm.tflops
-        console.print(f"GEMM: {gemm.tflops:.4f} TFLOP/s + {gemm.overhead_ms:.4f} ms per call on {len(gemm_df)} measurements (test MAPE {gemm.scores.get('test_mape', float('nan')):.1f} %)")
-    elif args.gemm_tflops:
-        gemm_tflops = float(args.gemm_tflops)
-    else:
-        raise UserError("no GEMM measurements found; run 'plexus-tune calibrate spmm --graph ...' or give --gemm-tflops")
-
-    if args.device_memory_gib:
-        mem = float(args.device_memory_gib)
-    else:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / gpn
-    env = environment_info()
-    stamp = now_utc()
-    profile = {
-        "schema": "plexus-tune/machine/1",
-        "name": args.machine_name,
-        "description": args.description or f"fitted on {env.get('host', 'this host')} ({env.get('processor', '')}, {env.get('cpu_count')} CPUs, {coll_df['backend'].iloc[0] if 'backend' in coll_df else 'gloo'}) on {stamp[:10]}",
-        "gpus_per_node": gpn,
-        "device_memory_gib": round(mem, 3),
-        "gemm_tflops": gemm_tflops,
-        "elementwise_gbps": float(args.elementwise_gbps),
-        "spmm": spmm.to_dict(),
-        "collectives": coll.to_dict(),
-    }
-    if host_cores:
-        profile["host_cores"] = int(host_cores)
-        profile["threads_per_rank"] = 1
-    provenance = {
-        "gpus_per_node": "--gpus-per-node" if args.gpus_per_node else (f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn) else f"largest world size in the collective logs ({world})"),
-        "device_memory_gib": "--device-memory-gib" if args.device_memory_gib else "host memory / gpus_per_node",
-        "gemm_tflops": f"fit_gemm on {len(gemm_df)} GEMM timings" if gemm else "--gemm-tflops",
-        "elementwise_gbps": f"starting value {args.elementwise_gbps} GB/s",
-        "spmm": f"fit_spmm kind {spmm.kind} (chosen {'by lowest held-out MAPE' if args.kind == 'auto' else 'by --kind'}) on {len(spmm_df)} SpMM timings",
-        "collectives": f"fit_collectives form {coll.name} ("
-        + (f"lowest {coll.selected_by} of {len(coll.all_scores)} candidates" if coll.selected_by else "--collective-form")
-        + f"; relative least squares) on {coll.n_samples} timings"
-        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
-        + ("; times divided by the oversubscription of each calibration run" if np.any(stretch > 1) else ""),
-    }
-    if host_cores:
-        provenance["host_cores"] = cores_from
-        provenance["threads_per_rank"] = "1, as the trainer runs each rank when ranks outnumber cores"
-    fit_info = {
-        "date": stamp,
-        "environment": env,
-        "inputs": {
-            "spmm": [_file_info(p) for p in args.spmm],
-            "collectives": [_file_info(p) for p in args.collectives],
-            "runs": [_file_info(p) for p in (args.runs or [])],
-            "gemm": [_file_info(p) for p in (args.gemm or [])],
-        },
-        "splits": args.splits,
-        "seed": args.seed,
-        "spmm": {"chosen": spmm.kind, "samples": len(spmm_df), "scores": spmm.all_scores},
-        "collectives": {"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
-                        "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
-                        "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"},
-        "gemm": {"tflops": gemm.tflops, "overhead_ms": gemm.overhead_ms, "scores": gemm.scores} if gemm else None,
-    }
-    Machine.from_dict(profile, source=args.out)  # validates before any epoch fit
-
-    if args.runs:
-        from plexus_tune.fit.validation import predict_runs
-        from plexus_tune.measure.records import runs_table
-        from plexus_tune.measure.store import read_runs
-
-        runs = predict_runs(runs_table(read_runs(args.runs)), profile)
-        raw_mape = float(100 * np.mean(np.abs(runs["pred_epoch_ms"] - runs["obs_epoch_ms"]) / runs["obs_epoch_ms"]))
-        epoch = fitting.fit_epoch(runs, n_splits=args.splits, seed=args.seed)
-        profile = fitting.apply_epoch_fit(profile, epoch)
-        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {len(runs)} trainer configurations (median over trials)"
-        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
-            provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
-        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": len(runs), "mape_before_run_fit": raw_mape, "scores": epoch.scores}
-        s = epoch.scores
+    gemm = report["gemm"]
+    if gemm:
+        console.print(f"GEMM: {gemm['tflops']:.4f} TFLOP/s + {gemm['overhead_ms']:.4f} ms per call on {gemm['samples']} measurements (test MAPE {gemm['scores'].get('test_mape', float('nan')):.1f} %)")
+    epoch = report["epoch"]
+    if epoch:
+        s = epoch["scores"]
         console.print(
-            f"epoch fit ({epoch.method}) on {len(runs)} configurations: scales "
-            + ", ".join(f"{k} x{v:.3g}" for k, v in epoch.scales.items())
-            + f", overhead {epoch.overhead_ms:.2f} ms; MAPE {raw_mape:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
+            f"epoch fit ({epoch['method']}) on {epoch['configurations']} configurations: scales "
+            + ", ".join(f"{k} x{v:.3g}" for k, v in epoch["scales"].items())
+            + f", overhead {epoch['overhead_ms']:.2f} ms; MAPE {epoch['mape_before']:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
         )
-    profile["provenance"] = provenance
-    profile["fit"] = fit_info
-    Machine.from_dict(profile, source=args.out)
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(tmp, "w") as fh:
-        fh.write(fitting.profile_json_text(profile))
-    os.replace(tmp, args.out)
-    console.print(f"wrote {args.out}")
+    fitting.write_profile(profile, args.out)
+    seconds = report["seconds"]
+    console.print(f"wrote {args.out} (" + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()) + ")")
     return 0
-
-
-def _no_worse(scores: dict, baseline: dict) -> bool:
-    """Held-out R^2 no lower and held-out MAPE no higher than the baseline's (the bandwidth table rule)."""
-    from plexus_tune.fit.collectives import no_worse
-
-    return no_worse(scores, baseline)

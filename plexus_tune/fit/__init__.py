@@ -1,5 +1,6 @@
 """Fit machine-profile parameters from measurement logs, scikit-learn style: each ``fit_*`` takes a
-DataFrame and returns a model with ``predict``, ``scores`` and ``to_dict`` (see docs/architecture.md)."""
+DataFrame and returns a model with ``predict``, ``scores`` and ``to_dict``; :func:`fit_profile`
+turns logs into a whole machine profile (see docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from plexus_tune.fit.tables import (  # noqa: F401
 from plexus_tune.fit.scoring import (  # noqa: F401
     DEFAULT_SPLITS,
     TRAIN_FRACTION,
-    RIDGE_ALPHAS,
+    R2_SEM,
+    MIN_SPLITS,
     min_rows,
     regression_scores,
     single_threaded_blas,
@@ -62,8 +64,12 @@ from plexus_tune.fit.epoch import (  # noqa: F401
 )
 from plexus_tune.fit.profile import (  # noqa: F401
     MIN_SCALE,
+    FittedProfile,
+    fit_profile,
+    load_tables,
     scale_spmm_entry,
     apply_epoch_fit,
     json_copy,
     profile_json_text,
+    write_profile,
 )

@@ -1,42 +1,62 @@
-"""Assemble machine profiles from fitted models."""
+"""Assemble machine profiles from fitted models: :func:`fit_profile` turns logs into a profile.
+
+The steps (docs/profiles.md, fitted profiles): the SpMM model (every kind scored on the
+same random 70/30 splits, auto keeping the lowest held-out MAPE), collective timings
+divided by the oversubscription they ran under on a CPU host, the collective network
+model (every form scored on random splits and by leaving message sizes out; a bus
+bandwidth table kept only if no held-out score is worse), the GEMM rate, and from trainer runs the epoch-level scale factors and
+overhead, folded into the rates. The profile records where every number came from
+(``provenance``) and every score (``fit``).
+"""
 
 from __future__ import annotations
-import math
-from collections.abc import Mapping
-from plexus_tune.errors import UserError
-from plexus_tune.fit.epoch import EpochModel
-from plexus_tune.model.collectives import scale_collectives
 
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
+from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
+from plexus_tune.fit.gemm import GemmModel, fit_gemm
+from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
+from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
+from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
+from plexus_tune.fit.validation import predict_runs
+from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.store import environment_info, now_utc, read_runs
+from plexus_tune.model.collectives import scale_collectives
+from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.machine import Machine
 
 # --------------------------------------------------------------------------- profiles
 
 #: floor for a fitted epoch scale factor (a zero would make a rate infinite)
 MIN_SCALE = 0.05
+#: the schema tag of profiles written by :func:`fit_profile`
+PROFILE_SCHEMA = "plexus-tune/machine/1"
 
 
 def scale_spmm_entry(entry: Mapping, s: float) -> dict:
-    """An SpMM model entry whose predictions are multiplied by s."""
-    entry = dict(entry)
-    kind = entry.get("kind")
-    if kind in ("paper", "paper-spmm"):
-        for key in ("c0", "c1", "c2"):
-            entry[key] = float(entry[key]) * s
-    elif kind == "roofline":
-        entry["coefficients"] = {k: float(v) * s for k, v in entry["coefficients"].items()}
-    elif kind == "learned":
-        entry["intercept"] = float(entry["intercept"]) + math.log(s)
-    elif kind == "boosted":
-        entry["init"] = float(entry["init"]) + math.log(s)
-    else:
-        raise UserError(f"cannot rescale an SpMM model of kind {kind!r}")
-    return entry
+    """An SpMM model entry whose predictions are multiplied by s (any kind; older names load)."""
+    return spmm_models.spmm_model_from_dict(entry).scaled(float(s)).to_dict()
 
 
 def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     """Fold epoch-level scale factors into a profile's rates; the overhead goes to ``epoch_overhead_ms``.
 
     spmm times x s_spmm; gemm_tflops / s_gemm; collective alphas x s_comm and every beta
-    / s_comm (tiers, bandwidth_table, per_span); elementwise_gbps / s_other. Scales below :data:`MIN_SCALE` are raised to it.
+    / s_comm (tiers, bandwidth_table, per_span); elementwise_gbps / s_other. Scales
+    below :data:`MIN_SCALE` are raised to it.
     """
     out = json_copy(profile)
     s = {k: max(float(v), MIN_SCALE) for k, v in epoch.scales.items()}
@@ -54,17 +74,381 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
 
 def json_copy(value):
     """A deep copy made of plain JSON types."""
-    import json
-
     return json.loads(json.dumps(value))
 
 
 def profile_json_text(profile) -> str:
     """JSON text of a profile: indented objects, every list of numbers or strings on one line."""
-    import json
-    import re
-
     text = json.dumps(json_copy(profile), indent=2)
     # a list holding no list or object: join its lines (JSON strings hold no raw newline,
     # so only whitespace between elements is touched)
     return re.sub(r"\[\s*\n\s*([^\[\]{}]*?)\s*\n\s*\]", lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text) + "\n"
+
+
+def write_profile(profile: Mapping, path) -> None:
+    """Write a profile as JSON (:func:`profile_json_text`) atomically: a temporary file, then a rename."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(profile_json_text(profile))
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)) or hasattr(value, "columns"):
+        return [value]
+    return list(value)
+
+
+def _describe(source) -> str:
+    return str(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "attrs", {}).get("source", "a table"))
+
+
+def load_tables(sources, schema: str):
+    """One table from paths (CSV or JSON Lines logs, records of ``schema`` kept) or DataFrames."""
+    import pandas as pd
+
+    frames = []
+    for source in _as_list(sources):
+        frame = load_table(source, schema=schema) if isinstance(source, (str, os.PathLike)) else source
+        if not hasattr(frame, "columns"):
+            raise UserError(f"measurements must be file paths or tables (pandas DataFrame), not {type(frame).__name__}")
+        if len(frame):
+            frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["source"] = ", ".join(_describe(s) for s in _as_list(sources))
+    return out
+
+
+def input_info(sources) -> list[dict]:
+    """Provenance of inputs: per file its path, sha256 (first 16 hex digits) and line count;
+    per table its source and rows; run records given directly: their count."""
+    out, records = [], 0
+    for source in _as_list(sources):
+        if isinstance(source, (str, os.PathLike)):
+            data = Path(source).read_bytes()
+            out.append({"path": str(source), "sha256": hashlib.sha256(data).hexdigest()[:16], "lines": data.count(b"\n")})
+        elif hasattr(source, "columns"):
+            out.append({"table": _describe(source), "rows": int(len(source))})
+        else:
+            records += 1
+    return out + ([{"records": records}] if records else [])
+
+
+def _run_records(runs) -> list[dict]:
+    records: list[dict] = []
+    for source in _as_list(runs):
+        if isinstance(source, (str, os.PathLike)):
+            records.extend(read_runs(source))
+        elif isinstance(source, Mapping):
+            records.append(dict(source))
+        else:
+            raise UserError(f"trainer runs must be log paths or run records, not {type(source).__name__}")
+    return records
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class FittedProfile:
+    """What :func:`fit_profile` returns.
+
+    ``profile``: the machine profile (the dict written as JSON, with ``provenance`` and
+    ``fit``: inputs, scores, splits). ``report``: the figures a caller shows: ``spmm``
+    (samples, splits, chosen kind, one score row per kind), ``time_sharing`` (or None),
+    ``collectives`` (every candidate form's held-out scores and the chosen one), ``gemm`` and
+    ``epoch`` (or None), ``seconds`` per stage. The fitted models are kept too.
+    """
+
+    profile: dict
+    report: dict
+    spmm: SpmmModel
+    collectives: object
+    gemm: GemmModel | None = None
+    epoch: EpochModel | None = None
+
+
+#: progress(stage, done, total): stages are "spmm <kind>", "collectives", "gemm", "epoch"
+Progress = Callable[[str, int, int], None]
+
+
+def _stage(progress: Progress | None, name: str):
+    """progress for one stage: (done, total) -> progress(name, done, total)."""
+    return None if progress is None else (lambda done, total: progress(name, done, total))
+
+
+def fit_profile(
+    *,
+    spmm,
+    collectives,
+    name: str,
+    gemm=None,
+    runs=None,
+    kind: str = "auto",
+    n_splits: int = DEFAULT_SPLITS,
+    seed: int = 0,
+    r2_sem: float | None = R2_SEM,
+    min_splits: int = MIN_SPLITS,
+    n_jobs: int = 1,
+    table: bool = True,
+    collective_form: str = "auto",
+    host_cores: int | None = None,
+    gpus_per_node: int | None = None,
+    device_memory_gib: float | None = None,
+    gemm_tflops: float | None = None,
+    elementwise_gbps: float = 10.0,
+    description: str | None = None,
+    source: str = "<fitted profile>",
+    progress: Progress | None = None,
+) -> FittedProfile:
+    """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements.
+
+    ``spmm``, ``collectives`` and ``gemm``: log paths (CSV or JSON Lines; one or a
+    list) or DataFrames; ``gemm`` defaults to the GEMM records of the ``spmm`` logs.
+    ``runs``: trainer run logs (or run records) for the epoch-level fit. ``kind``: the
+    SpMM kind (:data:`plexus_tune.fit.spmm.SPMM_KINDS`) or auto; every kind the data
+    supports is scored beside it. ``collective_form``: two-tier, per-span, hierarchical
+    or auto (the lowest leave-sizes-out MAPE); ``table``: also try a bandwidth table.
+    Scores use at most ``n_splits`` random 70/30 splits,
+    fewer for a model whose mean held-out R^2 has a standard error of at most
+    ``r2_sem`` (None: all); ``n_jobs`` worker processes score the expensive kinds.
+    ``host_cores``: CPU cores shared by the ranks of a node (None: the CPU count of
+    gloo collective logs; 0: no time-sharing model). ``gpus_per_node`` (default: the
+    largest gpus_per_node, else world size, of the collective logs), ``device_memory_gib`` (default: this
+    host's memory / gpus_per_node), ``gemm_tflops`` (used when there are no GEMM
+    timings), ``elementwise_gbps`` (a starting value the run fit rescales) and
+    ``description`` go into the profile; ``source`` names it in validation errors.
+    ``progress(stage, done, total)`` is called as work is done. Warnings name input
+    lines that were skipped.
+    """
+    check_kind(kind)
+    if collective_form not in COLLECTIVE_FORMS:
+        raise UserError(f"unknown collective model form {collective_form!r}; choose one of {', '.join(COLLECTIVE_FORMS)}")
+    if n_splits < 0:
+        raise UserError(f"the number of splits must be >= 0, got {n_splits}")
+    if host_cores is not None and host_cores < 0:
+        raise UserError(f"host_cores must be >= 0 (0: no time-sharing model), got {host_cores}")
+    timings: dict = {}
+    started = time.perf_counter()
+    spmm_df = load_tables(spmm, "spmm")
+    coll_df = load_tables(collectives, "collective")
+    gemm_sources = spmm if gemm is None else gemm
+    gemm_df = load_tables(gemm_sources, "gemm")
+    if gemm is None and not set(GEMM_COLUMNS) <= set(gemm_df.columns):  # SpMM tables without GEMM records
+        gemm_df = gemm_df.iloc[:0]
+    if not len(spmm_df):
+        raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}")
+    check_frame(spmm_df, SPMM_COLUMNS, positive=("rows", "common", "dense_cols", "time_ms"), what="SpMM measurements")  # before any fit
+    if not len(coll_df):
+        raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}")
+    if not len(gemm_df) and not gemm_tflops:
+        err = UserError(f"no GEMM measurements in {', '.join(map(_describe, _as_list(gemm_sources)))}; "
+                        "measure GEMMs ('plexus-tune calibrate spmm' on a graph) or give a GEMM rate")
+        err.parameter = "gemm_tflops"
+        raise err
+    timings["load"] = time.perf_counter() - started
+
+    # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
+    cores, cores_from = _host_cores(coll_df, host_cores)
+    stretch = collective_time_sharing(coll_df, cores)
+    time_sharing = None
+    if np.any(stretch > 1):
+        coll_df = coll_df.copy()
+        coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
+        time_sharing = {"host_cores": int(cores), "min": float(stretch.min()), "max": float(stretch.max())}
+
+    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
+    logged_gpn = np.nanmax(pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
+    gpn = int(gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
+
+    def spmm_stage():
+        started = time.perf_counter()
+        fitted = fit_spmm(spmm_df, kind, n_splits=n_splits, seed=seed, kinds=None if kind == "auto" else _comparable(spmm_df, kind),
+                          r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                          progress=None if progress is None else (lambda k, done, total: progress(f"spmm {k}", done, total)))
+        timings["spmm"] = time.perf_counter() - started
+        return fitted
+
+    if n_jobs > 1:
+        # the collective and GEMM fits in a process of their own, beside the SpMM scoring
+        for stage in ("collectives", "gemm"):
+            if progress:
+                progress(stage, 0, 1)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            others = pool.submit(_other_fits, coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form, table=table,
+                                 gpus_per_node=gpn)
+            if progress:
+                others.add_done_callback(lambda done: _report_other_fits(done, progress))
+            spmm_model = spmm_stage()
+            (coll, coll_report), gemm_model, seconds = others.result()
+        timings.update(seconds)
+    else:
+        spmm_model = spmm_stage()
+        (coll, coll_report), gemm_model, seconds = _other_fits(coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form,
+                                                                table=table, gpus_per_node=gpn, progress=progress)
+        timings.update(seconds)
+    rate = gemm_model.tflops if gemm_model else float(gemm_tflops)
+
+    if device_memory_gib:
+        memory = float(device_memory_gib)
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / gpn
+    env = environment_info()
+    stamp = now_utc()
+    backend = coll_df["backend"].iloc[0] if "backend" in coll_df else "gloo"
+    profile = {
+        "schema": PROFILE_SCHEMA,
+        "name": name,
+        "description": description or f"fitted on {env.get('host', 'this host')} ({env.get('processor', '')}, {env.get('cpu_count')} CPUs, {backend}) on {stamp[:10]}",
+        "gpus_per_node": gpn,
+        "device_memory_gib": round(memory, 3),
+        "gemm_tflops": rate,
+        "elementwise_gbps": float(elementwise_gbps),
+        "spmm": spmm_model.to_dict(),
+        "collectives": coll.to_dict(),
+    }
+    if cores:
+        profile["host_cores"] = int(cores)
+        profile["threads_per_rank"] = 1
+    provenance = {
+        "gpus_per_node": "given" if gpus_per_node else (f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn)
+                                                         else f"largest world size in the collective logs ({world})"),
+        "device_memory_gib": "given" if device_memory_gib else "host memory / gpus_per_node",
+        "gemm_tflops": f"fit_gemm on {len(gemm_df)} GEMM timings" if gemm_model else "given GEMM rate",
+        "elementwise_gbps": f"starting value {elementwise_gbps} GB/s",
+        "spmm": f"fit_spmm kind {spmm_model.kind} ({'chosen by lowest held-out MAPE' if kind == 'auto' else 'as asked'}) on {len(spmm_df)} SpMM timings",
+        "collectives": f"fit_collectives form {coll.name} ("
+        + (f"lowest {coll.selected_by} of {len(coll.all_scores)} candidates" if coll.selected_by else "as asked")
+        + f"; relative least squares) on {coll.n_samples} timings"
+        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
+        + ("; times divided by the oversubscription of each calibration run" if time_sharing else ""),
+    }
+    if cores:
+        provenance["host_cores"] = cores_from
+        provenance["threads_per_rank"] = "1, as the trainer runs each rank when ranks outnumber cores"
+    fit_info = {
+        "date": stamp,
+        "environment": env,
+        "inputs": {
+            "spmm": input_info(spmm),
+            "collectives": input_info(collectives),
+            "runs": input_info(runs),
+            "gemm": input_info(gemm),
+        },
+        "splits": n_splits,
+        "r2_sem": r2_sem or None,
+        "seed": seed,
+        "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
+        "collectives": {"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
+                        "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
+                        "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"},
+        "gemm": {"tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
+    }
+    Machine.from_dict(profile, source=source)  # validates before any epoch fit
+
+    epoch = None
+    report_epoch = None
+    if runs:
+        started = time.perf_counter()
+        epoch, report_epoch = _fit_epoch(profile, runs, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
+        profile = apply_epoch_fit(profile, epoch)
+        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
+        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
+            provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
+        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
+                             "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
+        timings["epoch"] = time.perf_counter() - started
+    profile["provenance"] = provenance
+    profile["fit"] = fit_info
+    Machine.from_dict(profile, source=source)
+    report = {
+        "spmm": {"samples": len(spmm_df), "splits": n_splits, "chosen": spmm_model.kind, "rows": scores_table_rows(spmm_model.all_scores)},
+        "time_sharing": time_sharing,
+        "collectives": coll_report,
+        "gemm": {"samples": len(gemm_df), "tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
+        "epoch": report_epoch,
+        "seconds": timings,
+    }
+    return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch)
+
+
+def _host_cores(coll_df, host_cores: int | None) -> tuple[int | None, str | None]:
+    """(cores shared by a node's ranks, where the number came from): given, a gloo log's CPU count, or none."""
+    if host_cores is not None:
+        return (host_cores or None), "given"
+    if "backend" in coll_df and (coll_df["backend"].astype(str) == "gloo").all() and "machine_info.cpu_count" in coll_df:
+        return int(np.nanmax(pd_numeric(coll_df["machine_info.cpu_count"], np.nan))), "CPU count recorded in the gloo collective logs"
+    return None, None
+
+
+def _other_fits(coll_df, gemm_df, *, n_splits: int, seed: int, form: str, table: bool, gpus_per_node: int, progress=None):
+    """((collective model, its report), GEMM model or None, seconds of each): the fits that do not need the SpMM model."""
+    seconds = {}
+    with single_threaded_blas():  # many small solves
+        started = time.perf_counter()
+        coll = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, table=table, gpus_per_node=gpus_per_node,
+                                progress=_stage(progress, "collectives"))
+        seconds["collectives"] = time.perf_counter() - started
+        started = time.perf_counter()
+        gemm = fit_gemm(gemm_df, n_splits=n_splits, seed=seed, progress=_stage(progress, "gemm")) if len(gemm_df) else None
+        seconds["gemm"] = time.perf_counter() - started
+    return coll, gemm, seconds
+
+
+def _report_other_fits(future, progress: Progress) -> None:
+    """progress of the collective and GEMM stages once their process has finished them."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    _, gemm, _ = future.result()
+    progress("collectives", 1, 1)
+    splits = int((gemm.scores or {}).get("splits", 1)) if gemm else 1
+    progress("gemm", splits, splits)
+
+
+def _fit_collectives(coll_df, *, n_splits: int, seed: int, form: str, table: bool, gpus_per_node: int,
+                     progress) -> tuple[CollectiveModel, dict]:
+    """The collective network model (every form scored unless one is given) and its report:
+    samples, the chosen candidate, every candidate's scores, table entries, placement mismatches."""
+    if progress:
+        progress(0, 1)
+    coll = fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, table=table and "stride" in coll_df,
+                           gpus_per_node=gpus_per_node)
+    net = coll.network
+    report = {"samples": coll.n_samples, "chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by,
+              "scores": coll.all_scores, "same_as": coll.same_as, "table_entries": len(coll.table),
+              "per_span_entries": len(getattr(net, "entries", ()) or ()) if coll.form == "per-span" else 0,
+              "alpha_us": {"intra": net.alpha_intra_us, "inter": net.alpha_inter_us},
+              "beta_gbps": {"intra": net.beta_intra_gbps, "inter": net.beta_inter_gbps},
+              "placement_mismatches": coll.placement_mismatches}
+    if progress:
+        progress(1, 1)
+    return coll, report
+
+
+def _fit_epoch(profile: Mapping, runs, *, n_splits: int, seed: int, progress) -> tuple[EpochModel, dict]:
+    """The epoch-level fit of the profile's predictions to trainer runs (the runs table: medians over trials) and its report."""
+    if progress:
+        progress(0, 1)
+    frame = predict_runs(runs_table(_run_records(runs)), profile)
+    raw_mape = float(100 * np.mean(np.abs(frame["pred_epoch_ms"] - frame["obs_epoch_ms"]) / frame["obs_epoch_ms"]))
+    epoch = fit_epoch(frame, n_splits=n_splits, seed=seed)
+    if progress:
+        progress(1, 1)
+    return epoch, {"method": epoch.method, "configurations": len(frame), "scales": dict(epoch.scales), "overhead_ms": epoch.overhead_ms,
+                   "mape_before": raw_mape, "scores": epoch.scores}
+
+
+def _comparable(df, kind: str) -> list[str]:
+    """The kinds scored beside an explicitly chosen ``kind``: every kind the data supports."""
+    return [k for k in SPMM_KINDS if k == kind or len(df) >= min_rows(SPMM_PARAMETERS[k])]

@@ -1,21 +1,32 @@
 """Scores of fitted models on held-out data: R^2, RMSE, MAPE over repeated random splits."""
 
 from __future__ import annotations
+
 import math
+import time
 from collections.abc import Callable
+
 import numpy as np
 
-
+#: the most random 70/30 splits a score is averaged over
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
-RIDGE_ALPHAS = np.logspace(-6, 3, 19)
+#: stop scoring once the standard error of the mean held-out R^2 is at most this
+#: (None or 0: score every split; see :func:`repeated_split_scores`): two standard
+#: errors, the half-width of a 95 % interval, are then 0.005
+R2_SEM = 0.0025
+#: splits scored before the standard error is first looked at
+MIN_SPLITS = 50
+#: the standard error is looked at after every this many splits
+CHECK_EVERY = 10
+#: with n_jobs > 1, a model whose splits take less than this (s) each is scored in-process
+PARALLEL_MIN_SECONDS = 0.005
+_COLUMNS = ("r2", "rmse_ms", "mape")
 
 
 def min_rows(parameters: int) -> int:
     """Rows needed so that a 70 % training split still over-determines the parameters."""
     return max(5, math.ceil((parameters + 2) / TRAIN_FRACTION))
-
-# --------------------------------------------------------------------------- scoring
 
 
 def regression_scores(observed, predicted) -> dict:
@@ -44,12 +55,32 @@ def single_threaded_blas():
 
 
 def split_indices(n: int, n_splits: int = DEFAULT_SPLITS, *, train_fraction: float = TRAIN_FRACTION, seed: int = 0):
-    """(train, test) index arrays of shape (n_splits, n_train) and (n_splits, n - n_train)."""
+    """(train, test) index arrays of shape (n_splits, n_train) and (n_splits, n - n_train).
+
+    The first k splits do not depend on ``n_splits`` (k <= n_splits), so a run stopped
+    early scored a prefix of the splits a full run scores.
+    """
     n_train = int(round(train_fraction * n))
     n_train = min(max(n_train, 1), n - 1)
     rng = np.random.default_rng(seed)
     order = np.argsort(rng.random((n_splits, n)), axis=1)
     return order[:, :n_train], order[:, n_train:]
+
+
+def _score_splits(fit, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Rows (train r2, rmse, mape, test r2, rmse, mape), one per split."""
+    out = np.empty((len(train), 2 * len(_COLUMNS)))
+    with single_threaded_blas():  # many tiny solves: threads only add overhead
+        for i, (tr, te) in enumerate(zip(train, test)):
+            predict = fit(tr)
+            a, b = regression_scores(y[tr], predict(tr)), regression_scores(y[te], predict(te))
+            out[i] = [a[c] for c in _COLUMNS] + [b[c] for c in _COLUMNS]
+    return out
+
+
+def _r2_sem(test_r2: np.ndarray) -> float:
+    values = test_r2[np.isfinite(test_r2)]
+    return float(np.std(values) / math.sqrt(len(values))) if len(values) > 1 else math.inf
 
 
 def repeated_split_scores(
@@ -59,23 +90,67 @@ def repeated_split_scores(
     n_splits: int = DEFAULT_SPLITS,
     seed: int = 0,
     train_fraction: float = TRAIN_FRACTION,
+    r2_sem: float | None = None,
+    min_splits: int = MIN_SPLITS,
+    n_jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Mean (and std) train/test scores over repeated random splits.
 
     ``fit(train_idx)`` fits on those rows and returns ``predict(idx)`` giving ms for rows.
+    With ``r2_sem``, scoring stops at the first multiple of :data:`CHECK_EVERY` splits
+    (at least ``min_splits``) where the standard error of the mean held-out R^2,
+    std / sqrt(n), is at most ``r2_sem``; the splits scored are the first n of the
+    ``n_splits``, and the result (``splits``: n, ``test_r2_sem``) does not depend on
+    ``n_jobs``. ``n_jobs`` > 1 scores batches of splits in that many worker processes
+    when one split takes at least :data:`PARALLEL_MIN_SECONDS` (``fit`` must then
+    pickle, as closures do with cloudpickle). ``progress(done, total)`` is called after
+    each batch; total is ``n_splits`` until the run stops.
     """
     y = np.asarray(y, dtype=np.float64)
     train, test = split_indices(len(y), n_splits, train_fraction=train_fraction, seed=seed)
-    rows = {"train": [], "test": []}
-    with single_threaded_blas():  # many tiny solves: threads only add overhead
-        for tr, te in zip(train, test):
-            predict = fit(tr)
-            rows["train"].append(regression_scores(y[tr], predict(tr)))
-            rows["test"].append(regression_scores(y[te], predict(te)))
-    out: dict = {"splits": int(n_splits), "train_fraction": train_fraction}
-    for part, scores in rows.items():
-        for key in ("r2", "rmse_ms", "mape"):
-            values = np.array([s[key] for s in scores])
-            out[f"{part}_{key}"] = float(np.nanmean(values))
-            out[f"{part}_{key}_std"] = float(np.nanstd(values))
+    adaptive = bool(r2_sem) and r2_sem > 0
+    stop = n_splits
+    rows = np.empty((0, 2 * len(_COLUMNS)))
+    parallel = None
+    while len(rows) < stop:
+        lo = len(rows)
+        if parallel is None:
+            # in-process; with n_jobs > 1 the first two splits time one split (the first pays
+            # one-off costs such as imports), then the rest goes to the workers if it is slow
+            hi = min(stop, lo + (2 if n_jobs > 1 and lo == 0 else CHECK_EVERY))
+            first = min(lo + 1, hi) if lo == 0 else lo
+            batch = _score_splits(fit, y, train[lo:first], test[lo:first])
+            started = time.perf_counter()
+            batch = np.concatenate([batch, _score_splits(fit, y, train[first:hi], test[first:hi])])
+            if n_jobs > 1 and hi > first and (time.perf_counter() - started) / (hi - first) >= PARALLEL_MIN_SECONDS:
+                from joblib import Parallel
+
+                parallel = Parallel(n_jobs=n_jobs, backend="loky")
+        else:
+            from joblib import delayed
+
+            hi = min(stop, lo + n_jobs * CHECK_EVERY)
+            bounds = list(range(lo, hi, CHECK_EVERY)) + [hi]
+            parts = parallel(delayed(_score_splits)(fit, y, train[a:b], test[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
+            batch = np.concatenate(parts)
+        rows = np.concatenate([rows, batch])
+        if adaptive:
+            for n in range(lo + 1, len(rows) + 1):
+                if n >= min_splits and n % CHECK_EVERY == 0 and _r2_sem(rows[:n, 3]) <= r2_sem:
+                    stop = n
+                    break
+            rows = rows[:stop]
+        if progress is not None:
+            progress(len(rows), stop)
+    out: dict = {"splits": int(len(rows)), "train_fraction": train_fraction}
+    for p, part in enumerate(("train", "test")):
+        for c, key in enumerate(_COLUMNS):
+            values = rows[:, p * len(_COLUMNS) + c]
+            out[f"{part}_{key}"] = float(np.nanmean(values)) if len(values) else float("nan")
+            out[f"{part}_{key}_std"] = float(np.nanstd(values)) if len(values) else float("nan")
+    if adaptive:
+        out["splits_requested"] = int(n_splits)
+        out["test_r2_sem"] = _r2_sem(rows[:, 3])
+        out["r2_sem_target"] = float(r2_sem)
     return out

@@ -178,12 +178,12 @@ def _build_machine(data, source: str) -> Machine:
     if spmm["kind"] == "paper":
         for key in ("c0", "c1", "c2"):
             _number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
-    else:
-        from plexus_tune.model import spmm as spmm_models
+    from plexus_tune.model import spmm as spmm_models
 
-        if spmm["kind"] not in spmm_models.EVALUATORS:
-            known = ", ".join(sorted({"paper", *spmm_models.EVALUATORS}))
-            raise UserError(f"machine profile {source}: unknown spmm kind {spmm['kind']!r}; known kinds: {known}")
+    try:  # checks the entry and maps the kind names of older profiles to today's
+        spmm = spmm_models.spmm_model_from_dict(spmm).to_dict()
+    except UserError as exc:
+        raise UserError(f"machine profile {source}: spmm: {exc}") from None
 
     checked = check_collectives(data["collectives"], source)
     host_cores = None

@@ -1,53 +1,65 @@
-"""Per-SpMM time models, evaluated with numpy (no scikit-learn, no torch).
+"""Per-SpMM time models ("kinds"), one class each, evaluated with numpy alone.
 
 One SpMM multiplies a sparse ``rows x common`` matrix holding ``nnz`` nonzeros by a
-dense ``common x dense_cols`` matrix (``dense_cols`` is written k below). A model is a
-plain dict (the ``spmm`` entry of a machine profile, or what
-:mod:`plexus_tune.fit` writes) with a ``kind`` key; :func:`predict_spmm_ms`
-evaluates it on arrays of shapes and returns milliseconds.
+dense ``common x dense_cols`` matrix (``dense_cols`` is written k below). Every kind is
+a class with ``fit(shapes, time_ms)``, ``predict(nnz, rows, common, dense_cols)`` (ms),
+``to_dict()``/``from_dict()`` (the ``spmm`` entry of a machine profile), ``describe()``,
+``scaled(s)`` and ``n_parameters``; :data:`SPMM_MODELS` registers each under the one
+name that both ``plexus-tune fit --kind`` and a profile's ``spmm.kind`` use. Adding a
+kind is one class and one registry entry. Fitting imports scipy or scikit-learn when it
+runs; prediction never does. Formulas: docs/model.md (SpMM kinds).
 
 Kinds:
 
 ``paper``
-    The paper's form (docs/model.md, SpMM) at the level of one SpMM, with f = nnz * k::
+    The paper's form over a whole epoch (docs/model.md, SpMM): in a profile,
+    :mod:`plexus_tune.model.costs` evaluates c0 sqrt(F) + c1 sqrt(F) P_fwd +
+    c2 sqrt(F) P_bwd on the epoch's sums. ``predict`` evaluates the same formula on
+    single SpMMs (as ``paper-spmm``); it is not fitted from SpMM timings.
+``paper-spmm``
+    The paper's form at the level of one SpMM, with f = nnz * k::
 
         t = c0 sqrt(f) + c1 sqrt(f) common / k + c2 sqrt(f) rows / k
 
     For the forward A F of a layer, common / k is the paper's forward penalty
-    (N/g_o)(g_n/D_i); for the backward A^T dH it is the backward penalty.
+    (N/g_o)(g_n/D_i); for the backward A^T dH it is the backward penalty. Fitted by
+    ordinary least squares.
 ``roofline``
-    Non-negative costs per unit of work and traffic::
+    Non-negative costs per unit of work and traffic, fitted by non-negative least
+    squares of the relative error::
 
         t = sum_j coef[j] * term_j(nnz, rows, common, k)
 
     with the terms of :data:`ROOFLINE_TERMS` (s = ``bytes_per_element``).
-``paper-spmm``
-    The same as ``paper``: the name machine profiles use, because there kind
-    ``paper`` means the paper's epoch-level form.
 ``learned``
     A ridge regression on polynomial features of log shapes, predicting log time::
 
         z = (log(nnz + 1), log rows, log common, log k [, log lines(k)])
         phi_m = prod_j z_j ** exponents[m][j]          (every monomial up to ``degree``)
+        log t = intercept + sum_m coef[m] (phi_m - mean[m]) / scale[m]
 
     ``features`` names z: ``log-shape-polynomial`` (the four logs) or
     ``log-shape-lines-polynomial``, which adds the cache lines a dense row of k
     elements touches (:func:`cache_lines_per_row`): rows of B and of the output start
     at offsets i k s mod 64 bytes, so 16 fp32 values fill one line exactly, 17 always
     take two and 9 take two from half the offsets; that step pattern in k is not
-    smooth in log k.
-        log t = intercept + sum_m coef[m] (phi_m - mean[m]) / scale[m]  [+ log base(t)]
-
-    With a ``base`` model (a roofline dict) the regression is a multiplicative
-    correction of that model: t = base(t) * exp(...). With ``z_min``/``z_max`` (the
-    range of the fitted shapes) z is clipped to that box first, so a polynomial
+    smooth in log k. Exact leave-one-out error picks the degree (2, 3 or 4; a higher
+    one only with 3 rows per monomial) and the ridge penalty. With ``z_min``/``z_max``
+    (the range of the fitted shapes) z is clipped to that box first, so a polynomial
     never extrapolates: outside the measured shapes the correction stays at its
-    boundary value (and a ``base`` still scales with the shape).
-``boosted``
+    boundary value.
+``learned-roofline``
+    ``learned`` as a multiplicative correction of a ``roofline`` model (its ``base``),
+    fitted to log(t / base(t)) after the roofline::
+
+        t = base(t) * exp(intercept + sum_m coef[m] (phi_m - mean[m]) / scale[m])
+
+    Outside the measured shapes the correction is held at the box and the base
+    still scales with the shape.
+``learned-boosted``
     Gradient-boosted regression trees on a feature set z (``features``, by default
     ``log-shape-footprints``: the learned z plus log nonzeros per row, log rows k and
-    log common k), correcting a ``base`` model (a
-    ``learned`` dict) in log time::
+    log common k), correcting a ``learned-roofline`` ``base`` in log time::
 
         log t = log base(t) + init + learning_rate * sum_trees leaf_tree(z)
 
@@ -58,6 +70,10 @@ Kinds:
     early is padded with nodes whose threshold is :data:`TREE_PAD` (always left).
     ``feature`` and ``threshold`` are lists of 2^depth - 1 entries per tree, ``leaf``
     of 2^depth. Outside the measured shapes the trees stay constant.
+
+Profiles written before the kinds had one name each still load (:func:`current_kind`):
+``boosted`` is ``learned-boosted``, and ``learned`` with a roofline ``base`` is
+``learned-roofline``.
 """
 
 from __future__ import annotations
@@ -68,6 +84,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.solvers import nnls_relative, ridge_loo
 
 #: Roofline terms: name -> (description, function of (nnz, rows, common, k, s)).
 ROOFLINE_TERMS = {
@@ -78,6 +95,28 @@ ROOFLINE_TERMS = {
     "out_bytes": ("output written once, s rows k", lambda nnz, rows, common, k, s: s * rows * k),
     "rows": ("per-row overhead (row pointers, scheduling)", lambda nnz, rows, common, k, s: rows * 1.0),
 }
+
+#: Feature sets of the learned kinds: name -> number of variables in z.
+#: ``log-shape-footprints`` (for trees, which split on one variable at a time) adds to
+#: ``log-shape-lines-polynomial`` the logs of nonzeros per row, output elements (rows k)
+#: and dense-input elements (common k): the sizes that decide what fits in a cache.
+LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5, "log-shape-footprints": 8}
+#: The feature set that ``learned`` and ``learned-roofline`` fit on.
+LEARNED_FEATURE_SET = "log-shape-lines-polynomial"
+#: The feature set that the trees of ``learned-boosted`` split on.
+BOOSTED_FEATURE_SET = "log-shape-footprints"
+#: Polynomial degrees the learned kinds choose from by leave-one-out error.
+LEARNED_DEGREES = (2, 3, 4)
+#: Gradient boosting of ``learned-boosted`` (scikit-learn GradientBoostingRegressor):
+#: 150 trees of depth 5, shrinkage 0.1, 80 % row subsampling, at least 5 rows per leaf.
+BOOSTING = {"n_estimators": 150, "max_depth": 5, "learning_rate": 0.1, "subsample": 0.8, "min_samples_leaf": 5, "random_state": 0}
+#: Threshold of a padding node of a complete tree (above any log shape): always go left.
+TREE_PAD = 1e30
+#: Floor of a base model's time before its log is taken (ms).
+_TINY_MS = 1e-12
+
+
+# --------------------------------------------------------------------------- features
 
 
 def shape_arrays(nnz, rows, common, dense_cols):
@@ -101,21 +140,6 @@ def roofline_terms(nnz, rows, common, dense_cols, bytes_per_element: float = 4.0
     """Design matrix of the roofline form, one column per entry of :data:`ROOFLINE_TERMS`."""
     nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
     return np.stack([fn(nnz, rows, common, k, float(bytes_per_element)) for _, fn in ROOFLINE_TERMS.values()], axis=-1)
-
-
-def _predict_paper(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
-    coef = np.array([float(model["c0"]), float(model["c1"]), float(model["c2"])])
-    return paper_terms(nnz, rows, common, dense_cols) @ coef
-
-
-def _predict_roofline(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
-    coefs = model["coefficients"]
-    missing = [name for name in ROOFLINE_TERMS if name not in coefs]
-    if missing:
-        raise UserError(f"roofline SpMM model lacks coefficients {missing}; refit it with 'plexus-tune fit'")
-    coef = np.array([float(coefs[name]) for name in ROOFLINE_TERMS])
-    terms = roofline_terms(nnz, rows, common, dense_cols, model.get("bytes_per_element", 4))
-    return terms @ coef
 
 
 def log_shape_features(nnz, rows, common, dense_cols) -> np.ndarray:
@@ -142,13 +166,6 @@ def cache_lines_per_row(dense_cols, bytes_per_element: int = 4, line_bytes: int 
         offsets = np.arange(0, int(line_bytes), step)
         out[k == value] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
     return out
-
-
-#: Feature sets of the learned kinds: name -> number of variables in z.
-#: ``log-shape-footprints`` (for trees, which split on one variable at a time) adds to
-#: ``log-shape-lines-polynomial`` the logs of nonzeros per row, output elements (rows k)
-#: and dense-input elements (common k): the sizes that decide what fits in a cache.
-LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5, "log-shape-footprints": 8}
 
 
 def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
@@ -183,103 +200,548 @@ def monomial_exponents(variables: int, degree: int) -> list[list[int]]:
 
 
 def polynomial_features(z: np.ndarray, exponents) -> np.ndarray:
-    """phi[..., m] = prod_j z[..., j] ** exponents[m][j]."""
-    exps = np.asarray(exponents, dtype=np.int64)
-    return np.prod(z[..., None, :] ** exps, axis=-1)
+    """phi[..., m] = prod_j z[..., j] ** exponents[m][j] (the product taken over j in order)."""
+    exps = np.asarray(exponents, dtype=np.int64).reshape(-1, z.shape[-1])
+    if not len(exps):
+        return np.ones(z.shape[:-1] + (0,))
+    # every power z_j ** d once (the same pow as z ** exponent elementwise), then the
+    # monomials as running products over the variables
+    powers = z[..., None, :] ** np.arange(int(exps.max()) + 1)[:, None]
+    out = powers[..., exps[:, 0], 0]
+    for j in range(1, exps.shape[1]):
+        out = out * powers[..., exps[:, j], j]
+    return np.ascontiguousarray(out)  # C order, as the matrix products that follow expect
 
 
-def _predict_learned(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
+# --------------------------------------------------------------------------- helpers
+
+
+def _lacks(kind: str, key: str) -> UserError:
+    return UserError(f"{kind} SpMM model lacks {key!r}; refit it with 'plexus-tune fit'")
+
+
+def _float(data: Mapping, key: str, kind: str) -> float:
+    if key not in data:
+        raise _lacks(kind, key)
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{kind} SpMM model: {key!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _floats(data: Mapping, key: str, kind: str) -> np.ndarray:
+    if key not in data:
+        raise _lacks(kind, key)
     try:
-        exponents = model["exponents"]
-        mean = np.asarray(model["mean"], dtype=np.float64)
-        scale = np.asarray(model["scale"], dtype=np.float64)
-        coef = np.asarray(model["coef"], dtype=np.float64)
-        intercept = float(model["intercept"])
-    except KeyError as exc:
-        raise UserError(f"learned SpMM model lacks {exc.args[0]!r}; refit it with 'plexus-tune fit'") from None
-    if not (len(exponents) == len(mean) == len(scale) == len(coef)):
-        raise UserError("learned SpMM model is inconsistent: exponents, mean, scale and coef differ in length")
-    z = learned_features(model.get("features", "log-shape-polynomial"), nnz, rows, common, dense_cols)
-    if any(len(e) != z.shape[-1] for e in exponents):
-        raise UserError(f"learned SpMM model is inconsistent: its exponents do not have {z.shape[-1]} variables")
-    if model.get("z_min") is not None and model.get("z_max") is not None:
-        z = np.clip(z, np.asarray(model["z_min"], dtype=np.float64), np.asarray(model["z_max"], dtype=np.float64))
-    phi = polynomial_features(z, exponents)
-    log_t = intercept + ((phi - mean) / scale) @ coef
-    base = model.get("base")
-    if base:
-        log_t = log_t + np.log(np.maximum(predict_spmm_ms(base, nnz, rows, common, dense_cols), 1e-12))
-    return np.exp(log_t)
+        values = np.asarray(data[key], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise UserError(f"{kind} SpMM model: {key!r} must be a list of numbers") from None
+    if not np.all(np.isfinite(values)):
+        raise UserError(f"{kind} SpMM model: {key!r} holds a value that is not a finite number")
+    return values
 
 
-#: Threshold of a padding node of a complete tree (above any log shape): always go left.
-TREE_PAD = 1e30
+def _base_log_ms(base: "SpmmKind", shapes) -> np.ndarray:
+    return np.log(np.maximum(base.predict(*shapes), _TINY_MS))
 
 
-def boosted_correction(model: Mapping, z: np.ndarray) -> np.ndarray:
-    """init + learning_rate * sum over trees of the leaf z falls in; z has shape (n, variables)."""
-    try:
-        depth = int(model["depth"])
-        feature = np.asarray(model["feature"], dtype=np.int64)
-        threshold = np.asarray(model["threshold"], dtype=np.float64)
-        leaf = np.asarray(model["leaf"], dtype=np.float64)
-        init, rate = float(model["init"]), float(model["learning_rate"])
-    except KeyError as exc:
-        raise UserError(f"boosted SpMM model lacks {exc.args[0]!r}; refit it with 'plexus-tune fit'") from None
+# --------------------------------------------------------------------------- kinds
+
+
+class SpmmKind:
+    """A per-SpMM time model: the base class of the kinds in :data:`SPMM_MODELS`.
+
+    ``fit(shapes, time_ms)`` estimates it from arrays ``shapes = (nnz, rows, common,
+    dense_cols)`` and times in ms (and returns it); ``predict(nnz, rows, common,
+    dense_cols)`` gives ms for broadcast shape arrays.
+    """
+
+    #: the kind's name: the registry key, ``fit --kind`` and a profile's ``spmm.kind``
+    name: str = ""
+    #: parameters a fit estimates (at least); fitting needs more rows than that
+    n_parameters: int = 0
+    #: whether the kind is fitted from SpMM timings (``paper`` is epoch-level)
+    fittable: bool = True
+
+    def fit(self, shapes, time_ms) -> "SpmmKind":
+        raise NotImplementedError
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "SpmmKind":
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line naming the kind and its size, base models included (for listings)."""
+        raise NotImplementedError
+
+    def scaled(self, factor: float) -> "SpmmKind":
+        """The same model with every prediction multiplied by ``factor`` > 0."""
+        raise NotImplementedError
+
+    def _check_fitted(self, attribute: str) -> None:
+        if getattr(self, attribute, None) is None:
+            raise ValueError(f"this {self.name} SpMM model is not fitted: call fit() or build it with from_dict()")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe() if self._is_fitted() else 'not fitted'}>"
+
+    def _is_fitted(self) -> bool:
+        try:
+            self.to_dict()
+        except (ValueError, TypeError, AttributeError):
+            return False
+        return True
+
+
+def _fit_arrays(shapes, time_ms) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    shapes = tuple(np.asarray(a, dtype=np.float64) for a in shapes)
+    y = np.asarray(time_ms, dtype=np.float64)
+    if len(shapes) != 4 or any(a.shape != y.shape for a in shapes) or y.ndim != 1:
+        raise ValueError("fit takes shapes = (nnz, rows, common, dense_cols), four arrays as long as time_ms")
+    return shapes, y
+
+
+class PaperSpmm(SpmmKind):
+    """t = c0 sqrt(f) + c1 sqrt(f) common / k + c2 sqrt(f) rows / k with f = nnz k (least squares)."""
+
+    name = "paper-spmm"
+    n_parameters = 3
+
+    def __init__(self, c0: float | None = None, c1: float | None = None, c2: float | None = None):
+        self.c0, self.c1, self.c2 = c0, c1, c2
+
+    def fit(self, shapes, time_ms) -> "PaperSpmm":
+        shapes, y = _fit_arrays(shapes, time_ms)
+        coef, *_ = np.linalg.lstsq(paper_terms(*shapes), y, rcond=None)
+        self.c0, self.c1, self.c2 = (float(c) for c in coef)
+        return self
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        self._check_fitted("c0")
+        return paper_terms(nnz, rows, common, dense_cols) @ np.array([self.c0, self.c1, self.c2])
+
+    def to_dict(self) -> dict:
+        self._check_fitted("c0")
+        return {"kind": self.name, "c0": float(self.c0), "c1": float(self.c1), "c2": float(self.c2)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "PaperSpmm":
+        # signs are free: the paper's c2 is negative
+        return cls(*(_float(data, key, cls.name) for key in ("c0", "c1", "c2")))
+
+    def describe(self) -> str:
+        return f"{self.name}: " + ", ".join(f"{key} {getattr(self, key):.4g}" for key in ("c0", "c1", "c2"))
+
+    def scaled(self, factor: float) -> "PaperSpmm":
+        return type(self)(self.c0 * factor, self.c1 * factor, self.c2 * factor)
+
+
+class Paper(PaperSpmm):
+    """The paper's epoch-level form: costs.py applies c0, c1, c2 to the epoch's sums.
+
+    ``predict`` evaluates the formula on single SpMMs (as ``paper-spmm`` does); the kind
+    is not fitted from SpMM timings: fit ``paper-spmm`` for the per-SpMM form.
+    """
+
+    name = "paper"
+    fittable = False
+
+    def fit(self, shapes, time_ms) -> "Paper":
+        raise UserError("SpMM kind 'paper' is the paper's epoch-level form and is not fitted from SpMM timings; "
+                        "fit its per-SpMM form, kind 'paper-spmm'")
+
+
+class Roofline(SpmmKind):
+    """t = sum_j coef[j] term_j(nnz, rows, common, k): non-negative costs of :data:`ROOFLINE_TERMS`."""
+
+    name = "roofline"
+    n_parameters = len(ROOFLINE_TERMS)
+
+    def __init__(self, coefficients: Mapping | None = None, bytes_per_element: float = 4):
+        self.coefficients = None if coefficients is None else {k: float(v) for k, v in coefficients.items()}
+        self.bytes_per_element = bytes_per_element
+
+    def fit(self, shapes, time_ms) -> "Roofline":
+        shapes, y = _fit_arrays(shapes, time_ms)
+        w = nnls_relative(roofline_terms(*shapes, self.bytes_per_element), y)
+        self.coefficients = {name: float(v) for name, v in zip(ROOFLINE_TERMS, w)}
+        return self
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        self._check_fitted("coefficients")
+        coef = np.array([self.coefficients[name] for name in ROOFLINE_TERMS])
+        return roofline_terms(nnz, rows, common, dense_cols, self.bytes_per_element) @ coef
+
+    def to_dict(self) -> dict:
+        self._check_fitted("coefficients")
+        return {"kind": self.name, "bytes_per_element": self.bytes_per_element, "coefficients": dict(self.coefficients)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Roofline":
+        coefs = data.get("coefficients")
+        if not isinstance(coefs, Mapping):
+            raise _lacks(cls.name, "coefficients")
+        missing = [name for name in ROOFLINE_TERMS if name not in coefs]
+        if missing:
+            raise UserError(f"roofline SpMM model lacks coefficients {missing}; refit it with 'plexus-tune fit'")
+        size = data.get("bytes_per_element", 4)
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
+            raise UserError(f"roofline SpMM model: 'bytes_per_element' must be a positive number, got {size!r}")
+        return cls({name: _float(coefs, name, cls.name) for name in ROOFLINE_TERMS}, size)
+
+    def describe(self) -> str:
+        return f"{self.name}: " + ", ".join(f"{k} {v:.3g}" for k, v in self.coefficients.items())
+
+    def scaled(self, factor: float) -> "Roofline":
+        return type(self)({k: v * factor for k, v in self.coefficients.items()}, self.bytes_per_element)
+
+
+class Learned(SpmmKind):
+    """log t = intercept + ((phi(z) - mean) / scale) @ coef: ridge on monomials of the log shapes z."""
+
+    name = "learned"
+    n_parameters = len(monomial_exponents(LEARNED_FEATURES[LEARNED_FEATURE_SET], LEARNED_DEGREES[0])) + 1
+    #: the fitted keys of the dict besides kind, features and base
+    _KEYS = ("degree", "exponents", "mean", "scale", "coef", "intercept", "ridge_alpha", "z_min", "z_max")
+
+    def __init__(self, features: str = LEARNED_FEATURE_SET, degrees=LEARNED_DEGREES):
+        if features not in LEARNED_FEATURES:
+            raise UserError(f"unknown learned SpMM feature set {features!r}; known: {', '.join(LEARNED_FEATURES)}")
+        self.features = features
+        self.degrees = tuple(degrees)
+        self.exponents = None
+        self.degree = self.ridge_alpha = self.z_min = self.z_max = None
+
+    # the correction in log time, shared with learned-roofline
+    def _fit_log(self, shapes, target: np.ndarray) -> None:
+        z = learned_features(self.features, *shapes)
+        best = None
+        # the lowest degree always; a higher one only with at least 3 rows per monomial
+        for deg in self.degrees:
+            exponents = monomial_exponents(z.shape[1], deg)
+            if deg > self.degrees[0] and len(target) < 3 * len(exponents):
+                continue
+            r = ridge_loo(polynomial_features(z, exponents), target)
+            if best is None or r["loo_mse"] < best[0]["loo_mse"]:
+                best = (r, deg, exponents)
+        r, deg, exponents = best
+        self.degree, self.exponents = deg, exponents
+        self.mean, self.scale, self.coef = r["mean"], r["scale"], r["coef"]
+        self.intercept, self.ridge_alpha = float(r["intercept"]), float(r["alpha"])
+        self.z_min, self.z_max = z.min(axis=0), z.max(axis=0)
+
+    def _log_correction(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        self._check_fitted("exponents")
+        z = learned_features(self.features, nnz, rows, common, dense_cols)
+        if self.z_min is not None and self.z_max is not None:
+            z = np.clip(z, self.z_min, self.z_max)
+        return self.intercept + ((polynomial_features(z, self.exponents) - self.mean) / self.scale) @ self.coef
+
+    def fit(self, shapes, time_ms) -> "Learned":
+        shapes, y = _fit_arrays(shapes, time_ms)
+        self._fit_log(shapes, np.log(y))
+        return self
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        return np.exp(self._log_correction(nnz, rows, common, dense_cols))
+
+    def to_dict(self) -> dict:
+        self._check_fitted("exponents")
+        out = {"kind": self.name, "features": self.features}
+        for key in self._KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value.tolist() if isinstance(value, np.ndarray) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Learned":
+        model = cls(features=data.get("features", "log-shape-polynomial"))
+        model._read(data)
+        return model
+
+    def _read(self, data: Mapping) -> None:
+        kind = self.name
+        if "exponents" not in data:
+            raise _lacks(kind, "exponents")
+        self.mean, self.scale, self.coef = (_floats(data, key, kind) for key in ("mean", "scale", "coef"))
+        self.intercept = _float(data, "intercept", kind)
+        exponents = data["exponents"]
+        if not isinstance(exponents, (list, tuple)):
+            raise UserError(f"{kind} SpMM model: 'exponents' must be a list of exponent lists")
+        if not (len(exponents) == len(self.mean) == len(self.scale) == len(self.coef)) or self.coef.ndim != 1:
+            raise UserError(f"{kind} SpMM model is inconsistent: exponents, mean, scale and coef differ in length")
+        variables = LEARNED_FEATURES[self.features]
+        if any(not isinstance(e, (list, tuple)) or len(e) != variables for e in exponents):
+            raise UserError(f"{kind} SpMM model is inconsistent: its exponents do not have {variables} variables")
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for e in exponents for x in e):
+            raise UserError(f"{kind} SpMM model: exponents must be non-negative integers")
+        self.exponents = [list(e) for e in exponents]
+        if data.get("z_min") is not None and data.get("z_max") is not None:
+            self.z_min, self.z_max = _floats(data, "z_min", kind), _floats(data, "z_max", kind)
+            if self.z_min.shape != (variables,) or self.z_max.shape != (variables,):
+                raise UserError(f"{kind} SpMM model is inconsistent: z_min and z_max need {variables} entries")
+        self.degree = data.get("degree")
+        self.ridge_alpha = data.get("ridge_alpha")
+
+    def describe(self) -> str:
+        return f"{self.name}: ridge on {len(self.coef)} monomials of degree <= {self.degree or '?'} of {self.features}"
+
+    def scaled(self, factor: float) -> "Learned":
+        out = self.from_dict(self.to_dict())
+        out.intercept = self.intercept + math.log(factor)
+        return out
+
+
+class LearnedRoofline(Learned):
+    """t = base(t) exp(learned correction): ``learned`` fitted to log(t / roofline(t))."""
+
+    name = "learned-roofline"
+    n_parameters = Learned.n_parameters + Roofline.n_parameters
+
+    def __init__(self, features: str = LEARNED_FEATURE_SET, degrees=LEARNED_DEGREES):
+        super().__init__(features, degrees)
+        self.base: Roofline | None = None
+
+    def fit(self, shapes, time_ms) -> "LearnedRoofline":
+        shapes, y = _fit_arrays(shapes, time_ms)
+        self.base = Roofline().fit(shapes, y)
+        self._fit_log(shapes, np.log(y) - _base_log_ms(self.base, shapes))
+        return self
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        self._check_fitted("base")
+        log_t = self._log_correction(nnz, rows, common, dense_cols)
+        return np.exp(log_t + _base_log_ms(self.base, (nnz, rows, common, dense_cols)))
+
+    def to_dict(self) -> dict:
+        self._check_fitted("base")
+        return {**super().to_dict(), "base": self.base.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LearnedRoofline":
+        model = super().from_dict(data)
+        base = data.get("base")
+        if not base:
+            raise _lacks(cls.name, "base")
+        model.base = spmm_model_from_dict(base)
+        if not isinstance(model.base, Roofline):
+            raise UserError(f"{cls.name} SpMM model corrects a {model.base.name} model; its base must be a roofline")
+        return model
+
+    def describe(self) -> str:
+        return super().describe() + f"; correcting {self.base.describe()}"
+
+
+class LearnedBoosted(SpmmKind):
+    """log t = log base(t) + init + learning_rate sum_trees leaf(z): boosted trees on a learned-roofline."""
+
+    name = "learned-boosted"
+    # trees need many more rows than a polynomial's parameters: 100 (150 rows) at least
+    n_parameters = 100
+
+    def __init__(self, features: str = BOOSTED_FEATURE_SET, boosting: Mapping | None = None):
+        if features not in LEARNED_FEATURES:
+            raise UserError(f"unknown learned SpMM feature set {features!r}; known: {', '.join(LEARNED_FEATURES)}")
+        self.features = features
+        self.boosting = dict(BOOSTING if boosting is None else boosting)
+        self.base: SpmmKind | None = None
+        self.depth = self.learning_rate = self.init = None
+        self.feature = self.threshold = self.leaf = None
+
+    def fit(self, shapes, time_ms) -> "LearnedBoosted":
+        import sklearn
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        shapes, y = _fit_arrays(shapes, time_ms)
+        self.base = LearnedRoofline().fit(shapes, y)
+        z = learned_features(self.features, *shapes)
+        residual = np.log(y) - _base_log_ms(self.base, shapes)
+        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
+            raise ValueError("boosted trees need finite features and log times")
+        # the inputs are checked above: scikit-learn's own checks, repeated for each of
+        # the trees, take a fifth of the time
+        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+            gbr = GradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
+        self.depth = int(self.boosting["max_depth"])
+        trees = [complete_tree(est.tree_, self.depth) for est in gbr.estimators_[:, 0]]
+        self.learning_rate = float(self.boosting["learning_rate"])
+        self.init = float(gbr.init_.constant_.ravel()[0])
+        self.feature = np.array([t[0] for t in trees], dtype=np.int64).reshape(len(trees), -1)
+        self.threshold = np.array([t[1] for t in trees], dtype=np.float64).reshape(len(trees), -1)
+        self.leaf = np.array([t[2] for t in trees], dtype=np.float64).reshape(len(trees), -1)
+        return self
+
+    def _trees(self) -> dict:
+        return {"depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
+                "feature": self.feature, "threshold": self.threshold, "leaf": self.leaf}
+
+    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+        self._check_fitted("base")
+        z = learned_features(self.features, nnz, rows, common, dense_cols)
+        correction = boosted_correction(self._trees(), z.reshape(-1, z.shape[-1])).reshape(z.shape[:-1])
+        return self.base.predict(nnz, rows, common, dense_cols) * np.exp(correction)
+
+    def to_dict(self) -> dict:
+        self._check_fitted("base")
+        return {"kind": self.name, "features": self.features, "depth": self.depth, "learning_rate": self.learning_rate,
+                "init": self.init, "feature": self.feature.tolist(), "threshold": self.threshold.tolist(),
+                "leaf": self.leaf.tolist(), "base": self.base.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LearnedBoosted":
+        kind = cls.name
+        model = cls(features=data.get("features", BOOSTED_FEATURE_SET))
+        base = data.get("base")
+        if not base:
+            raise UserError(f"{kind} SpMM model lacks its 'base' model; refit it with 'plexus-tune fit'")
+        model.base = spmm_model_from_dict(base)
+        if not model.base.fittable:
+            raise UserError(f"{kind} SpMM model corrects a '{model.base.name}' model, which is epoch-level; its base must be a per-SpMM kind")
+        depth = _float(data, "depth", kind)
+        if depth != int(depth) or depth < 0:
+            raise UserError(f"{kind} SpMM model: 'depth' must be a non-negative integer, got {data['depth']!r}")
+        model.depth = int(depth)
+        model.learning_rate, model.init = _float(data, "learning_rate", kind), _float(data, "init", kind)
+        model.feature = _floats(data, "feature", kind).astype(np.int64)
+        model.threshold, model.leaf = _floats(data, "threshold", kind), _floats(data, "leaf", kind)
+        _check_trees(model._trees(), LEARNED_FEATURES[model.features])
+        return model
+
+    def describe(self) -> str:
+        return f"{self.name}: {len(self.feature)} trees of depth {self.depth} on {self.features}; correcting {self.base.describe()}"
+
+    def scaled(self, factor: float) -> "LearnedBoosted":
+        out = self.from_dict(self.to_dict())
+        out.init = self.init + math.log(factor)
+        return out
+
+
+def _check_trees(trees: Mapping, variables: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    depth = int(trees["depth"])
+    feature = np.asarray(trees["feature"], dtype=np.int64)
+    threshold = np.asarray(trees["threshold"], dtype=np.float64)
+    leaf = np.asarray(trees["leaf"], dtype=np.float64)
     internal = 2**depth - 1
-    trees = len(feature)
-    if feature.shape != (trees, internal) or threshold.shape != (trees, internal) or leaf.shape != (trees, internal + 1):
+    count = len(feature)
+    if count == 0:  # no trees: empty lists of any shape
+        return feature.reshape(0, internal), threshold.reshape(0, internal), leaf.reshape(0, internal + 1)
+    if feature.shape != (count, internal) or threshold.shape != (count, internal) or leaf.shape != (count, internal + 1):
         raise UserError(f"boosted SpMM model is inconsistent: each tree needs {internal} feature/threshold and {internal + 1} leaf entries")
-    if trees and (feature.min() < 0 or feature.max() >= z.shape[1]):
-        raise UserError(f"boosted SpMM model is inconsistent: a tree uses a feature outside 0..{z.shape[1] - 1}")
+    if feature.min() < 0 or feature.max() >= variables:
+        raise UserError(f"boosted SpMM model is inconsistent: a tree uses a feature outside 0..{variables - 1}")
+    return feature, threshold, leaf
+
+
+def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
+    """init + learning_rate * sum over trees of the leaf z falls in; z has shape (n, variables).
+
+    ``trees`` holds depth, learning_rate, init and the complete trees feature,
+    threshold and leaf (see the ``learned-boosted`` kind).
+    """
+    try:
+        init, rate = float(trees["init"]), float(trees["learning_rate"])
+        feature, threshold, leaf = _check_trees(trees, z.shape[1])
+    except KeyError as exc:
+        raise _lacks("learned-boosted", exc.args[0]) from None
+    depth = int(trees["depth"])
+    internal = 2**depth - 1
     rows = np.arange(len(z))[:, None]
-    tree = np.arange(trees)[None, :]
-    node = np.zeros((len(z), trees), dtype=np.int64)
+    tree = np.arange(len(feature))[None, :]
+    node = np.zeros((len(z), len(feature)), dtype=np.int64)
     for _ in range(depth):
         right = z[rows, feature[tree, node]] > threshold[tree, node]
         node = 2 * node + 1 + right
     return init + rate * leaf[tree, node - internal].sum(axis=1)
 
 
-def _predict_boosted(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
-    base = model.get("base")
-    if not base:
-        raise UserError("boosted SpMM model lacks its 'base' model; refit it with 'plexus-tune fit'")
-    z = learned_features(model.get("features", "log-shape-footprints"), nnz, rows, common, dense_cols)
-    shape = z.shape[:-1]
-    correction = boosted_correction(model, z.reshape(-1, z.shape[-1])).reshape(shape)
-    return predict_spmm_ms(base, nnz, rows, common, dense_cols) * np.exp(correction)
+def complete_tree(tree, depth: int) -> tuple[list, list, list]:
+    """(feature, threshold, leaf) of a scikit-learn regression tree laid out complete in heap order.
+
+    Internal heap node i has children 2i + 1 (z <= threshold) and 2i + 2; a leaf reached
+    above ``depth`` becomes padding nodes (feature 0, threshold TREE_PAD: always left)
+    over copies of its value. Thresholds keep 9 significant digits (exact for the
+    float32 values scikit-learn compares), leaves 7.
+    """
+    internal = 2**depth - 1
+    feature = [0] * internal
+    threshold = [TREE_PAD] * internal
+    leaf = [0.0] * (internal + 1)
+    # plain lists once: each attribute access of a scikit-learn Tree builds a new array
+    left, right = tree.children_left.tolist(), tree.children_right.tolist()
+    split_on, split_at = tree.feature.tolist(), tree.threshold.tolist()
+    value = tree.value.reshape(len(left), -1)[:, 0].tolist()
+
+    def place(node: int, i: int, level: int) -> None:
+        is_leaf = left[node] == -1
+        if level == depth:
+            if not is_leaf:
+                raise ValueError(f"tree deeper than {depth}")
+            leaf[i - internal] = float(f"{value[node]:.7g}")
+            return
+        if is_leaf:
+            place(node, 2 * i + 1, level + 1)
+            place(node, 2 * i + 2, level + 1)
+            return
+        feature[i] = int(split_on[node])
+        threshold[i] = float(f"{split_at[node]:.9g}")
+        place(left[node], 2 * i + 1, level + 1)
+        place(right[node], 2 * i + 2, level + 1)
+
+    place(0, 0, 0)
+    return feature, threshold, leaf
 
 
-#: kind -> evaluator(model, nnz, rows, common, dense_cols) -> ms
-EVALUATORS = {
-    "paper": _predict_paper,
-    "paper-spmm": _predict_paper,
-    "roofline": _predict_roofline,
-    "learned": _predict_learned,
-    "boosted": _predict_boosted,
-}
+# --------------------------------------------------------------------------- registry
+
+#: kind name -> class; the name is what ``fit --kind`` takes and a profile's ``spmm.kind`` holds
+SPMM_MODELS: dict[str, type[SpmmKind]] = {cls.name: cls for cls in (Paper, PaperSpmm, Roofline, Learned, LearnedRoofline, LearnedBoosted)}
+#: the kinds fitted from SpMM timings, cheapest first
+FIT_KINDS = tuple(name for name, cls in SPMM_MODELS.items() if cls.fittable)
 
 
-def describe_spmm_model(model: Mapping) -> str:
-    """One line naming a model's kind and size, its base models included (for listings)."""
-    kind = model.get("kind")
+def current_kind(data: Mapping) -> str:
+    """The kind of an ``spmm`` entry, with the names of older profiles mapped to today's.
+
+    ``boosted`` is ``learned-boosted``; ``learned`` with a ``base`` is
+    ``learned-roofline`` (the base must be a roofline); every other name is kept.
+    """
+    kind = data.get("kind")
     if kind == "boosted":
-        text = f"boosted: {len(model.get('feature', []))} trees of depth {model.get('depth')} on {model.get('features')}"
-    elif kind == "learned":
-        text = f"learned: ridge on {len(model.get('coef', []))} monomials of degree <= {model.get('degree', '?')} of {model.get('features', 'log-shape-polynomial')}"
-    elif kind == "roofline":
-        text = "roofline: " + ", ".join(f"{k} {float(v):.3g}" for k, v in (model.get("coefficients") or {}).items())
-    else:
-        text = f"{kind}: " + ", ".join(f"{k} {model[k]:.4g}" for k in ("c0", "c1", "c2") if isinstance(model.get(k), (int, float)))
-    base = model.get("base")
-    return text + (f"; correcting {describe_spmm_model(base)}" if base else "")
+        return "learned-boosted"
+    if kind == "learned" and data.get("base"):
+        base = data["base"]
+        if not isinstance(base, Mapping) or current_kind(base) != "roofline":
+            base_kind = base.get("kind") if isinstance(base, Mapping) else type(base).__name__
+            raise UserError(f"learned SpMM model corrects a {base_kind!r} model; only a roofline base is supported (kind 'learned-roofline')")
+        return "learned-roofline"
+    return kind
 
 
-def predict_spmm_ms(model: Mapping, nnz, rows, common, dense_cols) -> np.ndarray:
-    """Time in ms of each SpMM described by the (broadcast) shape arrays."""
-    kind = model.get("kind")
-    evaluator = EVALUATORS.get(kind)
-    if evaluator is None:
-        raise UserError(f"unknown SpMM model kind {kind!r}; known kinds: {', '.join(sorted(EVALUATORS))}")
-    return np.asarray(evaluator(model, nnz, rows, common, dense_cols), dtype=np.float64)
+def spmm_model_from_dict(data) -> SpmmKind:
+    """The model of an ``spmm`` entry (a profile's dict; a model passes through)."""
+    if isinstance(data, SpmmKind):
+        return data
+    if not isinstance(data, Mapping):
+        raise UserError(f"an SpMM model must be an object with a 'kind', not {type(data).__name__}")
+    kind = current_kind(data)
+    cls = SPMM_MODELS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UserError(f"unknown SpMM model kind {kind!r}; known kinds: {', '.join(SPMM_MODELS)}")
+    return cls.from_dict(data)
+
+
+def describe_spmm_model(model) -> str:
+    """One line naming a model's kind and size, its base models included (for listings)."""
+    return spmm_model_from_dict(model).describe()
+
+
+def predict_spmm_ms(model, nnz, rows, common, dense_cols) -> np.ndarray:
+    """Time in ms of each SpMM described by the (broadcast) shape arrays; model: a dict or an SpmmKind."""
+    return np.asarray(spmm_model_from_dict(model).predict(nnz, rows, common, dense_cols), dtype=np.float64)
