@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 
 
 def register(subparsers) -> None:
@@ -17,13 +18,17 @@ def register(subparsers) -> None:
     coll = sub.add_parser(
         "collectives",
         help="all-reduce, all-gather, reduce-scatter for every group shape of G ranks",
-        description="Start G local ranks and time all-reduce, all-gather and reduce-scatter for every "
-        "(group size, stride) an axis of some grid of G has (contiguous and strided groups), "
-        "over message sizes (full buffer) from 1 KiB to 64 MiB. Median of --repeats calls after "
-        "--warmup calls; algbw and busbw follow nccl-tests.",
+        description="Start G ranks (local processes, or on the nodes of --launcher/--cluster) and time "
+        "all-reduce, all-gather and reduce-scatter for every (group size, stride) an axis of some grid "
+        "of G has (contiguous and strided groups), over message sizes (full buffer) from 1 KiB to 64 MiB, "
+        "on all groups of the shape at once and, across nodes, on one group alone (--modes). Median of "
+        "--repeats calls after --warmup calls; algbw and busbw follow nccl-tests.",
     )
-    coll.add_argument("--gpus", type=int, required=True, metavar="G", help="ranks to start (G)")
-    coll.add_argument("--gpus-per-node", type=int, default=None, metavar="N", help="ranks per node, to record how many nodes a group spans (default: G, one node)")
+    coll.add_argument("--gpus", type=int, default=None, metavar="G", help="ranks to start (G; default: the ranks of --cluster)")
+    coll.add_argument("--gpus-per-node", type=int, default=None, metavar="N", help="ranks per node, to record how many nodes a group spans "
+                      "(default: the launcher's ranks per node, else G: one node)")
+    coll.add_argument("--modes", default="auto", help="concurrent (all groups of a shape at once), alone (one group), both "
+                      "comma-separated, or auto (default: both when the ranks span several nodes)")
     coll.add_argument("--sizes", default="1K:64M", help="message sizes: LOW:HIGH[:xFACTOR] (default 1K:64M, factor 4) or a list 4K,1M")
     coll.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", help="comma-separated collectives (default: all three)")
     coll.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
@@ -31,6 +36,7 @@ def register(subparsers) -> None:
     coll.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with enough GPUs, else gloo")
     coll.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop all ranks after S seconds (default 1800)")
     coll.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    add_launcher_arguments(coll)
     coll.set_defaults(handler=run_collectives)
 
     spmm = sub.add_parser(
@@ -75,16 +81,34 @@ def _quiet_torch_warnings() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def _cluster_world(args):
+    """G of --gpus, else the ranks of --cluster (None when neither says)."""
+    if args.gpus is not None:
+        return args.gpus
+    if args.cluster:
+        from plexus_tune.cluster.spec import parse_cluster
+        from plexus_tune.errors import UserError
+
+        try:
+            return parse_cluster(args.cluster).world_size
+        except UserError as exc:
+            raise UserError(f"--launcher/--cluster: {exc}") from None
+    return None
+
+
 def run_collectives(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.measure.microbench import calibrate_collectives, collective_shapes, parse_sizes
     from plexus_tune.errors import UserError
+    from plexus_tune.measure.microbench import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
     from plexus_tune.measure.store import append_records
 
     _quiet_torch_warnings()
-    gpus = _positive(args.gpus, "--gpus")
+    gpus = _cluster_world(args)
+    if gpus is None:
+        raise UserError("calibrate collectives needs --gpus G (or a --cluster that sets nodes and ranks_per_node)")
+    gpus = _positive(gpus, "--gpus")
     if gpus < 2:
         raise UserError("--gpus must be at least 2 to time collectives")
     sizes = parse_sizes(args.sizes)
@@ -92,32 +116,45 @@ def run_collectives(args) -> int:
     _positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+    modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]
+    if modes is not None and (not modes or any(m not in COLLECTIVE_MODES for m in modes)):
+        raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
+    launcher = launcher_from_args(args, [gpus])
+    if args.gpus_per_node is not None and launcher.ranks_per_node is not None and args.gpus_per_node != launcher.ranks_per_node:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {launcher.ranks_per_node} ranks per node of "
+                        "--launcher/--cluster; leave it out")
     console = Console(stderr=True)
     shapes = collective_shapes(gpus)
     console.print(
         f"timing {len(ops)} collective(s) x {len(sizes)} sizes x {len(shapes)} group shapes "
-        f"{', '.join(f'g={g}/p={p}' for g, p in shapes)} on {gpus} ranks ..."
+        f"{', '.join(f'g={g}/p={p}' for g, p in shapes)} on {gpus} ranks ({launcher.name}) ..."
     )
-    records = calibrate_collectives(
-        gpus,
-        gpus_per_node=args.gpus_per_node,
-        sizes=sizes,
-        ops=ops,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        backend=args.backend,
-        timeout_s=args.timeout,
-    )
+    with launcher:
+        records = calibrate_collectives(
+            gpus,
+            gpus_per_node=args.gpus_per_node,
+            sizes=sizes,
+            ops=ops,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            backend=args.backend,
+            timeout_s=args.timeout,
+            launcher=launcher,
+            modes=modes,
+        )
     append_records(args.out, records)
-    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}): median time and busbw")
-    for col in ("op", "group", "stride", "nodes", "smallest: ms", "largest: ms", "busbw GB/s"):
+    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher.name}): median time and busbw")
+    for col in ("op", "group", "stride", "nodes", "groups", "smallest: ms", "largest: ms", "busbw GB/s"):
         table.add_column(col, justify="right" if col not in ("op",) else "left")
     keyed = {}
     for r in records:
-        keyed.setdefault((r["op"], r["group_size"], r["stride"]), []).append(r)
-    for (op, g, p), rows in keyed.items():
+        keyed.setdefault((r["op"], r["group_size"], r["stride"], r["groups"]), []).append(r)
+    for (op, g, p, groups), rows in keyed.items():
         rows.sort(key=lambda r: r["message_bytes"])
-        table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), f"{rows[0]['time_ms']:.3f}", f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
+        table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), str(groups), f"{rows[0]['time_ms']:.3f}",
+                      f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
     Console().print(table)
     console.print(f"appended {len(records)} records to {args.out}")
     return 0

@@ -2,9 +2,9 @@
 
 Topology of ``EmulatedCluster(spec)`` with id ``ID`` (6 hex digits)::
 
-    node k: netns ptIDn<k>, lo + nic0 (10.X.Y.<k+1>/24, MTU 9000)
+    node k: netns <P>IDn<k>, lo + nic0 (10.X.Y.<k+1>/24, MTU 9000)
               | veth
-    switch: netns ptIDsw, u<k> --[delay line]--> q<k> ~ b<k> --- br0 (Linux bridge)
+    switch: netns <P>IDsw, u<k> --[delay line]--> q<k> ~ b<k> --- br0 (Linux bridge)
                           u<k> <--[tc mirred]--- q<k> ~ b<k> ---'
 
 Shaping, per node link and direction:
@@ -27,11 +27,13 @@ Shaping, per node link and direction:
 Ranks of one node reach each other through the node's own address, which Linux
 routes over ``lo``: intra-node traffic is never shaped.
 
-Every live cluster has a state file ``/run/plexus-tune/clusters/<id>.json``
-(owner pid, namespaces, helper pids), written before anything is created;
-:func:`cleanup_leftovers` removes clusters whose owner died (SIGKILL), and
-``pt`` namespaces with no state file.  Normal exit, exceptions, SIGINT, SIGTERM
-and SIGHUP tear a cluster down.
+Namespaces are named ``<P><id>...`` with the prefix ``<P>`` (1-4 lower-case letters,
+``pt`` unless ``$PLEXUS_TUNE_NETNS_PREFIX`` or ``prefix=`` says otherwise), so that
+users sharing a host can tell their clusters apart.  Every live cluster has a state
+file ``/run/plexus-tune/clusters/<P><id>.json`` (owner pid, namespaces, helper pids),
+written before anything is created; :func:`cleanup_leftovers` removes clusters whose
+owner died (SIGKILL), and namespaces of its prefix with no state file.  Normal exit,
+exceptions, SIGINT, SIGTERM and SIGHUP tear a cluster down.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ from .spec import ClusterSpec, parse_cluster
 STATE_DIR = Path("/run/plexus-tune/clusters")
 NETNS_DIR = Path("/run/netns")
 PREFIX = "pt"
+#: environment variable naming the namespace prefix (1-4 lower-case letters), so that
+#: several users' clusters on one host are told apart; default :data:`PREFIX`
+PREFIX_ENV = "PLEXUS_TUNE_NETNS_PREFIX"
+PREFIX_RE = re.compile(r"^[a-z]{1,4}$")
 NS_RE = re.compile(r"^pt([0-9a-f]{6})(?:n\d+|sw)$")
 NIC = "nic0"
 BRIDGE = "br0"
@@ -112,6 +118,19 @@ def _alive(pid: int | None, start_ticks: int | None) -> bool:
         return False
     ticks = _proc_start_ticks(pid)
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def netns_prefix(prefix: str | None = None) -> str:
+    """The namespace prefix: ``prefix``, else ``$PLEXUS_TUNE_NETNS_PREFIX``, else ``pt``."""
+    value = prefix if prefix is not None else (os.environ.get(PREFIX_ENV) or PREFIX)
+    if not PREFIX_RE.match(value):
+        raise UserError(f"emulated cluster namespace prefix {value!r} ({PREFIX_ENV}) must be 1 to 4 lower-case letters, e.g. 'pt'")
+    return value
+
+
+def namespace_re(prefix: str | None = None) -> re.Pattern:
+    """Names of the namespaces of clusters with ``prefix`` (:func:`netns_prefix`); group 1 is the id."""
+    return re.compile(rf"^{netns_prefix(prefix)}([0-9a-f]{{6}})(?:n\d+|sw)$")
 
 
 def netns_list() -> list[str]:
@@ -206,29 +225,33 @@ def list_clusters() -> list[dict]:
     return out
 
 
-def cleanup_leftovers(grace_s: float = ORPHAN_GRACE_S) -> list[str]:
-    """Remove clusters whose owner is dead, and ``pt`` namespaces nobody owns.
+def cleanup_leftovers(grace_s: float = ORPHAN_GRACE_S, prefix: str | None = None) -> list[str]:
+    """Remove clusters whose owner is dead, and namespaces of ``prefix`` nobody owns.
 
-    A ``pt<6 hex>n<k>``/``pt<6 hex>sw`` namespace without a state file is removed
-    once it is older than ``grace_s`` seconds.  Returns the namespaces removed.
+    A ``<prefix><6 hex>n<k>``/``<prefix><6 hex>sw`` namespace without a state file is
+    removed once it is older than ``grace_s`` seconds; other prefixes' namespaces are
+    left alone (another user's clusters).  Returns the namespaces removed.
     """
     if os.geteuid() != 0:
         return []
     removed: list[str] = []
     owned: set[str] = set()
     for state in list_clusters():
-        if state["alive"] or state.get("id") in _LIVE:
+        if state["alive"] or state.get("key", state.get("id")) in _LIVE:
             owned.update(state.get("node_namespaces", []))
             owned.add(state.get("switch_namespace"))
             continue
         removed += _remove_recorded(state)
         Path(state["state_file"]).unlink(missing_ok=True)
     now = time.time()
+    prefix = netns_prefix(prefix)
+    pattern = namespace_re(prefix)
     for ns in netns_list():
-        if not NS_RE.match(ns) or ns in owned:
+        if not pattern.match(ns) or ns in owned:
             continue
-        cluster_id = NS_RE.match(ns).group(1)
-        if cluster_id in _LIVE or (STATE_DIR / f"{cluster_id}.json").exists():
+        cluster_id = pattern.match(ns).group(1)
+        key = prefix + cluster_id
+        if key in _LIVE or (STATE_DIR / f"{key}.json").exists() or (STATE_DIR / f"{cluster_id}.json").exists():
             continue
         try:
             age_s = now - (NETNS_DIR / ns).stat().st_mtime
@@ -343,6 +366,7 @@ class EmulatedCluster:
         *,
         mtu_bytes: int = DEFAULT_MTU_BYTES,
         tcp_congestion: str | None = None,
+        prefix: str | None = None,
     ):
         if isinstance(spec, str):
             spec = parse_cluster(spec)
@@ -360,13 +384,15 @@ class EmulatedCluster:
             self.id = hashlib.sha1(run_id.encode()).hexdigest()[:6]
         self.mtu_bytes = mtu_bytes
         self.tcp_congestion = tcp_congestion
-        self.state_file = STATE_DIR / f"{self.id}.json"
+        self.prefix = netns_prefix(prefix)
+        self.key = f"{self.prefix}{self.id}"
+        self.state_file = STATE_DIR / f"{self.key}.json"
         self.owner_pid = os.getpid()
         x, y = int(self.id[:2], 16), int(self.id[2:4], 16)
         self.subnet = f"10.{x}.{y}.0/24"
         self._prefix = f"10.{x}.{y}."
-        self.switch_ns = f"{PREFIX}{self.id}sw"
-        self.node_namespaces = [f"{PREFIX}{self.id}n{k}" for k in range(spec.nodes)]
+        self.switch_ns = f"{self.key}sw"
+        self.node_namespaces = [f"{self.key}n{k}" for k in range(spec.nodes)]
         self.rate_bit_per_s = spec.link_gbps * 8e9
         self.burst_bytes, self.limit_bytes = _tbf_sizes(spec.link_gbps * 1e9, mtu_bytes)
         self.delay_us = float(spec.inter_latency_us)
@@ -425,13 +451,13 @@ class EmulatedCluster:
         _check_host()
         self.owner_pid = os.getpid()
         with _critical():
-            cleanup_leftovers()
-            if self.id in _LIVE or self.state_file.exists() or any(
+            cleanup_leftovers(prefix=self.prefix)
+            if self.key in _LIVE or self.state_file.exists() or any(
                 (NETNS_DIR / ns).exists() for ns in [self.switch_ns, *self.node_namespaces]
             ):
                 raise UserError(f"emulated cluster id {self.id} is in use; pick another run_id or let it choose")
             self.started = True
-            _LIVE[self.id] = self
+            _LIVE[self.key] = self
             _install_handlers()
             try:
                 self._write_state()
@@ -453,7 +479,7 @@ class EmulatedCluster:
             _remove_recorded(self._state())
             self.state_file.unlink(missing_ok=True)
             self.closed = True
-            _LIVE.pop(self.id, None)
+            _LIVE.pop(self.key, None)
             if not _LIVE:
                 _restore_handlers()
 
@@ -466,6 +492,7 @@ class EmulatedCluster:
             helpers.append({"role": "delayline", "pid": pid, "start_ticks": _proc_start_ticks(pid)})
         return {
             "id": self.id,
+            "key": self.key,
             "run_id": self.run_id,
             "owner_pid": self.owner_pid,
             "owner_start_ticks": _proc_start_ticks(self.owner_pid),

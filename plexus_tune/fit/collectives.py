@@ -76,15 +76,20 @@ def frame_placement(df, gpus_per_node: int | None) -> tuple[Placement, int]:
     """:class:`Placement` of every row, and how many rows' logged nodes disagree with it.
 
     With a ``stride`` column and ``gpus_per_node``: placed as ``predict`` places that shape
-    (:func:`~plexus_tune.model.collectives.placement`). Otherwise: k = the nodes column,
-    r = column ``ranks_per_node`` or ceil(g / k), s = column ``concurrent`` or, across
-    nodes, n // r (1 when n is unknown).
+    (:func:`~plexus_tune.model.collectives.placement`), except that a logged ``concurrent``
+    (the groups that really shared a node's NICs: 1 for a group timed alone) replaces
+    s = min(n, p). Otherwise: k = the nodes column, r = column ``ranks_per_node`` or
+    ceil(g / k), s = column ``concurrent`` or, across nodes, n // r (1 when n is unknown).
     """
     g = np.asarray(df["group_size"], dtype=np.float64).astype(np.int64)
     nodes = nodes_column(df).astype(np.int64)
     stride = _stride_column(df)
     if stride is not None and gpus_per_node is not None:
         place = placement(g, stride, gpus_per_node)
+        if "concurrent" in df:
+            logged = pd_numeric(df["concurrent"], np.nan)
+            place = Placement(place.nodes, place.ranks_per_node,
+                              np.where(np.isfinite(logged), logged, place.concurrent).astype(np.int64), place.stride)
         return place, int(np.sum((place.nodes != nodes) & (g > 1)))
     k = np.maximum(nodes, 1)
     r = pd_numeric(df["ranks_per_node"], np.nan) if "ranks_per_node" in df else np.full(len(g), np.nan)

@@ -1,17 +1,20 @@
 """Microbenchmarks that calibrate a machine profile: collectives, SpMM and GEMM.
 
 Collectives (:func:`calibrate_collectives`)
-    Starts G local ranks (``plexus_tune.launch.launch_local``; gloo on CPU, nccl on
-    GPUs) and, for every (group size g, stride p) an axis of some grid of G can have,
-    splits the G ranks into the G / g groups of that axis (ranks r, r + p, ..., the
-    placement rank = z Gx Gy + x Gy + y) and times all-reduce, all-gather and
-    reduce-scatter on all groups at once, as training does. Per message size: warm-up
-    calls, then ``repeats`` timed calls each started after a barrier; a call's time is
-    the slowest rank's, the reported time is the median over calls. M is the full
-    buffer (the reduced or gathered result); algbw = M / t and busbw = algbw * 2(g-1)/g
-    for all-reduce, (g-1)/g for the others (nccl-tests). Groups with stride 1 are
-    contiguous, the others strided; ``nodes_spanned`` is how many nodes (of
-    ``gpus_per_node`` ranks each) a group spans.
+    Starts G ranks with a launcher (:mod:`plexus_tune.launch.launchers`: local processes,
+    torchrun agents, an emulated cluster, Slurm; gloo on CPU, nccl on GPUs) and, for
+    every (group size g, stride p) an axis of some grid of G can have, splits the G ranks
+    into the G / g groups of that axis (ranks r, r + p, ..., the placement rank =
+    z Gx Gy + x Gy + y) and times all-reduce, all-gather and reduce-scatter on all groups
+    at once, as training does (``concurrent``), and on one group while the others wait
+    (``alone``; by default only when the ranks span several nodes): the ratio of the two
+    is the link sharing of eq. 4.6. Per message size: warm-up calls, then ``repeats``
+    timed calls each started after a barrier; a call's time is the slowest taking part,
+    the reported time is the median over calls. M is the full buffer (the reduced or
+    gathered result); algbw = M / t and busbw = algbw * 2(g-1)/g for all-reduce, (g-1)/g
+    for the others (nccl-tests). Records say where the active groups sat: nodes spanned,
+    ranks per node, groups sharing a node's NICs (``concurrent``), from the node each
+    rank ran on (on one host: blocks of ``gpus_per_node`` consecutive ranks).
 
 SpMM and GEMM (:func:`spmm_sweep`, :func:`calibrate_graph_shards`)
     Time ``torch.sparse.mm`` of a CSR matrix by a dense matrix, the kernel the bundled
@@ -96,10 +99,14 @@ def _collective_call(dist, op: str, group, buf, out):
     return lambda: fn(out, buf, group=group)
 
 
-def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device):
-    """Body of one rank: times every (shape, op, size); returns rank-local times in seconds.
+def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device, modes=("concurrent",)):
+    """Body of one rank: times every (shape, mode, op, size); returns rank-local times in seconds.
 
-    Result: list of (group_size, stride, op, elements, [seconds per timed call]).
+    ``modes``: ``concurrent`` runs the op on every group of the shape at once, ``alone``
+    only on the group of rank 0 (the other ranks wait at the barriers; not timed for a shape
+    of one group, which ``concurrent`` times already). Result: list of
+    (group_size, stride, mode, op, elements, [seconds per timed call] or None where this
+    rank took no part).
     """
     import torch
     import torch.distributed as dist
@@ -108,46 +115,78 @@ def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device):
     dev = torch.device(device)
     results = []
     for g, p in shapes:
-        groups = [dist.new_group(ranks=members) for members in partition(world, g, p)]
-        mine = groups[[i for i, members in enumerate(partition(world, g, p)) if rank in members][0]]
-        for op in ops:
-            for size in sizes:
-                elems = collective_elements(op, size, g)
-                if op == "all_reduce":
-                    buf, out = torch.ones(elems, device=dev), None
-                elif op == "all_gather":
-                    buf, out = torch.ones(elems // g, device=dev), torch.empty(elems, device=dev)
-                else:
-                    buf, out = torch.ones(elems, device=dev), torch.empty(elems // g, device=dev)
-                call = _collective_call(dist, op, mine, buf, out)
-                for _ in range(warmup):
-                    call()
-                times = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    t0 = time.perf_counter()
-                    call()
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    times.append(time.perf_counter() - t0)
-                results.append((g, p, op, elems, times))
+        parts = partition(world, g, p)
+        groups = [dist.new_group(ranks=members) for members in parts]
+        index = next(i for i, members in enumerate(parts) if rank in members)
+        mine = groups[index]
+        for mode in modes if len(parts) > 1 else ("concurrent",):  # one group: alone is concurrent
+            active = mode == "concurrent" or index == 0
+            for op in ops:
+                for size in sizes:
+                    elems = collective_elements(op, size, g)
+                    call = None
+                    if active:
+                        if op == "all_reduce":
+                            buf, out = torch.ones(elems, device=dev), None
+                        elif op == "all_gather":
+                            buf, out = torch.ones(elems // g, device=dev), torch.empty(elems, device=dev)
+                        else:
+                            buf, out = torch.ones(elems, device=dev), torch.empty(elems // g, device=dev)
+                        call = _collective_call(dist, op, mine, buf, out)
+                        for _ in range(warmup):
+                            call()
+                    times = []
+                    for _ in range(repeats):
+                        dist.barrier()
+                        if call is None:
+                            continue
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        t0 = time.perf_counter()
+                        call()
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        times.append(time.perf_counter() - t0)
+                    results.append((g, p, mode, op, elems, times if active else None))
         for grp in groups:
             dist.destroy_process_group(grp)
     return results
 
 
-def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backend: str, element_size: int = 4, extra: dict | None = None) -> list[dict]:
-    """Reduce per-rank timings to records: per call the slowest rank, then the median."""
+def group_layout(groups: list[list[int]], rank_nodes: list[int]) -> dict:
+    """Where the given (active) groups sit, from the node of each rank.
+
+    ``nodes_spanned``: the most nodes any group spans; ``ranks_per_node``: the most members
+    of one group on one node; ``concurrent``: the most groups spanning several nodes that
+    have a member on one node, i.e. that share its NICs (1 when none or one crosses).
+    """
+    spans, per_node, crossing = [], [], {}
+    for members in groups:
+        nodes = [rank_nodes[m] for m in members]
+        spans.append(len(set(nodes)))
+        per_node.append(max(nodes.count(n) for n in set(nodes)))
+        if len(set(nodes)) > 1:
+            for n in set(nodes):
+                crossing[n] = crossing.get(n, 0) + 1
+    return {"nodes_spanned": max(spans), "ranks_per_node": max(per_node), "concurrent": max([1, *crossing.values()])}
+
+
+def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backend: str, element_size: int = 4,
+                       rank_nodes: list[int] | None = None, extra: dict | None = None) -> list[dict]:
+    """Reduce per-rank timings to records: per call the slowest taking part, then the median.
+
+    ``rank_nodes``: the node each rank ran on (default rank // gpus_per_node).
+    """
     records = []
     stamp = now_utc()
-    for idx, (g, p, op, elems, _) in enumerate(per_rank[0]):
-        calls = np.max(np.array([rank_results[idx][4] for rank_results in per_rank]), axis=0)
+    nodes_of = list(rank_nodes) if rank_nodes is not None else [r // gpus_per_node for r in range(world)]
+    for idx, (g, p, mode, op, elems, _) in enumerate(per_rank[0]):
+        calls = np.max(np.array([rank_results[idx][5] for rank_results in per_rank if rank_results[idx][5] is not None]), axis=0)
         t_ms = float(statistics.median(calls)) * 1e3
         m = elems * element_size
         algbw, busbw = bandwidths_gbps(op, g, m, t_ms)
-        spans = [nodes_spanned(members, gpus_per_node) for members in partition(world, g, p)]
+        parts = partition(world, g, p)
+        active = parts if mode == "concurrent" else parts[:1]
         records.append(
             {
                 "schema": COLLECTIVE_SCHEMA,
@@ -155,8 +194,9 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
                 "group_size": g,
                 "stride": p,
                 "contiguous": p == 1,
-                "groups": world // g,
-                "nodes_spanned": max(spans),
+                "groups": len(active),
+                "alone": mode == "alone",
+                **group_layout(active, nodes_of),
                 "message_bytes": m,
                 "time_ms": t_ms,
                 "time_min_ms": float(np.min(calls)) * 1e3,
@@ -169,12 +209,15 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
                 "backend": backend,
                 "measured_at": stamp,
                 "launcher": "local",
-                "rank_nodes": [r // gpus_per_node for r in range(world)],
+                "rank_nodes": nodes_of,
                 "comm_precision": "fp32",
                 **(extra or {}),
             }
         )
     return records
+
+
+COLLECTIVE_MODES = ("concurrent", "alone")
 
 
 def calibrate_collectives(
@@ -188,19 +231,38 @@ def calibrate_collectives(
     backend: str | None = None,
     shapes=None,
     timeout_s: float = 1800.0,
+    launcher=None,
+    modes=None,
 ) -> list[dict]:
-    """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
-    from plexus_tune.launch import RankFailure, launch_local
+    """Time the collectives of every group shape of ``gpus`` ranks; returns records.
+
+    ``launcher`` (:mod:`plexus_tune.launch.launchers`; default local processes) starts the
+    ranks; its ranks per node are ``gpus_per_node`` unless given (a different value is an
+    error). ``modes``: ``concurrent`` (all groups of a shape at once) and/or ``alone``
+    (one group); default both when the ranks span several nodes, else concurrent only.
+    """
+    from plexus_tune.launch import RankFailure, default_threads_per_rank
+    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.measure.store import environment_info
+    from plexus_tune.trainer.run import placement_fields
 
     if gpus < 2:
         raise UserError("calibrating collectives needs --gpus 2 or more")
-    gpus_per_node = gpus if gpus_per_node is None else int(gpus_per_node)
+    launcher = launcher or Launcher()
+    if gpus_per_node is not None and launcher.ranks_per_node is not None and int(gpus_per_node) != launcher.ranks_per_node:
+        raise UserError(f"--gpus-per-node {gpus_per_node} disagrees with the launcher's {launcher.ranks_per_node} ranks per node; leave it out")
+    gpus_per_node = int(gpus_per_node or launcher.ranks_per_node or gpus)
     if gpus_per_node < 1:
         raise UserError("--gpus-per-node must be at least 1")
     bad = [op for op in ops if op not in COLLECTIVE_OPS]
     if bad:
         raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
+    if modes is None:
+        modes = COLLECTIVE_MODES if gpus_per_node < gpus else ("concurrent",)
+    modes = tuple(modes)
+    if not modes or any(m not in COLLECTIVE_MODES for m in modes):
+        raise UserError(f"collective timing modes must be some of {', '.join(COLLECTIVE_MODES)}, got {', '.join(modes) or 'none'}")
+    launcher.check(gpus)
     if backend is None:
         import torch
 
@@ -208,22 +270,20 @@ def calibrate_collectives(
     device = "cuda" if backend == "nccl" else "cpu"
     shapes = collective_shapes(gpus) if shapes is None else [tuple(s) for s in shapes]
     try:
-        per_rank = launch_local(
-            collective_worker,
-            gpus,
-            args=(shapes, list(sizes), list(ops), int(warmup), int(repeats), device),
-            backend=backend,
-            timeout_s=timeout_s,
-        )
+        launched = launcher.run(collective_worker, gpus,
+                                args=(shapes, list(sizes), list(ops), int(warmup), int(repeats), device, modes),
+                                backend=backend, timeout_s=timeout_s)
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None
-    from plexus_tune.launch import default_threads_per_rank
-
-    env = environment_info()
-    extra = {"machine_info": env}
+    where = placement_fields(launched, gpus_per_node)
+    extra = {"machine_info": environment_info(), **launcher.describe(), "hosts": where["hosts"], "placement_ok": where["placement_ok"]}
     if device == "cpu":
         extra["threads_per_rank"] = default_threads_per_rank(gpus)
-    return collective_records(per_rank, world=gpus, gpus_per_node=gpus_per_node, backend=backend, extra=extra)
+    # on one host, nodes are the logical blocks of gpus_per_node ranks; on a cluster, where the ranks ran
+    real = launcher.cluster() is not None and all(isinstance(n, int) for n in where["rank_nodes"])
+    nodes = where["rank_nodes"] if real else None
+    return collective_records(launched.values, world=gpus, gpus_per_node=gpus_per_node, backend=backend,
+                              rank_nodes=nodes, extra=extra)
 
 
 # --------------------------------------------------------------------------- SpMM / GEMM
