@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
                         help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
+    parser.add_argument("--collective-sharing", default="auto", choices=("auto", "on", "off"),
+                        help="NIC sharing by concurrent groups across nodes (beta_inter / min(n, p)): auto (default) scores "
+                             "each form with and without it, on or off fixes it")
     parser.add_argument("--host-cores", type=int, default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
                         "gloo collective logs; none for NCCL); 0: do not model time-sharing. Collective timings are divided by the "
                         "oversubscription they ran under and predictions multiply it back")
@@ -126,7 +129,8 @@ def run(args) -> int:
             fitted = fitting.fit_profile(
                 spmm=args.spmm, collectives=args.collectives, gemm=args.gemm, runs=args.runs, name=args.machine_name,
                 kind=args.kind, n_splits=args.splits, seed=args.seed, r2_sem=args.r2_sem or None, n_jobs=args.jobs or os.cpu_count() or 1,
-                table=not args.no_table, collective_form=args.collective_form, host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
+                table=not args.no_table, collective_form=args.collective_form,
+                collective_sharing={"auto": None, "on": True, "off": False}[args.collective_sharing], host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
                 device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
                 elementwise_gbps=args.elementwise_gbps, description=args.description, source=args.out, progress=progress,
             )

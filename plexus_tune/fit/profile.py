@@ -203,6 +203,7 @@ def fit_profile(
     n_jobs: int = 1,
     table: bool = True,
     collective_form: str = "auto",
+    collective_sharing: bool | None = None,
     host_cores: int | None = None,
     gpus_per_node: int | None = None,
     device_memory_gib: float | None = None,
@@ -219,7 +220,8 @@ def fit_profile(
     ``runs``: trainer run logs (or run records) for the epoch-level fit. ``kind``: the
     SpMM kind (:data:`plexus_tune.fit.spmm.SPMM_KINDS`) or auto; every kind the data
     supports is scored beside it. ``collective_form``: two-tier, per-span, hierarchical
-    or auto (the lowest leave-sizes-out MAPE); ``table``: also try a bandwidth table.
+    or auto (the lowest leave-sizes-out MAPE); ``collective_sharing``: None scores the forms
+    with and without NIC sharing, True or False fixes it; ``table``: also try a bandwidth table.
     Scores use at most ``n_splits`` random 70/30 splits,
     fewer for a model whose mean held-out R^2 has a standard error of at most
     ``r2_sem`` (None: all); ``n_jobs`` worker processes score the expensive kinds.
@@ -286,7 +288,8 @@ def fit_profile(
             if progress:
                 progress(stage, 0, 1)
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            others = pool.submit(_other_fits, coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form, table=table,
+            others = pool.submit(_other_fits, coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form,
+                                 sharing=collective_sharing, table=table,
                                  gpus_per_node=gpn)
             if progress:
                 others.add_done_callback(lambda done: _report_other_fits(done, progress))
@@ -296,6 +299,7 @@ def fit_profile(
     else:
         spmm_model = spmm_stage()
         (coll, coll_report), gemm_model, seconds = _other_fits(coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form,
+                                                                sharing=collective_sharing,
                                                                 table=table, gpus_per_node=gpn, progress=progress)
         timings.update(seconds)
     rate = gemm_model.tflops if gemm_model else float(gemm_tflops)
@@ -392,12 +396,13 @@ def _host_cores(coll_df, host_cores: int | None) -> tuple[int | None, str | None
     return None, None
 
 
-def _other_fits(coll_df, gemm_df, *, n_splits: int, seed: int, form: str, table: bool, gpus_per_node: int, progress=None):
+def _other_fits(coll_df, gemm_df, *, n_splits: int, seed: int, form: str, table: bool, gpus_per_node: int, progress=None,
+                sharing: bool | None = None):
     """((collective model, its report), GEMM model or None, seconds of each): the fits that do not need the SpMM model."""
     seconds = {}
     with single_threaded_blas():  # many small solves
         started = time.perf_counter()
-        coll = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, table=table, gpus_per_node=gpus_per_node,
+        coll = _fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, sharing=sharing, table=table, gpus_per_node=gpus_per_node,
                                 progress=_stage(progress, "collectives"))
         seconds["collectives"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -417,13 +422,13 @@ def _report_other_fits(future, progress: Progress) -> None:
 
 
 def _fit_collectives(coll_df, *, n_splits: int, seed: int, form: str, table: bool, gpus_per_node: int,
-                     progress) -> tuple[CollectiveModel, dict]:
+                     progress, sharing: bool | None = None) -> tuple[CollectiveModel, dict]:
     """The collective network model (every form scored unless one is given) and its report:
     samples, the chosen candidate, every candidate's scores, table entries, placement mismatches."""
     if progress:
         progress(0, 1)
     coll = fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, table=table and "stride" in coll_df,
-                           gpus_per_node=gpus_per_node)
+                           gpus_per_node=gpus_per_node, sharing=sharing)
     net = coll.network
     report = {"samples": coll.n_samples, "chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by,
               "scores": coll.all_scores, "same_as": coll.same_as, "table_entries": len(coll.table),

@@ -1,0 +1,227 @@
+"""Calibrate, measure, fit and validate the topology model on an emulated cluster (root).
+
+    PLEXUS_TUNE_NETNS_PREFIX=mn python runners/emulated_validation.py --nodes 2 --ranks-per-node 4 \\
+        --inter-gbps 0.05 --out-dir measurements/emulated-2x4-DATE
+
+Steps (plexus-tune commands, each logged in ``campaign.json`` with its duration and the
+load average before and after; every command also lands in ``commands.txt``):
+
+1. ``calibrate collectives --cluster SPEC``: every (op, group size, stride) of G =
+   nodes x ranks per node, with all groups at once and one group alone;
+2. ``calibrate spmm --graph`` for both graphs (real shards and GEMMs of every grid, one
+   process: compute does not depend on the cluster);
+3. ``measure --cluster SPEC`` every grid of G on both graphs (interleaved trials);
+4. ``fit`` twice, with the runs: the forms scored with and without NIC sharing (the
+   chosen one is the profile ``models/<name>.json``) and with sharing switched off
+   (``models/<name>-nosharing.json``); ``--host-cores 0``: the emulated nodes share this
+   host's cores, so a link-bound collective is not stretched by time-sharing;
+5. ``validate`` (leave-one-(graph, G)-out) of both profiles;
+6. ``summary.json``: the fitted inter-node bandwidth against the tc rate, the sharing
+   factor of each inter-node shape (time with all groups / time alone, largest message)
+   against the model's min(n, p), the leave-message-sizes-out MAPE of every form, and
+   Spearman, regret and the chosen grid (with the axes that cross nodes) per profile.
+
+Steps whose output exists are resumed (logs are append-only; ``measure`` skips logged
+runs); ``--skip`` leaves steps out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GRAPHS = (
+    "rmat:nodes=8192,edges=65536,features=64,classes=8,seed=1",  # average degree ~8
+    "rmat:nodes=2048,edges=131072,features=64,classes=8,seed=2",  # average degree ~64
+)
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def step(log: list, commands: Path, name: str, args: list[str]) -> None:
+    before = load()
+    start = time.time()
+    line = "python -m plexus_tune " + shlex.join(args)
+    print(f"\n== {name} (load {before:.2f}): {line}", flush=True)
+    with commands.open("a") as fh:
+        fh.write(line + "\n")
+    rc = subprocess.run([sys.executable, "-W", "ignore", "-m", "plexus_tune", *args], cwd=ROOT).returncode
+    log.append({"step": name, "command": line, "rc": rc, "seconds": round(time.time() - start, 1),
+                "load_before": round(before, 2), "load_after": round(load(), 2),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))})
+    if rc != 0:
+        raise SystemExit(f"step {name} failed with exit code {rc}")
+
+
+def sharing_factors(coll_log: Path, gpus_per_node: int) -> list[dict]:
+    """Per inter-node (op, group, stride) timed both ways: time with all groups / time alone at the
+    largest message, against the model's s = min(n, p) and the logged groups per NIC."""
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.model.collectives import placement
+
+    records, _ = read_records(coll_log)
+    keyed: dict = {}
+    for r in records:
+        if r.get("alone") is None or r["nodes_spanned"] < 2:
+            continue
+        keyed.setdefault((r["op"], r["group_size"], r["stride"]), {}).setdefault(r["alone"], []).append(r)
+    out = []
+    for (op, g, p), by_mode in sorted(keyed.items()):
+        if True not in by_mode or False not in by_mode:
+            continue
+        largest = max(r["message_bytes"] for r in by_mode[True])
+        alone = next(r for r in by_mode[True] if r["message_bytes"] == largest)
+        together = next(r for r in by_mode[False] if r["message_bytes"] == largest)
+        out.append({"op": op, "group": g, "stride": p, "nodes_spanned": together["nodes_spanned"],
+                    "message_bytes": largest, "time_alone_ms": alone["time_ms"], "time_together_ms": together["time_ms"],
+                    "measured_factor": together["time_ms"] / alone["time_ms"], "logged_concurrent": together["concurrent"],
+                    "model_min_n_p": int(placement(g, p, gpus_per_node).concurrent)})
+    return out
+
+
+def sizes_out_by_subset(coll_log: Path, gpus_per_node: int, splits: int) -> dict:
+    """Leave-message-sizes-out MAPE (and the fitted inter-node alpha, beta) of every form with and
+    without sharing, on all timings, on those with all groups at once (what training runs),
+    and on the inter-node ones."""
+    import numpy as np
+
+    from plexus_tune.fit.collectives import fit_collectives
+    from plexus_tune.fit.profile import load_tables
+
+    df = load_tables(str(coll_log), "collective")
+    alone = df["alone"].fillna(False).astype(bool) if "alone" in df else np.zeros(len(df), dtype=bool)
+    subsets = {"all": df, "together": df[~alone], "inter-node": df[df["nodes_spanned"] > 1]}
+    out = {}
+    for label, rows in subsets.items():
+        model = fit_collectives(rows.reset_index(drop=True), gpus_per_node=gpus_per_node, n_splits=splits)
+        out[label] = {"rows": len(rows), "chosen": model.name,
+                      "beta_inter_gbps": model.network.beta_inter_gbps, "alpha_inter_us": model.network.alpha_inter_us,
+                      "sizes_out_mape": {k: v.get("sizes_out_mape") for k, v in model.all_scores.items()},
+                      "chosen_by_size": model.scores.get("sizes_out_by_size")}
+    return out
+
+
+def crossing_axes(grid: str, gpus_per_node: int) -> list[str]:
+    from plexus_tune.model.collectives import placement
+    from plexus_tune.model.grid import axis_stride, parse_grid
+
+    dims = tuple(int(v) for v in parse_grid(grid))
+    return [name for axis, name in enumerate("XYZ")
+            if dims[axis] > 1 and placement(dims[axis], axis_stride(axis, dims), gpus_per_node).nodes > 1]
+
+
+def summarize(out: Path, models: dict, spec: dict, splits: int) -> dict:
+    n = spec["ranks_per_node"]
+    summary: dict = {"cluster": spec, "tc_rate_gbps": spec["inter_gbps"], "profiles": {}}
+    summary["sharing_factors"] = sharing_factors(out / "collectives.jsonl", n)
+    summary["sizes_out"] = sizes_out_by_subset(out / "collectives.jsonl", n, splits)
+    for label, path in models.items():
+        profile = json.loads(Path(path).read_text())
+        fit = profile["fit"]["collectives"]
+        validation = json.loads((out / f"validation{'' if label == 'sharing' else '-' + label}.json").read_text())
+        inter = fit["tiers"].get("inter", {})
+        groups = []
+        for g in validation["groups"]:
+            groups.append({"graph": g["graph"], "gpus": g["gpus"], "spearman": g["spearman"], "regret": g["regret"],
+                           "mape": g["mape"], "predicted_best": g["predicted_best"], "observed_best": g["observed_best"],
+                           "predicted_best_crossing_axes": crossing_axes(g["predicted_best"], n),
+                           "observed_best_crossing_axes": crossing_axes(g["observed_best"], n)})
+        summary["profiles"][label] = {
+            "profile": str(path),
+            "chosen_form": fit["chosen"],
+            "beta_inter_gbps_collective_fit": inter.get("beta_gbps"),
+            "beta_inter_vs_tc": inter.get("beta_gbps", float("nan")) / spec["inter_gbps"],
+            "alpha_inter_us_collective_fit": inter.get("alpha_us"),
+            "beta_intra_gbps_collective_fit": fit["tiers"].get("intra", {}).get("beta_gbps"),
+            "beta_inter_gbps_after_run_fit": profile["collectives"]["beta_inter_gbps"],
+            "run_fit_scales": profile["fit"].get("epoch", {}).get("scales"),
+            "sizes_out_mape_by_form": {k: v.get("sizes_out_mape") for k, v in fit["scores"].items()},
+            "random_split_mape_by_form": {k: v.get("test_mape") for k, v in fit["scores"].items()},
+            "validation_mean": validation["mean"],
+            "groups": groups,
+        }
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--ranks-per-node", type=int, required=True)
+    parser.add_argument("--inter-gbps", type=float, default=0.05)
+    parser.add_argument("--inter-latency-us", type=float, default=0.0)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--name", default=None, help="profile name (default emulated-<nodes>x<ranks>-fitted)")
+    parser.add_argument("--models-dir", default="models")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--sizes", default="64K:4M")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--splits", type=int, default=200)
+    parser.add_argument("--skip", default="", help="comma-separated step names to leave out")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    Path(args.models_dir).mkdir(parents=True, exist_ok=True)
+    gpus = args.nodes * args.ranks_per_node
+    cluster = (f"emulated:nodes={args.nodes},ranks_per_node={args.ranks_per_node},inter_gbps={args.inter_gbps:g},"
+               f"inter_latency_us={args.inter_latency_us:g}")
+    name = args.name or f"emulated-{args.nodes}x{args.ranks_per_node}-fitted"
+    coll, spmm, runs = out / "collectives.jsonl", out / "spmm-shards.jsonl", out / "runs.jsonl"
+    models = {"sharing": Path(args.models_dir) / f"{name}.json", "nosharing": Path(args.models_dir) / f"{name}-nosharing.json"}
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    plan = [("collectives", ["calibrate", "collectives", "--cluster", cluster, "--sizes", args.sizes, "--warmup", "1",
+                             "--repeats", str(args.repeats), "--out", str(coll)])]
+    for k, graph in enumerate(GRAPHS):
+        plan.append((f"spmm-{k}", ["calibrate", "spmm", "--graph", graph, "--gpus", str(gpus), "--hidden", str(args.hidden),
+                                   "--repeats", "5", "--out", str(spmm)]))
+    for k, graph in enumerate(GRAPHS):
+        plan.append((f"measure-{k}", ["measure", "--graph", graph, "--gpus", str(gpus), "--trials", str(args.trials),
+                                      "--epochs", str(args.epochs), "--warmup", "2", "--hidden", str(args.hidden),
+                                      "--batch", "10", "--timeout", "600", "--cluster", cluster, "--log", str(runs)]))
+    common = ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--host-cores", "0",
+              "--gpus-per-node", str(args.ranks_per_node), "--splits", str(args.splits), "--jobs", "1"]
+    plan.append(("fit", [*common, "--machine-name", name, "--out", str(models["sharing"]),
+                         "--description", f"emulated cluster {cluster} on a 2-core host, fitted by runners/emulated_validation.py"]))
+    plan.append(("fit-nosharing", [*common, "--collective-sharing", "off", "--machine-name", f"{name}-nosharing",
+                                   "--out", str(models["nosharing"]),
+                                   "--description", f"as {name}, NIC sharing switched off"]))
+    plan.append(("validate", ["validate", "--machine", str(models["sharing"]), "--runs", str(runs), "--json", str(out / "validation.json")]))
+    plan.append(("validate-nosharing", ["validate", "--machine", str(models["nosharing"]), "--runs", str(runs),
+                                        "--json", str(out / "validation-nosharing.json")]))
+    log: list = []
+    try:
+        for step_name, cmd in plan:
+            if step_name not in skip:
+                step(log, out / "commands.txt", step_name, cmd)
+    finally:
+        campaign = out / "campaign.json"
+        previous = json.loads(campaign.read_text()) if campaign.exists() else []
+        campaign.write_text(json.dumps(previous + log, indent=2) + "\n")
+    from plexus_tune.cluster.spec import parse_cluster
+
+    summary = summarize(out, models, parse_cluster(cluster).to_dict(), args.splits)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("profiles", "sharing_factors")}, indent=1))
+    for row in summary["sharing_factors"]:
+        print(f"sharing {row['op']} g={row['group']} p={row['stride']}: measured {row['measured_factor']:.2f}, min(n, p) {row['model_min_n_p']}")
+    for label, prof in summary["profiles"].items():
+        print(label, prof["chosen_form"], "beta_inter", prof["beta_inter_gbps_collective_fit"], "x tc", prof["beta_inter_vs_tc"],
+              "mean", prof["validation_mean"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
