@@ -101,7 +101,9 @@ def sizes_out_by_subset(coll_log: Path, gpus_per_node: int, splits: int) -> dict
 
     df = load_tables(str(coll_log), "collective")
     alone = df["alone"].fillna(False).astype(bool) if "alone" in df else np.zeros(len(df), dtype=bool)
-    subsets = {"all": df, "together": df[~alone], "inter-node": df[df["nodes_spanned"] > 1]}
+    inter = df["nodes_spanned"] > 1
+    subsets = {"all": df, "together": df[~alone], "inter-node": df[inter],
+               "inter-node >= 512 KiB": df[inter & (df["message_bytes"] >= 512 * 1024)]}
     out = {}
     for label, rows in subsets.items():
         model = fit_collectives(rows.reset_index(drop=True), gpus_per_node=gpus_per_node, n_splits=splits)
@@ -152,6 +154,53 @@ def summarize(out: Path, models: dict, spec: dict, splits: int) -> dict:
             "groups": groups,
         }
     return summary
+
+
+def _fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> None:
+    """README.md of the measurement directory: how it was made, the load, the results."""
+    spec = summary["cluster"]
+    lines = [f"# Emulated cluster {spec['nodes']} nodes x {spec['ranks_per_node']} ranks, "
+             f"{spec['inter_gbps']} GB/s per node link", "",
+             "Calibration, trainer runs, fits and validation of the topology model on an emulated cluster",
+             "(network namespaces, tbf-shaped veth links, one torchrun agent per node, gloo) on a 2-core host",
+             "shared with other jobs. Re-run end to end (root):", "",
+             "```", "PLEXUS_TUNE_NETNS_PREFIX=mn python " + shlex.join(["runners/emulated_validation.py", *argv]), "```", "",
+             "The steps it ran (also in `commands.txt`), each with the 1-minute load average before and after",
+             "(this host has 2 cores):", "", "| step | seconds | load before | load after | command |", "|---|---|---|---|---|"]
+    for e in campaign:
+        lines.append(f"| {e['step']} | {e['seconds']} | {e['load_before']} | {e['load_after']} | `{e['command']}` |")
+    lines += ["", "Files: `collectives.jsonl` (calibrate collectives), `spmm-shards.jsonl` (SpMM and GEMM of the",
+              "real shards), `runs.jsonl` (measure), `validation.json`, `validation-nosharing.json` (validate),",
+              "`summary.json` (the figures below), `campaign.json` (steps, durations, load).", "", "## Results", ""]
+    lines += ["| profile | chosen form | beta_inter (collective fit) GB/s | / tc rate | mean Spearman | mean regret | worst regret | MAPE % |",
+              "|---|---|---|---|---|---|---|---|"]
+    for label, prof in summary["profiles"].items():
+        m = prof["validation_mean"]
+        lines.append(f"| `{Path(prof['profile']).stem}` ({label}) | {prof['chosen_form']} | {_fmt(prof['beta_inter_gbps_collective_fit'], 4)} | "
+                     f"{_fmt(prof['beta_inter_vs_tc'])} | {_fmt(m['spearman'])} | {_fmt(m['regret'])} | {_fmt(m['max_regret'])} | {_fmt(m['mape'], 1)} |")
+    lines += ["", "Per (graph, G) group, leave-one-group-out (the run fit refitted on the other graph):", "",
+              "| profile | graph | Spearman | regret | predicted best (axes across nodes) | observed best (axes across nodes) |",
+              "|---|---|---|---|---|---|"]
+    for label, prof in summary["profiles"].items():
+        for g in prof["groups"]:
+            lines.append(f"| {label} | `{g['graph']}` | {_fmt(g['spearman'])} | {_fmt(g['regret'])} | "
+                         f"{g['predicted_best']} ({','.join(g['predicted_best_crossing_axes']) or 'none'}) | "
+                         f"{g['observed_best']} ({','.join(g['observed_best_crossing_axes']) or 'none'}) |")
+    lines += ["", "NIC sharing: time with all groups of a shape / time of one group alone, largest message,",
+              "against the model's s = min(n, p):", "", "| op | group | stride | nodes | measured | min(n, p) |", "|---|---|---|---|---|---|"]
+    for r in summary["sharing_factors"]:
+        lines.append(f"| {r['op']} | {r['group']} | {r['stride']} | {r['nodes_spanned']} | {r['measured_factor']:.2f} | {r['model_min_n_p']} |")
+    lines += ["", "Leave-message-sizes-out MAPE (%) of every collective form, by subset of the timings:", ""]
+    forms = sorted({f for sub in summary["sizes_out"].values() for f in sub["sizes_out_mape"]})
+    lines += ["| subset | rows | chosen | beta_inter GB/s | " + " | ".join(forms) + " |", "|---" * (4 + len(forms)) + "|"]
+    for label, sub in summary["sizes_out"].items():
+        lines.append(f"| {label} | {sub['rows']} | {sub['chosen']} | {_fmt(sub['beta_inter_gbps'], 4)} | "
+                     + " | ".join(_fmt(sub["sizes_out_mape"].get(f), 1) for f in forms) + " |")
+    (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -214,6 +263,7 @@ def main() -> int:
 
     summary = summarize(out, models, parse_cluster(cluster).to_dict(), args.splits)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_readme(out, summary, json.loads((out / "campaign.json").read_text()), sys.argv[1:])
     print(json.dumps({k: v for k, v in summary.items() if k not in ("profiles", "sharing_factors")}, indent=1))
     for row in summary["sharing_factors"]:
         print(f"sharing {row['op']} g={row['group']} p={row['stride']}: measured {row['measured_factor']:.2f}, min(n, p) {row['model_min_n_p']}")
