@@ -66,7 +66,10 @@ def step(log: list, commands: Path, name: str, args: list[str]) -> None:
 
 def sharing_factors(coll_log: Path, gpus_per_node: int) -> list[dict]:
     """Per inter-node (op, group, stride) timed both ways: time with all groups / time alone at the
-    largest message, against the model's s = min(n, p) and the logged groups per NIC."""
+    largest message (``measured_factor``) and the ratio of the slopes of time against message
+    size over the link-bound sizes (``fitted_factor``), against the model's s = min(n, p)."""
+    import numpy as np
+
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.collectives import placement
 
@@ -83,9 +86,14 @@ def sharing_factors(coll_log: Path, gpus_per_node: int) -> list[dict]:
         largest = max(r["message_bytes"] for r in by_mode[True])
         alone = next(r for r in by_mode[True] if r["message_bytes"] == largest)
         together = next(r for r in by_mode[False] if r["message_bytes"] == largest)
+        slopes = {}
+        for mode, rows in by_mode.items():  # time = a + b M over the link-bound sizes (>= 256 KiB)
+            pts = sorted((r["message_bytes"], r["time_ms"]) for r in rows if r["message_bytes"] >= 256 * 1024)
+            slopes[mode] = float(np.polyfit([m for m, _ in pts], [t for _, t in pts], 1)[0]) if len(pts) >= 2 else float("nan")
         out.append({"op": op, "group": g, "stride": p, "nodes_spanned": together["nodes_spanned"],
                     "message_bytes": largest, "time_alone_ms": alone["time_ms"], "time_together_ms": together["time_ms"],
-                    "measured_factor": together["time_ms"] / alone["time_ms"], "logged_concurrent": together["concurrent"],
+                    "measured_factor": together["time_ms"] / alone["time_ms"],
+                    "fitted_factor": slopes[False] / slopes[True], "logged_concurrent": together["concurrent"],
                     "model_min_n_p": int(placement(g, p, gpus_per_node).concurrent)})
     return out
 
@@ -190,10 +198,13 @@ def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> N
             lines.append(f"| {label} | `{g['graph']}` | {_fmt(g['spearman'])} | {_fmt(g['regret'])} | "
                          f"{g['predicted_best']} ({','.join(g['predicted_best_crossing_axes']) or 'none'}) | "
                          f"{g['observed_best']} ({','.join(g['observed_best_crossing_axes']) or 'none'}) |")
-    lines += ["", "NIC sharing: time with all groups of a shape / time of one group alone, largest message,",
-              "against the model's s = min(n, p):", "", "| op | group | stride | nodes | measured | min(n, p) |", "|---|---|---|---|---|---|"]
+    lines += ["", "NIC sharing of each inter-node shape: time with all its groups / time of one group alone at the",
+              "largest message (measured), and the ratio of the slopes of time against size over 256 KiB - 4 MiB",
+              "(fitted), against the model's s = min(n, p):", "",
+              "| op | group | stride | nodes | measured | fitted | min(n, p) |", "|---|---|---|---|---|---|---|"]
     for r in summary["sharing_factors"]:
-        lines.append(f"| {r['op']} | {r['group']} | {r['stride']} | {r['nodes_spanned']} | {r['measured_factor']:.2f} | {r['model_min_n_p']} |")
+        lines.append(f"| {r['op']} | {r['group']} | {r['stride']} | {r['nodes_spanned']} | {r['measured_factor']:.2f} | "
+                     f"{r['fitted_factor']:.2f} | {r['model_min_n_p']} |")
     lines += ["", "Leave-message-sizes-out MAPE (%) of every collective form, by subset of the timings:", ""]
     forms = sorted({f for sub in summary["sizes_out"].values() for f in sub["sizes_out_mape"]})
     lines += ["| subset | rows | chosen | beta_inter GB/s | " + " | ".join(forms) + " |", "|---" * (4 + len(forms)) + "|"]
@@ -266,7 +277,8 @@ def main() -> int:
     write_readme(out, summary, json.loads((out / "campaign.json").read_text()), sys.argv[1:])
     print(json.dumps({k: v for k, v in summary.items() if k not in ("profiles", "sharing_factors")}, indent=1))
     for row in summary["sharing_factors"]:
-        print(f"sharing {row['op']} g={row['group']} p={row['stride']}: measured {row['measured_factor']:.2f}, min(n, p) {row['model_min_n_p']}")
+        print(f"sharing {row['op']} g={row['group']} p={row['stride']}: measured {row['measured_factor']:.2f}, "
+              f"fitted {row['fitted_factor']:.2f}, min(n, p) {row['model_min_n_p']}")
     for label, prof in summary["profiles"].items():
         print(label, prof["chosen_form"], "beta_inter", prof["beta_inter_gbps_collective_fit"], "x tc", prof["beta_inter_vs_tc"],
               "mean", prof["validation_mean"])
