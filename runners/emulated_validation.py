@@ -211,7 +211,11 @@ def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> N
     for label, sub in summary["sizes_out"].items():
         lines.append(f"| {label} | {sub['rows']} | {sub['chosen']} | {_fmt(sub['beta_inter_gbps'], 4)} | "
                      + " | ".join(_fmt(sub["sizes_out_mape"].get(f), 1) for f in forms) + " |")
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    readme = out / "README.md"
+    kept = ""  # a hand-written "## Discussion" section survives a re-run
+    if readme.exists() and "\n## Discussion" in readme.read_text():
+        kept = "\n## Discussion" + readme.read_text().split("\n## Discussion", 1)[1]
+    readme.write_text("\n".join(lines) + "\n" + kept)
 
 
 def main() -> int:
