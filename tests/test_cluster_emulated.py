@@ -160,10 +160,16 @@ _WHY_NOT = _can_make_namespaces() if sys.platform.startswith("linux") else "Linu
 needs_netns = pytest.mark.skipif(_WHY_NOT is not None, reason=f"emulated cluster: {_WHY_NOT}")
 
 
-def _ours(names):
-    from plexus_tune.cluster.emulated import NS_RE
+#: namespace prefix of this module's clusters, so that other users' clusters on a shared host
+#: (default prefix ``pt``) neither count as left behind nor get removed by its cleanup tests
+PREFIX = "pte"
 
-    return {name for name in names if NS_RE.match(name)}
+
+def _ours(names):
+    from plexus_tune.cluster.emulated import namespace_re
+
+    pattern = namespace_re(PREFIX)
+    return {name for name in names if pattern.match(name)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,10 +178,16 @@ def no_namespaces_left_behind():
     if _WHY_NOT is not None:
         yield
         return
-    from plexus_tune.cluster.emulated import netns_list
+    from plexus_tune.cluster.emulated import PREFIX_ENV, netns_list
 
+    saved = os.environ.get(PREFIX_ENV)
+    os.environ[PREFIX_ENV] = PREFIX
     before = _ours(netns_list())
     yield
+    if saved is None:
+        os.environ.pop(PREFIX_ENV, None)
+    else:
+        os.environ[PREFIX_ENV] = saved
     left = _ours(netns_list()) - before
     assert not left, f"namespaces left behind: {sorted(left)}"
 
@@ -352,7 +364,7 @@ def test_sigkilled_owner_is_cleaned_up_by_next_cluster():
 def test_orphan_namespace_without_state_file_is_removed():
     from plexus_tune.cluster.emulated import cleanup_leftovers, netns_list
 
-    name = f"pt{os.getpid() % 0xFFFFFF:06x}n0"
+    name = f"{PREFIX}{os.getpid() % 0xFFFFFF:06x}n0"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         assert name not in cleanup_leftovers(grace_s=3600)
