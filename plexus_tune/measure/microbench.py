@@ -250,7 +250,7 @@ def calibrate_collectives(
         raise UserError("calibrating collectives needs --gpus 2 or more")
     launcher = launcher or Launcher()
     if gpus_per_node is not None and launcher.ranks_per_node is not None and int(gpus_per_node) != launcher.ranks_per_node:
-        raise UserError(f"--gpus-per-node {gpus_per_node} disagrees with the launcher's {launcher.ranks_per_node} ranks per node; leave it out")
+        raise UserError(f"{gpus_per_node} ranks per node disagree with the launcher's {launcher.ranks_per_node}; give the launcher's or none")
     gpus_per_node = int(gpus_per_node or launcher.ranks_per_node or gpus)
     if gpus_per_node < 1:
         raise UserError("--gpus-per-node must be at least 1")
