@@ -202,7 +202,22 @@ def _old_two_tier_ms(coll, n, op, g, p, m_bytes, messages):
     return steps * alpha * messages * 1e-3 + steps / g * m_bytes / (beta * 1e9) * 1e3
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "models").glob("*.json")), ids=lambda p: p.stem)
+def _two_tier_profiles():
+    """The shipped profiles of form two-tier with sharing (the others are fitted forms)."""
+    paths = sorted((Path(__file__).resolve().parents[1] / "models").glob("*.json"))
+    out = []
+    for path in paths:
+        coll = json.loads(path.read_text())["collectives"]
+        if coll.get("form", "two-tier") == "two-tier" and coll.get("sharing", True):
+            out.append(path)
+    return out
+
+
+def test_shipped_two_tier_profiles_include_the_hand_written_ones():
+    assert {"perlmutter", "perlmutter-paper", "frontier", "cpu-gloo-2core"} <= {p.stem for p in _two_tier_profiles()}
+
+
+@pytest.mark.parametrize("path", _two_tier_profiles(), ids=lambda p: p.stem)
 def test_shipped_profiles_predict_what_the_two_tier_formula_says(path):
     machine = load_machine(path)
     coll, n = json.loads(path.read_text())["collectives"], machine.gpus_per_node
