@@ -130,10 +130,7 @@ def _load_graph(text: str):
     from plexus_tune.errors import UserError
 
     if os.path.exists(text):
-        loader = getattr(graph_pkg, "load_graph", None)
-        if loader is None:
-            raise UserError("this installation cannot read graph files; give a synthetic spec such as rmat:nodes=4096,edges=65536")
-        return loader(text)
+        return graph_pkg.load_graph(text)
     if ":" not in text:
         raise UserError(f"graph {text!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
     return graph_pkg.synthetic(text)

@@ -59,13 +59,7 @@ def load_stats(graph: str) -> GraphStats:
     from plexus_tune import graph as graph_pkg
 
     source, path, spec = graph_source_text(graph)
-    if spec is not None:
-        g = graph_pkg.synthetic(spec)
-    else:
-        loader = getattr(graph_pkg, "load_graph", None)
-        if loader is None:
-            raise UserError("this installation cannot read graph files; give a synthetic spec")
-        g = loader(path)
+    g = graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
     nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
     return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
 

@@ -496,7 +496,7 @@ def run_identity(record: Mapping) -> RunIdentity:
 
     ``graph`` is the graph's source (file path or synthetic spec; the name when the
     source is missing); the widths are fixed by the graph (features, classes) and
-    ``layers``, ``hidden`` (``trainer.config.model_widths``); ``block_rows`` and
+    ``layers``, ``hidden`` (``model.workload.model_widths``); ``block_rows`` and
     ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
     one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
     """
@@ -572,7 +572,7 @@ def _widths(rec: Mapping):
     needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
     if any(v is None for v in needed):
         return None
-    from plexus_tune.trainer.config import model_widths  # trainer imports this module
+    from plexus_tune.model.workload import model_widths
 
     return tuple(model_widths(*needed))
 

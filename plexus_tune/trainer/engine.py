@@ -423,7 +423,7 @@ class RankTrainer:
 
     def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None):
         """``comm``: the collectives (default: a :class:`GridComm` on torch.distributed)."""
-        from plexus_tune.trainer.config import model_widths
+        from plexus_tune.model.workload import model_widths
 
         self.config = config
         self.rank = rank
@@ -575,7 +575,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     """
     import torch.distributed as dist
 
-    from plexus_tune.trainer.run import resolve_graph
+    from plexus_tune.graph.io import resolve_graph
 
     device = "cpu"
     if device_kind == "cuda":

@@ -22,7 +22,7 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.trainer.config import model_widths
+    from plexus_tune.model.workload import model_widths
     from plexus_tune.trainer.engine import glorot_weights
 
     from plexus_tune.allocator import retain_large_allocations

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.io import resolve_graph
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
@@ -30,20 +31,6 @@ class TrainingFailed(RuntimeError):
     def __init__(self, message: str, record: dict):
         super().__init__(message)
         self.record = record
-
-
-def resolve_graph(source):
-    """A Graph from a Graph, a file path, or ("synthetic", spec)."""
-    from plexus_tune import graph as graph_mod
-
-    if isinstance(source, graph_mod.Graph):
-        return source
-    if isinstance(source, tuple) and source[0] == "synthetic":
-        return graph_mod.synthetic(source[1])
-    loader = getattr(graph_mod, "load_graph", None)
-    if loader is None:
-        raise UserError("this installation cannot read graph files; use --synthetic SPEC")
-    return loader(str(source))
 
 
 def graph_source(config: TrainConfig):
