@@ -18,6 +18,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.fit.validation import predict_runs
+from plexus_tune.measure.records import runs_table, setting_labels
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.workload import Workload, workload_from_dataset
+from plexus_tune.search import trials_frame
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
 BREAKDOWN_PARTS = (
@@ -99,9 +106,6 @@ def r2_identity(predicted, observed) -> float:
 
 def runs_frame(log_or_records):
     """The runs table (one row per run identity, medians over its successful trials) of a log, logs or records."""
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-
     source = log_or_records
     if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
                                                    and all(isinstance(s, (str, os.PathLike)) for s in source)):
@@ -141,8 +145,6 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
 
 def workload_of_runs(runs):
     """The workload the runs trained (graph statistics, widths and element size of the first row)."""
-    from plexus_tune.model.workload import Workload
-
     r = runs.iloc[0]
     return Workload(name=str(r["graph_name"]), nodes=int(r["graph_nodes"]), nnz=int(r["nnz"]), widths=tuple(r["widths"]),
                     bytes_per_element=int(r["bytes_per_element"]))
@@ -158,12 +160,8 @@ def pred_obs_frame(runs, machine=None):
     gy, gz, trials, obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms,
     pred_<key>, pred_feasible.
     """
-    from plexus_tune.measure.records import setting_labels
-
     keys = [k for k, _, _ in BREAKDOWN_PARTS] + ["comm_ms"]
     if machine is not None:
-        from plexus_tune.fit.validation import predict_runs
-
         runs = predict_runs(runs, machine)
     frame = runs.copy()
     labels = setting_labels(frame)
@@ -181,10 +179,6 @@ def pred_obs_frame(runs, machine=None):
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
-
-    from plexus_tune.model.costs import predict_grids
-    from plexus_tune.model.grid import enumerate_grids
-    from plexus_tune.model.workload import workload_from_dataset
 
     rows = []
     for name in datasets:
@@ -205,8 +199,6 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
 def observed_scaling_frame(runs):
     """Best observed epoch per (graph, G) (and setting, when several) of a runs table: dataset, gpus, best_grid, obs_epoch_ms."""
     import pandas as pd
-
-    from plexus_tune.measure.records import setting_labels
 
     if runs.empty:
         return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "obs_epoch_ms"])
@@ -321,8 +313,6 @@ def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     ``trials`` is :func:`plexus_tune.search.trials_frame` of a study (or the study itself).
     """
     if not hasattr(trials, "columns"):
-        from plexus_tune.search import trials_frame
-
         trials = trials_frame(trials)
     done = trials[(trials["state"] == "COMPLETE") & trials["value"].notna()].sort_values("number")
     if done.empty:

@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from plexus_tune import graph as graph_pkg
+from plexus_tune.errors import UserError
+from plexus_tune.measure.microbench import (
+    calibrate_collectives,
+    calibrate_graph_shards,
+    collective_shapes,
+    parse_sizes,
+    spmm_sweep,
+    sweep_shapes,
+)
+from plexus_tune.measure.store import append_records, environment_info, record_type
+from plexus_tune.model.grid import enumerate_grids
+
 
 
 def register(subparsers) -> None:
@@ -61,8 +74,6 @@ def register(subparsers) -> None:
 
 
 def _positive(value, flag: str) -> int:
-    from plexus_tune.errors import UserError
-
     if value is None or int(value) < 1:
         raise UserError(f"{flag} must be a positive integer, got {value!r}")
     return int(value)
@@ -78,10 +89,6 @@ def _quiet_torch_warnings() -> None:
 def run_collectives(args) -> int:
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune.measure.microbench import calibrate_collectives, collective_shapes, parse_sizes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records
 
     _quiet_torch_warnings()
     gpus = _positive(args.gpus, "--gpus")
@@ -126,9 +133,6 @@ def run_collectives(args) -> int:
 def _load_graph(text: str):
     import os
 
-    from plexus_tune import graph as graph_pkg
-    from plexus_tune.errors import UserError
-
     if os.path.exists(text):
         return graph_pkg.load_graph(text)
     if ":" not in text:
@@ -139,10 +143,6 @@ def _load_graph(text: str):
 def run_spmm(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from plexus_tune.measure.microbench import calibrate_graph_shards, spmm_sweep, sweep_shapes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records, environment_info, record_type
 
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
@@ -173,7 +173,6 @@ def run_spmm(args) -> int:
         hidden = _positive(args.hidden, "--hidden")
         graph = _load_graph(args.graph)
         widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
-        from plexus_tune.model.grid import enumerate_grids
 
         grids = enumerate_grids(gpus)
         with Progress(*columns, console=console, transient=True) as progress:

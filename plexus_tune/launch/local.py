@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
+from plexus_tune.allocator import retain_large_allocations
+
 DEFAULT_TIMEOUT_S = 1800.0
 KILL_GRACE_S = 3.0
 FAILURE_GRACE_S = 1.5
@@ -138,7 +140,6 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
         import torch.distributed as dist
 
         t_import = time.time()
-        from plexus_tune.allocator import retain_large_allocations
 
         retain_large_allocations()
         if threads:
@@ -337,8 +338,6 @@ def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any]
     """Run ``fn(rank, world_size, *args)`` in this process, one rank of an external launch."""
     import torch
     import torch.distributed as dist
-
-    from plexus_tune.allocator import retain_large_allocations
 
     retain_large_allocations()
     if threads_per_rank:

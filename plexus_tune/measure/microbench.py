@@ -33,14 +33,24 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plexus_tune.allocator import retain_large_allocations
 from plexus_tune.errors import UserError
-from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.graph import double_permute
+from plexus_tune.launch import RankFailure, default_threads_per_rank, launch_local
+from plexus_tune.measure.store import (
+    COLLECTIVE_SCHEMA,
+    GEMM_SCHEMA,
+    SPMM_SCHEMA,
+    environment_info,
+    now_utc,
+)
 from plexus_tune.model.collectives import (  # the single home of these; re-exported here
     COLLECTIVE_OPS,
     bandwidths_gbps,
     collective_elements,
     nodes_spanned,
 )
+from plexus_tune.model.grid import axis_stride, enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 
 KIB = 1024
@@ -52,8 +62,6 @@ DEFAULT_MESSAGE_BYTES = tuple(KIB * 4**k for k in range(9))  # 1 KiB .. 64 MiB, 
 
 def collective_shapes(gpus: int) -> list[tuple[int, int]]:
     """Every (group size, stride) that an axis of size > 1 of some grid of ``gpus`` has."""
-    from plexus_tune.model.grid import axis_stride, enumerate_grids
-
     shapes = set()
     for grid in enumerate_grids(gpus):
         for axis in range(3):
@@ -190,9 +198,6 @@ def calibrate_collectives(
     timeout_s: float = 1800.0,
 ) -> list[dict]:
     """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
-    from plexus_tune.launch import RankFailure, launch_local
-    from plexus_tune.measure.store import environment_info
-
     if gpus < 2:
         raise UserError("calibrating collectives needs --gpus 2 or more")
     gpus_per_node = gpus if gpus_per_node is None else int(gpus_per_node)
@@ -217,7 +222,6 @@ def calibrate_collectives(
         )
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None
-    from plexus_tune.launch import default_threads_per_rank
 
     env = environment_info()
     extra = {"machine_info": env}
@@ -339,7 +343,6 @@ def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, pas
 
     if statistic not in SWEEP_STATISTICS:
         raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
-    from plexus_tune.allocator import retain_large_allocations
 
     retain_large_allocations()
     if threads:
@@ -438,11 +441,6 @@ def calibrate_graph_shards(
     the epoch). Returns spmm and gemm records.
     """
     import torch
-
-    from plexus_tune.graph import double_permute
-    from plexus_tune.model.grid import enumerate_grids, format_grid
-
-    from plexus_tune.allocator import retain_large_allocations
 
     retain_large_allocations()
     if threads:

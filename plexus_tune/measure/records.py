@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.workload import model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -572,7 +573,6 @@ def _widths(rec: Mapping):
     needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
     if any(v is None for v in needed):
         return None
-    from plexus_tune.model.workload import model_widths
 
     return tuple(model_widths(*needed))
 

@@ -92,6 +92,7 @@ from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, for
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.shapes import layer_shapes
+from plexus_tune.model.spmm import predict_spmm_ms
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
@@ -167,8 +168,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     elementwise_bytes = zeros()
     spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
-    if spmm_kind != "paper":
-        from plexus_tune.model.spmm import predict_spmm_ms
 
     def add(op, axis, message_bytes, messages=1):
         t = collective_time_ms(machine, op, grids[:, axis], strides[axis], message_bytes, messages)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
 
@@ -239,7 +240,6 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     """
     if n <= 0:
         return []
-    from plexus_tune.model.grid import enumerate_grids
 
     gpus = np.asarray(space.gpus, dtype=np.float64)
     targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.allocator import retain_large_allocations
+from plexus_tune.model.workload import model_widths
+
 
 def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
                     seed: int, dtype: str = "float32", threads: int | None = None) -> dict:
@@ -22,10 +25,7 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.model.workload import model_widths
     from plexus_tune.trainer.engine import glorot_weights
-
-    from plexus_tune.allocator import retain_large_allocations
 
     retain_large_allocations()  # as the distributed ranks do, so timings compare
     if threads:

@@ -19,10 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.shards import read_manifest
+from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
+from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
+from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
+from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
 
 class TrainingFailed(RuntimeError):
@@ -37,8 +43,6 @@ def graph_source(config: TrainConfig):
     if (config.graph is None) == (config.synthetic is None):
         raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
     if config.synthetic is not None:
-        from plexus_tune.graph.generators import parse_spec
-
         parse_spec(config.synthetic)  # a malformed spec fails once here, not in every rank
         return ("synthetic", config.synthetic)
     if isinstance(config.graph, (str, os.PathLike)):
@@ -55,8 +59,6 @@ def graph_source(config: TrainConfig):
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
     """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
-    from plexus_tune.graph.shards import read_manifest
-
     manifest = read_manifest(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
@@ -188,8 +190,6 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
 def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                 placement_ok=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
-    from plexus_tune.measure.store import environment_info, now_utc
-
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
@@ -244,8 +244,6 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
 
 def placement_fields(launched, ranks_per_node: int | None) -> dict:
     """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks."""
-    from plexus_tune.launch.launchers import check_placement
-
     world = len(launched.values)
     checked = check_placement(launched.placement, ranks_per_node or world)
     hosts: dict = {}
@@ -257,8 +255,6 @@ def placement_fields(launched, ranks_per_node: int | None) -> dict:
 
 def _append(config: TrainConfig, record: dict) -> None:
     if config.log:
-        from plexus_tune.measure.store import append_records
-
         append_records(config.log, [record])
 
 
@@ -272,8 +268,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
-    from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
-    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
 
     env = detect_environment()
@@ -317,8 +311,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     result = results[0]
     record = build_record(config, result, wall_s, device, **where)
     if config.check:
-        from plexus_tune.trainer.reference import max_relative_difference, reference_train
-
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype)
