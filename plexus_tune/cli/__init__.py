@@ -1,9 +1,10 @@
 """The ``plexus-tune`` command line.
 
 Each sub-command lives in its own module of this package and exposes
-``register(subparsers)``; the module must stay cheap to import (argparse only at
-module level, heavy imports such as numpy, pandas or torch inside the handler), so
-that ``plexus-tune predict`` starts fast and never imports torch.
+``register(subparsers)``; the module must stay cheap to import (torch, optuna,
+matplotlib and pandas, and the internal modules that import them at module level,
+are imported inside the handler), so that ``plexus-tune predict`` starts fast and
+never imports them (tests/test_imports.py).
 
 Handlers raise :class:`plexus_tune.errors.UserError` for bad input; ``main`` prints
 it as one line on stderr and exits with code 2.
