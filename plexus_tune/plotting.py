@@ -112,7 +112,8 @@ def runs_frame(log_or_records):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         for path in paths:
             if not os.path.exists(path):
-                raise UserError(f"run log {str(path)!r} does not exist; run plexus-tune measure or train --log first")
+                raise UserError(f"run log {str(path)!r} does not exist; log runs first (plexus-tune measure, or train with a log)",
+                                parameter="log")
         source = read_runs(paths)
     return runs_table(source)
 
@@ -124,7 +125,7 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     graphs = sorted(set(frame["graph_name"].dropna().astype(str)))
     if graph is None:
         if len(graphs) != 1:
-            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one with --graph")
+            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one", parameter="graph")
         graph = graphs[0]
     mask = np.zeros(len(frame), dtype=bool)
     for col in ("graph_name", "graph"):
@@ -135,7 +136,8 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     if gpus is None:
         counts = sorted(set(sub["gpus"].astype(int)))
         if len(counts) != 1:
-            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one with --gpus")
+            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one",
+                            parameter="gpus")
         gpus = counts[0]
     sub = sub[sub["gpus"].astype(int) == int(gpus)]
     if sub.empty:
@@ -172,7 +174,7 @@ def pred_obs_frame(runs, machine=None):
                "pred_epoch_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
     frame = frame[columns]
     if frame["pred_epoch_ms"].isna().all():
-        raise UserError("the runs carry no prediction; give --machine to predict them with a profile")
+        raise UserError("the runs carry no prediction; give a machine profile to predict them", parameter="machine")
     return frame
 
 

@@ -92,11 +92,11 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
         try:
             k = int(spec[4:])
         except ValueError:
-            raise UserError(f"bad --grids {spec!r}; write top:K with K a positive integer") from None
+            raise UserError(f"bad grids {spec!r}; write top:K with K a positive integer", parameter="grids") from None
         if k < 1:
-            raise UserError(f"bad --grids {spec!r}; K must be at least 1")
+            raise UserError(f"bad grids {spec!r}; K must be at least 1", parameter="grids")
         if machine is None or workload is None:
-            raise UserError("--grids top:K needs --machine (the profile that ranks the grids)")
+            raise UserError("grids top:K need a machine profile to rank the grids", parameter="machine")
 
         pred = predict_grids(workload, machine, np.array(grids))
         return [grids[i] for i in rank_order(pred)[:k]]
@@ -104,7 +104,7 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
     for text in spec.split(","):
         grid = tuple(int(v) for v in parse_grid(text.strip()))
         if int(np.prod(grid)) != gpus:
-            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not --gpus {gpus}")
+            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not the GPU count {gpus}", parameter="grids")
         out.append(grid)
     return out
 

@@ -199,10 +199,10 @@ def calibrate_collectives(
 ) -> list[dict]:
     """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
     if gpus < 2:
-        raise UserError("calibrating collectives needs --gpus 2 or more")
+        raise UserError("calibrating collectives needs 2 or more GPUs", parameter="gpus")
     gpus_per_node = gpus if gpus_per_node is None else int(gpus_per_node)
     if gpus_per_node < 1:
-        raise UserError("--gpus-per-node must be at least 1")
+        raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")
     bad = [op for op in ops if op not in COLLECTIVE_OPS]
     if bad:
         raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")

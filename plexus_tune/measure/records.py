@@ -618,7 +618,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         widths = _widths(rec)
         if missing or widths is None:
             name = missing[0] if missing else "widths"
-            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure / train --log)?")
+            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure, run or train)?")
         check_run_times(rec)
         predicted = rec.get("predicted") if isinstance(rec.get("predicted"), Mapping) else {}
         row = dict(ident._asdict())

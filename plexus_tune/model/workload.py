@@ -137,7 +137,8 @@ def get_dataset(name: str) -> DatasetInfo:
     info = _BY_KEY.get(str(name).strip().lower())
     if info is None:
         known = ", ".join(d.name for d in _CATALOG)
-        raise UserError(f"unknown dataset {name!r}; known datasets: {known} (or give --nodes/--nnz/--features/--classes)")
+        raise UserError(f"unknown dataset {name!r}; known datasets: {known} (or give the graph's sizes)",
+                        parameter=("nodes", "nnz", "features", "classes"))
     return info
 
 

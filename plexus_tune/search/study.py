@@ -97,7 +97,7 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     )
     old = study.user_attrs.get("objective")
     if old is not None and old != objective:
-        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another --study name")
+        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another study name", parameter="study")
     study.set_user_attr("objective", objective)
     for key, value in (attrs or {}).items():
         study.set_user_attr(key, value)

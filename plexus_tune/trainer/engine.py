@@ -376,7 +376,7 @@ class ShardData:
         self.symmetric = bool(m.get("symmetric"))
         if self.permute == "double" and not self.symmetric:
             raise ValueError(f"{directory}: double-permuted shards of a directed graph lack the alternate "
-                             "layout; shard it with --permute single or none")
+                             "layout; shard it with a single permutation or none")
         self.perms = load_permutations(directory)
 
     def _range(self, rows, cols) -> sp.csr_matrix:

@@ -41,7 +41,7 @@ class TrainingFailed(RuntimeError):
 
 def graph_source(config: TrainConfig):
     if (config.graph is None) == (config.synthetic is None):
-        raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
+        raise UserError("give exactly one of a graph and a synthetic spec", parameter=("graph", "synthetic"))
     if config.synthetic is not None:
         parse_spec(config.synthetic)  # a malformed spec fails once here, not in every rank
         return ("synthetic", config.synthetic)
@@ -64,9 +64,10 @@ def _check_shards(path: Path, config: TrainConfig) -> None:
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
     if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
         raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
-                        "re-shard with --permute single or none")
+                        "re-shard it with a single permutation or none")
     if config.check:
-        raise UserError("--check needs the whole graph for the serial reference; give the graph file, not its shards")
+        raise UserError("the check against the serial reference needs the whole graph; give the graph file, not its shards",
+                        parameter="check")
 
 
 def describe_source(config: TrainConfig) -> str:
@@ -84,30 +85,31 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
         raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
     total = int(np.prod(grid))
     if config.gpus is not None and int(config.gpus) != total:
-        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but --gpus is {config.gpus}; "
-                        "make the product of the grid equal the GPU count")
+        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the GPU count is {config.gpus}; "
+                        "make the product of the grid equal the GPU count", parameter="gpus")
     if world_size is not None and world_size != total:
         raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the launcher started "
                         f"{world_size}; launch as many processes as the grid has ranks")
     if config.layers < 1 or config.hidden < 1:
-        raise UserError("--layers and --hidden must be positive")
+        raise UserError("the number of layers and the hidden width must be positive", parameter=("layers", "hidden"))
     if config.epochs < 1 or not (0 <= config.warmup < config.epochs):
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={config.epochs} warmup={config.warmup}")
     if config.permute not in PERMUTE_CHOICES:
-        raise UserError(f"--permute must be one of {', '.join(PERMUTE_CHOICES)}")
+        raise UserError(f"the permutation must be one of {', '.join(PERMUTE_CHOICES)}", parameter="permute")
     if config.dtype not in DTYPE_CHOICES:
-        raise UserError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}")
+        raise UserError(f"the dtype must be one of {', '.join(DTYPE_CHOICES)}", parameter="dtype")
     if config.backend not in BACKEND_CHOICES:
-        raise UserError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
+        raise UserError(f"the backend must be one of {', '.join(BACKEND_CHOICES)}", parameter="backend")
     if config.block_rows is not None and int(config.block_rows) < 1:
-        raise UserError("--block-rows must be a positive number of rows")
+        raise UserError("the row block must be a positive number of rows", parameter="block_rows")
     if config.overlap and not config.block_rows:
-        raise UserError("--overlap needs --block-rows (it overlaps the all-reduce of one row block with the next SpMM)")
+        raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
+                        parameter="block_rows")
     if config.backend == "nccl":
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use --backend gloo on CPU")
+            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use the gloo backend on CPU", parameter="backend")
         if world_size is None and torch.cuda.device_count() < total:
             raise UserError(f"grid needs {total} GPUs but only {torch.cuda.device_count()} are visible")
 
