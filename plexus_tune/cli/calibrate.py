@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune import graph as graph_pkg
+from plexus_tune.allocator import configure_compute_process
 from plexus_tune.errors import UserError
 from plexus_tune.measure.microbench import (
     calibrate_collectives,
@@ -147,6 +148,7 @@ def run_spmm(args) -> int:
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
+    configure_compute_process(threads)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     env = environment_info()
@@ -163,7 +165,7 @@ def run_spmm(args) -> int:
         with Progress(*columns, console=console, transient=True) as progress:
             passes = _positive(args.passes, "--passes")
             task = progress.add_task("SpMM sweep", total=len(shapes) * passes)
-            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, passes=passes,
+            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
                                  statistic=args.statistic, progress=lambda: progress.advance(task))
     else:
         if args.gpus is None:
@@ -183,7 +185,6 @@ def run_spmm(args) -> int:
                 gpus,
                 grids=grids,
                 seed=args.seed,
-                threads=threads,
                 repeats=repeats,
                 all_shards=args.all_shards,
                 graph_name=graph.name,

@@ -101,8 +101,10 @@ def build_inputs(args):
 
 
 def run(args) -> int:
+    import optuna
     from rich.console import Console
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")

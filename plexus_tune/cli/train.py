@@ -6,6 +6,7 @@ import argparse
 import sys
 import numpy as np
 
+from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
@@ -107,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     config = _config(args)
+    if config.check:
+        configure_compute_process()  # the serial reference runs in this process, as the ranks do
 
     launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
     try:

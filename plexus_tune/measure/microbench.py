@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from plexus_tune.allocator import retain_large_allocations
 from plexus_tune.errors import UserError
 from plexus_tune.graph import double_permute
 from plexus_tune.launch import RankFailure, default_threads_per_rank, launch_local
@@ -323,7 +322,7 @@ def _shape_bytes(shape) -> int:
     return 8 * int(shape["nnz"]) + 4 * (int(shape["rows"]) + 1) + 4 * int(shape["common"]) * int(shape["dense_cols"])
 
 
-def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, passes: int = 1,
+def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
                statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
     """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm records.
 
@@ -344,9 +343,6 @@ def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, pas
     if statistic not in SWEEP_STATISTICS:
         raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
 
-    retain_large_allocations()
-    if threads:
-        torch.set_num_threads(int(threads))
     passes = max(1, int(passes))
     samples = [[] for _ in shapes]
     nnz = [0] * len(shapes)
@@ -424,7 +420,6 @@ def calibrate_graph_shards(
     *,
     grids=None,
     seed: int = 0,
-    threads: int = 1,
     repeats: int = 5,
     all_shards: bool = False,
     graph_name: str = "graph",
@@ -442,9 +437,6 @@ def calibrate_graph_shards(
     """
     import torch
 
-    retain_large_allocations()
-    if threads:
-        torch.set_num_threads(int(threads))
     n = adjacency.shape[0]
     perm, _, _ = double_permute(adjacency, seed=seed)
     layouts = [perm.tocsr(), perm.T.tocsr()]
@@ -471,7 +463,7 @@ def calibrate_graph_shards(
                 "gz": grid[2],
                 "gpus": gpus,
                 "layer": layer,
-                "threads": threads,
+                "threads": torch.get_num_threads(),
                 "measured_at": stamp,
             }
             imbalance = float(counts.max() / max(counts.mean(), 1e-12))

@@ -87,7 +87,6 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     import optuna
 
     check_objective(objective)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=name,
         storage=storage,
@@ -257,11 +256,8 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
 
 def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
     """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now."""
-    import optuna
-
     remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
     if remaining:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         study.optimize(objective, n_trials=remaining, callbacks=callbacks, show_progress_bar=show_progress, catch=())
     return remaining
 
