@@ -44,8 +44,6 @@ from plexus_tune.trainer.run import (
     validate,
 )
 
-PREDICTED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "total_ms")
-
 
 @dataclass(frozen=True)
 class GraphStats:
