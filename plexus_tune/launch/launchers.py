@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from plexus_tune.cluster.emulated import EmulatedCluster
+from plexus_tune.cluster.launcher import node_command
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
 from plexus_tune.launch import slurm
-from plexus_tune.launch.external import Launched, run_agents, write_job
+from plexus_tune.launch.external import WORKER_MODULE, Launched, run_agents, torchrun_argv, write_job
 from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, free_port, launch_local
 
 LAUNCHERS = ("local", "torchrun", "emulated", "slurm")
-WORKER_MODULE = "plexus_tune.launch.worker"
 
 
 def expected_nodes(world_size: int, ranks_per_node: int) -> list[int]:
@@ -92,21 +92,6 @@ class Launcher:
                               threads_per_rank=threads_per_rank, preload=preload)
         host = socket.gethostname()
         return Launched(values, [{"rank": r, "host": host, "node": 0, "local_rank": r} for r in range(world_size)])
-
-
-def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
-                  job_dir: str, local_addr: str | None = None, python: str = sys.executable) -> list[str]:
-    """One torchrun agent's command: c10d rendezvous at ``endpoint`` (host:port), hosted by node 0.
-
-    ``local_addr`` is the address the agent advertises; c10d orders nodes by it.
-    """
-    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={int(node_rank == 0)}", "--max-restarts=0",
-            "--monitor-interval=0.5"]
-    if local_addr:
-        argv.append(f"--local-addr={local_addr}")
-    return argv + ["-m", WORKER_MODULE, job_dir]
 
 
 class TorchrunLauncher(Launcher):
@@ -203,8 +188,7 @@ class EmulatedLauncher(TorchrunLauncher):
         return self.emulated.address(node)
 
     def agent_command(self, node: int, argv: list[str], env: dict) -> tuple[list[str], dict]:
-        env = {**env, "GLOO_SOCKET_IFNAME": self.emulated.nic(node), "PLEXUS_TUNE_CLUSTER": self.spec.to_string()}
-        return self.emulated.exec_argv(node, argv), env
+        return node_command(self.emulated, node, argv, env)
 
     def run(self, fn, world_size, args=(), **kwargs) -> Launched:
         if not self.started:
