@@ -21,3 +21,15 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+
+
+def whole_number(value, what: str, *, minimum: int = 1) -> int:
+    """``value`` (an int or its text) as an int >= ``minimum``; a UserError saying ``what`` is wrong otherwise."""
+    text = str(value).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise UserError(f"{what} must be a whole number >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise UserError(f"{what} must be a whole number >= {minimum}, got {number}")
+    return number

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
@@ -31,14 +31,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_option(value, option: str, *, minimum: int = 1) -> int:
-    text = str(value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise UserError(f"{option} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise UserError(f"{option} must be at least {minimum}, got {number}")
-    return number
+    return whole_number(value, option, minimum=minimum)
 
 
 def workload_from_args(args):
