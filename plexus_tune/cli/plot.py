@@ -109,7 +109,9 @@ def make_figure(args):
 
             frame = pd.DataFrame({"grid": ["x".join(map(str, grids[i])) for i in order]})
             for key, _, _ in plotting.BREAKDOWN_PARTS:
-                frame[f"pred_{key}"] = np.asarray(pred[key])[order]
+                if key in pred:  # observed-only parts (wait) have no prediction
+                    frame[f"pred_{key}"] = np.asarray(pred[key])[order]
+            frame["pred_epoch_ms"] = np.asarray(pred["total_ms"])[order]
             fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
             return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"
         if args.log is None:
