@@ -203,6 +203,21 @@ def pred_obs_frame(runs, machine=None):
     return frame
 
 
+def predicted_frame(pred, order=None):
+    """A breakdown frame of cost-model predictions (:func:`plexus_tune.model.costs.predict_grids`):
+    ``grid``, ``pred_epoch_ms`` (the total) and ``pred_<key>`` of every :data:`BREAKDOWN_PARTS`
+    key the model predicts, rows in ``order`` (default: all)."""
+    import pandas as pd
+
+    order = np.arange(len(pred["total_ms"])) if order is None else np.asarray(order)
+    frame = pd.DataFrame({"grid": [f"{pred['gx'][i]}x{pred['gy'][i]}x{pred['gz'][i]}" for i in order]})
+    frame["pred_epoch_ms"] = np.asarray(pred["total_ms"], dtype=float)[order]
+    for key, _, _ in BREAKDOWN_PARTS:
+        if key in pred:  # observed-only parts (wait) have no prediction
+            frame[f"pred_{key}"] = np.asarray(pred[key], dtype=float)[order]
+    return frame
+
+
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
