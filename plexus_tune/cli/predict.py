@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.grid import check_gpus, enumerate_grids
+from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.workload import Workload, get_dataset
+
 FORMATS = ("table", "json", "csv")
 #: Table columns: total, then its parts (which add up to it), then the split of comm by axis.
 TABLE_COLUMNS = (
@@ -29,23 +35,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_option(value, option: str, *, minimum: int = 1) -> int:
-    from plexus_tune.errors import UserError
-
-    text = str(value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise UserError(f"{option} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise UserError(f"{option} must be at least {minimum}, got {number}")
-    return number
+    return whole_number(value, option, minimum=minimum)
 
 
 def workload_from_args(args):
     """Build the Workload an argparse namespace describes (UserError on bad values)."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.workload import Workload, get_dataset
-
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
@@ -137,11 +131,6 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
 def run(args) -> int:
     import json
     import sys
-
-    from plexus_tune.model.costs import prediction_records, predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import check_gpus, enumerate_grids
-    from plexus_tune.model.machine import GIB, load_machine
 
     workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)
