@@ -30,6 +30,10 @@ HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or mea
 
 EPILOG = """\
 objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_ms * G * 100 / 3.6e6).
+A model-driven search enumerates every configuration when that is estimated to take at most
+--exact-budget seconds (default 5; the estimate times the model on a probe of the space), and
+then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
+The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
 only the trials still missing (finished trials are kept). Studies live in
 measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
@@ -57,6 +61,9 @@ def register(subparsers) -> None:
     p.add_argument("--starts", type=int, default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
     p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+                   help="model-driven: enumerate the whole space when estimated to take at most this long "
+                   "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
@@ -108,6 +115,16 @@ def run(args) -> int:
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if not args.measured:
+        from plexus_tune.search.evaluate import EXACT_BUDGET_S, plan_search
+
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+        if budget != budget or budget < 0:
+            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
+        model = ModelEvaluator(workload, machine)
+        plan = plan_search(space, model, budget)
+        if plan.method == "exhaustive":
+            return run_exhaustive(args, name, machine, space, model, plan)
     storage = open_storage(args.storage)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
@@ -128,11 +145,46 @@ def run(args) -> int:
 
     before = len(finished_trials(study))
     ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
+    return 0
+
+
+def run_exhaustive(args, name, machine, space, model, plan) -> int:
+    """Enumerate every configuration of the space with the model and print the best (no study)."""
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.search import objective_unit
+    from plexus_tune.search.evaluate import exhaustive_search
+
+    console = Console()
+    start = time.perf_counter()
+    frame = exhaustive_search(space, model, args.objective)
+    took = time.perf_counter() - start
+    console.print(f"method: {plan.describe()}; took {took:.2f} s", highlight=False)
+    console.print(f"{name} on {machine.name}, G in {space.gpus[0]}..{space.gpus[-1]} ({len(space.gpus)} GPU counts)",
+                  highlight=False)
+    best = frame[frame["feasible"]].head(max(1, args.top))
+    if best.empty:
+        raise UserError("no configuration fits in device memory; allow more GPUs")
+    table = Table(title=f"best configurations ({args.objective}, {objective_unit(args.objective)})")
+    for col in ("rank", "config", "G", "predicted ms", "memory GiB", args.objective):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for _, row in best.iterrows():
+        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}",
+                      f"{row['memory_gib']:.2f}", f"{row['value']:.4g}")
+    console.print(table)
+    if args.storage or args.study:
+        console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
+                      style="dim")
     return 0
 
 

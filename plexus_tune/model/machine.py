@@ -44,6 +44,8 @@ FIELDS = {
     "gemm_tflops": "required; dense fp32 GEMM rate per device in TFLOP/s (1e12 flop/s), > 0",
     "elementwise_gbps": "optional; memory bandwidth for elementwise work (activations, loss, optimizer) in GB/s; "
     "absent: that time is not modelled (0)",
+    "memory_bandwidth_gbps": "optional; device memory bandwidth in GB/s, > 0: the SpMM time of an epoch is floored "
+    "at the bytes its SpMMs must move at this rate (docs/model.md, SpMM floor); absent: no floor",
     "epoch_overhead_ms": "optional; fixed time per epoch not explained by the modelled parts (launch, "
     "synchronisation, Python), ms, >= 0, default 0; fitted from trainer runs by 'plexus-tune fit'",
     "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of docs/model.md, SpMM "
@@ -88,6 +90,7 @@ class Machine:
     gemm_tflops: float
     raw: dict = field(repr=False)
     elementwise_gbps: float | None = None
+    memory_bandwidth_gbps: float | None = None
     memory_reserved_bytes: int = 0
     description: str = ""
     path: str | None = None
@@ -155,6 +158,10 @@ def _build_machine(data, source: str) -> Machine:
     if data.get("elementwise_gbps") is not None:
         elementwise = float(profile_number(data, "elementwise_gbps", "", source, positive=True))
 
+    bandwidth = None
+    if data.get("memory_bandwidth_gbps") is not None:
+        bandwidth = float(profile_number(data, "memory_bandwidth_gbps", "", source, positive=True))
+
     overhead_ms = 0.0
     if data.get("epoch_overhead_ms") is not None:
         overhead_ms = float(profile_number(data, "epoch_overhead_ms", "", source, nonneg=True))
@@ -197,6 +204,7 @@ def _build_machine(data, source: str) -> Machine:
         gemm_tflops=float(gemm),
         raw=dict(data),
         elementwise_gbps=elementwise,
+        memory_bandwidth_gbps=bandwidth,
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
         path=None if source.startswith("<") else source,

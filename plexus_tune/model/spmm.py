@@ -129,6 +129,32 @@ def shape_arrays(nnz, rows, common, dense_cols):
     )
 
 
+def spmm_traffic_bytes(nnz, rows, common, dense_cols, bytes_per_element, index_bytes, blocks=1) -> np.ndarray:
+    """Bytes one SpMM must move to and from device memory (docs/model.md, SpMM floor), vectorized.
+
+    The sparse ``rows x common`` operand with ``nnz`` nonzeros in CSR, stored as
+    ``blocks`` row blocks, times a dense ``common x k`` operand (k = ``dense_cols``),
+    u = ``bytes_per_element``, ib = ``index_bytes``::
+
+        sparse  = nnz (u + ib) + (rows + blocks) ib     values, column indices, row pointers
+        dense   = u k blocks common (1 - exp(-nnz / (blocks common)))
+        output  = u k rows
+        bytes   = sparse + dense + output
+
+    The dense term reads each dense row the nonzeros of a block touch once: with the
+    nonzeros of a block spread uniformly over the columns (the trainer permutes the
+    graph at random), common (1 - exp(-nnz_block / common)) is the expected number of
+    distinct columns touched, at most min(nnz_block, common).
+    """
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    u = np.asarray(bytes_per_element, dtype=np.float64)
+    ib = np.asarray(index_bytes, dtype=np.float64)
+    b = np.asarray(blocks, dtype=np.float64)
+    safe_common = np.maximum(common, 1.0)
+    touched = b * common * -np.expm1(-nnz / (b * safe_common))
+    return nnz * (u + ib) + (rows + b) * ib + u * k * touched + u * k * rows
+
+
 def paper_terms(nnz, rows, common, dense_cols) -> np.ndarray:
     """Design matrix of the paper form: columns sqrt(f), sqrt(f) common/k, sqrt(f) rows/k."""
     nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
