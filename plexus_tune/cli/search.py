@@ -7,6 +7,7 @@ import argparse
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
 from plexus_tune.search import (
     MeasuredEvaluator,
     ModelEvaluator,
@@ -116,8 +117,6 @@ def run(args) -> int:
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
     if not args.measured:
-        from plexus_tune.search.evaluate import EXACT_BUDGET_S, plan_search
-
         budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
         if budget != budget or budget < 0:
             raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
@@ -160,10 +159,6 @@ def run_exhaustive(args, name, machine, space, model, plan) -> int:
 
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import objective_unit
-    from plexus_tune.search.evaluate import exhaustive_search
 
     console = Console()
     start = time.perf_counter()

@@ -15,7 +15,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.grid import enumerate_grids
-from plexus_tune.search.space import Config, SearchSpace, objective_value
+from plexus_tune.search.space import Config, SearchSpace, divisors, objective_value
 
 
 # --------------------------------------------------------------------------------------
@@ -150,8 +150,6 @@ PROBE_CONFIGURATIONS = 4096
 
 def grid_count(gpus: int) -> int:
     """Ordered grids Gx x Gy x Gz of G: sum over divisors d of G of the divisor count of G / d."""
-    from plexus_tune.search.space import divisors
-
     return sum(len(divisors(gpus // d)) for d in divisors(int(gpus)))
 
 
