@@ -36,8 +36,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from plexus_tune.cluster.spec import parse_cluster  # noqa: E402
+from plexus_tune.fit.collectives import fit_collectives  # noqa: E402
+from plexus_tune.fit.profile import load_tables  # noqa: E402
+from plexus_tune.measure.store import read_records  # noqa: E402
+from plexus_tune.model.collectives import placement  # noqa: E402
+from plexus_tune.model.grid import axis_stride, parse_grid  # noqa: E402
 
 GRAPHS = (
     "rmat:nodes=8192,edges=65536,features=64,classes=8,seed=1",  # average degree ~8
@@ -68,10 +77,7 @@ def sharing_factors(coll_log: Path, gpus_per_node: int) -> list[dict]:
     """Per inter-node (op, group, stride) timed both ways: time with all groups / time alone at the
     largest message (``measured_factor``) and the ratio of the slopes of time against message
     size over the link-bound sizes (``fitted_factor``), against the model's s = min(n, p)."""
-    import numpy as np
 
-    from plexus_tune.measure.store import read_records
-    from plexus_tune.model.collectives import placement
 
     records, _ = read_records(coll_log)
     keyed: dict = {}
@@ -102,10 +108,7 @@ def sizes_out_by_subset(coll_log: Path, gpus_per_node: int, splits: int) -> dict
     """Leave-message-sizes-out MAPE (and the fitted inter-node alpha, beta) of every form with and
     without sharing, on all timings, on those with all groups at once (what training runs),
     and on the inter-node ones."""
-    import numpy as np
 
-    from plexus_tune.fit.collectives import fit_collectives
-    from plexus_tune.fit.profile import load_tables
 
     df = load_tables(str(coll_log), "collective")
     alone = df["alone"].fillna(False).astype(bool) if "alone" in df else np.zeros(len(df), dtype=bool)
@@ -123,8 +126,6 @@ def sizes_out_by_subset(coll_log: Path, gpus_per_node: int, splits: int) -> dict
 
 
 def crossing_axes(grid: str, gpus_per_node: int) -> list[str]:
-    from plexus_tune.model.collectives import placement
-    from plexus_tune.model.grid import axis_stride, parse_grid
 
     dims = tuple(int(v) for v in parse_grid(grid))
     return [name for axis, name in enumerate("XYZ")
@@ -274,7 +275,6 @@ def main() -> int:
         campaign = out / "campaign.json"
         previous = json.loads(campaign.read_text()) if campaign.exists() else []
         campaign.write_text(json.dumps(previous + log, indent=2) + "\n")
-    from plexus_tune.cluster.spec import parse_cluster
 
     summary = summarize(out, models, parse_cluster(cluster).to_dict(), args.splits)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -4,10 +4,37 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.errors import UserError
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
+from plexus_tune.search import (
+    MeasuredEvaluator,
+    ModelEvaluator,
+    Objective,
+    SearchSpace,
+    best_configs,
+    check_objective,
+    default_study_name,
+    finished_trials,
+    graph_workload,
+    objective_unit,
+    open_storage,
+    open_study,
+    parse_gpus,
+    run_search,
+    spread_starts,
+    warm_start,
+)
+
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
 EPILOG = """\
 objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_ms * G * 100 / 3.6e6).
+A model-driven search enumerates every configuration when that is estimated to take at most
+--exact-budget seconds (default 5; the estimate times the model on a probe of the space), and
+then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
+The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
 only the trials still missing (finished trials are kept). Studies live in
 measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
@@ -35,6 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--starts", type=int, default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
     p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+                   help="model-driven: enumerate the whole space when estimated to take at most this long "
+                   "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
@@ -47,9 +77,6 @@ def register(subparsers) -> None:
 
 
 def parse_block_range(text):
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import parse_gpus
-
     if text is None:
         return None
     try:
@@ -61,10 +88,6 @@ def parse_block_range(text):
 
 def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.search import SearchSpace, check_objective, parse_gpus
-
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
     if args.trials < 1:
@@ -74,13 +97,9 @@ def build_inputs(args):
     machine = load_machine(args.machine)
     graph = None
     if args.dataset is not None:
-        from plexus_tune.model.workload import workload_from_dataset
-
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
     else:
-        from plexus_tune.search import graph_workload
-
         graph = args.graph
         stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
         name = stats.name
@@ -90,23 +109,21 @@ def build_inputs(args):
 
 
 def run(args) -> int:
+    import optuna
     from rich.console import Console
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import (
-        ModelEvaluator,
-        Objective,
-        default_study_name,
-        open_storage,
-        open_study,
-        run_search,
-        spread_starts,
-        warm_start,
-    )
-
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if not args.measured:
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+        if budget != budget or budget < 0:
+            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
+        model = ModelEvaluator(workload, machine)
+        plan = plan_search(space, model, budget)
+        if plan.method == "exhaustive":
+            return run_exhaustive(args, name, machine, space, model, plan)
     storage = open_storage(args.storage)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
@@ -114,8 +131,6 @@ def run(args) -> int:
     model = ModelEvaluator(workload, machine)
     console = Console()
     if args.measured:
-        from plexus_tune.search import MeasuredEvaluator
-
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                       timeout_s=args.timeout, log_path=args.log)
@@ -126,10 +141,10 @@ def run(args) -> int:
     else:
         objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
         warm_start(study, space, spread_starts(space, args.starts))
-    from plexus_tune.search import finished_trials
 
     before = len(finished_trials(study))
     ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
@@ -138,10 +153,38 @@ def run(args) -> int:
     return 0
 
 
-def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
+def run_exhaustive(args, name, machine, space, model, plan) -> int:
+    """Enumerate every configuration of the space with the model and print the best (no study)."""
+    import time
+
+    from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.search import best_configs, objective_unit
+    console = Console()
+    start = time.perf_counter()
+    frame = exhaustive_search(space, model, args.objective)
+    took = time.perf_counter() - start
+    console.print(f"method: {plan.describe()}; took {took:.2f} s", highlight=False)
+    console.print(f"{name} on {machine.name}, G in {space.gpus[0]}..{space.gpus[-1]} ({len(space.gpus)} GPU counts)",
+                  highlight=False)
+    best = frame[frame["feasible"]].head(max(1, args.top))
+    if best.empty:
+        raise UserError("no configuration fits in device memory; allow more GPUs")
+    table = Table(title=f"best configurations ({args.objective}, {objective_unit(args.objective)})")
+    for col in ("rank", "config", "G", "predicted ms", "memory GiB", args.objective):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for _, row in best.iterrows():
+        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}",
+                      f"{row['memory_gib']:.2f}", f"{row['value']:.4g}")
+    console.print(table)
+    if args.storage or args.study:
+        console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
+                      style="dim")
+    return 0
+
+
+def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
+    from rich.table import Table
 
     best = best_configs(study, top)
     if best.empty:

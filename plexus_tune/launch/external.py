@@ -6,7 +6,8 @@ settings), starts one agent command per node, each agent starts its ranks runnin
 file. The first agent that fails stops the others (after a short grace period, so that the
 report names the root cause rather than a peer's broken connection); a job that outlives
 its timeout is stopped the same way. Agents run in their own process groups, so stopping
-one stops its ranks.
+one stops its ranks. :func:`plexus_tune.cluster.launcher.run_torchrun` starts, waits for
+and stops its agents with the same functions.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from plexus_tune.launch.local import FAILURE_GRACE_S, KILL_GRACE_S, RankFailure, secondary_failure
 
 #: Lines of an agent's output kept for the failure report.
 TAIL_LINES = 20
+#: The module every rank of a job runs: it loads ``job.pkl`` and writes the rank's result.
+WORKER_MODULE = "plexus_tune.launch.worker"
 
 
 @dataclass
@@ -47,7 +51,65 @@ def write_job(fn: Callable[..., Any], args: Sequence[Any], *, backend: str, time
     return job_dir
 
 
-def _stop(procs: Sequence[subprocess.Popen], grace_s: float = KILL_GRACE_S) -> None:
+def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
+                  job_dir: str | None = None, module_argv: Sequence[str] | None = None,
+                  local_addr: str | None = None, rdzv: str = "c10d", join_timeout_s: float | None = None,
+                  monitor_interval_s: float = 0.5, python: str = sys.executable) -> list[str]:
+    """One torchrun agent's command; each of its ranks runs ``python -m module_argv...``.
+
+    ``module_argv`` defaults to the worker on ``job_dir``. ``rdzv="c10d"``: rendezvous at
+    ``endpoint`` (host:port), hosted by node 0, waiting ``join_timeout_s`` (torch's default
+    when None) for the other nodes; ``rdzv="static"``: ``endpoint`` is the master and
+    ``node_rank`` fixes the node's ranks. ``local_addr`` is the address the agent
+    advertises; c10d orders nodes by it.
+    """
+    if module_argv is None:
+        module_argv = [WORKER_MODULE, str(job_dir)]
+    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+            f"--node-rank={node_rank}", "--max-restarts=0", f"--monitor-interval={monitor_interval_s:g}"]
+    if rdzv == "static":
+        host, port = endpoint.rsplit(":", 1)
+        argv += ["--rdzv-backend=static", f"--master-addr={host}", f"--master-port={port}"]
+    else:
+        conf = f"is_host={int(node_rank == 0)}"
+        if join_timeout_s is not None:
+            conf += f",join_timeout={int(join_timeout_s)}"
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf={conf}"]
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    return argv + ["-m", *module_argv]
+
+
+def start_agent(argv: list[str], env: dict, log: IO[bytes]) -> subprocess.Popen:
+    """Start one agent writing its output to ``log``, in a session of its own (see :func:`stop_agents`)."""
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_agents(procs: Sequence[subprocess.Popen], timeout_s: float, *, failure_grace_s: float = FAILURE_GRACE_S,
+                poll_s: float = 0.05) -> tuple[list[int | None], bool]:
+    """Wait until every agent has exited, ``failure_grace_s`` after the first one failed, or ``timeout_s``.
+
+    Returns the agents' exit codes at that moment (None: still running) and whether time ran out.
+    """
+    deadline = time.monotonic() + timeout_s
+    grace_until = None
+    while True:
+        codes = [proc.poll() for proc in procs]
+        now = time.monotonic()
+        if all(code is not None for code in codes):
+            return codes, False
+        if now >= deadline:
+            return codes, True
+        if grace_until is None and any(code not in (None, 0) for code in codes):
+            grace_until = now + failure_grace_s
+        if grace_until is not None and now >= grace_until:
+            return codes, False
+        time.sleep(poll_s)
+
+
+def stop_agents(procs: Sequence[subprocess.Popen], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process group of every agent still running, SIGKILL those left after ``grace_s``."""
     for proc in procs:
         if proc.poll() is None:
             try:
@@ -110,26 +172,13 @@ def run_agents(agents: Sequence[tuple[list[str], dict]], job_dir: Path, world_si
     procs = []
     try:
         for k, (argv, env) in enumerate(agents):
-            log = open(job_dir / f"agent-{k}.log", "wb")
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-            log.close()
-        deadline = time.monotonic() + timeout_s
-        timed_out, grace_until = None, None
-        while any(p.poll() is None for p in procs):
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = timeout_s
-                break
-            if grace_until is None and any(p.poll() not in (None, 0) for p in procs):
-                grace_until = now + FAILURE_GRACE_S
-            if grace_until is not None and now >= grace_until:
-                break
-            time.sleep(0.05)
+            with open(job_dir / f"agent-{k}.log", "wb") as log:
+                procs.append(start_agent(argv, env, log))
+        _codes, timed_out = wait_agents(procs, timeout_s)
     finally:
-        _stop(procs)
+        stop_agents(procs)
     try:
-        return collect(job_dir, world_size, [p.returncode for p in procs], timed_out)
+        return collect(job_dir, world_size, [p.returncode for p in procs], timeout_s if timed_out else None)
     finally:
         if not keep:
             shutil.rmtree(job_dir, ignore_errors=True)

@@ -29,12 +29,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
+from plexus_tune.cluster.emulated import EmulatedCluster
+from plexus_tune.cluster.launcher import node_command
+from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
-from plexus_tune.launch.external import Launched, run_agents, write_job
+from plexus_tune.launch import slurm
+from plexus_tune.launch.external import WORKER_MODULE, Launched, run_agents, torchrun_argv, write_job
 from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, free_port, launch_local
 
 LAUNCHERS = ("local", "torchrun", "emulated", "slurm")
-WORKER_MODULE = "plexus_tune.launch.worker"
 
 
 def expected_nodes(world_size: int, ranks_per_node: int) -> list[int]:
@@ -89,21 +92,6 @@ class Launcher:
                               threads_per_rank=threads_per_rank, preload=preload)
         host = socket.gethostname()
         return Launched(values, [{"rank": r, "host": host, "node": 0, "local_rank": r} for r in range(world_size)])
-
-
-def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
-                  job_dir: str, local_addr: str | None = None, python: str = sys.executable) -> list[str]:
-    """One torchrun agent's command: c10d rendezvous at ``endpoint`` (host:port), hosted by node 0.
-
-    ``local_addr`` is the address the agent advertises; c10d orders nodes by it.
-    """
-    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={int(node_rank == 0)}", "--max-restarts=0",
-            "--monitor-interval=0.5"]
-    if local_addr:
-        argv.append(f"--local-addr={local_addr}")
-    return argv + ["-m", WORKER_MODULE, job_dir]
 
 
 class TorchrunLauncher(Launcher):
@@ -176,8 +164,6 @@ class EmulatedLauncher(TorchrunLauncher):
     name = "emulated"
 
     def __init__(self, spec):
-        from plexus_tune.cluster.emulated import EmulatedCluster
-
         super().__init__([f"node{k}" for k in range(spec.nodes)], spec.ranks_per_node)
         self.spec = spec
         self.emulated = EmulatedCluster(spec)
@@ -202,8 +188,7 @@ class EmulatedLauncher(TorchrunLauncher):
         return self.emulated.address(node)
 
     def agent_command(self, node: int, argv: list[str], env: dict) -> tuple[list[str], dict]:
-        env = {**env, "GLOO_SOCKET_IFNAME": self.emulated.nic(node), "PLEXUS_TUNE_CLUSTER": self.spec.to_string()}
-        return self.emulated.exec_argv(node, argv), env
+        return node_command(self.emulated, node, argv, env)
 
     def run(self, fn, world_size, args=(), **kwargs) -> Launched:
         if not self.started:
@@ -224,8 +209,6 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, ranks_per_node: int | None = None, *, environ: Mapping[str, str] | None = None,
                  gpus_per_task: int | None = None, job_root: str | None = None):
-        from plexus_tune.launch import slurm
-
         super().__init__(ranks_per_node)
         self.allocation = slurm.allocation_size(environ)
         self.gpus_per_task = gpus_per_task
@@ -241,8 +224,6 @@ class SlurmLauncher(Launcher):
         return nodes, world_size // nodes
 
     def check(self, world_size: int) -> None:
-        from plexus_tune.launch import slurm
-
         nodes, per_node = self.layout(world_size)
         if nodes * per_node != world_size:
             raise UserError(f"{world_size} ranks are not a whole number of nodes of {per_node} ranks; "
@@ -255,8 +236,6 @@ class SlurmLauncher(Launcher):
 
     def run(self, fn, world_size, args=(), *, backend="gloo", timeout_s=DEFAULT_TIMEOUT_S, threads_per_rank=None,
             preload=()) -> Launched:
-        from plexus_tune.launch import slurm
-
         self.check(world_size)
         nodes, per_node = self.layout(world_size)
         job_dir = write_job(fn, args, backend=backend, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
@@ -275,8 +254,6 @@ def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts:
     ``cluster`` (an emulated-cluster spec) implies ``emulated``; ``hosts`` (comma-separated)
     is required by ``torchrun``.
     """
-    from plexus_tune.launch import slurm
-
     env = os.environ if environ is None else environ
     if name is None:
         name = "emulated" if cluster else ("slurm" if slurm.in_allocation(env) else "local")
@@ -295,7 +272,6 @@ def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts:
         if not host_list or not ranks_per_node:
             raise UserError("the torchrun launcher needs the node hosts (comma-separated) and the ranks per node")
         return TorchrunLauncher(host_list, ranks_per_node)
-    from plexus_tune.cluster.spec import parse_cluster
 
     if not cluster:
         raise UserError("the emulated launcher needs a cluster spec such as "
