@@ -123,8 +123,6 @@ def run_collectives(args) -> int:
     _positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise UserError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes is not None and (not modes or any(m not in COLLECTIVE_MODES for m in modes)):
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
