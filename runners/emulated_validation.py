@@ -42,11 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from plexus_tune.cluster.spec import parse_cluster  # noqa: E402
+from plexus_tune.fit import write_profile  # noqa: E402
 from plexus_tune.fit.collectives import fit_collectives  # noqa: E402
 from plexus_tune.fit.profile import load_tables  # noqa: E402
 from plexus_tune.measure.store import read_records  # noqa: E402
 from plexus_tune.model.collectives import placement  # noqa: E402
 from plexus_tune.model.grid import axis_stride, parse_grid  # noqa: E402
+from plexus_tune.model.machine import load_machine  # noqa: E402
+from plexus_tune.model.shapes import csr_index_dtype  # noqa: E402
+from plexus_tune.model.spmm import spmm_traffic_bytes  # noqa: E402
 
 GRAPHS = (
     "rmat:nodes=8192,edges=65536,features=64,classes=8,seed=1",  # average degree ~8
@@ -71,6 +75,28 @@ def step(log: list, commands: Path, name: str, args: list[str]) -> None:
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))})
     if rc != 0:
         raise SystemExit(f"step {name} failed with exit code {rc}")
+
+
+def set_memory_bandwidth(profile_path: Path, spmm_log: Path) -> float:
+    """Give a fitted profile its ``memory_bandwidth_gbps`` (the SpMM floor, docs/model.md): the
+    highest rate of bytes moved per time over the SpMM timings of its fit, rounded up, so the
+    floor lies below every timing. Returns the rate."""
+    records, _ = read_records(spmm_log)
+    spmm = [r for r in records if r.get("schema", "").startswith("plexus-tune/spmm")]
+    rates = []
+    for r in spmm:
+        index = np.dtype(csr_index_dtype(r["nnz"], r["rows"], r["common"])).itemsize
+        moved = spmm_traffic_bytes(r["nnz"], r["rows"], r["common"], r["dense_cols"], 4, index)
+        rates.append(float(moved) / (r["time_ms"] * 1e-3) / 1e9)
+    rate = float(np.ceil(max(rates)))
+    profile = json.loads(profile_path.read_text())
+    profile["memory_bandwidth_gbps"] = rate
+    profile.setdefault("provenance", {})["memory_bandwidth_gbps"] = (
+        f"highest rate of the {len(rates)} SpMM timings in {spmm_log} (the logs of this fit): {max(rates):.1f} GB/s of bytes "
+        "moved (docs/model.md, SpMM floor) per time, partly from cache, rounded up, so the floor lies below every timing")
+    write_profile(profile, str(profile_path))
+    load_machine(str(profile_path))  # still a valid profile
+    return rate
 
 
 def sharing_factors(coll_log: Path, gpus_per_node: int) -> list[dict]:
@@ -271,6 +297,9 @@ def main() -> int:
         for step_name, cmd in plan:
             if step_name not in skip:
                 step(log, out / "commands.txt", step_name, cmd)
+                if step_name.startswith("fit"):
+                    label = "sharing" if step_name == "fit" else "nosharing"
+                    print(f"memory_bandwidth_gbps {set_memory_bandwidth(models[label], spmm)} -> {models[label]}")
     finally:
         campaign = out / "campaign.json"
         previous = json.loads(campaign.read_text()) if campaign.exists() else []
