@@ -198,6 +198,7 @@ def _fmt(value, digits=3) -> str:
 def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> None:
     """README.md of the measurement directory: how it was made, the load, the results."""
     spec = summary["cluster"]
+    argv = [a for i, a in enumerate(argv) if a != "--skip" and (i == 0 or argv[i - 1] != "--skip") and not a.startswith("--skip=")]
     lines = [f"# Emulated cluster {spec['nodes']} nodes x {spec['ranks_per_node']} ranks, "
              f"{spec['inter_gbps']} GB/s per node link", "",
              "Calibration, trainer runs, fits and validation of the topology model on an emulated cluster",
