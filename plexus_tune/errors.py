@@ -6,3 +6,10 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+
+
+class SkippedLinesWarning(UserWarning):
+    """Lines of an input file that were skipped (e.g. malformed lines of a measurement log).
+
+    The command line prints each one as a single plain line on stderr, once.
+    """
