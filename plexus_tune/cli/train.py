@@ -7,6 +7,8 @@ import sys
 import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import check_log
+from plexus_tune.measure.campaign import check_graph
 
 
 def register(subparsers) -> None:
@@ -111,7 +113,16 @@ def run(args: argparse.Namespace) -> int:
 
     from plexus_tune.launch import detect_environment
 
-    launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
+    environment = detect_environment()
+    if args.log:
+        check_log("--log", args.log)
+    if environment is None:
+        launcher = launcher_from_args(args, [int(np.prod(config.grid))])
+        if args.graph:  # read once here: a truncated or corrupt file fails before any rank starts
+            check_graph(args.graph)
+        config.extra["progress"] = True
+    else:
+        launcher = None
     try:
         if launcher is None:
             record = run_training(config)
