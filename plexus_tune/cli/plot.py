@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                            ("importances", "fANOVA parameter importances of a search study")):
         p = sub.add_parser(kind, help=helptext, description=helptext)
         p.add_argument("--study", required=True, help="study name (see plexus-tune search)")
-        p.add_argument("--storage", help="study database URL (default sqlite:///measurements/studies.db)")
+        p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, as for plexus-tune search)")
         common(p)
     parser.set_defaults(handler=lambda args: _usage(parser))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ OBJECTIVES = ("epoch", "gpu-hours")
 #: Epochs that the ``gpu-hours`` objective counts.
 GPU_HOURS_EPOCHS = 100
 MS_PER_HOUR = 3.6e6
-DEFAULT_STORAGE_PATH = os.path.join("measurements", "studies.db")
 CONSTRAINT_KEY = "memory_excess_gib"
 # --------------------------------------------------------------------------------------
 # Objectives and GPU counts
