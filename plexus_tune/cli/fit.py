@@ -34,7 +34,7 @@ def register(subparsers) -> None:
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
     parser.add_argument("--jobs", type=int, default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
                         "1: none); the scores do not depend on it")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random splits and of the stochastic models (default 0)")
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
                         help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
     parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
     parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
-    parser.add_argument("--description", default=None)
+    parser.add_argument("--description", default=None, help="one-line description stored in the profile (default: the host, backend and date of the fit)")
     parser.set_defaults(handler=run)
 
 

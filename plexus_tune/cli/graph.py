@@ -46,8 +46,8 @@ def register(subparsers) -> None:
         "and write OUT in the format of its suffix. Edge lists and OGB edges are undirected unless "
         "--directed. Formats without features/labels get random features and degree labels.",
     )
-    conv.add_argument("input", metavar="IN")
-    conv.add_argument("output", metavar="OUT")
+    conv.add_argument("input", metavar="IN", help="graph to read (any format above)")
+    conv.add_argument("output", metavar="OUT", help="path to write; its suffix chooses the format (a directory name: the own format)")
     _add_load_options(conv)
     conv.add_argument("--force", action="store_true", help="replace OUT if it exists")
     conv.set_defaults(handler=run_convert)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import check_output_dir
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
 KINDS = ("pred-vs-obs", "breakdown", "scaling", "history", "importances")
@@ -152,6 +153,7 @@ def run(args) -> int:
     formats = _formats(args.format)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a file; give a directory for the figures (default plots/)")
+    check_output_dir("--out", args.out)
     fig, stem = make_figure(args)
     for path in save_figure(fig, args.out, stem, formats):
         print(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import check_output_file, make_console
 
 
 def register(subparsers) -> None:
@@ -24,7 +25,6 @@ def run(args) -> int:
     import json
     import os
 
-    from rich.console import Console
     from rich.table import Table
 
     from plexus_tune.fit.validation import leave_one_group_out
@@ -32,8 +32,10 @@ def run(args) -> int:
     from plexus_tune.measure.store import read_runs
     from plexus_tune.model.machine import load_machine
 
+    if args.json:
+        check_output_file("--json", args.json)
     machine = load_machine(args.machine)
-    console = Console(width=max(Console().width, 140))
+    console = make_console()
     df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
     table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({'as is' if args.no_refit else 'refitted'})")
