@@ -6,7 +6,7 @@ shows progress on stderr, prints the scores and writes the profile.
 
 from __future__ import annotations
 
-from plexus_tune.cli.output import ProgressReporter, check_output_file
+from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
 _GIVEN = {"gpus_per_node": "--gpus-per-node", "device_memory_gib": "--device-memory-gib", "gemm_tflops": "--gemm-tflops", "host_cores": "--host-cores"}
@@ -59,7 +59,6 @@ def run(args) -> int:
     import os
     import warnings
 
-    from rich.console import Console
     from rich.table import Table
 
     from plexus_tune import fit as fitting
@@ -74,7 +73,7 @@ def run(args) -> int:
     if args.host_cores is not None and args.host_cores < 0:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
     check_output_file("--out", args.out)
-    console = Console(width=max(Console().width, 110))
+    console = make_console()
     progress = ProgressReporter(command="fit")
     try:
         with warnings.catch_warnings():

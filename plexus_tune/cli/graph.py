@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
+
 import argparse
 import contextlib
 
@@ -260,7 +262,6 @@ def run_stats(args) -> int:
 
 
 def _print_graph_table(stats: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{stats['name']}", show_header=False)
@@ -276,13 +277,12 @@ def _print_graph_table(stats: dict) -> None:
     for mode, rep in stats["balance"].items():
         balance.add_row(mode, f"{rep['max_over_mean']:.3f}", str(rep["max_nnz"]), f"{rep['mean_nnz']:.1f}",
                         str(rep["min_nnz"]))
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(balance)
 
 
 def _print_shard_table(stats: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"shards of {stats['name']}", show_header=False)
@@ -298,7 +298,7 @@ def _print_shard_table(stats: dict) -> None:
             ("max/mean nnz per rank block", f"{stats['max_over_mean']:.3f}")]
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    make_console().print(table)
 
 
 def run_shard(args) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
+
 FORMATS = ("table", "json")
 
 
@@ -55,12 +57,11 @@ def run(args) -> int:
     import json
     import sys
 
-    from rich.console import Console
     from rich.table import Table
 
     from plexus_tune.model.machine import FIELDS, list_machines, load_machine
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     if args.fields:
         if args.format == "json":
             json.dump(FIELDS, sys.stdout, indent=1)
