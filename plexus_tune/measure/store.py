@@ -163,15 +163,18 @@ def check_is_log(path, records, problems, *, hint: str = "give a log written by 
         raise UserError(f"{path} is not a plexus-tune measurement log ({problems[0]}); {hint}")
 
 
-def _first_line(path: Path, limit: int = 1 << 22) -> bytes:
-    """The first non-blank line of a file (at most ``limit`` bytes of it), or b""."""
+def _first_line(path: Path, limit: int = 1 << 22) -> tuple[int, bytes]:
+    """(1-based number, content) of the first non-blank line of a file (at most ``limit``
+    bytes of it), or (0, b"")."""
     with open(path, "rb") as fh:
+        number = 0
         while True:
             raw = fh.readline(limit)
+            number += 1
             if not raw:
-                return b""
+                return 0, b""
             if raw.strip():
-                return raw.rstrip(b"\n") if raw.endswith(b"\n") else raw
+                return number, raw.rstrip(b"\n")
 
 
 def check_log(path) -> Path:
@@ -183,13 +186,14 @@ def check_log(path) -> Path:
     path = check_output_file(path)
     if path.exists():
         try:
-            first = _first_line(path)
+            number, first = _first_line(path)
         except OSError as exc:
             raise UserError(f"cannot read measurement log {path}: {exc.strerror}") from None
         if first:
-            records, problems = parse_lines(first + b"\n")
+            _, problems = parse_lines(first + b"\n")
             if problems:
-                raise UserError(f"{path} is not a plexus-tune measurement log ({problems[0]}); "
+                bad = BadLine(number, problems[0].reason, problems[0].excerpt)
+                raise UserError(f"{path} is not a plexus-tune measurement log ({bad}); "
                                 "give a new file or a log that plexus-tune wrote")
     return path
 
