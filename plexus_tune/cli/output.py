@@ -13,11 +13,17 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
+from plexus_tune import paths
 from plexus_tune.errors import UserError
 from plexus_tune.measure import store
-from plexus_tune import paths
 
 #: width a console assumes when its stream is not a terminal: wide enough that no table
 #: or line of this project is cut or wrapped

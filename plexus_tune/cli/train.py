@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import numpy as np
 
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         check_log("--log", args.log)
     if environment is None:
         launcher = launcher_from_args(args, [int(np.prod(config.grid))])
-        if args.graph:  # read once here: a truncated or corrupt file fails before any rank starts
+        if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
             check_graph(args.graph)
         config.extra["progress"] = True
     else:
