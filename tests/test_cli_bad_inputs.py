@@ -113,7 +113,7 @@ CASES = [
     (["train", "--synthetic", SPEC, "--grid", "2x1x1", *SHORT, "--log", "{d}/adir"], "--log {d}/adir is a directory"),
     (["train", "--synthetic", SPEC, "--grid", "2x1x1", *SHORT, "--log", "{d}/nonjson.jsonl"], "not a plexus-tune measurement log"),
     (["train", "--synthetic", SPEC, "--grid", "2x1x1", *SHORT, "--log", "{d}/garbage.txt"], "not a plexus-tune measurement log"),
-    (["train", "--synthetic", SPEC, "--grid", "2x2x2", "--gpus", "4", *SHORT], "--gpus is 4"),
+    (["train", "--synthetic", SPEC, "--grid", "2x2x2", "--gpus", "4", *SHORT], "has 8 ranks"),
     (["train", "--synthetic", SPEC, "--grid", "0x1x1", *SHORT], "0x1x1"),
     (["train", "--synthetic", SPEC, "--grid", "2x1x1", "--epochs", "0"], "--epochs"),
     (["train", "--synthetic", SPEC, "--grid", "2x1x1", "--dtype", "float16"], "float16"),

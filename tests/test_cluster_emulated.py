@@ -233,8 +233,9 @@ def test_without_root_or_tools_nothing_is_created(monkeypatch):
 
     before = set(netns_list())
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(UserError, match="needs root.*--cluster local"):
+    with pytest.raises(UserError, match="needs root.*use the local cluster") as err:
         EmulatedCluster("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1").start()
+    assert err.value.parameter == "cluster"
     monkeypatch.undo()
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else real_which(tool))

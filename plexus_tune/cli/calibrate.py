@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
+from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.measure.microbench import (
+    calibrate_collectives,
+    calibrate_graph_shards,
+    collective_shapes,
+    parse_sizes,
+    spmm_sweep,
+    sweep_shapes,
+)
+from plexus_tune.measure.store import append_records, environment_info, record_type
 from plexus_tune.model.collectives import COLLECTIVE_OPS
+from plexus_tune.model.grid import enumerate_grids
 
 
 def register(subparsers) -> None:
@@ -64,8 +76,6 @@ def register(subparsers) -> None:
 
 
 def _positive(value, flag: str) -> int:
-    from plexus_tune.errors import UserError
-
     if value is None or int(value) < 1:
         raise UserError(f"{flag} must be a positive integer, got {value!r}")
     return int(value)
@@ -80,10 +90,6 @@ def _quiet_torch_warnings() -> None:
 
 def run_collectives(args) -> int:
     from rich.table import Table
-
-    from plexus_tune.measure.microbench import calibrate_collectives, collective_shapes, parse_sizes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records
 
     _quiet_torch_warnings()
     gpus = _positive(args.gpus, "--gpus")
@@ -155,11 +161,6 @@ def _counter(reporter, stage: str, total: int):
 
 
 def run_spmm(args) -> int:
-    from plexus_tune.measure.microbench import calibrate_graph_shards, spmm_sweep, sweep_shapes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records, environment_info, record_type
-    from plexus_tune.model.grid import enumerate_grids
-
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
@@ -175,6 +176,7 @@ def run_spmm(args) -> int:
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
     check_log("--out", args.out)
+    configure_compute_process(threads)
     env = environment_info()
     progress = ProgressReporter(command="calibrate spmm")
     try:
@@ -187,7 +189,7 @@ def run_spmm(args) -> int:
                 dense_cols=(1, limits["--max-cols"]),
                 max_nnz=limits["--max-nnz"],
             )
-            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, passes=passes,
+            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
                                  statistic=args.statistic,
                                  progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
         else:
@@ -200,7 +202,6 @@ def run_spmm(args) -> int:
                 gpus,
                 grids=grids,
                 seed=args.seed,
-                threads=threads,
                 repeats=repeats,
                 all_shards=args.all_shards,
                 graph_name=graph.name,

@@ -6,6 +6,8 @@ shows progress on stderr, prints the scores and writes the profile.
 
 from __future__ import annotations
 
+from plexus_tune import fit as fitting
+from plexus_tune.errors import UserError
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
@@ -60,9 +62,6 @@ def run(args) -> int:
     import warnings
 
     from rich.table import Table
-
-    from plexus_tune import fit as fitting
-    from plexus_tune.errors import UserError
 
     if args.splits < 0:
         raise UserError("--splits must be >= 0")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from plexus_tune.cli.output import make_console
+from plexus_tune.model.machine import FIELDS, list_machines, load_machine
+from plexus_tune.model.spmm import describe_spmm_model
 
 FORMATS = ("table", "json")
 
@@ -58,8 +60,6 @@ def run(args) -> int:
     import sys
 
     from rich.table import Table
-
-    from plexus_tune.model.machine import FIELDS, list_machines, load_machine
 
     console = make_console()
     if args.fields:
@@ -151,8 +151,6 @@ def run(args) -> int:
 def _spmm_text(spmm) -> str:
     """The SpMM entry as JSON when short, else a one-line description (--format json shows all)."""
     import json
-
-    from plexus_tune.model.spmm import describe_spmm_model
 
     text = json.dumps(spmm)
     return text if len(text) <= 300 else describe_spmm_model(spmm) + " (full entry: --format json)"

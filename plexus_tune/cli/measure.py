@@ -6,6 +6,18 @@ import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    choose_grids,
+    config_identity,
+    load_stats,
+    run_campaign,
+    workload_of,
+)
+from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.machine import load_machine
 
 
 def register(subparsers) -> None:
@@ -43,9 +55,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.campaign import campaign_config, choose_grids, load_stats, run_campaign, workload_of
-
     graph = args.graph or args.synthetic
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
@@ -54,8 +63,6 @@ def run(args) -> int:
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
     machine = None
     if args.machine:
-        from plexus_tune.model.machine import load_machine
-
         machine = load_machine(args.machine)
     check_log("--log", args.log)
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
@@ -118,10 +125,6 @@ def _summary(console, log, config, gpus) -> None:
     import math
 
     from rich.table import Table
-
-    from plexus_tune.measure.campaign import config_identity
-    from plexus_tune.measure.records import run_setting, runs_table
-    from plexus_tune.measure.store import read_runs
 
     setting = run_setting(config_identity(config))
     table = runs_table(read_runs(log, warn=False), include_failed=True)

@@ -6,6 +6,12 @@ from plexus_tune.cli.output import make_console
 
 import argparse
 
+from plexus_tune.errors import UserError
+from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.grid import check_gpus, enumerate_grids
+from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.workload import Workload, get_dataset
+
 FORMATS = ("table", "json", "csv")
 TABLE_COLUMNS = (
     ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
@@ -27,8 +33,6 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_option(value, option: str, *, minimum: int = 1) -> int:
-    from plexus_tune.errors import UserError
-
     text = str(value).strip()
     try:
         number = int(text)
@@ -41,9 +45,6 @@ def _int_option(value, option: str, *, minimum: int = 1) -> int:
 
 def workload_from_args(args):
     """Build the Workload an argparse namespace describes (UserError on bad values)."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.workload import Workload, get_dataset
-
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
@@ -129,11 +130,6 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
 def run(args) -> int:
     import json
     import sys
-
-    from plexus_tune.model.costs import prediction_records, predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import check_gpus, enumerate_grids
-    from plexus_tune.model.machine import GIB, load_machine
 
     workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)

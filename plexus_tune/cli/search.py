@@ -6,6 +6,28 @@ import argparse
 
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.paths import default_run_log
+from plexus_tune.errors import UserError
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.search import (
+    MeasuredEvaluator,
+    ModelEvaluator,
+    Objective,
+    SearchSpace,
+    best_configs,
+    check_objective,
+    default_storage_url,
+    default_study_name,
+    finished_trials,
+    graph_workload,
+    objective_unit,
+    open_storage,
+    open_study,
+    parse_gpus,
+    run_search,
+    spread_starts,
+    warm_start,
+)
 
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
@@ -52,9 +74,6 @@ def register(subparsers) -> None:
 
 
 def parse_block_range(text):
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import parse_gpus
-
     if text is None:
         return None
     try:
@@ -66,10 +85,6 @@ def parse_block_range(text):
 
 def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.search import SearchSpace, check_objective, parse_gpus
-
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
     if args.trials < 1:
@@ -79,13 +94,9 @@ def build_inputs(args):
     machine = load_machine(args.machine)
     graph = None
     if args.dataset is not None:
-        from plexus_tune.model.workload import workload_from_dataset
-
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
     else:
-        from plexus_tune.search import graph_workload
-
         graph = args.graph
         stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
         name = stats.name
@@ -95,19 +106,9 @@ def build_inputs(args):
 
 
 def run(args) -> int:
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import (
-        ModelEvaluator,
-        Objective,
-        default_storage_url,
-        default_study_name,
-        open_storage,
-        open_study,
-        run_search,
-        spread_starts,
-        warm_start,
-    )
+    import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
@@ -131,8 +132,6 @@ def run(args) -> int:
     console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
                   + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
     if args.measured:
-        from plexus_tune.search import MeasuredEvaluator
-
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                       timeout_s=args.timeout, log_path=args.log)
@@ -143,7 +142,6 @@ def run(args) -> int:
     else:
         objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
         warm_start(study, space, spread_starts(space, args.starts))
-    from plexus_tune.search import finished_trials
 
     before = len(finished_trials(study))
     ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
@@ -157,8 +155,6 @@ def run(args) -> int:
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
     from rich.table import Table
-
-    from plexus_tune.search import best_configs, objective_unit
 
     best = best_configs(study, top)
     if best.empty:

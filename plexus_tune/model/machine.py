@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives  # noqa: F401
 
 GIB = 2**30
@@ -178,7 +179,6 @@ def _build_machine(data, source: str) -> Machine:
     if spmm["kind"] == "paper":
         for key in ("c0", "c1", "c2"):
             _number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
-    from plexus_tune.model import spmm as spmm_models
 
     try:  # checks the entry and maps the kind names of older profiles to today's
         spmm = spmm_models.spmm_model_from_dict(spmm).to_dict()

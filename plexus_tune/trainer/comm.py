@@ -6,7 +6,7 @@ import itertools
 import time
 from collections import defaultdict
 
-from plexus_tune.model.grid import AXIS_NAMES, rank_of
+from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
 #: Shared breakdown keys (ms per epoch) that every rank accumulates.
 BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
@@ -65,8 +65,6 @@ class GridComm:
 
     def __init__(self, grid, rank: int, timer: PhaseTimer, backend: str | None = None):
         import torch.distributed as dist
-
-        from plexus_tune.model.grid import coords_of
 
         self.dist = dist
         self.grid = tuple(int(g) for g in grid)
