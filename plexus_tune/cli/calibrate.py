@@ -96,7 +96,7 @@ def run_collectives(args) -> int:
     if gpus < 2:
         raise UserError("--gpus must be at least 2 to time collectives")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise UserError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+        raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
     sizes = parse_sizes(args.sizes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in COLLECTIVE_OPS]

@@ -250,7 +250,7 @@ def fit_profile(
         gemm_df = gemm_df.iloc[:0]
     if not len(spmm_df):
         raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}; "
-                        "time some with 'plexus-tune calibrate spmm --sweep' (or --graph)")
+                        "time some with 'plexus-tune calibrate spmm'")
     check_frame(spmm_df, SPMM_COLUMNS, positive=("rows", "common", "dense_cols", "time_ms"), what="SpMM measurements")  # before any fit
     if not len(coll_df):
         raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}; "
