@@ -23,6 +23,18 @@ class UserError(Exception):
 EXIT_USER_ERROR = 2
 
 
+def whole_number(value, what: str, *, minimum: int = 1) -> int:
+    """``value`` (an int or its text) as an int >= ``minimum``; a UserError saying ``what`` is wrong otherwise."""
+    text = str(value).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise UserError(f"{what} must be a whole number >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise UserError(f"{what} must be a whole number >= {minimum}, got {number}")
+    return number
+
+
 class SkippedLinesWarning(UserWarning):
     """Lines of an input file that were skipped (e.g. malformed lines of a measurement log).
 

@@ -43,12 +43,15 @@ def test_data_directory_follows_the_environment(monkeypatch, tmp_path):
 
 def test_search_stores_its_study_in_the_data_directory_and_names_profile_and_storage(run_cli, data):
     work, store = data
-    code, out, err = run_cli(["search", "--dataset", "reddit", "--gpus", "8..16", "--trials", "2"])
+    code, out, err = run_cli(["search", "--dataset", "reddit", "--gpus", "8..16", "--trials", "2", "--exact-budget", "0"])
     assert code == 0, err
     assert (store / "studies.db").is_file() and not list(work.iterdir())  # nothing in the working directory
     first = out.splitlines()[0]  # one line, however long the path: no wrapping off a terminal
     assert first == (f"machine profile perlmutter ({REPO / 'models' / 'perlmutter.json'}); "
                      f"study storage sqlite:///{store / 'studies.db'}")
+    code, out, err = run_cli(["search", "--dataset", "reddit", "--gpus", "8..16"])  # exact: no study
+    assert code == 0, err
+    assert out.splitlines()[0] == f"machine profile perlmutter ({REPO / 'models' / 'perlmutter.json'})"
 
 
 def test_run_logs_to_the_data_directory_and_says_where(run_cli, data):

@@ -94,6 +94,7 @@ def run(args) -> int:
             ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
             ("gemm_tflops", machine.gemm_tflops),
             ("elementwise_gbps", machine.elementwise_gbps),
+            ("memory_bandwidth_gbps", machine.memory_bandwidth_gbps),
             ("spmm", _spmm_text(machine.spmm)),
         ]
         coll = machine.collectives

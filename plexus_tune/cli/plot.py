@@ -95,17 +95,11 @@ def make_figure(args):
         if kind == "breakdown" and args.log is None:
             if not args.dataset or not args.gpus or machine is None:
                 raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
-            import numpy as np
 
             workload = workload_from_dataset(args.dataset)
             grids = enumerate_grids(args.gpus)
             pred = predict_grids(workload, machine, grids)
-            order = rank_order(pred)[: max(1, args.top)]
-            import pandas as pd
-
-            frame = pd.DataFrame({"grid": ["x".join(map(str, grids[i])) for i in order]})
-            for key, _, _ in plotting.BREAKDOWN_PARTS:
-                frame[f"pred_{key}"] = np.asarray(pred[key])[order]
+            frame = plotting.predicted_frame(pred, rank_order(pred)[: max(1, args.top)])
             fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
             return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"
         if args.log is None:

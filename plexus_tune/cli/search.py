@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from plexus_tune.cli.output import check_log, make_console
-from plexus_tune.paths import default_run_log
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.paths import default_run_log
 from plexus_tune.search import (
     MeasuredEvaluator,
     ModelEvaluator,
@@ -28,11 +28,16 @@ from plexus_tune.search import (
     spread_starts,
     warm_start,
 )
+from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
 
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
 EPILOG = """\
 objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_ms * G * 100 / 3.6e6).
+A model-driven search enumerates every configuration when that is estimated to take at most
+--exact-budget seconds (default 5; the estimate times the model on a probe of the space), and
+then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
+The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
 only the trials still missing (finished trials are kept). Studies live in studies.db in
 the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
@@ -62,6 +67,9 @@ def register(subparsers) -> None:
     p.add_argument("--starts", type=int, default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
     p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+                   help="model-driven: enumerate the whole space when estimated to take at most this long "
+                   "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
@@ -122,6 +130,14 @@ def run(args) -> int:
         args.log = str(check_log("--log", args.log or default_run_log()))
     if args.snap < 1 or args.starts < 0 or args.top < 1:
         raise UserError("--snap and --top must be at least 1, --starts at least 0")
+    if not args.measured:
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+        if budget != budget or budget < 0:
+            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
+        model = ModelEvaluator(workload, machine)
+        plan = plan_search(space, model, budget)
+        if plan.method == "exhaustive":
+            return run_exhaustive(args, name, machine, space, model, plan)
     storage_url = args.storage or default_storage_url()
     storage = open_storage(storage_url)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
@@ -145,11 +161,42 @@ def run(args) -> int:
 
     before = len(finished_trials(study))
     ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
+    return 0
+
+
+def run_exhaustive(args, name, machine, space, model, plan) -> int:
+    """Enumerate every configuration of the space with the model and print the best (no study)."""
+    import time
+
+    from rich.table import Table
+
+    console = make_console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
+    start = time.perf_counter()
+    frame = exhaustive_search(space, model, args.objective)
+    took = time.perf_counter() - start
+    console.print(f"method: {plan.describe()}; took {took:.2f} s", highlight=False)
+    console.print(f"{name} on {machine.name}, G in {space.gpus[0]}..{space.gpus[-1]} ({len(space.gpus)} GPU counts)",
+                  highlight=False)
+    best = frame[frame["feasible"]].head(max(1, args.top))
+    if best.empty:
+        raise UserError("no configuration fits in device memory; allow more GPUs")
+    table = Table(title=f"best configurations ({args.objective}, {objective_unit(args.objective)})")
+    for col in ("rank", "config", "G", "predicted ms", "memory GiB", args.objective):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for _, row in best.iterrows():
+        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}",
+                      f"{row['memory_gib']:.2f}", f"{row['value']:.4g}")
+    console.print(table)
+    if args.storage or args.study:
+        console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
+                      style="dim")
     return 0
 
 

@@ -37,7 +37,17 @@ def run(args) -> int:
     console = make_console()
     df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
-    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({'as is' if args.no_refit else 'refitted'})")
+    groups = result["groups"]
+    refitted = sum(g["how"].startswith("refitted") for g in groups)
+    if args.no_refit:
+        mode = "as is"
+    elif refitted == len(groups):
+        mode = "refitted"
+    elif refitted == 0:
+        mode = "as is: too few other runs to refit"
+    else:
+        mode = f"refitted in {refitted} of {len(groups)} groups, the others as is"
+    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({mode})")
     for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for g in result["groups"]:
@@ -49,6 +59,6 @@ def run(args) -> int:
     if args.json:
         tmp = f"{args.json}.tmp{os.getpid()}"
         with open(tmp, "w") as fh:
-            json.dump({"machine": machine.name, "refit": not args.no_refit, **result}, fh, indent=2)
+            json.dump({"machine": machine.name, "refit": not args.no_refit, "refitted_groups": refitted, **result}, fh, indent=2)
         os.replace(tmp, args.json)
     return 0

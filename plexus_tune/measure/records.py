@@ -286,6 +286,9 @@ class RunRecord(_Record):
     imbalance: dict | None = _f(None, "ratio", "per timing key: max over ranks / mean over ranks")
     per_rank_epoch_ms: list | None = _f(None, "ms", "each rank's mean epoch time")
     spmm_layer_ms: dict | None = _f(None, "ms", "fwd and bwd: each layer's SpMM time")
+    breakdown_ms: dict | None = _f(None, "ms", "the epoch partitioned: phase -> ms (critical rank's work, least "
+                                   "collective time, wait_ms); the phases and wait_ms add up to epoch_ms")
+    wait_ms: float | None = _f(None, "ms", "imbalance/wait: epoch_ms less the parts of breakdown_ms, >= 0")
     shard_nnz_max: list | None = _f(None, "nonzeros", "per layer: the largest shard's nonzeros")
     shard_nnz_imbalance: list | None = _f(None, "ratio", "per layer: max / mean shard nonzeros")
     memory_source: str | None = _f(None, doc="cuda_allocator or tracked_tensors")
@@ -536,7 +539,10 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
 OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms",
-                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
+                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
+#: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
+#: a phase a newer trainer adds appears as its own column.
+PARTITION_COLUMNS_PREFIX = "obs_part_"
 #: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
 PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
@@ -634,6 +640,9 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         })
         for key in OBSERVED_KEYS:
             row[f"obs_{key}"] = _number(rec.get(key))
+        if isinstance(rec.get("breakdown_ms"), Mapping):
+            for key, value in rec["breakdown_ms"].items():
+                row[f"{PARTITION_COLUMNS_PREFIX}{key}"] = _number(value)
         for key in PREDICTED_KEYS:
             row[f"pred_{key}"] = _number(predicted.get("total_ms" if key == "epoch_ms" else key))
         row["pred_feasible"] = bool(predicted.get("feasible", True))
@@ -644,6 +653,8 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     obs = [f"obs_{k}" for k in OBSERVED_KEYS]
     pred = [f"pred_{k}" for k in PREDICTED_KEYS]
     out_rows = []
+    parts = list(dict.fromkeys(k for row in rows for k in row if k.startswith(PARTITION_COLUMNS_PREFIX)))
+    obs += parts
     if rows:
         trials = pd.DataFrame(rows)
         for _, group in trials.groupby(keys, sort=False, dropna=False):

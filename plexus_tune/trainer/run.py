@@ -4,7 +4,9 @@ Timing protocol: every phase is timed per rank and per epoch; an epoch's phase t
 the max over ranks (the straggler decides), ``imbalance`` is that max over the mean
 over ranks; the warm-up epochs are trained but left out, and the record gives the mean
 over the remaining epochs (``epoch_ms``, ``spmm_ms``, ...), their spread
-(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``). The record is a
+(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``). Those per-key maxima
+come from different ranks and overlap; ``breakdown_ms`` (:func:`partition_epoch`)
+partitions the epoch instead, with ``wait_ms`` the imbalance/wait remainder. The record is a
 :class:`plexus_tune.measure.records.RunRecord` (fields and units: docs/records.md).
 """
 
@@ -26,7 +28,7 @@ from plexus_tune.launch import RankFailure, detect_environment, run_in_environme
 from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
-from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
+from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
@@ -123,6 +125,36 @@ def _failure_status(reason: str) -> str:
     return "failed"
 
 
+def partition_epoch(rank_rows) -> dict:
+    """One epoch's observed breakdown that partitions its time (docs/records.md, Observed breakdown).
+
+    ``rank_rows``: each rank's timer row of the epoch. The epoch is the slowest rank's
+    time. The critical rank c is the rank with the most local work (the sum of the
+    :data:`PARTITION_KEYS` outside :data:`WAITING_KEYS`); each local phase is c's
+    time. A waiting phase (collectives) is the least time any rank spent in it, the
+    part no rank avoided; its splits (per axis, per collective) are those of the rank
+    with that least time, so they add up to it. ``wait_ms`` (imbalance/wait) is the rest::
+
+        wait = epoch - sum(parts) = (epoch - epoch_c) + sum_waiting (t_c - min_r t_r) >= 0
+
+    Works for any phase names in :data:`PARTITION_KEYS`.
+    """
+    epoch = max(float(row.get("epoch_ms", 0.0)) for row in rank_rows)
+    local = [key for key in PARTITION_KEYS if key not in WAITING_KEYS]
+    critical = max(rank_rows, key=lambda row: sum(float(row.get(k, 0.0)) for k in local))
+    out = {key: float(critical.get(key, 0.0)) for key in local}
+    for key in PARTITION_KEYS:
+        if key not in WAITING_KEYS:
+            continue
+        least = min(rank_rows, key=lambda row: float(row.get(key, 0.0)))
+        out[key] = float(least.get(key, 0.0))
+        for split in PARTITION_SPLITS.get(key, ()):
+            out.update({name: float(least.get(name, 0.0)) for name in split})
+    parts = sum(out[key] for key in PARTITION_KEYS)
+    out["wait_ms"] = max(0.0, epoch - parts)
+    return out
+
+
 def summarize_timers(timers, warmup: int) -> dict:
     """Per-epoch max and mean over ranks -> record fields (see module docstring)."""
     keys = BREAKDOWN_KEYS + PHASE_KEYS
@@ -154,6 +186,10 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
+    parts = [partition_epoch([timers[r][e] for r in range(ranks)]) for e in range(warmup, epochs)]
+    if parts:
+        out["breakdown_ms"] = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
+        out["wait_ms"] = out["breakdown_ms"]["wait_ms"]
     return out
 
 
