@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from plexus_tune import graph as graph_pkg
 from plexus_tune.allocator import configure_compute_process
+from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.microbench import (
     calibrate_collectives,
     calibrate_graph_shards,
@@ -14,8 +15,8 @@ from plexus_tune.measure.microbench import (
     sweep_shapes,
 )
 from plexus_tune.measure.store import append_records, environment_info, record_type
+from plexus_tune.model.collectives import COLLECTIVE_OPS
 from plexus_tune.model.grid import enumerate_grids
-
 
 
 def register(subparsers) -> None:
@@ -88,19 +89,26 @@ def _quiet_torch_warnings() -> None:
 
 
 def run_collectives(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     _quiet_torch_warnings()
     gpus = _positive(args.gpus, "--gpus")
     if gpus < 2:
         raise UserError("--gpus must be at least 2 to time collectives")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
     sizes = parse_sizes(args.sizes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in COLLECTIVE_OPS]
+    if bad or not ops:
+        raise UserError(f"--ops: unknown collective {(bad or [args.ops])[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
     _positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
-    console = Console(stderr=True)
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    check_log("--out", args.out)
+    console = make_console(stderr=True)
     shapes = collective_shapes(gpus)
     console.print(
         f"timing {len(ops)} collective(s) x {len(sizes)} sizes x {len(shapes)} group shapes "
@@ -117,68 +125,77 @@ def run_collectives(args) -> int:
         timeout_s=args.timeout,
     )
     append_records(args.out, records)
-    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}): median time and busbw")
-    for col in ("op", "group", "stride", "nodes", "smallest: ms", "largest: ms", "busbw GB/s"):
-        table.add_column(col, justify="right" if col not in ("op",) else "left")
+    small, large = min(r["message_bytes"] for r in records), max(r["message_bytes"] for r in records)
+    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}): median time and busbw "
+                        f"at the smallest ({_size(small)}) and largest ({_size(large)}) message")
+    for col in ("op", "group", "stride", "nodes", f"ms at {_size(small)}", f"ms at {_size(large)}", f"busbw GB/s at {_size(large)}"):
+        table.add_column(col, justify="right" if col not in ("op",) else "left", no_wrap=True)
     keyed = {}
     for r in records:
         keyed.setdefault((r["op"], r["group_size"], r["stride"]), []).append(r)
     for (op, g, p), rows in keyed.items():
         rows.sort(key=lambda r: r["message_bytes"])
         table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), f"{rows[0]['time_ms']:.3f}", f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
-    Console().print(table)
+    make_console().print(table)
     console.print(f"appended {len(records)} records to {args.out}")
     return 0
 
 
-def _load_graph(text: str):
-    import os
+def _size(nbytes: int) -> str:
+    """A message size as the --sizes option writes it (1K, 64M)."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes} B"
 
-    if os.path.exists(text):
-        return graph_pkg.load_graph(text)
-    if ":" not in text:
-        raise UserError(f"graph {text!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
-    return graph_pkg.synthetic(text)
+
+def _counter(reporter, stage: str, total: int):
+    """A no-argument ``advance()`` that reports ``stage`` done/total to ``reporter``."""
+    done = [0]
+
+    def advance():
+        done[0] += 1
+        reporter(stage, done[0], total)
+
+    return advance
 
 
 def run_spmm(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
-    configure_compute_process(threads)
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    env = environment_info()
     if args.sweep:
         count = _positive(args.count, "--count")
-        shapes = sweep_shapes(
-            count,
-            seed=args.seed,
-            rows=(min(256, args.max_rows), _positive(args.max_rows, "--max-rows")),
-            common=(min(256, args.max_rows), args.max_rows),
-            dense_cols=(1, _positive(args.max_cols, "--max-cols")),
-            max_nnz=_positive(args.max_nnz, "--max-nnz"),
-        )
-        with Progress(*columns, console=console, transient=True) as progress:
-            passes = _positive(args.passes, "--passes")
-            task = progress.add_task("SpMM sweep", total=len(shapes) * passes)
-            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
-                                 statistic=args.statistic, progress=lambda: progress.advance(task))
+        passes = _positive(args.passes, "--passes")
+        limits = {flag: _positive(value, flag) for flag, value in
+                  (("--max-rows", args.max_rows), ("--max-cols", args.max_cols), ("--max-nnz", args.max_nnz))}
     else:
         if args.gpus is None:
             raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
-        graph = _load_graph(args.graph)
-        widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
-
-        grids = enumerate_grids(gpus)
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(f"shards of {len(grids)} grids x {layers} layers", total=len(grids) * layers)
+    check_log("--out", args.out)
+    configure_compute_process(threads)
+    env = environment_info()
+    progress = ProgressReporter(command="calibrate spmm")
+    try:
+        if args.sweep:
+            shapes = sweep_shapes(
+                count,
+                seed=args.seed,
+                rows=(min(256, args.max_rows), limits["--max-rows"]),
+                common=(min(256, args.max_rows), args.max_rows),
+                dense_cols=(1, limits["--max-cols"]),
+                max_nnz=limits["--max-nnz"],
+            )
+            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
+                                 statistic=args.statistic,
+                                 progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
+        else:
+            graph = load_graph_source(args.graph)
+            widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
+            grids = enumerate_grids(gpus)
             records = calibrate_graph_shards(
                 graph.normalized_adjacency(),
                 widths,
@@ -188,13 +205,15 @@ def run_spmm(args) -> int:
                 repeats=repeats,
                 all_shards=args.all_shards,
                 graph_name=graph.name,
-                progress=lambda: progress.advance(task),
+                progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
             )
+    finally:
+        progress.close()
     for r in records:
         r["machine_info"] = env
     append_records(args.out, records)
     spmm = [r for r in records if record_type(r) == "spmm"]
     gemm = len(records) - len(spmm)
     total = sum(r["time_ms"] for r in spmm)
-    Console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
+    make_console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
     return 0

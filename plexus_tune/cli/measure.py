@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import (
     campaign_config,
     choose_grids,
     config_identity,
-    graph_source_text,
     load_stats,
     run_campaign,
     workload_of,
@@ -53,11 +53,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     graph = args.graph or args.synthetic
-    graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
@@ -66,11 +64,13 @@ def run(args) -> int:
     machine = None
     if args.machine:
         machine = load_machine(args.machine)
-    stats = load_stats(graph) if machine is not None else None
-    workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
+    check_log("--log", args.log)
+    # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
+    stats = load_stats(graph)
+    workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine)
-    console = Console(width=max(Console().width, 140))
-    err = Console(stderr=True)
+    console = make_console()
+    err = make_console(stderr=True)
     total = len(grids) * args.trials
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))

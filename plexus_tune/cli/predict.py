@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
+
 import argparse
 
 from plexus_tune.errors import UserError, whole_number
@@ -97,12 +99,9 @@ def _fmt(value: float) -> str:
 
 
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
-    import sys
-
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = make_console()
     widths = "-".join(str(w) for w in workload.widths)
     summary = (f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
                f"{gpus} GPUs on {machine.name}: {n_grids} grids, {n_feasible} fit in memory")

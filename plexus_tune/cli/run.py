@@ -17,8 +17,11 @@ from plexus_tune.search import graph_workload
 from plexus_tune.trainer import run_training
 
 
-HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.paths import default_run_log
+
+HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 
 
 def register(subparsers) -> None:
@@ -35,7 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
-    p.add_argument("--log", default="measurements/runs.jsonl", help="run log to append to (default measurements/runs.jsonl)")
+    p.add_argument("--log", metavar="FILE", help="run log to append to (default runs.jsonl in the data directory: "
+                   "$PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else ~/.local/share/plexus-tune)")
     p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
     p.set_defaults(handler=run)
 
@@ -45,16 +49,26 @@ def _fmt(v) -> str:
 
 
 def run(args) -> int:
-    import os
-
     import numpy as np
-    from rich.console import Console
     from rich.table import Table
 
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    for flag_name, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--top", args.top)):
+        if value < 1:
+            raise UserError(f"{flag_name} must be at least 1, got {value}")
+    if args.block_rows is not None and args.block_rows < 1:
+        raise UserError(f"--block-rows must be at least 1, got {args.block_rows}")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    grid = None
+    if args.grid:
+        grid = tuple(int(v) for v in parse_grid(args.grid))
+        if int(np.prod(grid)) != args.gpus:
+            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+    log = str(check_log("--log", args.log if args.log else default_run_log()))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
@@ -62,19 +76,17 @@ def run(args) -> int:
     pred = predict_grids(workload, machine, grids, **({"block_rows": args.block_rows} if args.block_rows else {}))
     order = rank_order(pred)
     feasible = np.asarray(pred["feasible"], dtype=bool)
-    console = Console()
-    console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
-                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
-    if args.grid:
-        grid = tuple(int(v) for v in parse_grid(args.grid))
-        if int(np.prod(grid)) != args.gpus:
-            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+    if grid is not None:
         pick = int(np.flatnonzero((grids == np.array(grid)).all(axis=1))[0])
     else:
         if not feasible.any():
             raise UserError(f"no grid of {args.gpus} GPUs fits in memory on {machine.name}; use more GPUs")
         pick = int(order[0])
         grid = tuple(int(v) for v in grids[pick])
+    console = make_console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
+    console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
+                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
     table = Table(title="predicted (ms per epoch)")
     for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
@@ -94,17 +106,14 @@ def run(args) -> int:
     record["predicted"] = predicted_fields(workload, machine, grid)
     # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)
-    logged = {t for (ident, t) in logged_trials(args.log) if ident == identity}
+    logged = {t for (ident, t) in logged_trials(log) if ident == identity}
     trial = 0
     while trial in logged:
         trial += 1
     record["trial"] = trial
-    directory = os.path.dirname(args.log)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    append_records(args.log, [record])
+    append_records(log, [record])
     if record.get("status", "ok") != "ok":
-        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {args.log})")
+        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
         return 1
     cmp = Table(title=f"{format_grid(grid)}: predicted vs observed (ms per epoch, observed = max over ranks)")
     for col in ("part", "predicted", "observed", "observed/predicted"):
@@ -117,8 +126,8 @@ def run(args) -> int:
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
-                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {args.log} (trial {trial})")
-    table = runs_table(read_runs(args.log, warn=False))
+                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {log} (trial {trial})")
+    table = runs_table(read_runs(log, warn=False))
     mine = table[[ident == identity for ident in table["identity"]]]
     if len(mine) and int(mine["trials"].iloc[0]) > 1:
         row = mine.iloc[0]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.paths import default_run_log
 from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
 from plexus_tune.search import (
     MeasuredEvaluator,
@@ -15,6 +17,7 @@ from plexus_tune.search import (
     SearchSpace,
     best_configs,
     check_objective,
+    default_storage_url,
     default_study_name,
     finished_trials,
     graph_workload,
@@ -36,9 +39,11 @@ A model-driven search enumerates every configuration when that is estimated to t
 then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
 The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
-only the trials still missing (finished trials are kept). Studies live in
-measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
-e.g. postgresql://user@host/db for several workers).
+only the trials still missing (finished trials are kept). Studies live in studies.db in
+the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
+~/.local/share/plexus-tune) unless --storage names another database (any SQLAlchemy
+URL, e.g. postgresql://user@host/db for several workers); measured runs go to runs.jsonl
+there unless --log names another file.
 """
 
 
@@ -55,7 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
     p.add_argument("--trials", type=int, default=60, help="total trials of the study (default 60)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument("--storage", help="study database URL (default sqlite:///measurements/studies.db)")
+    p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, see below)")
     p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
     p.add_argument("--snap", type=int, default=128, metavar="K",
                    help="model-driven: each trial is the best predicted of the K allowed grids nearest the sampled point (default 128; 1 = nearest only)")
@@ -68,7 +73,7 @@ def register(subparsers) -> None:
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
-    m.add_argument("--log", default="measurements/runs.jsonl", help="run log to read known runs from and append to")
+    m.add_argument("--log", metavar="FILE", help="run log to read known runs from and append to (default: runs.jsonl in the data directory)")
     m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
@@ -110,12 +115,21 @@ def build_inputs(args):
 
 def run(args) -> int:
     import optuna
-    from rich.console import Console
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if args.measured:
+        if args.warm_start < 0:
+            raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
+        if args.timeout <= 0:
+            raise UserError(f"--timeout must be positive, got {args.timeout}")
+        if not 0 <= args.warmup < args.epochs:
+            raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
+        args.log = str(check_log("--log", args.log or default_run_log()))
+    if args.snap < 1 or args.starts < 0 or args.top < 1:
+        raise UserError("--snap and --top must be at least 1, --starts at least 0")
     if not args.measured:
         budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
         if budget != budget or budget < 0:
@@ -124,12 +138,15 @@ def run(args) -> int:
         plan = plan_search(space, model, budget)
         if plan.method == "exhaustive":
             return run_exhaustive(args, name, machine, space, model, plan)
-    storage = open_storage(args.storage)
+    storage_url = args.storage or default_storage_url()
+    storage = open_storage(storage_url)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
     model = ModelEvaluator(workload, machine)
-    console = Console()
+    console = make_console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
+                  + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
     if args.measured:
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
@@ -157,10 +174,10 @@ def run_exhaustive(args, name, machine, space, model, plan) -> int:
     """Enumerate every configuration of the space with the model and print the best (no study)."""
     import time
 
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
     start = time.perf_counter()
     frame = exhaustive_search(space, model, args.objective)
     took = time.perf_counter() - start

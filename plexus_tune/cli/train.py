@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import numpy as np
 
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import check_log
+from plexus_tune.measure.campaign import check_graph
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.grid import parse_grid
@@ -111,7 +114,16 @@ def run(args: argparse.Namespace) -> int:
     if config.check:
         configure_compute_process()  # the serial reference runs in this process, as the ranks do
 
-    launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
+    environment = detect_environment()
+    if args.log:
+        check_log("--log", args.log)
+    if environment is None:
+        launcher = launcher_from_args(args, [int(np.prod(config.grid))])
+        if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
+            check_graph(args.graph)
+        config.extra["progress"] = True
+    else:
+        launcher = None
     try:
         if launcher is None:
             record = run_training(config)

@@ -249,10 +249,12 @@ def fit_profile(
     if gemm is None and not set(GEMM_COLUMNS) <= set(gemm_df.columns):  # SpMM tables without GEMM records
         gemm_df = gemm_df.iloc[:0]
     if not len(spmm_df):
-        raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}")
+        raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}; "
+                        "time some with 'plexus-tune calibrate spmm'")
     check_frame(spmm_df, SPMM_COLUMNS, positive=("rows", "common", "dense_cols", "time_ms"), what="SpMM measurements")  # before any fit
     if not len(coll_df):
-        raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}")
+        raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}; "
+                        "time them with 'plexus-tune calibrate collectives'")
     if not len(gemm_df) and not gemm_tflops:
         err = UserError(f"no GEMM measurements in {', '.join(map(_describe, _as_list(gemm_sources)))}; "
                         "measure GEMMs ('plexus-tune calibrate spmm' on a graph) or give a GEMM rate")

@@ -27,10 +27,11 @@ import numpy as np
 from plexus_tune import graph as graph_pkg
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.records import RunIdentity, run_identity
-from plexus_tune.measure.store import append_records, read_records
+from plexus_tune.measure.store import append_records, check_log, read_records
 from plexus_tune.model.costs import predict_grids, rank_order
 from plexus_tune.model.grid import enumerate_grids, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -68,10 +69,36 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
+def load_graph_source(graph: str):
+    """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
+
+    This is the check that a graph file is readable before any rank starts: a truncated or
+    corrupt file raises UserError here, once, instead of failing in every rank.
+    """
+    _, path, spec = graph_source_text(graph)
+    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+
+
+def check_graph(graph: str) -> None:
+    """Check a graph file, shard directory or spec before any rank starts (UserError if unusable).
+
+    A file is read once (:func:`load_graph_source`); a shard directory's manifest is read and
+    every block file checked for presence and size (ranks verify the checksums); a spec is
+    parsed.
+    """
+    _, path, _ = graph_source_text(graph)
+    if path is None:
+        return
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "manifest.json")):
+        check_shard_files(path)
+        return
+    load_graph_source(graph)
+
+
 def load_stats(graph: str) -> GraphStats:
     """Load (or generate) the graph once to learn its statistics."""
-    source, path, spec = graph_source_text(graph)
-    g = graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+    source, _, _ = graph_source_text(graph)
+    g = load_graph_source(graph)
     nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
     return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
 
@@ -172,9 +199,14 @@ def run_campaign(
     """
     if machine is not None:
         machine = load_machine(machine)
-    graph_source_text(graph)  # a missing file or bad spec fails before any run
-    stats = stats or (load_stats(graph) if machine is not None else None)
-    workload = workload_of(stats, layers, hidden) if stats is not None else None
+    if stats is None:  # a missing, truncated or corrupt file or a bad spec fails before any run
+        if machine is not None:
+            stats = load_stats(graph)
+        else:
+            check_graph(graph)
+    if log is not None:
+        check_log(log)
+    workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
     if launcher is not None:
         for grid in grids:
             launcher.check(int(np.prod(grid)))

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.paths import default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
 
@@ -15,10 +16,12 @@ from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, Search
 # Studies
 
 
-def default_storage_url(directory: str = "measurements") -> str:
-    """SQLite file ``<directory>/studies.db`` (the directory is created)."""
-    os.makedirs(directory, exist_ok=True)
-    return "sqlite:///" + os.path.abspath(os.path.join(directory, "studies.db"))
+def default_storage_url(directory: str | None = None) -> str:
+    """SQLite file ``<directory>/studies.db``, by default in the per-user data directory
+    (:func:`plexus_tune.paths.data_dir`); the directory is created."""
+    path = default_studies_path() if directory is None else os.path.join(directory, "studies.db")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return "sqlite:///" + os.path.abspath(path)
 
 
 def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180):
@@ -36,6 +39,8 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
         directory = os.path.dirname(path) or "."
         if path and not path.startswith(":memory:") and not os.path.isdir(directory):
             raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
+        if os.path.isdir(path):
+            raise UserError(f"cannot open storage {url!r}: {path} is a directory; name a database file in it")
     import warnings
 
     try:

@@ -41,6 +41,7 @@ from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
+from plexus_tune.trainer.progress import EpochProgress
 
 FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
 
@@ -498,6 +499,16 @@ class RankTrainer:
         rss_start = _current_rss_bytes()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        progress = None
+        if self.rank == 0 and self.config.extra.get("progress"):
+            progress = EpochProgress(epochs, self.config.warmup)
+        try:
+            return self._train_epochs(epochs, losses, last_logits, rss_start, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def _train_epochs(self, epochs, losses, last_logits, rss_start, progress):
         for epoch in range(epochs):
             _maybe_fail(self.rank, epoch)
             for shard in self.shards:
@@ -525,6 +536,8 @@ class RankTrainer:
             tracked = self.persistent_bytes + 2 * saved + self.comm.max_gathered_bytes
             self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
             self.peak_rss_delta = max(self.peak_rss_delta, rss_mid_epoch - rss_start)
+            if progress is not None:
+                progress.update(epoch, epoch_ms, losses[-1])
         self.last_logits = last_logits
         return losses
 
