@@ -43,6 +43,8 @@ from plexus_tune.model.machine import Machine
 
 #: floor for a fitted epoch scale factor (a zero would make a rate infinite)
 MIN_SCALE = 0.05
+#: random splits of the trainer runs on which collective candidates are compared
+SELECTION_SPLITS = 200
 #: the schema tag of profiles written by :func:`fit_profile`
 PROFILE_SCHEMA = "plexus-tune/machine/1"
 
@@ -458,14 +460,16 @@ def _choose_collectives_on_runs(profile: Mapping, coll: CollectiveModel, runs_tb
     MAPE of the epoch-level fit (random splits of the configurations), each candidate's
     network put in the profile in turn. Collective timings alone can favour a form that
     ranks grids worse (docs/profiles.md, fitted profiles); the runs are the end-to-end
-    evidence. Ties keep the candidate chosen on the collective timings."""
+    evidence. Ties keep the candidate chosen on the collective timings. The comparison
+    uses at most :data:`SELECTION_SPLITS` splits; the chosen profile's epoch fit then
+    uses all of them."""
     scores = {}
     names = list(coll.candidates)
     for i, name in enumerate(names):
         if progress:
             progress(i, len(names))
         trial = {**profile, "collectives": coll.choose(name, "").to_dict()}
-        epoch, _ = _fit_epoch(trial, runs_tbl, n_splits=n_splits, seed=seed, progress=None)
+        epoch, _ = _fit_epoch(trial, runs_tbl, n_splits=min(n_splits, SELECTION_SPLITS), seed=seed, progress=None)
         scores[name] = epoch.scores
     if progress:
         progress(len(names), len(names))
