@@ -130,7 +130,7 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     settings = dict(log=args.log, trials=args.trials, epochs=args.epochs, warmup=args.warmup, layers=args.layers,
                     hidden=args.hidden, redo=False, retry_failed=args.retry_failed)
     workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
-    failed_jobs = []
+    failed_jobs, new = [], []
 
     def collect(states):
         """Log the run each unfinished job had in flight, with the job's Slurm state."""
@@ -149,7 +149,8 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
                                      warmup=args.warmup, options=train_options)
             if logged_trials(args.log).get((config_identity(config), int(running["trial"]))) not in (None, "cancelled"):
                 continue  # the run was logged before the job ended
-            code = f", exit code {state.exit_code}" if state.exit_code is not None else ""
+            code = f", signal {state.signal}" if state.signal else (
+                f", exit code {state.exit_code}" if state.exit_code is not None else "")
             record = base_record(config, launcher=launcher.name, slurm=dispatch.state_fields(state))
             record.update(status=dispatch.failure_status(state.state), trial=int(running["trial"]),
                           reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})",
@@ -157,9 +158,10 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
             if workload is not None:
                 record["predicted"] = predicted_fields(workload, machine, grid)
             append_records(args.log, [record])
+            new.append(record)
             reporter.line(dispatch.describe_run(record))
 
-    def finish(states, signum, new):
+    def finish(states, signum):
         collect(states)
         dispatch.mark_collected(args.log, [s.job_id for s in states])
         _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden,
@@ -184,22 +186,20 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
                           f"(nothing is submitted)")
             if args.no_wait:
                 return 0
-            new = []
             states, signum = dispatch.wait(ids, args.log, reporter, on_record=new.append)
-            return finish(states, signum, new)
+            return finish(states, signum)
     pending = pending_runs(graph, grids, **settings, train_options=options, launcher=launcher)
     if not pending:
         reporter.line(f"all {len(grids) * args.trials} runs are in {args.log}: nothing to submit")
-        return finish([], None, [])
+        return finish([], None)
     job = dispatch.submit(command_argv(args), args.log, launcher, world_sizes, job_name="plexus-tune-measure",
                           reporter=reporter)
     reporter.line(f"job {job}: {len(pending)} run(s) of {len(grids)} grid(s) on {max(world_sizes)} ranks; "
                   f"output in {dispatch.state_dir(args.log)}")
     if args.no_wait:
         return 0
-    new = []
     states, signum = dispatch.wait([job], args.log, reporter, on_record=new.append)
-    return finish(states, signum, new)
+    return finish(states, signum)
 
 
 def _summary(console, log, config, gpus) -> None:

@@ -142,7 +142,8 @@ class Reporter:
 
 def describe_run(record: dict) -> str:
     where = record.get("slurm") or {}
-    ids = f" [job {where.get('job_id')} step {where.get('step_id')}]" if where.get("job_id") else ""
+    step = f" step {where['step_id']}" if where.get("step_id") is not None else ""
+    ids = f" [job {where.get('job_id')}{step}]" if where.get("job_id") else ""
     name = record.get("grid") or "?"
     trial = record.get("trial")
     if record.get("status", "ok") == "ok" and record.get("epoch_ms") is not None:

@@ -569,14 +569,16 @@ def step_outcome(srun_output: str) -> dict:
     """
     lines = [ln.strip() for ln in srun_output.splitlines() if ln.strip().startswith(("srun:", "slurmstepd"))]
     text = "\n".join(lines)
+    codes = [int(c) for c in _SRUN_EXIT.findall(text)]
+    # --kill-on-bad-exit cancels the step's other tasks when one fails: a task's own exit
+    # code makes the step FAILED, as sacct reports it
     state, exit_code = "FAILED", None
-    if "CANCELLED" in text:
-        state = "CANCELLED"
-    elif "DUE TO TIME LIMIT" in text:
+    if "DUE TO TIME LIMIT" in text:
         state = "TIMEOUT"
     elif "oom-kill" in text.lower() or "out of memory" in text.lower():
         state = "OUT_OF_MEMORY"
-    codes = [int(c) for c in _SRUN_EXIT.findall(text)]
+    elif "CANCELLED" in text and not any(codes):
+        state = "CANCELLED"
     if codes:
         exit_code = max(codes)
     elif _SRUN_SIGNAL.search(text):
