@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
 EPILOG = """\
@@ -12,6 +14,11 @@ objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_
 only the trials still missing (finished trials are kept). Studies live in
 measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
 e.g. postgresql://user@host/db for several workers).
+
+Several workers: run the same command in several processes (or on several hosts) with one
+--storage; a configuration one worker measures is not measured by another (a worker that
+samples it waits for the result). With --launcher slurm outside an allocation, --workers K
+submits a job array of K tasks, one worker each, every run an srun step of its task.
 """
 
 
@@ -43,6 +50,10 @@ def register(subparsers) -> None:
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
+    m.add_argument("--workers", type=int, default=1, metavar="K",
+                   help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
+                        "sharing the study (default 1)")
+    add_launcher_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -105,9 +116,20 @@ def run(args) -> int:
     )
 
     name, workload, machine, graph, space = build_inputs(args)
+    args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if not args.measured and (args.launcher or args.cluster or args.hosts):
+        raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    launcher = launcher_from_args(args, space.gpus) if args.measured else None
+    if args.workers > 1 and not submits(launcher):
+        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
+                        "command in several processes with one --storage")
     storage = open_storage(args.storage)
+    if submits(launcher):
+        return _submit(args, launcher, space, storage)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
@@ -118,7 +140,7 @@ def run(args) -> int:
 
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
-                                      timeout_s=args.timeout, log_path=args.log)
+                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher)
         known = evaluator.known_runs()
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
@@ -129,13 +151,64 @@ def run(args) -> int:
     from plexus_tune.search import finished_trials
 
     before = len(finished_trials(study))
-    ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    if launcher is not None:
+        with launcher:
+            ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
+    else:
+        ran = run_search(study, objective, args.trials)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
     return 0
+
+
+def _submit(args, launcher, space, storage) -> int:
+    """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
+    sharing the study; wait for it (or for the one already submitted for this log)."""
+    from rich.console import Console
+
+    from plexus_tune.launch import dispatch, slurm
+
+    reporter = dispatch.Reporter()
+    argv = command_argv(args)
+    if args.storage is None:  # the workers must open the same database, wherever they start
+        from plexus_tune.search import default_storage_url
+
+        argv += ["--storage", default_storage_url()]
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        if ids:
+            dispatch.mark_collected(args.log, ids)
+        live = [dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
+                                array=args.workers if args.workers > 1 else None, reporter=reporter)]
+        reporter.line(f"job {live[0]}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+                      f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    states, signum = dispatch.wait(live, args.log, reporter)
+    dispatch.mark_collected(args.log, live)
+    if signum is not None:
+        return 128 + signum
+    bad = [s for s in states if s.state != "COMPLETED"]
+    for state in bad:
+        tail = dispatch.job_output_tail(args.log, state)
+        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                      + (f":\n{tail}" if tail else ""))
+    from plexus_tune.search import default_study_name, finished_trials, open_study
+
+    study_name = args.study or default_study_name(args._name, args._machine, space.gpus, args.objective, True,
+                                                  space.block_rows_range)
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
+    console = Console()
+    console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")
+    print_best_table(study, args.objective, args.top, console, measured=True)
+    return 1 if bad else 0
 
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:

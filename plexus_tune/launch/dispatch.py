@@ -212,7 +212,8 @@ def wait(job_ids: Sequence[str], log, reporter: Reporter, *, poll_s: float = POL
                     last = signature
                     reporter.states(current)
                 for record in tail.new_records():
-                    if str((record.get("slurm") or {}).get("job_id")) in ids or not record.get("slurm"):
+                    job = str((record.get("slurm") or {}).get("job_id", "")).split("_")[0]
+                    if job in ids or not record.get("slurm"):
                         reporter.line(describe_run(record))
                         if on_record is not None:
                             on_record(record)

@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     placement = {"rank": env.rank, "host": socket.gethostname(), "node": node_index(),
                  "local_rank": env.local_rank, "source": env.source}
     if env.source == "slurm":
-        placement["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
+        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        # an array task by the name squeue and scancel give it: ARRAYJOB_TASK
+        placement["slurm_job_id"] = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
         placement["slurm_step_id"] = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
     _write_atomic(job_dir / f"placement-{env.rank}.json", json.dumps(placement).encode())
     try:
