@@ -302,7 +302,7 @@ def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=No
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
         stop = optuna.study.MaxTrialsCallback(int(n_trials_total), states=states)
-        before = {t.number for t in study.get_trials(deepcopy=False)}
+        before = {t.number for t in study.get_trials(deepcopy=False, states=states)}
         study.optimize(objective, n_trials=remaining, callbacks=[*(callbacks or []), stop],
                        show_progress_bar=show_progress, catch=())
         remaining = sum(1 for t in study.get_trials(deepcopy=False) if t.number not in before
