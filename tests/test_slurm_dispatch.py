@@ -38,6 +38,8 @@ def test_step_outcome_from_srun_output():
     assert cancelled["state"] == "CANCELLED" and cancelled["exit_code"] is None
     assert ls.step_outcome("slurmstepd: error: *** STEP 7.2 ON vm CANCELLED AT x DUE TO TIME LIMIT ***")["state"] \
         == "TIMEOUT"
+    both = ls.step_outcome("srun: error: vm: tasks 0-1: Exited with exit code 1\n")  # srun folds ranks together
+    assert (both["state"], both["exit_code"]) == ("FAILED", 1)
 
 
 def test_batch_command_drops_the_submission_options():

@@ -556,8 +556,8 @@ def cluster_name() -> str:
     return parse_scontrol_config(result.stdout).get("ClusterName", "")
 
 
-_SRUN_EXIT = re.compile(r"task \d+: Exited with exit code (\d+)")
-_SRUN_SIGNAL = re.compile(r"task \d+: (Killed|Terminated|Segmentation fault|Aborted)")
+_SRUN_EXIT = re.compile(r"tasks? [\d,\-]+: Exited with exit code (\d+)")
+_SRUN_SIGNAL = re.compile(r"tasks? [\d,\-]+: (Killed|Terminated|Segmentation fault|Aborted)")
 
 
 def step_outcome(srun_output: str) -> dict:
