@@ -18,6 +18,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.fit.validation import predict_runs
+from plexus_tune.measure.records import runs_table, setting_labels
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.workload import Workload, workload_from_dataset
+from plexus_tune.search import trials_frame
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
 BREAKDOWN_PARTS = (
@@ -26,14 +33,19 @@ BREAKDOWN_PARTS = (
     ("comm_x_ms", "comm X", "#c44e52"),
     ("comm_y_ms", "comm Y", "#dd8452"),
     ("comm_z_ms", "comm Z", "#8172b2"),
-    ("other_ms", "other", "#937860"),  # predicted: elementwise work plus the fixed epoch overhead
+    ("other_ms", "other", "#937860"),
+    ("overhead_ms", "overhead (fixed per epoch)", "#8c8c8c"),  # predicted only
+    ("wait_ms", "imbalance/wait", "#da8bc3"),  # observed only (docs/records.md, Observed breakdown)
 )
 
 
 def _figure(width=7.0, height=5.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer for text extents (label placement)
+    return fig
 
 
 def safe_name(text: str) -> str:
@@ -84,6 +96,18 @@ def spearman(x, y) -> float:
     return float(spearmanr(x, y).statistic)
 
 
+def mape_percent(predicted, observed) -> float:
+    """Mean absolute percentage error of ``predicted`` against ``observed``: 100 mean |pred - obs| / obs."""
+    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
+    return float(100.0 * np.mean(np.abs(p - o) / o)) if len(o) else float("nan")
+
+
+def median_ratio(predicted, observed) -> float:
+    """Median of observed / predicted (1: no constant offset; 2: observed twice the prediction)."""
+    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
+    return float(np.median(o / p)) if len(o) else float("nan")
+
+
 def r2_identity(predicted, observed) -> float:
     """R^2 of ``observed`` against the line y = x: 1 - sum (obs - pred)^2 / sum (obs - mean obs)^2."""
     p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
@@ -99,16 +123,14 @@ def r2_identity(predicted, observed) -> float:
 
 def runs_frame(log_or_records):
     """The runs table (one row per run identity, medians over its successful trials) of a log, logs or records."""
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-
     source = log_or_records
     if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
                                                    and all(isinstance(s, (str, os.PathLike)) for s in source)):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         for path in paths:
             if not os.path.exists(path):
-                raise UserError(f"run log {str(path)!r} does not exist; run plexus-tune measure or train --log first")
+                raise UserError(f"run log {str(path)!r} does not exist; log runs first (plexus-tune measure, or train with a log)",
+                                parameter="log")
         source = read_runs(paths)
     return runs_table(source)
 
@@ -120,7 +142,7 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     graphs = sorted(set(frame["graph_name"].dropna().astype(str)))
     if graph is None:
         if len(graphs) != 1:
-            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one with --graph")
+            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one", parameter="graph")
         graph = graphs[0]
     mask = np.zeros(len(frame), dtype=bool)
     for col in ("graph_name", "graph"):
@@ -131,7 +153,8 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     if gpus is None:
         counts = sorted(set(sub["gpus"].astype(int)))
         if len(counts) != 1:
-            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one with --gpus")
+            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one",
+                            parameter="gpus")
         gpus = counts[0]
     sub = sub[sub["gpus"].astype(int) == int(gpus)]
     if sub.empty:
@@ -141,8 +164,6 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
 
 def workload_of_runs(runs):
     """The workload the runs trained (graph statistics, widths and element size of the first row)."""
-    from plexus_tune.model.workload import Workload
-
     r = runs.iloc[0]
     return Workload(name=str(r["graph_name"]), nodes=int(r["graph_nodes"]), nnz=int(r["nnz"]), widths=tuple(r["widths"]),
                     bytes_per_element=int(r["bytes_per_element"]))
@@ -152,39 +173,54 @@ def pred_obs_frame(runs, machine=None):
     """One row per grid (and setting) of runs-table rows: the observed medians and the prediction.
 
     Predictions come from ``machine`` (a profile: predicted again with the cost model)
-    or, without one, from the predictions the runs were logged with. The profile's
-    fixed per-epoch overhead is shown with the other (unattributed) time in
-    ``pred_other_ms``. Columns: grid (with the setting when several are selected), gx,
-    gy, gz, trials, obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms,
-    pred_<key>, pred_feasible.
+    or, without one, from the predictions the runs were logged with; the profile's
+    fixed per-epoch overhead is its own part, ``pred_overhead_ms``. The observed parts
+    are the runs' partition of the epoch (``obs_part_<key>``, with ``obs_wait_ms`` the
+    imbalance/wait remainder) where logged, else the per-key maxima over ranks.
+    Columns: grid (with the setting when several are selected), gx, gy, gz, trials,
+    obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms, pred_<key>, pred_feasible
+    (keys: :data:`BREAKDOWN_PARTS` and comm_ms).
     """
-    from plexus_tune.measure.records import setting_labels
-
     keys = [k for k, _, _ in BREAKDOWN_PARTS] + ["comm_ms"]
     if machine is not None:
-        from plexus_tune.fit.validation import predict_runs
-
         runs = predict_runs(runs, machine)
     frame = runs.copy()
     labels = setting_labels(frame)
     frame["grid"] = [f"{g} ({s})" if s else g for g, s in zip(frame["grid"], labels)]
-    frame["pred_other_ms"] = frame["pred_other_ms"] + frame["pred_overhead_ms"].fillna(0.0)
+    for key in keys:
+        part = f"obs_part_{key}"
+        if part in frame:  # the partition of the epoch, where the runs logged one
+            frame[f"obs_{key}"] = frame[part].where(frame[part].notna(), frame.get(f"obs_{key}"))
+        for prefix in ("obs_", "pred_"):
+            if prefix + key not in frame:
+                frame[prefix + key] = np.nan
     frame = frame.sort_values("grid").reset_index(drop=True)
     columns = ["grid", "gx", "gy", "gz", "trials", "obs_epoch_ms", "obs_epoch_ms_std", *(f"obs_{k}" for k in keys),
                "pred_epoch_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
     frame = frame[columns]
     if frame["pred_epoch_ms"].isna().all():
-        raise UserError("the runs carry no prediction; give --machine to predict them with a profile")
+        raise UserError("the runs carry no prediction; give a machine profile to predict them", parameter="machine")
+    return frame
+
+
+def predicted_frame(pred, order=None):
+    """A breakdown frame of cost-model predictions (:func:`plexus_tune.model.costs.predict_grids`):
+    ``grid``, ``pred_epoch_ms`` (the total) and ``pred_<key>`` of every :data:`BREAKDOWN_PARTS`
+    key the model predicts, rows in ``order`` (default: all)."""
+    import pandas as pd
+
+    order = np.arange(len(pred["total_ms"])) if order is None else np.asarray(order)
+    frame = pd.DataFrame({"grid": [f"{pred['gx'][i]}x{pred['gy'][i]}x{pred['gz'][i]}" for i in order]})
+    frame["pred_epoch_ms"] = np.asarray(pred["total_ms"], dtype=float)[order]
+    for key, _, _ in BREAKDOWN_PARTS:
+        if key in pred:  # observed-only parts (wait) have no prediction
+            frame[f"pred_{key}"] = np.asarray(pred[key], dtype=float)[order]
     return frame
 
 
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
-
-    from plexus_tune.model.costs import predict_grids
-    from plexus_tune.model.grid import enumerate_grids
-    from plexus_tune.model.workload import workload_from_dataset
 
     rows = []
     for name in datasets:
@@ -205,8 +241,6 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
 def observed_scaling_frame(runs):
     """Best observed epoch per (graph, G) (and setting, when several) of a runs table: dataset, gpus, best_grid, obs_epoch_ms."""
     import pandas as pd
-
-    from plexus_tune.measure.records import setting_labels
 
     if runs.empty:
         return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "obs_epoch_ms"])
@@ -230,16 +264,19 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     pred = frame["pred_epoch_ms"].to_numpy(dtype=float)
     obs = frame["obs_epoch_ms"].to_numpy(dtype=float)
     rho, r2 = spearman(pred, obs), r2_identity(pred, obs)
-    ax.scatter(pred, obs, s=36, color="#4c72b0", zorder=3, label=f"grids (n={len(frame)}): Spearman {rho:.3f}, R$^2$ {r2:.3f}")
+    mape, ratio = mape_percent(pred, obs), median_ratio(pred, obs)
+    ax.scatter(pred, obs, s=36, color="#4c72b0", zorder=3,
+               label=f"grids (n={len(frame)}): Spearman {rho:.3f}, R$^2$ {r2:.3f},\n"
+                     f"MAPE {mape:.1f} %, median obs/pred {ratio:.2f}")
     if "obs_epoch_ms_std" in frame and frame["obs_epoch_ms_std"].fillna(0).gt(0).any():
         ax.errorbar(pred, obs, yerr=frame["obs_epoch_ms_std"].fillna(0).to_numpy(), fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
-    if label_points:
-        for p, o, g in zip(pred, obs, frame["grid"]):
-            ax.annotate(str(g), (p, o), textcoords="offset points", xytext=(4, 4), fontsize=8)
     lo = float(np.nanmin(np.concatenate([pred, obs])))
     hi = float(np.nanmax(np.concatenate([pred, obs])))
     pad = 0.05 * (hi - lo if hi > lo else max(abs(hi), 1.0))
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linestyle="--", linewidth=1, label="y = x")
+    big = 0.12 * (hi - lo if hi > lo else max(abs(hi), 1.0))  # room for the labels
+    ax.set_xlim(lo - big, hi + big)
+    ax.set_ylim(lo - big, hi + big)
     feasible = frame["pred_feasible"].to_numpy(dtype=bool) if "pred_feasible" in frame else np.ones(len(frame), dtype=bool)
     if feasible.any():
         rec = int(np.flatnonzero(feasible)[np.argmin(pred[feasible])])
@@ -251,21 +288,94 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     ax.set_xlabel("predicted epoch time (ms)")
     ax.set_ylabel("observed epoch time (ms)")
     ax.set_title(title or "predicted vs observed epoch time")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(True, alpha=0.3)
+    if label_points:
+        sizes = np.full(len(pred), 36.0)
+        sizes[best] = 260.0
+        if feasible.any():
+            sizes[rec] = 260.0
+        place_labels(ax, pred, obs, [str(g) for g in frame["grid"]], marker_sizes=sizes, fontsize=8)
     return fig
 
 
+def _marker_boxes(ax, x, y, marker_sizes):
+    """Display-space boxes (x0, y0, x1, y1) of scatter markers of area ``marker_sizes`` (points^2)."""
+    xy = ax.transData.transform(np.column_stack([x, y]))
+    half = np.sqrt(np.asarray(marker_sizes, dtype=float)) / 2 * ax.figure.dpi / 72.0
+    return np.column_stack([xy[:, 0] - half, xy[:, 1] - half, xy[:, 0] + half, xy[:, 1] + half])
+
+
+def _overlap(box, boxes) -> float:
+    """Total intersection area of ``box`` with each of ``boxes`` (display units)."""
+    if len(boxes) == 0:
+        return 0.0
+    b = np.asarray(boxes, dtype=float).reshape(-1, 4)
+    w = np.clip(np.minimum(box[2], b[:, 2]) - np.maximum(box[0], b[:, 0]), 0, None)
+    h = np.clip(np.minimum(box[3], b[:, 3]) - np.maximum(box[1], b[:, 1]), 0, None)
+    return float((w * h).sum())
+
+
+def place_labels(ax, x, y, labels, *, marker_sizes=None, fontsize=8):
+    """Label points without overlaps: each label takes the first offset around its point
+    (8 directions, growing radii) whose box meets no marker and no label placed before;
+    if none is free, the offset with the least overlap. Axis limits must be final.
+    Returns the Text objects."""
+    fig = ax.figure
+    fig.canvas.draw()  # runs the layout: the axes take their final place
+    fig.set_layout_engine("none")  # and keep it, so the placement below stays valid
+    renderer = fig.canvas.get_renderer()
+    sizes = np.full(len(x), 36.0) if marker_sizes is None else np.asarray(marker_sizes, dtype=float)
+    markers = _marker_boxes(ax, x, y, sizes)
+    pixels = fig.dpi / 72.0
+    directions = [(1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)]
+    placed, texts = [], []
+    for i in np.argsort(-np.asarray(y, dtype=float), kind="stable"):  # top to bottom
+        text = ax.annotate(labels[i], (x[i], y[i]), textcoords="offset points", xytext=(0, 0), fontsize=fontsize,
+                           ha="center", va="center", annotation_clip=False)
+        ext = text.get_window_extent(renderer)
+        w, h = ext.width, ext.height
+        cx, cy = ax.transData.transform((x[i], y[i]))
+        r0 = np.sqrt(sizes[i]) / 2 * pixels + 2
+        best = None
+        for radius in (r0, r0 + 6, r0 + 14, r0 + 26, r0 + 42):
+            for dx, dy in directions:
+                ox = dx * (radius + w / 2)
+                oy = dy * (radius + h / 2)
+                box = np.array([cx + ox - w / 2, cy + oy - h / 2, cx + ox + w / 2, cy + oy + h / 2])
+                cost = _overlap(box, markers) + _overlap(box, placed)
+                if best is None or cost < best[0]:
+                    best = (cost, ox, oy, box)
+                if cost == 0:
+                    break
+            if best[0] == 0:
+                break
+        _, ox, oy, box = best
+        text.xyann = (ox / pixels, oy / pixels)
+        placed.append(box)
+        texts.append(text)
+    return texts
+
+
 def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
-    """Stacked bars per grid (SpMM, GEMM, comm per axis, other): predicted and, if present, observed side by side.
+    """Stacked bars per grid (:data:`BREAKDOWN_PARTS`): predicted and, if present, observed side by side.
 
     ``frame`` has ``grid`` and ``pred_<key>`` (and ``obs_<key>``) columns, as
     :func:`pred_obs_frame` makes; the number of bar segments is grids x parts x sides.
+    Grids are sorted by time (observed epoch, else predicted total); a black line marks
+    each observed epoch; the y axis leaves room above the tallest bar.
     """
     if observed is None:
         observed = any(f"obs_{k}" in frame and frame[f"obs_{k}"].notna().any() for k, _, _ in BREAKDOWN_PARTS)
+    # sorted by time: observed epoch when observed, else the predicted total
+    time_col = "obs_epoch_ms" if observed and "obs_epoch_ms" in frame else "pred_epoch_ms"
+    if time_col not in frame:
+        parts = [f"pred_{k}" for k, _, _ in BREAKDOWN_PARTS if f"pred_{k}" in frame]
+        frame = frame.assign(pred_epoch_ms=frame[parts].fillna(0.0).sum(axis=1))
+    frame = frame.sort_values(time_col, kind="stable").reset_index(drop=True)
     sides = [("pred", "predicted", 1.0)] + ([("obs", "observed", 0.55)] if observed else [])
     n = len(frame)
+    tallest = 0.0
     fig = _figure(max(6.0, 0.6 * n * len(sides) + 2.0), 5.0)
     ax = fig.add_subplot()
     x = np.arange(n, dtype=float)
@@ -280,6 +390,13 @@ def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
                    hatch="//" if prefix == "obs" else None, edgecolor="white" if prefix == "pred" else colour,
                    label=f"{label} ({side_label})" if s == 0 or observed else None)
             bottom += vals
+        tallest = max(tallest, float(bottom.max()) if n else 0.0)
+        if prefix == "obs" and "obs_epoch_ms" in frame:
+            epoch = frame["obs_epoch_ms"].to_numpy(dtype=float)
+            ax.hlines(epoch, x + offset - width * 0.55, x + offset + width * 0.55, colors="black", linewidths=2,
+                      zorder=5, label="observed epoch")
+            tallest = max(tallest, float(np.nanmax(epoch)) if n else 0.0)
+    ax.set_ylim(0, tallest * 1.08 if tallest > 0 else 1.0)  # room above the tallest bar
     ax.set_xticks(x)
     ax.set_xticklabels(frame["grid"].astype(str), rotation=45, ha="right")
     ax.set_ylabel("epoch time (ms)")
@@ -307,6 +424,7 @@ def plot_strong_scaling(predicted, observed=None, *, title: str = "", machine: s
                            zorder=4, label=f"{name} (observed)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("GPUs (G)")
     ax.set_ylabel("best epoch time (ms)")
     ax.set_title(title or f"strong scaling{' on ' + machine if machine else ''}: best feasible grid per G")
@@ -315,14 +433,25 @@ def plot_strong_scaling(predicted, observed=None, *, title: str = "", machine: s
     return fig
 
 
+def plain_log_ticks(axis) -> None:
+    """Plain number tick labels ("60", "200") on a log axis: decades and their 2 and 5 multiples."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    def plain(value, _pos=None):
+        return f"{value:g}" if value > 0 else ""
+
+    axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(plain))
+    axis.set_minor_locator(LogLocator(base=10.0, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+    axis.set_minor_formatter(FuncFormatter(lambda v, p=None: ""))
+
+
 def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     """Objective per trial (feasible dots, infeasible crosses) and the best feasible value so far.
 
     ``trials`` is :func:`plexus_tune.search.trials_frame` of a study (or the study itself).
     """
     if not hasattr(trials, "columns"):
-        from plexus_tune.search import trials_frame
-
         trials = trials_frame(trials)
     done = trials[(trials["state"] == "COMPLETE") & trials["value"].notna()].sort_values("number")
     if done.empty:
@@ -332,15 +461,28 @@ def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     ax = fig.add_subplot()
     num, val = done["number"].to_numpy(), done["value"].to_numpy(dtype=float)
     ax.scatter(num[feasible], val[feasible], s=18, color="#4c72b0", label="feasible trial", zorder=3)
+    # the y range is the feasible trials'; infeasible ones outside it are drawn at its edge
+    shown = val[feasible] if feasible.any() else val
+    lo, hi = float(np.nanmin(shown)), float(np.nanmax(shown))
+    log = bool((shown > 0).all() and hi / max(lo, 1e-300) > 30)
+    if log:
+        ylim = (lo / 1.3, hi * 1.3)
+    else:
+        pad = 0.08 * (hi - lo) if hi > lo else 0.1 * max(abs(hi), 1.0)
+        ylim = (lo - pad, hi + pad)
     if (~feasible).any():
-        ax.scatter(num[~feasible], val[~feasible], s=24, marker="x", color="#c44e52", label="infeasible (memory)", zorder=3)
+        bad = val[~feasible]
+        clipped = np.clip(bad, *ylim)
+        ax.scatter(num[~feasible], clipped, s=24, marker="x", color="#c44e52", zorder=3, clip_on=False,
+                   label="infeasible (memory)" + (", beyond the range: at its edge" if (clipped != bad).any() else ""))
     best = np.minimum.accumulate(np.where(feasible, val, np.inf))
     ok = np.isfinite(best)
     ax.step(num[ok], best[ok], where="post", color="#dd8452", linewidth=2, label="best so far")
     ax.set_xlabel("trial")
     ax.set_ylabel(objective)
-    if (val[np.isfinite(val)] > 0).all() and val.max() / max(val.min(), 1e-300) > 30:
+    if log:
         ax.set_yscale("log")
+    ax.set_ylim(*ylim)
     ax.set_title(title or "search history")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)

@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
+from plexus_tune import plotting
 
 from test_plotting import GRIDS_8, check_files, write_log
 
@@ -33,16 +34,16 @@ def test_every_kind_from_logged_data(tmp_path, capsys):
     assert paths[0].endswith("breakdown_tiny_G8.png")
     check_files(paths)
     fig, _ = make_figure(build_parser().parse_args(["plot", "breakdown", "--log", log, "--gpus", "8"]))
-    assert len(fig.axes[0].patches) == len(GRIDS_8) * 6 * 2
+    assert len(fig.axes[0].patches) == len(GRIDS_8) * len(plotting.BREAKDOWN_PARTS) * 2
     fig, stem = make_figure(build_parser().parse_args(["plot", "breakdown", "--dataset", "Reddit", "--gpus", "16", "--machine", "perlmutter", "--top", "4"]))
-    assert stem == "breakdown_Reddit_G16_perlmutter" and len(fig.axes[0].patches) == 4 * 6
+    assert stem == "breakdown_Reddit_G16_perlmutter" and len(fig.axes[0].patches) == 4 * len(plotting.BREAKDOWN_PARTS)
 
     paths = run_plot(["scaling", "--datasets", "ogbn-products,Reddit", "--machine", "perlmutter", "--gpus", "8..64:pow2", "--log", log, "--out", out], capsys)
     assert paths[0].endswith("scaling_perlmutter_ogbn-products-Reddit.png")
     check_files(paths)
 
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
-    assert main(["search", "--dataset", "ogbn-products", "--gpus", "8..64", "--trials", "20", "--storage", storage, "--study", "s1", "--snap", "4"]) == 0
+    assert main(["search", "--dataset", "ogbn-products", "--gpus", "8..64", "--exact-budget", "0", "--trials", "20", "--storage", storage, "--study", "s1", "--snap", "4"]) == 0
     capsys.readouterr()
     paths = run_plot(["history", "--study", "s1", "--storage", storage, "--out", out], capsys)
     assert paths[0].endswith("history_s1.png")

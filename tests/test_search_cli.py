@@ -19,9 +19,10 @@ CMD = [sys.executable, "-m", "plexus_tune", "search"]
     [
         (["--gpus", "64..8"], "empty GPU range"),
         (["--gpus", "8", "--objective", "speed"], "unknown objective"),
-        (["--gpus", "8", "--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
-        (["--gpus", "8", "--storage", "sqlite:////no/such/dir/s.db"], "cannot open storage"),
-        (["--gpus", "8", "--storage", "nosuchdialect://h/db"], "cannot open storage"),
+        (["--gpus", "8", "--exact-budget", "0", "--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
+        (["--gpus", "8", "--exact-budget", "0", "--storage", "sqlite:////no/such/dir/s.db"], "cannot open storage"),
+        (["--gpus", "8", "--exact-budget", "0", "--storage", "nosuchdialect://h/db"], "cannot open storage"),
+        (["--gpus", "8", "--exact-budget", "-1"], "--exact-budget must be"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, extra, message):
@@ -33,7 +34,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, extra, message):
 
 def test_search_prints_table_and_resumes_in_process(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["search", "--dataset", "ogbn-products", "--machine", "perlmutter", "--gpus", "64", "--trials", "12", "--study", "s"]
+    args = ["search", "--dataset", "ogbn-products", "--machine", "perlmutter", "--gpus", "64", "--exact-budget", "0", "--trials", "12", "--study", "s"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert (tmp_path / "measurements" / "studies.db").exists()
@@ -54,7 +55,8 @@ def test_search_prints_table_and_resumes_in_process(tmp_path, capsys, monkeypatc
     pred = predict_grids(workload_from_dataset("ogbn-products"), load_machine("perlmutter"), grids)
     ok = np.flatnonzero(pred["feasible"])
     best = grids[ok[np.argmin(pred["total_ms"][ok])]]
-    assert main(["search", "--dataset", "ogbn-products", "--gpus", "64", "--trials", "15", "--study", "s", "--top", "1"]) == 0
+    assert main(["search", "--dataset", "ogbn-products", "--gpus", "64", "--exact-budget", "0", "--trials", "15", "--study", "s",
+                 "--top", "1"]) == 0
     table = capsys.readouterr().out
     assert "x".join(map(str, best)) in table.split("trial")[-1]
 
@@ -73,7 +75,7 @@ def _complete(db):
 
 def test_killed_search_resumes_without_losing_trials(tmp_path):
     db = tmp_path / "s.db"
-    cmd = CMD + ["--dataset", "ogbn-products", "--gpus", "8..512", "--snap", "8", "--trials", "30",
+    cmd = CMD + ["--dataset", "ogbn-products", "--gpus", "8..512", "--exact-budget", "0", "--snap", "8", "--trials", "30",
                  "--storage", f"sqlite:///{db}", "--study", "kill-me", "--seed", "1"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120

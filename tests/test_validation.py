@@ -165,3 +165,18 @@ def test_validate_cli_prints_and_writes_json(tmp_path, capsys):
     assert data["mean"]["spearman"] == pytest.approx(1.0) and data["mean"]["regret"] == pytest.approx(1.0)
     assert main(["validate", "--machine", str(prof), "--runs", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_validate_says_refitted_only_when_a_group_was_refitted(tmp_path, capsys):
+    prof = tmp_path / "toy.json"
+    prof.write_text(json.dumps(PROFILE))
+    one = tmp_path / "one.jsonl"
+    append_records(one, _runs(graphs=((4096, 60000, (32, 64, 64, 8)),), gpus=(8,)))  # a single (graph, G) group
+    assert main(["validate", "--machine", str(prof), "--runs", str(one), "--json", str(tmp_path / "v.json")]) == 0
+    title = " ".join(capsys.readouterr().out.split())
+    assert "(refitted)" not in title and "as is: too few other runs to refit" in title
+    assert json.loads((tmp_path / "v.json").read_text())["refitted_groups"] == 0
+    many = tmp_path / "many.jsonl"
+    append_records(many, _runs())
+    assert main(["validate", "--machine", str(prof), "--runs", str(many)]) == 0
+    assert "(refitted)" in " ".join(capsys.readouterr().out.split())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from plexus_tune.model.machine import FIELDS, list_machines, load_machine
+from plexus_tune.model.spmm import describe_spmm_model
+
 FORMATS = ("table", "json")
 
 
@@ -58,8 +61,6 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.model.machine import FIELDS, list_machines, load_machine
-
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.fields:
         if args.format == "json":
@@ -93,6 +94,7 @@ def run(args) -> int:
             ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
             ("gemm_tflops", machine.gemm_tflops),
             ("elementwise_gbps", machine.elementwise_gbps),
+            ("memory_bandwidth_gbps", machine.memory_bandwidth_gbps),
             ("spmm", _spmm_text(machine.spmm)),
         ]
         coll = machine.collectives
@@ -150,8 +152,6 @@ def run(args) -> int:
 def _spmm_text(spmm) -> str:
     """The SpMM entry as JSON when short, else a one-line description (--format json shows all)."""
     import json
-
-    from plexus_tune.model.spmm import describe_spmm_model
 
     text = json.dumps(spmm)
     return text if len(text) <= 300 else describe_spmm_model(spmm) + " (full entry: --format json)"

@@ -5,6 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    choose_grids,
+    config_identity,
+    graph_source_text,
+    launcher_options,
+    load_stats,
+    run_campaign,
+    workload_of,
+)
+from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.machine import load_machine
 
 
 def register(subparsers) -> None:
@@ -43,11 +58,6 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.launch.dispatch import mark_running
-    from plexus_tune.measure.campaign import launcher_options
-    from plexus_tune.measure.campaign import campaign_config, choose_grids, graph_source_text, load_stats, run_campaign, workload_of
-
     graph = args.graph or args.synthetic
     graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
@@ -57,8 +67,6 @@ def run(args) -> int:
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
     machine = None
     if args.machine:
-        from plexus_tune.model.machine import load_machine
-
         machine = load_machine(args.machine)
     stats = load_stats(graph) if machine is not None else None
     workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
@@ -108,7 +116,7 @@ def run(args) -> int:
             on_skip=on_skip,
             batch=args.batch,
             launcher=launcher,
-            on_start=mark_running,
+            on_start=dispatch.mark_running,
         )
     _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                                                 warmup=args.warmup, options=launcher_options(options, launcher)), args.gpus)
@@ -119,7 +127,6 @@ def run(args) -> int:
 
 def _submit(args, launcher, graph, grids, options, machine, stats, console, err) -> int:
     """Outside a Slurm allocation: one batch job runs the campaign; wait for it, resume it."""
-    from plexus_tune.launch import dispatch, slurm
     from plexus_tune.measure.campaign import (campaign_config, config_identity, launcher_options, logged_trials,
                                               pending_runs, predicted_fields, workload_of)
     from plexus_tune.measure.store import append_records
@@ -207,10 +214,6 @@ def _summary(console, log, config, gpus) -> None:
     import math
 
     from rich.table import Table
-
-    from plexus_tune.measure.campaign import config_identity
-    from plexus_tune.measure.records import run_setting, runs_table
-    from plexus_tune.measure.store import read_runs
 
     setting = run_setting(config_identity(config))
     table = runs_table(read_runs(log, warn=False), include_failed=True)

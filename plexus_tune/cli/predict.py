@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.grid import check_gpus, enumerate_grids
+from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.workload import Workload, get_dataset
+
 FORMATS = ("table", "json", "csv")
+#: Table columns: total, then its parts (which add up to it), then the split of comm by axis.
 TABLE_COLUMNS = (
     ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-    ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"), ("comm_z_ms", "comm Z"), ("other_ms", "other"),
+    ("other_ms", "other"), ("overhead_ms", "overhead"),
+    ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"), ("comm_z_ms", "comm Z"),
 )
+#: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
+FLOOR_MARK = "*"
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,23 +35,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_option(value, option: str, *, minimum: int = 1) -> int:
-    from plexus_tune.errors import UserError
-
-    text = str(value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise UserError(f"{option} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise UserError(f"{option} must be at least {minimum}, got {number}")
-    return number
+    return whole_number(value, option, minimum=minimum)
 
 
 def workload_from_args(args):
     """Build the Workload an argparse namespace describes (UserError on bad values)."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.workload import Workload, get_dataset
-
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
@@ -120,21 +118,19 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     table.add_column("fits")
     for rec in records:
         style = None if rec["feasible"] else "red"
-        row = [str(rec["rank"]), rec["grid"]] + [_fmt(rec[key]) for key, _ in TABLE_COLUMNS]
+        row = [str(rec["rank"]), rec["grid"]]
+        row += [_fmt(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
-    console.print("times are ms per epoch; comm X/Y/Z split the communication by grid axis", style="dim")
+    console.print("times are ms per epoch; total = SpMM + GEMM + comm + other + overhead (fixed per epoch); "
+                  f"comm X/Y/Z split the communication by grid axis; {FLOOR_MARK}: SpMM floored at its memory-traffic "
+                  "bound", style="dim")
 
 
 def run(args) -> int:
     import json
     import sys
-
-    from plexus_tune.model.costs import prediction_records, predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import check_gpus, enumerate_grids
-    from plexus_tune.model.machine import GIB, load_machine
 
     workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)
@@ -164,9 +160,15 @@ def run(args) -> int:
         _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
 
     n_clipped = int(pred["spmm_clipped"].sum())
-    if n_clipped:
+    n_floored = int(pred["spmm_floored"].sum())
+    if machine.memory_bandwidth_gbps:
+        print(f"{n_floored} of {len(grids)} grids floored: SpMM at its memory-traffic bound "
+              f"({machine.memory_bandwidth_gbps:g} GB/s) where {machine.name}'s SpMM model predicts less"
+              + (f" ({n_clipped} of them negative)" if n_clipped else ""), file=sys.stderr)
+    elif n_clipped:
         print(f"note: the SpMM model of {machine.name} predicts negative times for {n_clipped} of {len(grids)} grids "
-              "(outside its fitted range); they are counted as 0 ms", file=sys.stderr)
+              "(outside its fitted range); they are counted as 0 ms (the profile has no memory_bandwidth_gbps "
+              "to floor them)", file=sys.stderr)
     if n_feasible == 0:
         smallest = int(pred["memory_bytes"].argmin())
         need = pred["memory_gib"][smallest]
@@ -181,6 +183,7 @@ def run(args) -> int:
         print(
             f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
             f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+            + (" (SpMM floored)" if best["spmm_floored"] else "")
             + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
             + "; "
             f"{best['memory_gib']:.2f} GiB per GPU)"

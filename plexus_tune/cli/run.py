@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    logged_trials,
+    predicted_fields,
+)
+from plexus_tune.measure.records import run_identity, runs_table
+from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
+from plexus_tune.model.machine import load_machine
+from plexus_tune.search import graph_workload
+from plexus_tune.trainer import run_training
+
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
@@ -37,13 +51,6 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.model.costs import predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.measure.campaign import campaign_config, logged_trials, predicted_fields
-    from plexus_tune.search import graph_workload
-
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
@@ -77,10 +84,6 @@ def run(args) -> int:
                       _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), f"{pred['memory_gib'][i]:.2f}",
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
-
-    from plexus_tune.measure.records import run_identity, runs_table
-    from plexus_tune.measure.store import append_records, read_runs
-    from plexus_tune.trainer import run_training
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,

@@ -5,11 +5,38 @@ from __future__ import annotations
 import argparse
 
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.search import (
+    MeasuredEvaluator,
+    ModelEvaluator,
+    Objective,
+    SearchSpace,
+    best_configs,
+    check_objective,
+    default_storage_url,
+    default_study_name,
+    finished_trials,
+    graph_workload,
+    objective_unit,
+    open_storage,
+    open_study,
+    parse_gpus,
+    run_search,
+    spread_starts,
+    warm_start,
+)
 
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
 EPILOG = """\
 objectives: epoch (ms per epoch) or gpu-hours (GPU-hours per 100 epochs = epoch_ms * G * 100 / 3.6e6).
+A model-driven search enumerates every configuration when that is estimated to take at most
+--exact-budget seconds (default 5; the estimate times the model on a probe of the space), and
+then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
+The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
 only the trials still missing (finished trials are kept). Studies live in
 measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
@@ -42,6 +69,9 @@ def register(subparsers) -> None:
     p.add_argument("--starts", type=int, default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
     p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+                   help="model-driven: enumerate the whole space when estimated to take at most this long "
+                   "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
@@ -58,9 +88,6 @@ def register(subparsers) -> None:
 
 
 def parse_block_range(text):
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import parse_gpus
-
     if text is None:
         return None
     try:
@@ -72,10 +99,6 @@ def parse_block_range(text):
 
 def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.search import SearchSpace, check_objective, parse_gpus
-
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
     if args.trials < 1:
@@ -85,13 +108,9 @@ def build_inputs(args):
     machine = load_machine(args.machine)
     graph = None
     if args.dataset is not None:
-        from plexus_tune.model.workload import workload_from_dataset
-
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
     else:
-        from plexus_tune.search import graph_workload
-
         graph = args.graph
         stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
         name = stats.name
@@ -101,20 +120,10 @@ def build_inputs(args):
 
 
 def run(args) -> int:
+    import optuna
     from rich.console import Console
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import (
-        ModelEvaluator,
-        Objective,
-        default_study_name,
-        open_storage,
-        open_study,
-        run_search,
-        spread_starts,
-        warm_start,
-    )
-
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:
@@ -127,6 +136,16 @@ def run(args) -> int:
     if args.workers > 1 and not submits(launcher):
         raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
                         "command in several processes with one --storage")
+    if not args.measured:
+        from plexus_tune.search.evaluate import EXACT_BUDGET_S, plan_search
+
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+        if budget != budget or budget < 0:
+            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
+        model = ModelEvaluator(workload, machine)
+        plan = plan_search(space, model, budget)
+        if plan.method == "exhaustive":
+            return run_exhaustive(args, name, machine, space, model, plan)
     storage = open_storage(args.storage)
     if submits(launcher):
         return _submit(args, launcher, space, storage)
@@ -136,8 +155,6 @@ def run(args) -> int:
     model = ModelEvaluator(workload, machine)
     console = Console()
     if args.measured:
-        from plexus_tune.search import MeasuredEvaluator
-
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                       timeout_s=args.timeout, log_path=args.log, launcher=launcher)
@@ -148,7 +165,6 @@ def run(args) -> int:
     else:
         objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
         warm_start(study, space, spread_starts(space, args.starts))
-    from plexus_tune.search import finished_trials
 
     before = len(finished_trials(study))
     if launcher is not None:
@@ -156,6 +172,7 @@ def run(args) -> int:
             ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
     else:
         ran = run_search(study, objective, args.trials)
+    console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
@@ -169,13 +186,10 @@ def _submit(args, launcher, space, storage) -> int:
     sharing the study; wait for it (or for the one already submitted for this log)."""
     from rich.console import Console
 
-    from plexus_tune.launch import dispatch, slurm
 
     reporter = dispatch.Reporter()
     argv = command_argv(args)
     if args.storage is None:  # the workers must open the same database, wherever they start
-        from plexus_tune.search import default_storage_url
-
         argv += ["--storage", default_storage_url()]
     ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
     live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
@@ -200,8 +214,6 @@ def _submit(args, launcher, space, storage) -> int:
         tail = dispatch.job_output_tail(args.log, state)
         reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
                       + (f":\n{tail}" if tail else ""))
-    from plexus_tune.search import default_study_name, finished_trials, open_study
-
     study_name = args.study or default_study_name(args._name, args._machine, space.gpus, args.objective, True,
                                                   space.block_rows_range)
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
@@ -211,10 +223,42 @@ def _submit(args, launcher, space, storage) -> int:
     return 1 if bad else 0
 
 
-def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
+def run_exhaustive(args, name, machine, space, model, plan) -> int:
+    """Enumerate every configuration of the space with the model and print the best (no study)."""
+    import time
+
+    from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.search import best_configs, objective_unit
+    from plexus_tune.errors import UserError
+    from plexus_tune.search import objective_unit
+    from plexus_tune.search.evaluate import exhaustive_search
+
+    console = Console()
+    start = time.perf_counter()
+    frame = exhaustive_search(space, model, args.objective)
+    took = time.perf_counter() - start
+    console.print(f"method: {plan.describe()}; took {took:.2f} s", highlight=False)
+    console.print(f"{name} on {machine.name}, G in {space.gpus[0]}..{space.gpus[-1]} ({len(space.gpus)} GPU counts)",
+                  highlight=False)
+    best = frame[frame["feasible"]].head(max(1, args.top))
+    if best.empty:
+        raise UserError("no configuration fits in device memory; allow more GPUs")
+    table = Table(title=f"best configurations ({args.objective}, {objective_unit(args.objective)})")
+    for col in ("rank", "config", "G", "predicted ms", "memory GiB", args.objective):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for _, row in best.iterrows():
+        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}",
+                      f"{row['memory_gib']:.2f}", f"{row['value']:.4g}")
+    console.print(table)
+    if args.storage or args.study:
+        console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
+                      style="dim")
+    return 0
+
+
+def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
+    from rich.table import Table
 
     best = best_configs(study, top)
     if best.empty:

@@ -6,7 +6,12 @@ import argparse
 import sys
 import numpy as np
 
+from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.errors import UserError
+from plexus_tune.launch import detect_environment
+from plexus_tune.model.grid import parse_grid
+from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
 
 
 def register(subparsers) -> None:
@@ -55,10 +60,6 @@ def register(subparsers) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import parse_grid
-    from plexus_tune.trainer import TrainConfig
-
     grid = parse_grid(args.grid)
     for name in ("layers", "hidden", "epochs"):
         if getattr(args, name) < 1:
@@ -107,9 +108,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     config = _config(args)
-    from plexus_tune.trainer import TrainingFailed, run_training
-
-    from plexus_tune.launch import detect_environment
+    if config.check:
+        configure_compute_process()  # the serial reference runs in this process, as the ranks do
 
     launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
     try:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from plexus_tune.fit.validation import leave_one_group_out
+from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.machine import load_machine
 
 
 def register(subparsers) -> None:
@@ -27,16 +31,21 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.fit.validation import leave_one_group_out
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-    from plexus_tune.model.machine import load_machine
-
     machine = load_machine(args.machine)
     console = Console(width=max(Console().width, 140))
     df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
-    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({'as is' if args.no_refit else 'refitted'})")
+    groups = result["groups"]
+    refitted = sum(g["how"].startswith("refitted") for g in groups)
+    if args.no_refit:
+        mode = "as is"
+    elif refitted == len(groups):
+        mode = "refitted"
+    elif refitted == 0:
+        mode = "as is: too few other runs to refit"
+    else:
+        mode = f"refitted in {refitted} of {len(groups)} groups, the others as is"
+    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({mode})")
     for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for g in result["groups"]:
@@ -48,6 +57,6 @@ def run(args) -> int:
     if args.json:
         tmp = f"{args.json}.tmp{os.getpid()}"
         with open(tmp, "w") as fh:
-            json.dump({"machine": machine.name, "refit": not args.no_refit, **result}, fh, indent=2)
+            json.dump({"machine": machine.name, "refit": not args.no_refit, "refitted_groups": refitted, **result}, fh, indent=2)
         os.replace(tmp, args.json)
     return 0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.workload import model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -286,6 +287,9 @@ class RunRecord(_Record):
     imbalance: dict | None = _f(None, "ratio", "per timing key: max over ranks / mean over ranks")
     per_rank_epoch_ms: list | None = _f(None, "ms", "each rank's mean epoch time")
     spmm_layer_ms: dict | None = _f(None, "ms", "fwd and bwd: each layer's SpMM time")
+    breakdown_ms: dict | None = _f(None, "ms", "the epoch partitioned: phase -> ms (critical rank's work, least "
+                                   "collective time, wait_ms); the phases and wait_ms add up to epoch_ms")
+    wait_ms: float | None = _f(None, "ms", "imbalance/wait: epoch_ms less the parts of breakdown_ms, >= 0")
     shard_nnz_max: list | None = _f(None, "nonzeros", "per layer: the largest shard's nonzeros")
     shard_nnz_imbalance: list | None = _f(None, "ratio", "per layer: max / mean shard nonzeros")
     memory_source: str | None = _f(None, doc="cuda_allocator or tracked_tensors")
@@ -497,7 +501,7 @@ def run_identity(record: Mapping) -> RunIdentity:
 
     ``graph`` is the graph's source (file path or synthetic spec; the name when the
     source is missing); the widths are fixed by the graph (features, classes) and
-    ``layers``, ``hidden`` (``trainer.config.model_widths``); ``block_rows`` and
+    ``layers``, ``hidden`` (``model.workload.model_widths``); ``block_rows`` and
     ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
     one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
     """
@@ -536,7 +540,10 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
 OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms",
-                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
+                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
+#: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
+#: a phase a newer trainer adds appears as its own column.
+PARTITION_COLUMNS_PREFIX = "obs_part_"
 #: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
 PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
@@ -573,7 +580,6 @@ def _widths(rec: Mapping):
     needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
     if any(v is None for v in needed):
         return None
-    from plexus_tune.trainer.config import model_widths  # trainer imports this module
 
     return tuple(model_widths(*needed))
 
@@ -619,7 +625,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         widths = _widths(rec)
         if missing or widths is None:
             name = missing[0] if missing else "widths"
-            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure / train --log)?")
+            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure, run or train)?")
         check_run_times(rec)
         predicted = rec.get("predicted") if isinstance(rec.get("predicted"), Mapping) else {}
         row = dict(ident._asdict())
@@ -635,6 +641,9 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         })
         for key in OBSERVED_KEYS:
             row[f"obs_{key}"] = _number(rec.get(key))
+        if isinstance(rec.get("breakdown_ms"), Mapping):
+            for key, value in rec["breakdown_ms"].items():
+                row[f"{PARTITION_COLUMNS_PREFIX}{key}"] = _number(value)
         for key in PREDICTED_KEYS:
             row[f"pred_{key}"] = _number(predicted.get("total_ms" if key == "epoch_ms" else key))
         row["pred_feasible"] = bool(predicted.get("feasible", True))
@@ -645,6 +654,8 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     obs = [f"obs_{k}" for k in OBSERVED_KEYS]
     pred = [f"pred_{k}" for k in PREDICTED_KEYS]
     out_rows = []
+    parts = list(dict.fromkeys(k for row in rows for k in row if k.startswith(PARTITION_COLUMNS_PREFIX)))
+    obs += parts
     if rows:
         trials = pd.DataFrame(rows)
         for _, group in trials.groupby(keys, sort=False, dropna=False):

@@ -18,7 +18,8 @@ sizes (a dimension n split over g ranks holds ceil(n / g) entries), all from
     z   = ceil(NNZ / (g_d g_o))  nonzeros of the local A shard
 
 The gathered W_i block and layer-0 features (and the dW, dF_0 reduce-scatters) carry
-g_d w c_o and g_d f c_0 elements: the "c_i c_o" and layer-0 "r_o c_i" messages below.
+g_d w c_o and g_d f c_0 elements (c_0 = c_i of layer 0), padded to whole rows per rank;
+with exact division g_d w = c_i and g_d f = r_o, the paper's messages.
 
 SpMM (``spmm_ms``)
     Machine kind ``paper``: the paper's epoch-level form (docs/model.md, SpMM; paper eq. 4.4),
@@ -31,8 +32,8 @@ SpMM (``spmm_ms``)
 
     The paper's c2 is negative, so far outside the fitted range (very large G,
     depth much smaller than outer) the form can go negative; such values are
-    clipped at 0 and flagged in ``spmm_clipped`` (no grid of the paper's
-    ogbn-products / 64 GPU setting is affected).
+    flagged in ``spmm_clipped`` (no grid of the paper's ogbn-products / 64 GPU
+    setting is affected) and, like every SpMM prediction, floored (below).
     Any other kind: the per-SpMM model of :mod:`plexus_tune.model.spmm` summed
     over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
     the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
@@ -40,19 +41,31 @@ SpMM (``spmm_ms``)
     blocks of ceil(r_d / b) rows (the trainer's blocks; its last one is shorter) and
     z / b nonzeros each.
 
+SpMM floor (``spmm_floor_ms``, docs/model.md, SpMM floor): with the profile's
+``memory_bandwidth_gbps`` B, no epoch's SpMMs can take less than the bytes they must
+move at B, summed over the forward and backward SpMM of every layer
+(:func:`plexus_tune.model.spmm.spmm_traffic_bytes`, u the element size, ib the
+trainer's CSR index bytes)::
+
+    floor = sum_i [bytes(z, r_d, r_o, c_i; b blocks) + bytes(z, r_o, r_d, c_i)] / (B 1e9) 1e3   [ms]
+    spmm  = max(predicted, floor)      (a negative prediction counts as 0 before the max)
+
+``spmm_floored`` marks the grids where the floor is above the model's prediction.
+Without ``memory_bandwidth_gbps`` the floor is 0.
+
 Communication (``comm_ms``): every collective of docs/model.md, Per-layer collectives, with the
 padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
 alpha-beta, topology of docs/model.md, Collectives, or the machine's measured table), M in bytes:
 
-    forward   layer 0: all-gather F over d,  M = u r_o c_i
+    forward   layer 0: all-gather F over d,  M = u g_d f c_0
               all-reduce H over o,           M = u r_d c_i   (b messages if blocked)
-              all-gather W over d,           M = u c_i c_o
+              all-gather W over d,           M = u g_d w c_o
               all-reduce Q over n,           M = u r_d c_o
-    backward  reduce-scatter dW over d,      M = u c_i c_o
-              all-gather W over d,           M = u c_i c_o
+    backward  reduce-scatter dW over d,      M = u g_d w c_o
+              all-gather W over d,           M = u g_d w c_o
               all-reduce dH over o,          M = u r_d c_i
-              layer 0: reduce-scatter dF over d, other layers: all-reduce dF
-              over d,                        M = u r_o c_i
+              layer 0: reduce-scatter dF over d, M = u g_d f c_0;
+              other layers: all-reduce dF over d, M = u r_o c_i
 
 The W all-gather and dW reduce-scatter are always counted (W split over depth).
 A profile with ``"padded_sizes": false`` (``perlmutter-paper``) divides exactly
@@ -91,17 +104,21 @@ from plexus_tune.errors import UserError
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
-from plexus_tune.model.shapes import layer_shapes
+from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
+from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
     "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
     "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms", "total_ms",
-    "oversubscription", "memory_bytes", "memory_gib", "feasible",
+    "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
 )
 
+#: The parts of ``total_ms``: they add up to it for every grid.
+TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "overhead_ms")
+
 #: Time components that the oversubscription factor stretches.
-_STRETCHED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
+_STRETCHED_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
 
 
@@ -167,8 +184,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     elementwise_bytes = zeros()
     spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
-    if spmm_kind != "paper":
-        from plexus_tune.model.spmm import predict_spmm_ms
+    spmm_bytes = zeros()
 
     def add(op, axis, message_bytes, messages=1):
         t = collective_time_ms(machine, op, grids[:, axis], strides[axis], message_bytes, messages)
@@ -199,8 +215,11 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         if i == 0:
             elementwise_bytes += 7.0 * u * s.feature_rows * c_i
 
+        z = np.asarray(s.z, dtype=np.float64)
+        ib = csr_index_bytes(z, r_d, r_o)
+        spmm_bytes += spmm_traffic_bytes(z, r_d, r_o, c_i, u, ib, blocks)
+        spmm_bytes += spmm_traffic_bytes(z, r_o, r_d, c_i, u, ib)
         if spmm_kind != "paper":
-            z = np.asarray(s.z, dtype=np.float64)
             spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i)
             spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i)
 
@@ -208,14 +227,17 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         spmm = paper_spmm_ms(workload, grids, float(machine.spmm["c0"]), float(machine.spmm["c1"]),
                              float(machine.spmm["c2"]))
     clipped = spmm < 0
-    spmm = np.maximum(spmm, 0.0)
+    bandwidth = machine.memory_bandwidth_gbps
+    floor = spmm_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else zeros()
+    floored = floor > spmm
+    spmm = np.maximum(np.maximum(spmm, 0.0), floor)
     gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = elementwise_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else zeros()
     comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
     mem = memory_breakdown(workload, grids, block_rows=block_rows)["total"]
     out = {
         "gx": grids[:, 0].copy(), "gy": grids[:, 1].copy(), "gz": grids[:, 2].copy(),
-        "spmm_ms": np.asarray(spmm, dtype=np.float64), "gemm_ms": gemm, "comm_ms": comm,
+        "spmm_ms": np.asarray(spmm, dtype=np.float64), "spmm_floor_ms": floor, "gemm_ms": gemm, "comm_ms": comm,
     }
     for a, name in enumerate(AXIS_NAMES):
         out[f"comm_{name}_ms"] = comm_axis[a]
@@ -227,11 +249,12 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         out[key] = out[key] * stretch
     out["oversubscription"] = stretch
     out["overhead_ms"] = np.full(k, machine.epoch_overhead_ms, dtype=np.float64)
-    out["total_ms"] = out["spmm_ms"] + out["gemm_ms"] + out["comm_ms"] + out["other_ms"] + out["overhead_ms"]
+    out["total_ms"] = sum(out[key] for key in TOTAL_PARTS)
     out["memory_bytes"] = mem
     out["memory_gib"] = mem / GIB
     out["feasible"] = mem <= machine.usable_memory_bytes
     out["spmm_clipped"] = clipped
+    out["spmm_floored"] = floored
     return out
 
 
@@ -266,7 +289,7 @@ def prediction_records(pred: dict, order=None, top: int | None = None) -> list[d
             value = pred[key][idx]
             if key in ("gx", "gy", "gz"):
                 rec[key] = int(value)
-            elif key == "feasible":
+            elif key in ("feasible", "spmm_floored"):
                 rec[key] = bool(value)
             elif key == "memory_bytes":
                 rec[key] = int(round(float(value)))

@@ -129,6 +129,32 @@ def shape_arrays(nnz, rows, common, dense_cols):
     )
 
 
+def spmm_traffic_bytes(nnz, rows, common, dense_cols, bytes_per_element, index_bytes, blocks=1) -> np.ndarray:
+    """Bytes one SpMM must move to and from device memory (docs/model.md, SpMM floor), vectorized.
+
+    The sparse ``rows x common`` operand with ``nnz`` nonzeros in CSR, stored as
+    ``blocks`` row blocks, times a dense ``common x k`` operand (k = ``dense_cols``),
+    u = ``bytes_per_element``, ib = ``index_bytes``::
+
+        sparse  = nnz (u + ib) + (rows + blocks) ib     values, column indices, row pointers
+        dense   = u k blocks common (1 - exp(-nnz / (blocks common)))
+        output  = u k rows
+        bytes   = sparse + dense + output
+
+    The dense term reads each dense row the nonzeros of a block touch once: with the
+    nonzeros of a block spread uniformly over the columns (the trainer permutes the
+    graph at random), common (1 - exp(-nnz_block / common)) is the expected number of
+    distinct columns touched, at most min(nnz_block, common).
+    """
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    u = np.asarray(bytes_per_element, dtype=np.float64)
+    ib = np.asarray(index_bytes, dtype=np.float64)
+    b = np.asarray(blocks, dtype=np.float64)
+    safe_common = np.maximum(common, 1.0)
+    touched = b * common * -np.expm1(-nnz / (b * safe_common))
+    return nnz * (u + ib) + (rows + b) * ib + u * k * touched + u * k * rows
+
+
 def paper_terms(nnz, rows, common, dense_cols) -> np.ndarray:
     """Design matrix of the paper form: columns sqrt(f), sqrt(f) common/k, sqrt(f) rows/k."""
     nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
@@ -283,6 +309,12 @@ class SpmmKind:
     def scaled(self, factor: float) -> "SpmmKind":
         """The same model with every prediction multiplied by ``factor`` > 0."""
         raise NotImplementedError
+
+    def _log_shifted(self, attribute: str, factor: float) -> "SpmmKind":
+        """A copy whose log-time offset ``attribute`` is raised by log(factor): every prediction x factor."""
+        out = self.from_dict(self.to_dict())
+        setattr(out, attribute, getattr(self, attribute) + math.log(factor))
+        return out
 
     def _check_fitted(self, attribute: str) -> None:
         if getattr(self, attribute, None) is None:
@@ -494,9 +526,7 @@ class Learned(SpmmKind):
         return f"{self.name}: ridge on {len(self.coef)} monomials of degree <= {self.degree or '?'} of {self.features}"
 
     def scaled(self, factor: float) -> "Learned":
-        out = self.from_dict(self.to_dict())
-        out.intercept = self.intercept + math.log(factor)
-        return out
+        return self._log_shifted("intercept", factor)
 
 
 class LearnedRoofline(Learned):
@@ -618,9 +648,7 @@ class LearnedBoosted(SpmmKind):
         return f"{self.name}: {len(self.feature)} trees of depth {self.depth} on {self.features}; correcting {self.base.describe()}"
 
     def scaled(self, factor: float) -> "LearnedBoosted":
-        out = self.from_dict(self.to_dict())
-        out.init = self.init + math.log(factor)
-        return out
+        return self._log_shifted("init", factor)
 
 
 def _check_trees(trees: Mapping, variables: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,11 +1,20 @@
-"""Model-driven evaluation of configurations and exhaustive optima."""
+"""Model-driven evaluation of configurations, exhaustive optima and the exact search.
+
+A model-driven search enumerates its space exactly when that is cheap
+(:func:`plan_search`): it counts the configurations, times the model on a probe of
+them, and enumerates when the estimated time stays within a budget
+(:data:`EXACT_BUDGET_S`); only larger spaces go to Optuna's TPE sampler.
+"""
 
 from __future__ import annotations
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.space import Config, SearchSpace, objective_value
 
 
@@ -46,7 +55,7 @@ class ModelEvaluator:
 
     def __init__(self, workload, machine, predict: Callable | None = None):
         if predict is None:
-            from plexus_tune.model.costs import predict_grids as predict
+            predict = predict_grids
         self.workload = workload
         self.machine = machine
         self._predict = predict
@@ -60,7 +69,11 @@ class ModelEvaluator:
             raise ValueError("predict_many needs configurations with one block size")
         grids = np.array([c.grid for c in configs], dtype=np.int64).reshape(-1, 3)
         (block,) = blocks
-        kwargs = {"block_rows": block} if block is not None else {}
+        return self.predict_grids(grids, block)
+
+    def predict_grids(self, grids: np.ndarray, block_rows: int | None = None) -> dict[str, np.ndarray]:
+        """Vectorized predictions of a (K, 3) array of grids with one block size (None: unblocked)."""
+        kwargs = {"block_rows": block_rows} if block_rows is not None else {}
         return self._predict(self.workload, self.machine, grids, **kwargs)
 
     def evaluate(self, config: Config) -> Evaluation:
@@ -89,8 +102,6 @@ def exhaustive_frame(space: SearchSpace, evaluator: ModelEvaluator, objective: s
     """
     import pandas as pd
 
-    from plexus_tune.model.grid import enumerate_grids
-
     blocks: list[int | None] = [None]
     if space.block_rows_range is not None:
         lo, hi = space.block_rows_range
@@ -101,12 +112,11 @@ def exhaustive_frame(space: SearchSpace, evaluator: ModelEvaluator, objective: s
     grids = np.concatenate([np.asarray(enumerate_grids(g), dtype=np.int64).reshape(-1, 3) for g in space.gpus])
     parts = []
     for b in blocks:
-        configs = [Config(int(x), int(y), int(z), b) for x, y, z in grids.tolist()]
-        pred = evaluator.predict_many(configs)
-        part = {k: np.asarray(v) for k, v in pred.items() if np.ndim(v) == 1 and len(v) == len(configs)}
+        pred = evaluator.predict_grids(grids, b)
+        part = {k: np.asarray(v) for k, v in pred.items() if np.ndim(v) == 1 and len(v) == len(grids)}
         part["gx"], part["gy"], part["gz"] = grids[:, 0], grids[:, 1], grids[:, 2]
         part["gpus"] = grids.prod(axis=1)
-        part["block_rows"] = np.full(len(configs), b or 0, dtype=np.int64)
+        part["block_rows"] = np.full(len(grids), b or 0, dtype=np.int64)
         parts.append(pd.DataFrame(part))
     frame = pd.concat(parts, ignore_index=True)
     frame["grid"] = frame["gx"].astype(str) + "x" + frame["gy"].astype(str) + "x" + frame["gz"].astype(str)
@@ -126,3 +136,100 @@ def exhaustive_optimum(space: SearchSpace, evaluator: ModelEvaluator, objective:
     row = feasible.loc[feasible["value"].idxmin()]
     cfg = Config(int(row.gx), int(row.gy), int(row.gz), None if int(row.block_rows) == 0 else int(row.block_rows))
     return cfg, float(row["value"])
+
+
+# --------------------------------------------------------------------------------------
+# Exact search: enumerate the space when it is cheap
+
+#: Seconds a model-driven search may spend enumerating its space exactly (the default
+#: of ``plexus-tune search --exact-budget``); a larger space is searched with TPE.
+EXACT_BUDGET_S = 5.0
+#: Configurations timed to estimate the cost of enumerating a space (at least).
+PROBE_CONFIGURATIONS = 4096
+
+
+def grid_count(gpus: int) -> int:
+    """Ordered grids Gx x Gy x Gz of G: sum over divisors d of G of the divisor count of G / d."""
+    from plexus_tune.search.space import divisors
+
+    return sum(len(divisors(gpus // d)) for d in divisors(int(gpus)))
+
+
+def block_choices(space: SearchSpace) -> int:
+    """Block sizes of the space: unblocked plus every power of two in the block size range."""
+    if space.block_rows_range is None:
+        return 1
+    lo, hi = space.block_rows_range
+    return 1 + max(0, math.floor(math.log2(hi)) - math.ceil(math.log2(lo)) + 1)
+
+
+def count_configurations(space: SearchSpace) -> int:
+    """Configurations of ``space``: the grids of every G times the block choices."""
+    return sum(grid_count(g) for g in space.gpus) * block_choices(space)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """How a model-driven search runs: ``method`` is ``"exhaustive"`` or ``"tpe"``.
+
+    ``estimated_s`` = ``configurations`` x the seconds per configuration measured on a
+    probe of ``probe_configurations`` of them (the probe's own time when it is the whole
+    space); ``budget_s`` the limit it was compared with.
+    """
+
+    method: str
+    configurations: int
+    estimated_s: float
+    budget_s: float
+    probe_configurations: int
+
+    def describe(self) -> str:
+        if self.method == "exhaustive":
+            return (f"exhaustive: every one of {self.configurations:,} configurations predicted "
+                    f"(estimated {self.estimated_s:.2f} s, within the {self.budget_s:g} s budget); the optimum is exact")
+        why = ("exact enumeration disabled" if self.budget_s <= 0 else
+               f"enumerating would take about {self.estimated_s:.1f} s, over the {self.budget_s:g} s budget")
+        return f"TPE: {self.configurations:,} configurations, {why}"
+
+
+def plan_search(space: SearchSpace, evaluator: ModelEvaluator, budget_s: float = EXACT_BUDGET_S, *,
+                probe: int = PROBE_CONFIGURATIONS) -> SearchPlan:
+    """Enumerate (``"exhaustive"``) when predicting all of ``space`` is estimated to fit ``budget_s``.
+
+    The estimate times :func:`exhaustive_frame` on GPU counts spread over the space
+    until they hold at least ``probe`` configurations (all of them if fewer) and
+    scales the time per configuration to the whole space. ``budget_s`` <= 0 always
+    gives TPE.
+    """
+    total = count_configurations(space)
+    if budget_s <= 0:
+        return SearchPlan("tpe", total, math.nan, float(budget_s), 0)
+    counts = {g: grid_count(g) * block_choices(space) for g in space.gpus}
+    chosen: list[int] = []
+    held = 0
+    order = np.random.default_rng(0).permutation(len(space.gpus))  # spread over the range
+    for g in (space.gpus[i] for i in order):
+        if held >= min(probe, total):
+            break
+        chosen.append(g)
+        held += counts[g]
+    sub = SearchSpace(tuple(sorted(chosen)), space.block_rows_range, space.encoding)
+    exhaustive_frame(SearchSpace((min(chosen),), None, space.encoding), evaluator)  # warm-up: imports, caches
+    start = time.perf_counter()
+    exhaustive_frame(sub, evaluator)
+    elapsed = time.perf_counter() - start
+    estimated = elapsed * total / max(held, 1)
+    method = "exhaustive" if estimated <= budget_s else "tpe"
+    return SearchPlan(method, total, float(estimated), float(budget_s), held)
+
+
+def exhaustive_search(space: SearchSpace, evaluator: ModelEvaluator, objective: str = "epoch"):
+    """Every configuration of ``space`` ranked: feasible first, then by the objective ``value``
+    (ties: fewer GPUs, then smaller gx, gy). Columns of :func:`exhaustive_frame` plus
+    ``config`` (the configuration's label) and ``rank`` (1 = best)."""
+    frame = exhaustive_frame(space, evaluator, objective)
+    frame["config"] = frame["grid"].where(frame["block_rows"] <= 0, frame["grid"] + "/b" + frame["block_rows"].astype(str))  # Config.label
+    frame = frame.sort_values(["feasible", "value", "gpus", "gx", "gy", "block_rows"],
+                              ascending=[False, True, True, True, True, True], kind="stable").reset_index(drop=True)
+    frame["rank"] = np.arange(1, len(frame) + 1)
+    return frame

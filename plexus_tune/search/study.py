@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
 
@@ -87,7 +88,6 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     import optuna
 
     check_objective(objective)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=name,
         storage=storage,
@@ -97,7 +97,7 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     )
     old = study.user_attrs.get("objective")
     if old is not None and old != objective:
-        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another --study name")
+        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another study name", parameter="study")
     study.set_user_attr("objective", objective)
     for key, value in (attrs or {}).items():
         study.set_user_attr(key, value)
@@ -273,7 +273,6 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     """
     if n <= 0:
         return []
-    from plexus_tune.model.grid import enumerate_grids
 
     gpus = np.asarray(space.gpus, dtype=np.float64)
     targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])

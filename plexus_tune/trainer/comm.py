@@ -6,21 +6,29 @@ import itertools
 import time
 from collections import defaultdict
 
-from plexus_tune.model.grid import AXIS_NAMES, rank_of
+from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
 #: Shared breakdown keys (ms per epoch) that every rank accumulates.
 BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "epoch_ms")
 #: Extra per-epoch phases recorded beside the shared keys.
 PHASE_KEYS = ("fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
+#: Exclusive phases that make up a rank's epoch: ``other_ms`` is the epoch less the others
+#: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins here.
+PARTITION_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms")
+#: Partition phases in which a rank can block on other ranks (collectives).
+WAITING_KEYS = ("comm_ms",)
+#: Splits of a partition phase: keys that add up to it on every rank.
+PARTITION_SPLITS = {"comm_ms": (("comm_x_ms", "comm_y_ms", "comm_z_ms"),
+                                ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"))}
 
 
 class PhaseTimer:
     """Accumulates wall time (ms) per phase; on CUDA it synchronizes around every phase.
 
     ``comm(op, axis)`` adds one collective to ``comm_ms``, ``comm_<axis>_ms`` and
-    ``<op>_ms``; ``other_ms`` is derived at the end of an epoch as
-    ``epoch_ms - spmm_ms - gemm_ms - comm_ms``.
+    ``<op>_ms``; ``other_ms`` is derived at the end of an epoch as ``epoch_ms`` less
+    the other :data:`PARTITION_KEYS` (at least 0).
     """
 
     def __init__(self, cuda: bool = False):
@@ -48,7 +56,8 @@ class PhaseTimer:
         row = {key: float(self.current.get(key, 0.0)) for key in BREAKDOWN_KEYS + PHASE_KEYS}
         row.update({key: float(v) for key, v in self.current.items() if key not in row})  # per-layer SpMMs
         row["epoch_ms"] = float(epoch_ms)
-        row["other_ms"] = max(0.0, epoch_ms - row["spmm_ms"] - row["gemm_ms"] - row["comm_ms"])
+        timed = sum(row.get(key, 0.0) for key in PARTITION_KEYS if key != "other_ms")
+        row["other_ms"] = max(0.0, epoch_ms - timed)
         self.epochs.append(row)
         self.current = defaultdict(float)
         return row
@@ -65,8 +74,6 @@ class GridComm:
 
     def __init__(self, grid, rank: int, timer: PhaseTimer, backend: str | None = None):
         import torch.distributed as dist
-
-        from plexus_tune.model.grid import coords_of
 
         self.dist = dist
         self.grid = tuple(int(g) for g in grid)

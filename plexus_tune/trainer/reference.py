@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.model.workload import model_widths
+
 
 def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
-                    seed: int, dtype: str = "float32", threads: int | None = None) -> dict:
-    """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...]}."""
+                    seed: int, dtype: str = "float32") -> dict:
+    """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...]}.
+
+    It runs with the process's thread count and allocator settings
+    (:func:`plexus_tune.allocator.configure_compute_process` at the entry point).
+    """
     import time
 
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.trainer.config import model_widths
     from plexus_tune.trainer.engine import glorot_weights
 
-    from plexus_tune.allocator import retain_large_allocations
-
-    retain_large_allocations()  # as the distributed ranks do, so timings compare
-    if threads:
-        torch.set_num_threads(int(threads))
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     adj = graph.adjacency.tocoo()
     # row v holds v's in-neighbours u: edge u -> v is (source u, target v)

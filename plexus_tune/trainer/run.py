@@ -4,7 +4,9 @@ Timing protocol: every phase is timed per rank and per epoch; an epoch's phase t
 the max over ranks (the straggler decides), ``imbalance`` is that max over the mean
 over ranks; the warm-up epochs are trained but left out, and the record gives the mean
 over the remaining epochs (``epoch_ms``, ``spmm_ms``, ...), their spread
-(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``). The record is a
+(``epoch_ms_std``) and every epoch's time (``epoch_times_ms``). Those per-key maxima
+come from different ranks and overlap; ``breakdown_ms`` (:func:`partition_epoch`)
+partitions the epoch instead, with ``wait_ms`` the imbalance/wait remainder. The record is a
 :class:`plexus_tune.measure.records.RunRecord` (fields and units: docs/records.md).
 """
 
@@ -19,9 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.shards import read_manifest
+from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
+from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
-from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
+from plexus_tune.measure.store import append_records, environment_info, now_utc
+from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
+from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
 
 class TrainingFailed(RuntimeError):
@@ -32,26 +41,10 @@ class TrainingFailed(RuntimeError):
         self.record = record
 
 
-def resolve_graph(source):
-    """A Graph from a Graph, a file path, or ("synthetic", spec)."""
-    from plexus_tune import graph as graph_mod
-
-    if isinstance(source, graph_mod.Graph):
-        return source
-    if isinstance(source, tuple) and source[0] == "synthetic":
-        return graph_mod.synthetic(source[1])
-    loader = getattr(graph_mod, "load_graph", None)
-    if loader is None:
-        raise UserError("this installation cannot read graph files; use --synthetic SPEC")
-    return loader(str(source))
-
-
 def graph_source(config: TrainConfig):
     if (config.graph is None) == (config.synthetic is None):
-        raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
+        raise UserError("give exactly one of a graph and a synthetic spec", parameter=("graph", "synthetic"))
     if config.synthetic is not None:
-        from plexus_tune.graph.generators import parse_spec
-
         parse_spec(config.synthetic)  # a malformed spec fails once here, not in every rank
         return ("synthetic", config.synthetic)
     if isinstance(config.graph, (str, os.PathLike)):
@@ -68,16 +61,15 @@ def graph_source(config: TrainConfig):
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
     """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
-    from plexus_tune.graph.shards import read_manifest
-
     manifest = read_manifest(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
     if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
         raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
-                        "re-shard with --permute single or none")
+                        "re-shard it with a single permutation or none")
     if config.check:
-        raise UserError("--check needs the whole graph for the serial reference; give the graph file, not its shards")
+        raise UserError("the check against the serial reference needs the whole graph; give the graph file, not its shards",
+                        parameter="check")
 
 
 def describe_source(config: TrainConfig) -> str:
@@ -95,30 +87,31 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
         raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
     total = int(np.prod(grid))
     if config.gpus is not None and int(config.gpus) != total:
-        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but --gpus is {config.gpus}; "
-                        "make the product of the grid equal the GPU count")
+        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the GPU count is {config.gpus}; "
+                        "make the product of the grid equal the GPU count", parameter="gpus")
     if world_size is not None and world_size != total:
         raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the launcher started "
                         f"{world_size}; launch as many processes as the grid has ranks")
     if config.layers < 1 or config.hidden < 1:
-        raise UserError("--layers and --hidden must be positive")
+        raise UserError("the number of layers and the hidden width must be positive", parameter=("layers", "hidden"))
     if config.epochs < 1 or not (0 <= config.warmup < config.epochs):
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={config.epochs} warmup={config.warmup}")
     if config.permute not in PERMUTE_CHOICES:
-        raise UserError(f"--permute must be one of {', '.join(PERMUTE_CHOICES)}")
+        raise UserError(f"the permutation must be one of {', '.join(PERMUTE_CHOICES)}", parameter="permute")
     if config.dtype not in DTYPE_CHOICES:
-        raise UserError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}")
+        raise UserError(f"the dtype must be one of {', '.join(DTYPE_CHOICES)}", parameter="dtype")
     if config.backend not in BACKEND_CHOICES:
-        raise UserError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
+        raise UserError(f"the backend must be one of {', '.join(BACKEND_CHOICES)}", parameter="backend")
     if config.block_rows is not None and int(config.block_rows) < 1:
-        raise UserError("--block-rows must be a positive number of rows")
+        raise UserError("the row block must be a positive number of rows", parameter="block_rows")
     if config.overlap and not config.block_rows:
-        raise UserError("--overlap needs --block-rows (it overlaps the all-reduce of one row block with the next SpMM)")
+        raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
+                        parameter="block_rows")
     if config.backend == "nccl":
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use --backend gloo on CPU")
+            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use the gloo backend on CPU", parameter="backend")
         if world_size is None and torch.cuda.device_count() < total:
             raise UserError(f"grid needs {total} GPUs but only {torch.cuda.device_count()} are visible")
 
@@ -130,6 +123,36 @@ def _failure_status(reason: str) -> str:
     if "timed out" in text or "timeout" in text:
         return "timeout"
     return "failed"
+
+
+def partition_epoch(rank_rows) -> dict:
+    """One epoch's observed breakdown that partitions its time (docs/records.md, Observed breakdown).
+
+    ``rank_rows``: each rank's timer row of the epoch. The epoch is the slowest rank's
+    time. The critical rank c is the rank with the most local work (the sum of the
+    :data:`PARTITION_KEYS` outside :data:`WAITING_KEYS`); each local phase is c's
+    time. A waiting phase (collectives) is the least time any rank spent in it, the
+    part no rank avoided; its splits (per axis, per collective) are those of the rank
+    with that least time, so they add up to it. ``wait_ms`` (imbalance/wait) is the rest::
+
+        wait = epoch - sum(parts) = (epoch - epoch_c) + sum_waiting (t_c - min_r t_r) >= 0
+
+    Works for any phase names in :data:`PARTITION_KEYS`.
+    """
+    epoch = max(float(row.get("epoch_ms", 0.0)) for row in rank_rows)
+    local = [key for key in PARTITION_KEYS if key not in WAITING_KEYS]
+    critical = max(rank_rows, key=lambda row: sum(float(row.get(k, 0.0)) for k in local))
+    out = {key: float(critical.get(key, 0.0)) for key in local}
+    for key in PARTITION_KEYS:
+        if key not in WAITING_KEYS:
+            continue
+        least = min(rank_rows, key=lambda row: float(row.get(key, 0.0)))
+        out[key] = float(least.get(key, 0.0))
+        for split in PARTITION_SPLITS.get(key, ()):
+            out.update({name: float(least.get(name, 0.0)) for name in split})
+    parts = sum(out[key] for key in PARTITION_KEYS)
+    out["wait_ms"] = max(0.0, epoch - parts)
+    return out
 
 
 def summarize_timers(timers, warmup: int) -> dict:
@@ -163,6 +186,10 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
+    parts = [partition_epoch([timers[r][e] for r in range(ranks)]) for e in range(warmup, epochs)]
+    if parts:
+        out["breakdown_ms"] = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
+        out["wait_ms"] = out["breakdown_ms"]["wait_ms"]
     return out
 
 
@@ -202,8 +229,6 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
 def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                 placement_ok=None, slurm=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
-    from plexus_tune.measure.store import environment_info, now_utc
-
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
@@ -258,8 +283,6 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
 
 def placement_fields(launched, ranks_per_node: int | None) -> dict:
     """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks."""
-    from plexus_tune.launch.launchers import check_placement
-
     world = len(launched.values)
     checked = check_placement(launched.placement, ranks_per_node or world)
     hosts: dict = {}
@@ -275,8 +298,6 @@ def placement_fields(launched, ranks_per_node: int | None) -> dict:
 
 def _append(config: TrainConfig, record: dict) -> None:
     if config.log:
-        from plexus_tune.measure.store import append_records
-
         append_records(config.log, [record])
 
 
@@ -290,8 +311,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
-    from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
-    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
 
     env = detect_environment()
@@ -337,8 +356,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     result = results[0]
     record = build_record(config, result, wall_s, device, **where)
     if config.check:
-        from plexus_tune.trainer.reference import max_relative_difference, reference_train
-
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype)
