@@ -109,6 +109,7 @@ def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a command submitted to Slurm runs it again
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USER_ERROR

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
 from plexus_tune.measure.campaign import (
     campaign_config,
     logged_trials,
@@ -13,13 +16,9 @@ from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.costs import predict_grids, rank_order
 from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
+from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
 from plexus_tune.trainer import run_training
-
-
-from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
-from plexus_tune.cli.output import check_log, make_console
-from plexus_tune.paths import default_run_log
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 
@@ -100,6 +99,8 @@ def run(args) -> int:
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
                                                           "timeout_s": args.timeout})
+    if submits(launcher):
+        return _submit(args, launcher, grid, console)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
@@ -135,3 +136,35 @@ def run(args) -> int:
                       f"{row['obs_epoch_ms']:.2f} ms (min {row['obs_epoch_ms_min']:.2f}, max {row['obs_epoch_ms_max']:.2f})"
                       + (f"; {int(row['failed'])} failed" if row["failed"] else ""))
     return 0
+
+
+def _submit(args, launcher, grid, console) -> int:
+    """Outside a Slurm allocation: a batch job runs this command; wait for it (or for the one
+    already submitted for this log) and report its run."""
+    reporter = dispatch.Reporter()
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    live = [s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")] if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        if ids:
+            dispatch.mark_collected(args.log, ids)
+        live = [dispatch.submit(command_argv(args), args.log, launcher, [args.gpus], job_name="plexus-tune-run",
+                                reporter=reporter)]
+        reporter.line(f"job {live[0]}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) "
+                      f"in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    runs: list[dict] = []
+    states, signum = dispatch.wait(live, args.log, reporter, on_record=runs.append)
+    dispatch.mark_collected(args.log, live)
+    if signum is not None:
+        return 128 + signum
+    for state in states:
+        if state.state != "COMPLETED":
+            tail = dispatch.job_output_tail(args.log, state)
+            reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                          + (f":\n{tail}" if tail else ""))
+    ok = runs and all(r.get("status", "ok") == "ok" for r in runs)
+    return 0 if ok and all(s.state == "COMPLETED" for s in states) else 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.paths import default_run_log
@@ -44,6 +46,11 @@ the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
 ~/.local/share/plexus-tune) unless --storage names another database (any SQLAlchemy
 URL, e.g. postgresql://user@host/db for several workers); measured runs go to runs.jsonl
 there unless --log names another file.
+
+Several workers: run the same command in several processes (or on several hosts) with one
+--storage; a configuration one worker measures is not measured by another (a worker that
+samples it waits for the result). With --launcher slurm outside an allocation, --workers K
+submits a job array of K tasks, one worker each, every run an srun step of its task.
 """
 
 
@@ -78,6 +85,10 @@ def register(subparsers) -> None:
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
+    m.add_argument("--workers", type=int, default=1, metavar="K",
+                   help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
+                        "sharing the study (default 1)")
+    add_launcher_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -118,6 +129,7 @@ def run(args) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     name, workload, machine, graph, space = build_inputs(args)
+    args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
     if args.measured:
@@ -130,6 +142,14 @@ def run(args) -> int:
         args.log = str(check_log("--log", args.log or default_run_log()))
     if args.snap < 1 or args.starts < 0 or args.top < 1:
         raise UserError("--snap and --top must be at least 1, --starts at least 0")
+    if not args.measured and (args.launcher or args.cluster or args.hosts):
+        raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    launcher = launcher_from_args(args, space.gpus) if args.measured else None
+    if args.workers > 1 and not submits(launcher):
+        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
+                        "command in several processes with one --storage")
     if not args.measured:
         budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
         if budget != budget or budget < 0:
@@ -140,6 +160,8 @@ def run(args) -> int:
             return run_exhaustive(args, name, machine, space, model, plan)
     storage_url = args.storage or default_storage_url()
     storage = open_storage(storage_url)
+    if submits(launcher):
+        return _submit(args, launcher, space, storage)
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
@@ -150,7 +172,7 @@ def run(args) -> int:
     if args.measured:
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
-                                      timeout_s=args.timeout, log_path=args.log)
+                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher)
         known = evaluator.known_runs()
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
@@ -160,7 +182,11 @@ def run(args) -> int:
         warm_start(study, space, spread_starts(space, args.starts))
 
     before = len(finished_trials(study))
-    ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    if launcher is not None:
+        with launcher:
+            ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
+    else:
+        ran = run_search(study, objective, args.trials)
     console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
@@ -168,6 +194,45 @@ def run(args) -> int:
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
     return 0
+
+
+def _submit(args, launcher, space, storage) -> int:
+    """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
+    sharing the study; wait for it (or for the one already submitted for this log)."""
+    reporter = dispatch.Reporter()
+    argv = command_argv(args)
+    if args.storage is None:  # the workers must open the same database, wherever they start
+        argv += ["--storage", default_storage_url()]
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        if ids:
+            dispatch.mark_collected(args.log, ids)
+        live = [dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
+                                array=args.workers if args.workers > 1 else None, reporter=reporter)]
+        reporter.line(f"job {live[0]}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+                      f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    states, signum = dispatch.wait(live, args.log, reporter)
+    dispatch.mark_collected(args.log, live)
+    if signum is not None:
+        return 128 + signum
+    bad = [s for s in states if s.state != "COMPLETED"]
+    for state in bad:
+        tail = dispatch.job_output_tail(args.log, state)
+        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                      + (f":\n{tail}" if tail else ""))
+    study_name = args.study or default_study_name(args._name, args._machine, space.gpus, args.objective, True,
+                                                  space.block_rows_range)
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
+    console = make_console()
+    console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")
+    print_best_table(study, args.objective, args.top, console, measured=True)
+    return 1 if bad else 0
 
 
 def run_exhaustive(args, name, machine, space, model, plan) -> int:

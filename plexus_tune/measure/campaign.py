@@ -170,6 +170,47 @@ def predicted_fields(workload, machine, grid) -> dict:
     return out
 
 
+def launcher_options(train_options: dict | None, launcher) -> dict:
+    """``train_options`` with the launcher's name, cluster and machine (when it names one)."""
+    options = dict(train_options or {})
+    if launcher is not None:
+        options.update(launcher=launcher.name, cluster=launcher.cluster())
+        if not options.get("machine") and launcher.machine_name():
+            options["machine"] = launcher.machine_name()
+    return options
+
+
+def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, trials: int, epochs: int, warmup: int,
+                 layers: int, hidden: int, redo: bool = False, retry_failed: bool = False,
+                 train_options: dict | None = None, on_skip: Callable[[tuple, int], None] | None = None,
+                 launcher=None) -> list[tuple[tuple, int, object]]:
+    """(grid, trial, config) of every run a campaign still has to make, trials interleaved.
+
+    A (identity, trial) in the log is done, a failure too (unless ``retry_failed``), except
+    a cancelled run (stopped from outside: it measured nothing); ``redo`` makes them all
+    again. ``launcher`` (checked against every grid) adds its name, cluster and machine to
+    the identity.
+    """
+    if launcher is not None:
+        for grid in grids:
+            launcher.check(int(np.prod(grid)))
+    train_options = launcher_options(train_options, launcher)
+    done = logged_trials(log)
+    pending = []
+    for trial in range(trials):
+        for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
+            grid = grids[int(g)]
+            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
+                                     options=train_options)
+            status = done.get((config_identity(config), trial))
+            if status is not None and status != "cancelled" and not redo and not (retry_failed and status != "ok"):
+                if on_skip is not None:
+                    on_skip(tuple(grid), trial)
+                continue
+            pending.append((tuple(grid), trial, config))
+    return pending
+
+
 def run_campaign(
     graph: str,
     gpus: int,
@@ -190,12 +231,14 @@ def run_campaign(
     on_skip: Callable[[tuple, int], None] | None = None,
     batch: int = 1,
     launcher=None,
+    on_start: Callable[[tuple, int], None] | None = None,
 ) -> list[dict]:
     """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
     of every run's identity, so a campaign on another cluster does not count as done.
+    ``on_start(grid, trial)`` is called before each run (each batch's first) starts.
     """
     if machine is not None:
         machine = load_machine(machine)
@@ -207,23 +250,9 @@ def run_campaign(
     if log is not None:
         check_log(log)
     workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
-    if launcher is not None:
-        for grid in grids:
-            launcher.check(int(np.prod(grid)))
-        train_options = {**(train_options or {}), "launcher": launcher.name, "cluster": launcher.cluster()}
-    done = logged_trials(log)
-    pending = []
-    for trial in range(trials):
-        for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
-            grid = grids[int(g)]
-            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
-                                     options=train_options)
-            status = done.get((config_identity(config), trial))
-            if status is not None and not redo and not (retry_failed and status != "ok"):
-                if on_skip is not None:
-                    on_skip(tuple(grid), trial)
-                continue
-            pending.append((tuple(grid), trial, config))
+    pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
+                           hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,
+                           on_skip=on_skip, launcher=launcher)
 
     new = []
 
@@ -240,9 +269,13 @@ def run_campaign(
     batch = max(1, int(batch))
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
+        if on_start is not None:
+            on_start(chunk[0][0], chunk[0][1])
         records = _run_batch([c for _, _, c in chunk], launcher) if len(chunk) > 1 else None
         if records is None:  # one at a time (or the batch failed: redo its runs one by one)
-            for grid, trial, config in chunk:
+            for k, (grid, trial, config) in enumerate(chunk):
+                if k and on_start is not None:
+                    on_start(grid, trial)
                 finish(grid, trial, run_training(config, raise_on_failure=False, launcher=launcher))
         else:
             for (grid, trial, _), record in zip(chunk, records):

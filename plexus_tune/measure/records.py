@@ -37,7 +37,7 @@ from plexus_tune.model.workload import model_widths
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
 SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2}
-FAILURE_STATUSES = ("failed", "oom", "timeout")
+FAILURE_STATUSES = ("failed", "oom", "timeout", "cancelled")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
 
@@ -224,7 +224,7 @@ class RunRecord(_Record):
     KIND: ClassVar[str] = "run"
     kind: str = _f("train", doc="always 'train'")
     timestamp: str | None = _f(None, "ISO 8601 UTC", "when the run started")
-    status: str = _f("ok", doc="ok, or the failure kind: failed, oom, timeout")
+    status: str = _f("ok", doc="ok, or the failure kind: failed, oom, timeout, cancelled (stopped from outside: measured again on resume)")
     reason: str | None = _f(None, doc="why it failed")
     failed_rank: int | None = _f(None, doc="the rank that failed first")
     traceback: str | None = _f(None, doc="end of the failing rank's traceback")
@@ -238,6 +238,7 @@ class RunRecord(_Record):
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
+    slurm: dict | None = _f(None, doc="Slurm runs: job_id and step_id; for a failed step also its state, exit_code and reason")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")
     graph: str | None = _f(None, doc="graph name")

@@ -194,7 +194,7 @@ def summarize_timers(timers, warmup: int) -> dict:
 
 
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                  placement_ok=None) -> dict:
+                  placement_ok=None, slurm=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
 
     ``run_identity(config_fields(config))`` is the identity the run's record will have
@@ -212,6 +212,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "rank_nodes": rank_nodes,
         "hosts": hosts,
         "placement_ok": placement_ok,
+        "slurm": slurm,
         "comm_precision": getattr(config, "comm_precision", None) or "fp32",
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
@@ -226,13 +227,13 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
 
 
 def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                placement_ok=None) -> dict:
+                placement_ok=None, slurm=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
                        **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
-                                     placement_ok=placement_ok))
+                                     placement_ok=placement_ok, slurm=slurm))
     return record.to_dict()
 
 
@@ -287,8 +288,12 @@ def placement_fields(launched, ranks_per_node: int | None) -> dict:
     hosts: dict = {}
     for node, host in zip(checked["rank_nodes"], checked["rank_hosts"]):
         hosts.setdefault(node, host)
-    return {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
-            "placement_ok": checked["placement_ok"]}
+    fields = {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
+              "placement_ok": checked["placement_ok"]}
+    first = launched.placement[0] if launched.placement else {}
+    if first.get("slurm_job_id"):
+        fields["slurm"] = {"job_id": first["slurm_job_id"], "step_id": first.get("slurm_step_id")}
+    return fields
 
 
 def _append(config: TrainConfig, record: dict) -> None:
@@ -312,7 +317,8 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     if env is None:
         launcher = launcher or Launcher()
         launcher.check(int(np.prod(config.grid)))
-        config = replace(config, launcher=launcher.name, cluster=launcher.cluster())
+        config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
+                         machine=config.machine or launcher.machine_name())
     validate(config, env.world_size if env else None)
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
@@ -333,6 +339,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
             results = launched.values[0]
             where = placement_fields(launched, launcher.ranks_per_node)
     except RankFailure as exc:
+        where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
         record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
                          reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
                          traceback=exc.details[-4000:] if exc.details else None).to_dict()
