@@ -127,6 +127,29 @@ def parse_comm_precision(text: str) -> CommPrecision:
     return CommPrecision(**{name: chosen.get(name, base) for name in COMM_CLASSES})
 
 
+#: Element type each precision puts on the wire (the integer codes travel as bytes).
+WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+               "int8": "uint8", "int4": "uint8", "int2": "uint8"}
+#: Element types the collectives of each torch.distributed backend send (all-reduce,
+#: all-gather, reduce-scatter and all-to-all; checked for gloo on torch 2.13, and
+#: NCCL's types since 2.10 list float32, bfloat16, float16 and uint8). A backend not
+#: named here is taken to send FP32 only.
+BACKEND_WIRE_DTYPES = {"gloo": ("float32", "bfloat16", "float16", "uint8"),
+                       "nccl": ("float32", "bfloat16", "float16", "uint8")}
+
+
+def check_backend(backend: str, choice: "CommPrecision | str") -> None:
+    """UserError if ``backend`` cannot send the element type some class of ``choice`` needs."""
+    choice = choice if isinstance(choice, CommPrecision) else parse_comm_precision(choice)
+    sends = BACKEND_WIRE_DTYPES.get(str(backend), ("float32",))
+    for name in COMM_CLASSES:
+        precision = choice.of(name)
+        dtype = WIRE_DTYPES[precision]
+        if dtype not in sends:
+            raise UserError(f"the {backend} backend cannot send {dtype}, which {precision} communication "
+                            f"needs ({name} collectives); choose another precision or backend")
+
+
 def packed_bytes(rows, cols, bits: int):
     """Bytes of the packed values of a ``rows x cols`` block at ``bits`` per value.
 

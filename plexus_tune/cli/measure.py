@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
 
 
 def register(subparsers) -> None:
@@ -29,6 +30,7 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
                         help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
     parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
@@ -47,6 +49,10 @@ def run(args) -> int:
     from plexus_tune.measure.campaign import campaign_config, choose_grids, graph_source_text, load_stats, run_campaign, workload_of
 
     graph = args.graph or args.synthetic
+    comm_precision = comm_precision_of(args)
+    from plexus_tune.comm_precision_model import check_backend
+
+    check_backend(args.backend, comm_precision)
     graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
@@ -64,7 +70,8 @@ def run(args) -> int:
     console = Console(width=max(Console().width, 140))
     err = Console(stderr=True)
     total = len(grids) * args.trials
-    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
     rows = []
     with launcher, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:

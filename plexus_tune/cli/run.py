@@ -5,6 +5,7 @@ from __future__ import annotations
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
 
 
 def register(subparsers) -> None:
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
     p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    add_comm_precision_argument(p)
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
     p.add_argument("--log", default="measurements/runs.jsonl", help="run log to append to (default measurements/runs.jsonl)")
@@ -44,6 +46,10 @@ def run(args) -> int:
     from plexus_tune.measure.campaign import campaign_config, logged_trials, predicted_fields
     from plexus_tune.search import graph_workload
 
+    comm_precision = comm_precision_of(args)
+    from plexus_tune.comm_precision_model import check_backend
+
+    check_backend(args.backend, comm_precision)
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
@@ -84,7 +90,8 @@ def run(args) -> int:
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
-                                                          "timeout_s": args.timeout})
+                                                          "timeout_s": args.timeout,
+                                                          "comm_precision": comm_precision})
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)

@@ -41,6 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="floating-point type of the adjacency, features and weights, hence of the "
                              "communicated blocks (default float32)")
+    add_comm_precision_argument(parser)
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
@@ -54,12 +55,36 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def add_comm_precision_argument(parser) -> None:
+    """``--comm-precision``: the precision of the 3D layer's collectives (train, measure, run)."""
+    parser.add_argument("--comm-precision", default="fp32", metavar="P",
+                        help="precision of the aggregation and combination all-reduces and the feature and weight "
+                             "gathers: fp32 (default), bf16, fp16, int8, int4 or int2, or per class, e.g. "
+                             "aggregation=int8,gather=bf16 (unnamed classes fp32); loss and norm statistics stay "
+                             "FP32 (docs/comm-precision.md)")
+
+
+def comm_precision_of(args: argparse.Namespace) -> str:
+    """The canonical text of ``--comm-precision`` (UserError naming the flag if it is bad)."""
+    from plexus_tune.comm_precision_model import parse_comm_precision
+    from plexus_tune.errors import UserError
+
+    try:
+        return str(parse_comm_precision(args.comm_precision))
+    except UserError as exc:
+        raise UserError(f"--comm-precision: {exc}") from None
+
+
 def _config(args: argparse.Namespace):
     from plexus_tune.errors import UserError
     from plexus_tune.model.grid import parse_grid
     from plexus_tune.trainer import TrainConfig
 
     grid = parse_grid(args.grid)
+    comm_precision = comm_precision_of(args)
+    from plexus_tune.comm_precision_model import check_backend
+
+    check_backend(args.backend, comm_precision)
     for name in ("layers", "hidden", "epochs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1")
@@ -71,7 +96,7 @@ def _config(args: argparse.Namespace):
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
-        backend=args.backend, dtype=args.dtype, check=args.check, log=args.log, machine=args.machine,
+        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads,
     )
 
@@ -82,17 +107,19 @@ def _mib(value: float) -> str:
 
 def summary_lines(record: dict) -> list[str]:
     keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
+            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
     lines = [
         f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",
         f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
-        f"overlap {record['options']['overlap']}",
+        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
         f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
         f"{record['warmup'] + 1}..{record['epochs']}), imbalance {record['imbalance']['epoch_ms']:.3f}",
         "breakdown (ms, max over ranks): " + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys),
         f"loss {record['losses'][0]:.6f} -> {record['losses'][-1]:.6f}",
+        *(["bytes sent per epoch (all ranks): " + ", ".join(f"{k} {v:,}" for k, v in record["comm_bytes"].items())]
+          if record.get("comm_bytes") else []),
         f"peak memory per rank {_mib(record['peak_memory_bytes'])} ({record['memory_source']}), "
         f"peak RSS {_mib(max(record['peak_rss_bytes_per_rank']))}",
     ]

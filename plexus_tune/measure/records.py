@@ -274,7 +274,8 @@ class RunRecord(_Record):
     all_reduce_ms: float | None = _f(None, "ms", "all-reduce time")
     all_gather_ms: float | None = _f(None, "ms", "all-gather time")
     reduce_scatter_ms: float | None = _f(None, "ms", "reduce-scatter time")
-    other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm, at least 0")
+    quant_ms: float | None = _f(None, "ms", "local work of reduced-precision collectives: casts, quantize, dequantize, sums of received chunks (docs/comm-precision.md)")
+    other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm - quant, at least 0")
     fwd_ms: float | None = _f(None, "ms", "forward pass")
     bwd_ms: float | None = _f(None, "ms", "backward pass")
     loss_ms: float | None = _f(None, "ms", "loss")
@@ -293,6 +294,8 @@ class RunRecord(_Record):
     peak_rss_bytes_per_rank: list | None = _f(None, "bytes", "peak resident set size of each rank")
     rss_growth_bytes_per_rank: list | None = _f(None, "bytes", "RSS growth of each rank during training")
     persistent_bytes_per_rank: list | None = _f(None, "bytes", "memory held between epochs by each rank")
+    comm_bytes: dict | None = _f(None, "bytes", "per collective class (aggregation, combination, gather): bytes all ranks sent to other ranks in one epoch")
+    comm_bytes_per_rank: dict | None = _f(None, "bytes", "per collective class: each rank's bytes sent in one epoch")
     losses: list | None = _f(None, doc="training loss of every epoch")
     final_loss: float | None = _f(None, doc="last epoch's loss")
     setup_s: float | None = _f(None, "s", "process-group and layout set-up")
@@ -534,7 +537,7 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
 OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms",
+                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms",
                  "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
 #: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
 PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",

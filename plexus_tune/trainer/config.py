@@ -20,6 +20,9 @@ class TrainConfig:
     (Gx, Gy, Gz); ``gpus`` (if given) must equal its product. Widths are
     ``[features] + [hidden] * (layers - 1) + [classes]``. ``epochs`` includes the
     ``warmup`` epochs, which are trained but left out of the timing averages.
+    ``comm_precision`` is the precision of the 3D layer's collectives, one for all
+    classes or per class (``"bf16"``, ``"aggregation=int8,gather=bf16"``;
+    docs/comm-precision.md).
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -38,6 +41,7 @@ class TrainConfig:
     overlap: bool = False
     backend: str = "gloo"
     dtype: str = "float32"
+    comm_precision: str = "fp32"
     check: bool = False
     collect_outputs: bool = False
     log: str | None = None

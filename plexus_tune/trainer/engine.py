@@ -124,15 +124,15 @@ class LayerShard:
         outer = self.layout.outer
         if not self.a_blocks:
             h = self.spmm(self.a, f)
-            return self.comm.all_reduce(h, outer)
+            return self.comm.all_reduce(h, outer, comm_class="aggregation")
         parts, pending = [], []
         for a_block in self.a_blocks:
             h_block = self.spmm(a_block, f)  # per-block times add up in the layer's forward SpMM
             parts.append(h_block)
             if self.overlap:
-                pending.append(self.comm.all_reduce_async(h_block, outer))
+                pending.append(self.comm.all_reduce_async(h_block, outer, comm_class="aggregation"))
             else:
-                self.comm.all_reduce(h_block, outer)
+                self.comm.all_reduce(h_block, outer, comm_class="aggregation")
         for work in pending:
             self.comm.wait(work, outer)
         t0 = self.timer.now()
@@ -147,11 +147,11 @@ class GCNLayerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, f_local, w_local, b_local, shard: LayerShard):
         lay, comm = shard.layout, shard.comm
-        f = comm.all_gather(f_local, lay.depth)[: lay.shapes.r_o] if shard.first else f_local
+        f = comm.all_gather(f_local, lay.depth, comm_class="gather")[: lay.shapes.r_o] if shard.first else f_local
         h = shard.aggregate(f.contiguous())
-        w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i] if lay.w_split else w_local
+        w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i] if lay.w_split else w_local
         q = shard.gemm(h, w)
-        comm.all_reduce(q, lay.inner)
+        comm.all_reduce(q, lay.inner, comm_class="combination")
         q = q + b_local
         ctx.save_for_backward(h, w_local)
         ctx.shard = shard
@@ -167,20 +167,21 @@ class GCNLayerFunction(torch.autograd.Function):
         t0 = shard.timer.now()
         db = dq.sum(dim=0)
         shard.timer.add(t0, "gemm_ms")
-        comm.all_reduce(db, lay.depth)
+        comm.all_reduce(db, lay.depth, comm_class="gather")
         dw = shard.gemm(h.t(), dq)
         if lay.w_split:
-            dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth)
-            w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i]
+            dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth, comm_class="gather")
+            w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i]
         else:
             w = w_local
         dh = shard.gemm(dq, w.t())
-        comm.all_reduce(dh, lay.outer)
+        comm.all_reduce(dh, lay.outer, comm_class="aggregation")
         df = shard.spmm(shard.a_t, dh, "bwd")
         if shard.first:
-            df = comm.reduce_scatter(pad_rows(df, lay.shapes.features_gathered_rows), lay.depth)
+            df = comm.reduce_scatter(pad_rows(df, lay.shapes.features_gathered_rows), lay.depth,
+                                     comm_class="gather")
         else:
-            comm.all_reduce(df, lay.depth)
+            comm.all_reduce(df, lay.depth, comm_class="gather")
         return df, dw, db, None
 
 
@@ -436,7 +437,10 @@ class RankTrainer:
         n = data.nodes
         self.widths = model_widths(data.num_features, data.num_classes, config.layers, config.hidden)
         self.layout: GridLayout = make_layout(grid, rank, n, self.widths, block_rows=config.block_rows)
-        self.comm = GridComm(grid, rank, self.timer) if comm is None else comm
+        if comm is None:
+            comm = GridComm(grid, rank, self.timer, precision=getattr(config, "comm_precision", None),
+                            seed=config.seed)
+        self.comm = comm
         self.perms = data.perms
         perm_r, perm_c = self.perms
         weights = glorot_weights(self.widths, config.seed)
@@ -498,6 +502,7 @@ class RankTrainer:
 
     def train(self, epochs: int):
         losses, last_logits = [], None
+        self.comm_epochs = []  # per epoch: bytes sent to other ranks per collective class
         self.peak_tracked_bytes = self.persistent_bytes
         self.peak_rss_delta = 0
         rss_start = _current_rss_bytes()
@@ -505,6 +510,8 @@ class RankTrainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         for epoch in range(epochs):
             _maybe_fail(self.rank, epoch)
+            if self.comm.counter is not None:
+                self.comm.counter.reset()
             for shard in self.shards:
                 shard.saved_bytes.clear()
             t_epoch = self.timer.now()
@@ -523,6 +530,8 @@ class RankTrainer:
             self.timer.add(t0, "optimizer_ms")
             epoch_ms = (self.timer.now() - t_epoch) * 1e3
             self.timer.end_epoch(epoch_ms)
+            if self.comm.counter is not None:
+                self.comm_epochs.append(dict(self.comm.counter.bytes))
             losses.append(float(loss.detach()))
             last_logits = logits.detach()
             saved = sum(sum(s.saved_bytes) for s in self.shards)
@@ -597,6 +606,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "timers": trainer.timer.epochs,
                 "memory": trainer.memory(),
                 "shard_nnz": trainer.shard_nnz,
+                "comm_bytes": trainer.comm_epochs,
                 "setup_s": setup_s,
                 "load_s": load_s,
                 "output": trainer.output_block() if want_outputs else None,
@@ -611,6 +621,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "timers": [g["timers"] for g in gathered],
                 "memory": [g["memory"] for g in gathered],
                 "shard_nnz": [g["shard_nnz"] for g in gathered],
+                "comm_bytes": [g["comm_bytes"] for g in gathered],
                 "setup_s": max(g["setup_s"] for g in gathered),
                 "load_s": max(g["load_s"] for g in gathered),
                 "nodes": data.nodes,

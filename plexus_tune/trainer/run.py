@@ -114,6 +114,10 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
         raise UserError("--block-rows must be a positive number of rows")
     if config.overlap and not config.block_rows:
         raise UserError("--overlap needs --block-rows (it overlaps the all-reduce of one row block with the next SpMM)")
+    from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
+
+    choice = parse_comm_precision(config.comm_precision)
+    check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch
 
@@ -166,6 +170,29 @@ def summarize_timers(timers, warmup: int) -> dict:
     return out
 
 
+def _precision_text(config: TrainConfig) -> str:
+    """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
+    from plexus_tune.comm_precision_model import parse_comm_precision
+
+    return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
+
+
+def comm_bytes_fields(per_rank_epochs) -> dict:
+    """``comm_bytes`` (per class: bytes all ranks sent in the last epoch) and
+    ``comm_bytes_per_rank`` (per class: each rank's bytes in that epoch).
+
+    ``per_rank_epochs[r][e]`` is rank r's ``{class: bytes}`` of epoch e; every epoch
+    sends the same, so the last one stands for all.
+    """
+    from plexus_tune.comm_precision_model import COMM_CLASSES
+
+    if not per_rank_epochs or not all(per_rank_epochs):
+        return {}
+    last = [epochs[-1] for epochs in per_rank_epochs]
+    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in COMM_CLASSES}
+    return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
+
+
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                   placement_ok=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
@@ -185,7 +212,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "rank_nodes": rank_nodes,
         "hosts": hosts,
         "placement_ok": placement_ok,
-        "comm_precision": getattr(config, "comm_precision", None) or "fp32",
+        "comm_precision": _precision_text(config),
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -246,6 +273,7 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
         peak_rss_bytes_per_rank=[int(m["rss_bytes"]) for m in memory],
         rss_growth_bytes_per_rank=[int(m.get("rss_delta_bytes", 0)) for m in memory],
         persistent_bytes_per_rank=[int(m.get("persistent_bytes", 0)) for m in memory],
+        **comm_bytes_fields(result.get("comm_bytes")),
         losses=losses,
         final_loss=losses[-1],
         setup_s=float(result["setup_s"]),
