@@ -42,6 +42,8 @@ def register(subparsers) -> None:
                         help="floating-point type of the adjacency, features and weights, hence of the "
                              "communicated blocks (default float32)")
     add_comm_precision_argument(parser)
+    parser.add_argument("--layer-norm", action="store_true",
+                        help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
@@ -96,7 +98,7 @@ def _config(args: argparse.Namespace):
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
-        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, check=args.check, log=args.log, machine=args.machine,
+        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads,
     )
 
@@ -123,10 +125,23 @@ def summary_lines(record: dict) -> list[str]:
         f"peak memory per rank {_mib(record['peak_memory_bytes'])} ({record['memory_source']}), "
         f"peak RSS {_mib(max(record['peak_rss_bytes_per_rank']))}",
     ]
+    final = record.get("final_accuracy")
+    if final:
+        lines.append(f"accuracy after the last epoch ({record.get('split')}): "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
-        lines.append(f"check against serial PyG: max relative difference of losses "
-                     f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
-                     f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        ref = record.get("reference_accuracy") or {}
+        if record.get("comm_precision", "fp32") == "fp32":
+            lines.append(f"check against serial PyG: max relative difference of losses "
+                         f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
+                         f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        else:
+            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding): "
+                         f"losses differ by up to {record['check_loss_rel_diff']:.2e}, outputs by "
+                         f"{record['check_output_rel_diff']:.2e}")
+        if ref and final:
+            lines.append("accuracy against the FP32 run: " + ", ".join(
+                f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
 
 

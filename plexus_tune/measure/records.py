@@ -211,6 +211,7 @@ class RunOptions:
     weight_decay: float = _f(0.01, doc="AdamW weight decay")
     seed: int = _f(0, doc="seed of weights, permutation and synthetic graphs")
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank (None: the launcher's default)")
+    layer_norm: bool = _f(False, doc="LayerNorm (no scale and shift) before each layer")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -258,7 +259,7 @@ class RunRecord(_Record):
     hidden: int | None = _f(None, "columns", "hidden width")
     epochs: int | None = _f(None, doc="epochs trained, warm-up included")
     warmup: int | None = _f(None, doc="warm-up epochs left out of the timings")
-    options: dict = _f(factory=lambda: dict(OPTION_DEFAULTS), doc="RunOptions: permute, block_rows, overlap, dtype, lr, weight_decay, seed, threads_per_rank")
+    options: dict = _f(factory=lambda: dict(OPTION_DEFAULTS), doc="RunOptions: permute, block_rows, overlap, dtype, lr, weight_decay, seed, threads_per_rank, layer_norm")
     environment: dict | None = _f(None, doc="host, platform, processor, cpu_count, python, numpy, torch, scipy, commit")
     python: str | None = _f(None, doc="Python version")
     torch: str | None = _f(None, doc="torch version")
@@ -296,7 +297,11 @@ class RunRecord(_Record):
     persistent_bytes_per_rank: list | None = _f(None, "bytes", "memory held between epochs by each rank")
     comm_bytes: dict | None = _f(None, "bytes", "per collective class (aggregation, combination, gather): bytes all ranks sent to other ranks in one epoch")
     comm_bytes_per_rank: dict | None = _f(None, "bytes", "per collective class: each rank's bytes sent in one epoch")
-    losses: list | None = _f(None, doc="training loss of every epoch")
+    split: str | None = _f(None, doc="node split: 'ogb:<kind>' (the graph's OGB split files) or 'random:train=..,valid=..,seed=..'")
+    split_sizes: dict | None = _f(None, "vertices", "train, valid, test: nodes in each part")
+    accuracy: dict | None = _f(None, "ratio", "train, valid, test: accuracy of every epoch's forward pass")
+    final_accuracy: dict | None = _f(None, "ratio", "train, valid, test: accuracy of the last epoch")
+    losses: list | None = _f(None, doc="training loss of every epoch (mean cross-entropy over the training nodes)")
     final_loss: float | None = _f(None, doc="last epoch's loss")
     setup_s: float | None = _f(None, "s", "process-group and layout set-up")
     load_s: float | None = _f(None, "s", "graph load and sharding")
@@ -305,6 +310,7 @@ class RunRecord(_Record):
     check_output_rel_diff: float | None = _f(None, "ratio", "--check: normwise relative difference of the outputs")
     reference_losses: list | None = _f(None, doc="--check: the serial reference's losses")
     reference_epoch_ms: float | None = _f(None, "ms", "--check: the serial reference's epoch time")
+    reference_accuracy: dict | None = _f(None, "ratio", "--check: train, valid, test accuracy of the serial FP32 reference's last epoch")
     # campaign
     trial: int | None = _f(None, doc="trial index among the runs of one identity")
     campaign: dict | None = _f(None, doc="gpus, trials and grids of the campaign that ran it")
@@ -465,6 +471,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("cluster", ("cluster",), "", str),
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
+    IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")

@@ -22,7 +22,9 @@ class TrainConfig:
     ``warmup`` epochs, which are trained but left out of the timing averages.
     ``comm_precision`` is the precision of the 3D layer's collectives, one for all
     classes or per class (``"bf16"``, ``"aggregation=int8,gather=bf16"``;
-    docs/comm-precision.md).
+    docs/comm-precision.md). ``layer_norm`` normalizes each layer's input rows (no
+    scale and shift) with FP32 statistics. The loss is the mean over the training
+    nodes of the graph's split (graph/splits: OGB split files, else a seeded random one).
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -42,6 +44,7 @@ class TrainConfig:
     backend: str = "gloo"
     dtype: str = "float32"
     comm_precision: str = "fp32"
+    layer_norm: bool = False
     check: bool = False
     collect_outputs: bool = False
     log: str | None = None

@@ -193,6 +193,16 @@ def comm_bytes_fields(per_rank_epochs) -> dict:
     return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
 
 
+def accuracy_fields(result: dict) -> dict:
+    """``split``, ``split_sizes``, ``accuracy`` (per part, every epoch) and ``final_accuracy``."""
+    acc = result.get("accuracy")
+    if not acc:
+        return {}
+    return {"split": result.get("split"), "split_sizes": result.get("split_sizes"),
+            "accuracy": {k: [float(v) for v in vals] for k, vals in acc.items()},
+            "final_accuracy": {k: float(vals[-1]) for k, vals in acc.items() if vals}}
+
+
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                   placement_ok=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
@@ -203,7 +213,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank)
+                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm))
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -274,6 +284,7 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
         rss_growth_bytes_per_rank=[int(m.get("rss_delta_bytes", 0)) for m in memory],
         persistent_bytes_per_rank=[int(m.get("persistent_bytes", 0)) for m in memory],
         **comm_bytes_fields(result.get("comm_bytes")),
+        **accuracy_fields(result),
         losses=losses,
         final_loss=losses[-1],
         setup_s=float(result["setup_s"]),
@@ -362,12 +373,14 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
 
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
-                              seed=config.seed, dtype=config.dtype)
+                              seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),
+                              layer_norm=bool(config.layer_norm))
         record = replace(RunRecord.from_dict(record),
                          check_loss_rel_diff=max_relative_difference(result["losses"], ref["losses"]),
                          check_output_rel_diff=max_relative_difference(result["outputs"], ref["outputs"], normwise=True),
                          reference_losses=ref["losses"],
-                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:]))).to_dict()
+                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:])),
+                         reference_accuracy={k: float(v[-1]) for k, v in ref["accuracy"].items()}).to_dict()
     _append(config, record)
     if config.collect_outputs:
         record = dict(record)
