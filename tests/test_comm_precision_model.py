@@ -96,3 +96,25 @@ def test_predict_cli_bf16_halves_bandwidth_bound_comm_and_auto_names_its_pick():
                           "--machine", "perlmutter", "--comm-precision", "auto", "--allow-precisions", "fp32,int3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--allow-precisions" in bad.stderr
+
+
+def test_quant_rates_fit_hand_derived_and_calibrate_cli(tmp_path):
+    from plexus_tune.fit.profile import fit_quant_rates
+
+    recs = [{"precision": "int8", "fp32_bytes": 1e6, "encode_ms": 1.0, "decode_ms": 0.1},
+            {"precision": "int8", "fp32_bytes": 2e6, "encode_ms": 3.0, "decode_ms": 0.2}]
+    # through the origin: rate = sum b^2 / sum b t = (1 + 4)e12 / (1e6 * 1e-3 + 2e6 * 3e-3) = 5e12 / 7e3 B/s
+    got = fit_quant_rates(recs)["int8"]
+    assert got["encode_gbps"] == pytest.approx(5e12 / 7e3 / 1e9)
+    assert got["decode_gbps"] == pytest.approx(5e12 / (1e6 * 1e-4 + 2e6 * 2e-4) / 1e9)
+    log = tmp_path / "q.jsonl"
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log), "--rows", "64",
+                          "--cols", "8", "--repeats", "1", "--precisions", "bf16,int2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    from plexus_tune.measure.store import read_records
+
+    records = read_records(log, schema="quant")[0]
+    assert [r["precision"] for r in records] == ["bf16", "int2"] and all(r["encode_ms"] > 0 for r in records)
+    bad = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log),
+                          "--precisions", "int3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

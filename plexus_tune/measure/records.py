@@ -35,7 +35,7 @@ from plexus_tune.errors import UserError
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
-SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2}
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1}
 FAILURE_STATUSES = ("failed", "oom", "timeout")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
@@ -49,6 +49,7 @@ RUN_SCHEMA = schema_name("run")
 SPMM_SCHEMA = schema_name("spmm")
 GEMM_SCHEMA = schema_name("gemm")
 COLLECTIVE_SCHEMA = schema_name("collective")
+QUANT_SCHEMA = schema_name("quant")
 
 #: (type, version) -> {old field: new field}: the renames from that version to the next.
 RENAMES: dict[tuple[str, int], dict[str, str]] = {
@@ -405,7 +406,24 @@ class CollectiveRecord(_Record):
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank")
 
 
-SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord)}
+@dataclass(kw_only=True)
+class QuantRecord(_Record):
+    """One timed encode and decode of a reduced communication precision (docs/comm-precision.md)."""
+
+    KIND: ClassVar[str] = "quant"
+    precision: str | None = _f(None, doc="bf16, fp16 (casts) or int8, int4, int2 (stochastic quantization, packed)")
+    rows: int | None = _f(None, "rows", "rows of the FP32 tensor (one zero point and scale each for intX)")
+    cols: int | None = _f(None, "columns", "columns of the FP32 tensor")
+    fp32_bytes: int | None = _f(None, "bytes", "4 rows cols, the FP32 data encoded and decoded")
+    encode_ms: float | None = _f(None, "ms", "cast or quantize, min over repeats")
+    decode_ms: float | None = _f(None, "ms", "cast back or dequantize, min over repeats")
+    repeats: int | None = _f(None, doc="timed calls of each")
+    threads: int | None = _f(None, "threads", "torch threads")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host")
+
+
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord)}
 
 
 def flatten_record(record: Mapping, *, sep: str = ".") -> dict:
