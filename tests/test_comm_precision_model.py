@@ -118,3 +118,12 @@ def test_quant_rates_fit_hand_derived_and_calibrate_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log),
                           "--precisions", "int3"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_search_auto_names_the_precision_it_picked(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "search", "--dataset", "ogbn-products", "--gpus", "64",
+                          "--trials", "6", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16",
+                          "--storage", f"sqlite:///{tmp_path / 's.db'}", "--top", "1"],
+                         capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "Picked precision: bf16" in out.stdout and "ScaleGNN (section V-B)" in out.stdout

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
+    from plexus_tune.cli.predict import add_precision_arguments
+
+    add_precision_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -104,15 +107,59 @@ def run(args) -> int:
         warm_start,
     )
 
+    import functools
+
+    from plexus_tune.cli.predict import precision_choices
+    from plexus_tune.model.costs import predict_grids
+
+    precisions, auto = precision_choices(args)
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if args.measured and precisions != ["fp32"]:
+        raise UserError("--comm-precision: measured searches train at fp32; search the model with a precision, "
+                        "or measure one with 'plexus-tune measure --comm-precision'")
     storage = open_storage(args.storage)
-    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
-    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
-    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
-    model = ModelEvaluator(workload, machine)
     console = Console()
+    results = {}
+    for precision in precisions:
+        results[precision] = _search_one(args, name, workload, machine, graph, space, storage, console, precision,
+                                         functools.partial(predict_grids, comm_precision=precision))
+    if auto or precisions != ["fp32"]:
+        from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
+
+        found = {p: v for p, v in results.items() if v is not None}
+        if not found:
+            console.print("no feasible configuration at any allowed precision")
+            return 0
+        pick = min(found, key=lambda p: found[p])
+        if auto:
+            ranked = ", ".join(f"{p} {v:.4g}" for p, v in sorted(found.items(), key=lambda kv: kv[1]))
+            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked})", highlight=False)
+        console.print(f"accuracy evidence for {pick}: {ACCURACY_EVIDENCE.get(pick, 'none recorded')}", highlight=False)
+    return 0
+
+
+def _search_one(args, name, workload, machine, graph, space, storage, console, precision, predict):
+    """One study at one communication precision; returns its best objective value (None if none)."""
+    from plexus_tune.search import (
+        ModelEvaluator,
+        Objective,
+        best_configs,
+        default_study_name,
+        open_study,
+        run_search,
+        spread_starts,
+        warm_start,
+    )
+
+    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
+    if precision != "fp32":
+        study_name += f"-comm-{precision}"
+    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured),
+             "comm_precision": precision}
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
+    model = ModelEvaluator(workload, machine, predict=predict)
     if args.measured:
         from plexus_tune.search import MeasuredEvaluator
 
@@ -135,7 +182,8 @@ def run(args) -> int:
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
-    return 0
+    best = best_configs(study, 1)
+    return None if best.empty else float(best["value"].iloc[0])
 
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
