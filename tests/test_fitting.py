@@ -378,7 +378,14 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
     assert fitted.report["time_sharing"] == {"host_cores": 2, "min": 2.0, "max": 4.0}
     # progress: each stage starts and finishes, in pipeline order
     stages = [c[0] for c in calls if c[1] == c[2]]
-    assert stages == [f"spmm {k}" for k in SPMM_KINDS] + ["collectives", "gemm", "epoch"]
+    assert stages == [f"spmm {k}" for k in SPMM_KINDS] + ["collectives", "gemm", "collectives on runs", "epoch"]
+    # with trainer runs, the collective form is the candidate whose profile fits the runs best (held-out epoch MAPE)
+    coll = fitted.collectives
+    on_runs = profile["fit"]["collectives"]["epoch_scores"]
+    assert set(on_runs) == set(coll.candidates) and len(on_runs) >= 3
+    assert coll.name == min(on_runs, key=lambda n: on_runs[n]["test_mape"]) == profile["fit"]["collectives"]["chosen"]
+    assert coll.selected_by == "epoch-fit held-out MAPE on trainer runs"
+    assert fitted.report["epoch"]["scores"]["test_mape"] == pytest.approx(on_runs[coll.name]["test_mape"])
     # folding the run fit into the rates: the SpMM entry is the fitted model scaled by the epoch's spmm factor
     shapes = (np.array([1e4, 3e5]), np.array([500.0, 9000.0]), np.array([800.0, 16000.0]), np.array([16.0, 64.0]))
     np.testing.assert_allclose(spmm_models.predict_spmm_ms(profile["spmm"], *shapes),

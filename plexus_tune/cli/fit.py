@@ -160,12 +160,16 @@ def run(args) -> int:
     coll = report["collectives"]
     ctable = Table(title=f"collective models on {coll['samples']} measurements: up to {args.splits} random 70/30 splits and each "
                    f"message size left out (means; * chosen)")
-    for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %"):
+    on_runs = coll.get("epoch_scores") or {}
+    for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %") + (("runs epoch-fit MAPE %",) if on_runs else ()):
         ctable.add_column(col, justify="left" if col == "model" else "right")
     for name, sc in coll["scores"].items():
+        runs_cell = (_fmt(on_runs[name].get("test_mape"), True) if name in on_runs else "-",) if on_runs else ()
         ctable.add_row(name + (" *" if name == coll["chosen"] else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
-                       _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True))
+                       _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True), *runs_cell)
     console.print(ctable)
+    if coll.get("selected_by"):
+        console.print(f"collective form chosen by the lowest {coll['selected_by']}")
     alpha, beta = coll["alpha_us"], coll["beta_gbps"]
     console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
                   f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"

@@ -16,7 +16,7 @@ measured); a more complex candidate must beat a simpler one by more than 1e-6 po
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -351,6 +351,9 @@ class CollectiveModel:
     ``name`` is the chosen candidate (form, "/no-sharing", "+table", "+stride"), ``scores``
     its held-out scores and ``all_scores`` every candidate's; ``same_as`` names candidates
     not scored because they predict exactly what another does on these rows.
+    ``candidates`` holds every usable candidate's network fitted on all rows, so that a
+    caller can choose among them on other evidence (:meth:`choose`); ``epoch_scores``
+    holds that evidence when it was used (the epoch fit's held-out scores per candidate).
     """
 
     network: Network
@@ -362,6 +365,12 @@ class CollectiveModel:
     placement_mismatches: int = 0
     selected_by: str = ""
     same_as: dict = field(default_factory=dict)
+    candidates: dict = field(default_factory=dict)
+    epoch_scores: dict = field(default_factory=dict)
+
+    def choose(self, name: str, selected_by: str) -> "CollectiveModel":
+        """The same fit with candidate ``name`` as the chosen network."""
+        return replace(self, network=self.candidates[name], name=name, scores=self.all_scores[name], selected_by=selected_by)
 
     @property
     def form(self) -> str:
@@ -497,7 +506,10 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     for c in usable[1:]:
         if all_scores[c.name].get(decide, math.inf) < all_scores[chosen.name].get(decide, math.inf) - MIN_GAIN:
             chosen = c
-    network, samples = fitter.fit(chosen, np.arange(len(rows.y)))
+    everything = np.arange(len(rows.y))
+    networks = {c.name: fitter.fit(c, everything) for c in usable}
+    network, samples = networks[chosen.name]
     return CollectiveModel(network=network, name=chosen.name, scores=all_scores[chosen.name], all_scores=all_scores,
                            n_samples=len(rows.y), tier_samples=samples, placement_mismatches=mismatches,
-                           selected_by=decide if len(usable) > 1 else "", same_as=same_as)
+                           selected_by=decide if len(usable) > 1 else "", same_as=same_as,
+                           candidates={name: net for name, (net, _) in networks.items()})

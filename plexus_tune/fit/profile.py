@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -322,6 +323,13 @@ def fit_profile(
     if cores:
         profile["host_cores"] = int(cores)
         profile["threads_per_rank"] = 1
+    runs_tbl = runs_table(_run_records(runs)) if runs else None
+    if runs_tbl is not None and collective_form == "auto" and len(coll.candidates) > 1:
+        started = time.perf_counter()
+        coll = _choose_collectives_on_runs(profile, coll, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "collectives on runs"))
+        profile["collectives"] = coll.to_dict()
+        coll_report = _collectives_report(coll)
+        timings["collectives on runs"] = time.perf_counter() - started
     provenance = {
         "gpus_per_node": "given" if gpus_per_node else (f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn)
                                                          else f"largest world size in the collective logs ({world})"),
@@ -330,7 +338,7 @@ def fit_profile(
         "elementwise_gbps": f"starting value {elementwise_gbps} GB/s",
         "spmm": f"fit_spmm kind {spmm_model.kind} ({'chosen by lowest held-out MAPE' if kind == 'auto' else 'as asked'}) on {len(spmm_df)} SpMM timings",
         "collectives": f"fit_collectives form {coll.name} ("
-        + (f"lowest {coll.selected_by} of {len(coll.all_scores)} candidates" if coll.selected_by else "as asked")
+        + (f"lowest {coll.selected_by} of {len(coll.candidates)} candidates" if coll.selected_by else "as asked")
         + f"; relative least squares) on {coll.n_samples} timings"
         + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
         + ("; times divided by the oversubscription of each calibration run" if time_sharing else ""),
@@ -352,6 +360,7 @@ def fit_profile(
         "seed": seed,
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
         "collectives": {"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
+                        "epoch_scores": coll.epoch_scores or None,
                         "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                         "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"},
         "gemm": {"tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
@@ -362,7 +371,7 @@ def fit_profile(
     report_epoch = None
     if runs:
         started = time.perf_counter()
-        epoch, report_epoch = _fit_epoch(profile, runs, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
+        epoch, report_epoch = _fit_epoch(profile, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
         profile = apply_epoch_fit(profile, epoch)
         provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
         for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
@@ -430,23 +439,54 @@ def _fit_collectives(coll_df, *, n_splits: int, seed: int, form: str, table: boo
         progress(0, 1)
     coll = fit_collectives(coll_df, n_splits=n_splits, seed=seed, form=form, table=table and "stride" in coll_df,
                            gpus_per_node=gpus_per_node)
-    net = coll.network
-    report = {"samples": coll.n_samples, "chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by,
-              "scores": coll.all_scores, "same_as": coll.same_as, "table_entries": len(coll.table),
-              "per_span_entries": len(getattr(net, "entries", ()) or ()) if coll.form == "per-span" else 0,
-              "alpha_us": {"intra": net.alpha_intra_us, "inter": net.alpha_inter_us},
-              "beta_gbps": {"intra": net.beta_intra_gbps, "inter": net.beta_inter_gbps},
-              "placement_mismatches": coll.placement_mismatches}
     if progress:
         progress(1, 1)
-    return coll, report
+    return coll, _collectives_report(coll)
 
 
-def _fit_epoch(profile: Mapping, runs, *, n_splits: int, seed: int, progress) -> tuple[EpochModel, dict]:
+def _collectives_report(coll: CollectiveModel) -> dict:
+    """What the CLI shows of a collective fit: samples, the chosen candidate, every candidate's
+    scores (and epoch-fit scores when chosen on runs), table and per-span entries, alpha and beta."""
+    net = coll.network
+    return {"samples": coll.n_samples, "chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by,
+            "scores": coll.all_scores, "same_as": coll.same_as, "table_entries": len(coll.table),
+            "per_span_entries": len(getattr(net, "entries", ()) or ()) if coll.form == "per-span" else 0,
+            "alpha_us": {"intra": net.alpha_intra_us, "inter": net.alpha_inter_us},
+            "beta_gbps": {"intra": net.beta_intra_gbps, "inter": net.beta_inter_gbps},
+            "placement_mismatches": coll.placement_mismatches, "epoch_scores": coll.epoch_scores}
+
+
+def _choose_collectives_on_runs(profile: Mapping, coll: CollectiveModel, runs_tbl, *, n_splits: int, seed: int,
+                                progress) -> CollectiveModel:
+    """The collective candidate whose profile fits the trainer runs best: the lowest held-out
+    MAPE of the epoch-level fit (random splits of the configurations), each candidate's
+    network put in the profile in turn. Collective timings alone can favour a form that
+    ranks grids worse (docs/profiles.md, fitted profiles); the runs are the end-to-end
+    evidence. Ties keep the candidate chosen on the collective timings."""
+    scores = {}
+    names = list(coll.candidates)
+    for i, name in enumerate(names):
+        if progress:
+            progress(i, len(names))
+        trial = {**profile, "collectives": coll.choose(name, "").to_dict()}
+        epoch, _ = _fit_epoch(trial, runs_tbl, n_splits=n_splits, seed=seed, progress=None)
+        scores[name] = epoch.scores
+    if progress:
+        progress(len(names), len(names))
+    best = coll.name
+    for name in names:
+        if scores[name].get("test_mape", math.inf) < scores[best].get("test_mape", math.inf) - 1e-9:
+            best = name
+    chosen = coll.choose(best, "epoch-fit held-out MAPE on trainer runs")
+    chosen.epoch_scores = scores
+    return chosen
+
+
+def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress) -> tuple[EpochModel, dict]:
     """The epoch-level fit of the profile's predictions to trainer runs (the runs table: medians over trials) and its report."""
     if progress:
         progress(0, 1)
-    frame = predict_runs(runs_table(_run_records(runs)), profile)
+    frame = predict_runs(runs_tbl, profile)
     raw_mape = float(100 * np.mean(np.abs(frame["pred_epoch_ms"] - frame["obs_epoch_ms"]) / frame["obs_epoch_ms"]))
     epoch = fit_epoch(frame, n_splits=n_splits, seed=seed)
     if progress:
