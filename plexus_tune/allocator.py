@@ -41,3 +41,18 @@ def retain_large_allocations(threshold_bytes: int = RETAIN_BYTES) -> bool:
     value = int(min(threshold_bytes, 2**31 - 1))
     trim = int(min(2 * threshold_bytes, 2**31 - 1))
     return bool(mallopt(M_MMAP_THRESHOLD, value)) and bool(mallopt(M_TRIM_THRESHOLD, trim))
+
+
+def configure_compute_process(threads: int | None = None) -> None:
+    """Entry point of a process that trains or times: process-wide settings, set once.
+
+    Raises the allocator thresholds (:func:`retain_large_allocations`) and, when
+    ``threads`` is given, sets torch's intra-op thread count. Called where a process
+    starts its work (a rank's process body, the ``calibrate`` and ``train`` commands, a
+    runner script), never inside library functions, which leave process state alone.
+    """
+    retain_large_allocations()
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))

@@ -18,6 +18,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.fit.validation import predict_runs
+from plexus_tune.measure.records import runs_table, setting_labels
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.workload import Workload, workload_from_dataset
+from plexus_tune.search import trials_frame
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
 BREAKDOWN_PARTS = (
@@ -99,16 +106,14 @@ def r2_identity(predicted, observed) -> float:
 
 def runs_frame(log_or_records):
     """The runs table (one row per run identity, medians over its successful trials) of a log, logs or records."""
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-
     source = log_or_records
     if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
                                                    and all(isinstance(s, (str, os.PathLike)) for s in source)):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         for path in paths:
             if not os.path.exists(path):
-                raise UserError(f"run log {str(path)!r} does not exist; run plexus-tune measure or train --log first")
+                raise UserError(f"run log {str(path)!r} does not exist; log runs first (plexus-tune measure, or train with a log)",
+                                parameter="log")
         source = read_runs(paths)
     return runs_table(source)
 
@@ -120,7 +125,7 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     graphs = sorted(set(frame["graph_name"].dropna().astype(str)))
     if graph is None:
         if len(graphs) != 1:
-            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one with --graph")
+            raise UserError(f"the log holds several graphs ({', '.join(graphs)}); choose one", parameter="graph")
         graph = graphs[0]
     mask = np.zeros(len(frame), dtype=bool)
     for col in ("graph_name", "graph"):
@@ -131,7 +136,8 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     if gpus is None:
         counts = sorted(set(sub["gpus"].astype(int)))
         if len(counts) != 1:
-            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one with --gpus")
+            raise UserError(f"graph {graph!r} was run on several GPU counts ({', '.join(map(str, counts))}); choose one",
+                            parameter="gpus")
         gpus = counts[0]
     sub = sub[sub["gpus"].astype(int) == int(gpus)]
     if sub.empty:
@@ -141,8 +147,6 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
 
 def workload_of_runs(runs):
     """The workload the runs trained (graph statistics, widths and element size of the first row)."""
-    from plexus_tune.model.workload import Workload
-
     r = runs.iloc[0]
     return Workload(name=str(r["graph_name"]), nodes=int(r["graph_nodes"]), nnz=int(r["nnz"]), widths=tuple(r["widths"]),
                     bytes_per_element=int(r["bytes_per_element"]))
@@ -158,12 +162,8 @@ def pred_obs_frame(runs, machine=None):
     gy, gz, trials, obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms,
     pred_<key>, pred_feasible.
     """
-    from plexus_tune.measure.records import setting_labels
-
     keys = [k for k, _, _ in BREAKDOWN_PARTS] + ["comm_ms"]
     if machine is not None:
-        from plexus_tune.fit.validation import predict_runs
-
         runs = predict_runs(runs, machine)
     frame = runs.copy()
     labels = setting_labels(frame)
@@ -174,17 +174,13 @@ def pred_obs_frame(runs, machine=None):
                "pred_epoch_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
     frame = frame[columns]
     if frame["pred_epoch_ms"].isna().all():
-        raise UserError("the runs carry no prediction; give --machine to predict them with a profile")
+        raise UserError("the runs carry no prediction; give a machine profile to predict them", parameter="machine")
     return frame
 
 
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
-
-    from plexus_tune.model.costs import predict_grids
-    from plexus_tune.model.grid import enumerate_grids
-    from plexus_tune.model.workload import workload_from_dataset
 
     rows = []
     for name in datasets:
@@ -205,8 +201,6 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
 def observed_scaling_frame(runs):
     """Best observed epoch per (graph, G) (and setting, when several) of a runs table: dataset, gpus, best_grid, obs_epoch_ms."""
     import pandas as pd
-
-    from plexus_tune.measure.records import setting_labels
 
     if runs.empty:
         return pd.DataFrame(columns=["dataset", "gpus", "best_grid", "obs_epoch_ms"])
@@ -321,8 +315,6 @@ def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     ``trials`` is :func:`plexus_tune.search.trials_frame` of a study (or the study itself).
     """
     if not hasattr(trials, "columns"):
-        from plexus_tune.search import trials_frame
-
         trials = trials_frame(trials)
     done = trials[(trials["state"] == "COMPLETE") & trials["value"].notna()].sort_values("number")
     if done.empty:

@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     from plexus_tune.launch import default_threads_per_rank
     from plexus_tune.model.memory import memory_breakdown
     from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.allocator import configure_compute_process
     from plexus_tune.trainer.reference import reference_train
     from plexus_tune.model.workload import Workload
 
@@ -81,8 +82,9 @@ def main(argv=None) -> int:
     print(f"3D trainer 1x1x1: {rec1['epoch_ms']:.1f} ms/epoch (+- {rec1['epoch_ms_std']:.1f}); spmm "
           f"{rec1['spmm_ms']:.1f}, gemm {rec1['gemm_ms']:.1f}, other {rec1['other_ms']:.1f}  [load {load_average()}]")
     if not args.skip_pyg:
+        configure_compute_process(cores)  # as the ranks run
         ref = reference_train(graph, layers=args.layers, hidden=args.hidden, epochs=args.epochs, lr=0.01,
-                              weight_decay=0.01, seed=0, threads=cores)
+                              weight_decay=0.01, seed=0)
         pyg_ms = float(np.mean(ref["epoch_ms"][args.warmup:]))
         pyg_std = float(np.std(ref["epoch_ms"][args.warmup:]))
         print(f"serial PyG GCN:   {pyg_ms:.1f} ms/epoch (+- {pyg_std:.1f})  [load {load_average()}]")

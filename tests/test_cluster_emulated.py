@@ -65,9 +65,9 @@ BAD_SPECS = [
     ("emulated:nodes=2,,ranks_per_node=2,inter_gbps=1", "not key=value"),
     ("emulated:nodes=2,nodes=3,ranks_per_node=2,inter_gbps=1", "given twice"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,speed=3", "unknown key 'speed'"),
-    ("emulated:nodes=0,ranks_per_node=2,inter_gbps=1", "nodes must be >= 1"),
+    ("emulated:nodes=0,ranks_per_node=2,inter_gbps=1", "nodes must be a whole number >= 1, got 0"),
     ("emulated:nodes=1.5,ranks_per_node=2,inter_gbps=1", "nodes must be a whole number"),
-    ("emulated:nodes=2,ranks_per_node=0,inter_gbps=1", "ranks_per_node must be >= 1"),
+    ("emulated:nodes=2,ranks_per_node=0,inter_gbps=1", "ranks_per_node must be a whole number >= 1, got 0"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=0", "inter_gbps must be > 0"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=-1", "inter_gbps must be > 0"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=nan", "finite"),
@@ -75,7 +75,7 @@ BAD_SPECS = [
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=fast", "finite"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,inter_latency_us=-5", "inter_latency_us must be >= 0"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,inter_latency_us=inf", "finite"),
-    ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,nics=0", "nics must be >= 1"),
+    ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,nics=0", "nics must be a whole number >= 1, got 0"),
     ("emulated:nodes=2,ranks_per_node=2,inter_gbps=1,intra=nvlink", "intra=loopback"),
     ("local:nodes=2", "unknown key 'nodes'"),
 ]
@@ -233,8 +233,9 @@ def test_without_root_or_tools_nothing_is_created(monkeypatch):
 
     before = set(netns_list())
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(UserError, match="needs root.*--cluster local"):
+    with pytest.raises(UserError, match="needs root.*use the local cluster") as err:
         EmulatedCluster("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1").start()
+    assert err.value.parameter == "cluster"
     monkeypatch.undo()
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else real_which(tool))

@@ -1,6 +1,6 @@
 import pytest
 
-import plexus_tune.trainer as trainer_pkg
+import plexus_tune.measure.campaign as campaign_mod
 from plexus_tune.cli import main
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
@@ -23,7 +23,7 @@ def _fake_trainer(calls, fail_grids=()):
 
 def test_campaign_logs_every_trial_keeps_failures_and_resumes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls, fail_grids={(1, 2, 1)}))
+    monkeypatch.setattr(campaign_mod, "run_training", _fake_trainer(calls, fail_grids={(1, 2, 1)}))
     log = tmp_path / "runs.jsonl"
     grids = [(2, 1, 1), (1, 2, 1)]
     new = run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, machine="perlmutter")
@@ -49,8 +49,9 @@ def test_choose_grids():
     assert choose_grids(4, "2x2x1,1x1x4") == [(2, 2, 1), (1, 1, 4)]
     with pytest.raises(UserError, match="has 8 ranks"):
         choose_grids(4, "2x2x2")
-    with pytest.raises(UserError, match="needs --machine"):
+    with pytest.raises(UserError, match="need a machine profile") as err:
         choose_grids(4, "top:2")
+    assert err.value.parameter == "machine" and "--" not in str(err.value)  # the CLI names the flag
     from plexus_tune.model.costs import predict_grids, rank_order
     from plexus_tune.model.machine import load_machine
     from plexus_tune.measure.campaign import workload_of
@@ -106,7 +107,7 @@ def test_measure_and_train_reject_a_bad_graph_before_any_run(tmp_path, run_cli, 
 
 def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))
+    monkeypatch.setattr(campaign_mod, "run_training", _fake_trainer(calls))
     grids = [(4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (2, 1, 2), (1, 2, 2)]
     new = run_campaign(SPEC, 4, grids, log=tmp_path / "runs.jsonl", trials=3, epochs=3, warmup=1, hidden=8)
     trials = [r["trial"] for r in new]
@@ -124,7 +125,7 @@ def test_campaign_resumes_a_v1_log(tmp_path, monkeypatch):
     from plexus_tune.measure.campaign import campaign_config
 
     calls = []
-    monkeypatch.setattr(trainer_pkg, "run_training", _fake_trainer(calls))
+    monkeypatch.setattr(campaign_mod, "run_training", _fake_trainer(calls))
     log = tmp_path / "runs.jsonl"
     with open(log, "w") as fh:
         for trial in range(2):

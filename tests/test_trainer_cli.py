@@ -78,10 +78,10 @@ def test_failing_run_exits_nonzero_with_the_rank_error(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--grid", "2x2"], "GXxGYxGZ"),
     (["--grid", "2xAx1"], "GXxGYxGZ"),
-    (["--grid", "2x2x2", "--gpus", "4"], "--gpus is 4"),
+    (["--grid", "2x2x2", "--gpus", "4"], "the GPU count is 4; make the product of the grid equal the GPU count (--gpus)"),
     (["--grid", "1x1x1", "--backend", "nccl"], "CUDA"),
     (["--grid", "1x1x1", "--warmup", "5", "--epochs", "5"], "warmup < epochs"),
-    (["--grid", "1x1x1", "--overlap"], "--block-rows"),
+    (["--grid", "1x1x1", "--overlap"], "overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM) (--block-rows)"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     assert main(["train", "--synthetic", SPEC] + args) == 2

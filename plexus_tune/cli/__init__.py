@@ -1,9 +1,10 @@
 """The ``plexus-tune`` command line.
 
 Each sub-command lives in its own module of this package and exposes
-``register(subparsers)``; the module must stay cheap to import (argparse only at
-module level, heavy imports such as numpy, pandas or torch inside the handler), so
-that ``plexus-tune predict`` starts fast and never imports torch.
+``register(subparsers)``; the module must stay cheap to import (torch, optuna,
+matplotlib and pandas, and the internal modules that import them at module level,
+are imported inside the handler), so that ``plexus-tune predict`` starts fast and
+never imports them (tests/test_imports.py).
 
 Handlers raise :class:`plexus_tune.errors.UserError` for bad input; ``main`` prints
 it as one line on stderr and exits with code 2.
@@ -60,6 +61,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
+    """`` (--flag)`` for the input a UserError names (its ``parameter``), where the command has such an option.
+
+    The option is found by its argparse ``dest`` in the parser of the command that ran
+    (sub-commands included), so a library parameter ``block_rows`` becomes ``--block-rows``.
+    """
+    names = [parameter] if isinstance(parameter, str) else list(parameter or ())
+    while True:  # the parser of the (sub-)command that ran
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else ()):
+            break
+        parser = subs[0].choices[chosen]
+    flags = []
+    for name in names:
+        for action in parser._actions:
+            long = [o for o in action.option_strings if o.startswith("--")]
+            if action.dest == name and long:
+                flags.append(long[0])
+                break
+    return f" ({'/'.join(flags)})" if flags else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.handler(args)
     except UserError as exc:
-        print(f"plexus-tune: error: {exc}", file=sys.stderr)
+        print(f"plexus-tune: error: {exc}{flag_hint(parser, args, exc.parameter)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("plexus-tune: interrupted", file=sys.stderr)

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from plexus_tune import graph as graph_pkg
+from plexus_tune.allocator import configure_compute_process
+from plexus_tune.errors import UserError
+from plexus_tune.measure.microbench import (
+    calibrate_collectives,
+    calibrate_graph_shards,
+    collective_shapes,
+    parse_sizes,
+    spmm_sweep,
+    sweep_shapes,
+)
+from plexus_tune.measure.store import append_records, environment_info, record_type
+from plexus_tune.model.grid import enumerate_grids
+
 
 
 def register(subparsers) -> None:
@@ -107,8 +121,6 @@ def run_quant(args) -> int:
 
 
 def _positive(value, flag: str) -> int:
-    from plexus_tune.errors import UserError
-
     if value is None or int(value) < 1:
         raise UserError(f"{flag} must be a positive integer, got {value!r}")
     return int(value)
@@ -124,10 +136,6 @@ def _quiet_torch_warnings() -> None:
 def run_collectives(args) -> int:
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune.measure.microbench import calibrate_collectives, collective_shapes, parse_sizes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records
 
     _quiet_torch_warnings()
     gpus = _positive(args.gpus, "--gpus")
@@ -172,14 +180,8 @@ def run_collectives(args) -> int:
 def _load_graph(text: str):
     import os
 
-    from plexus_tune import graph as graph_pkg
-    from plexus_tune.errors import UserError
-
     if os.path.exists(text):
-        loader = getattr(graph_pkg, "load_graph", None)
-        if loader is None:
-            raise UserError("this installation cannot read graph files; give a synthetic spec such as rmat:nodes=4096,edges=65536")
-        return loader(text)
+        return graph_pkg.load_graph(text)
     if ":" not in text:
         raise UserError(f"graph {text!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
     return graph_pkg.synthetic(text)
@@ -189,13 +191,10 @@ def run_spmm(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from plexus_tune.measure.microbench import calibrate_graph_shards, spmm_sweep, sweep_shapes
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.store import append_records, environment_info, record_type
-
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
+    configure_compute_process(threads)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     env = environment_info()
@@ -212,7 +211,7 @@ def run_spmm(args) -> int:
         with Progress(*columns, console=console, transient=True) as progress:
             passes = _positive(args.passes, "--passes")
             task = progress.add_task("SpMM sweep", total=len(shapes) * passes)
-            records = spmm_sweep(shapes, seed=args.seed, threads=threads, repeats=repeats, passes=passes,
+            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
                                  statistic=args.statistic, progress=lambda: progress.advance(task))
     else:
         if args.gpus is None:
@@ -222,7 +221,6 @@ def run_spmm(args) -> int:
         hidden = _positive(args.hidden, "--hidden")
         graph = _load_graph(args.graph)
         widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
-        from plexus_tune.model.grid import enumerate_grids
 
         grids = enumerate_grids(gpus)
         with Progress(*columns, console=console, transient=True) as progress:
@@ -233,7 +231,6 @@ def run_spmm(args) -> int:
                 gpus,
                 grids=grids,
                 seed=args.seed,
-                threads=threads,
                 repeats=repeats,
                 all_shards=args.all_shards,
                 graph_name=graph.name,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from plexus_tune.model.workload import list_datasets
+
 FORMATS = ("table", "json", "csv")
 
 
@@ -19,8 +21,6 @@ def run(args) -> int:
     import dataclasses
     import json
     import sys
-
-    from plexus_tune.model.workload import list_datasets
 
     infos = list_datasets()
     rows = [dataclasses.asdict(info) for info in infos]

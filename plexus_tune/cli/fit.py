@@ -6,6 +6,9 @@ shows progress on stderr, prints the scores and writes the profile.
 
 from __future__ import annotations
 
+from plexus_tune import fit as fitting
+from plexus_tune.errors import UserError
+
 #: flags of the arguments whose values the profile's provenance names
 _GIVEN = {"gpus_per_node": "--gpus-per-node", "device_memory_gib": "--device-memory-gib", "gemm_tflops": "--gemm-tflops", "host_cores": "--host-cores"}
 
@@ -106,9 +109,6 @@ def run(args) -> int:
 
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune import fit as fitting
-    from plexus_tune.errors import UserError
 
     if args.splits < 0:
         raise UserError("--splits must be >= 0")

@@ -5,6 +5,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from plexus_tune.errors import UserError
+from plexus_tune.graph import (
+    GENERATORS,
+    balance_report,
+    generate,
+    load_graph,
+    parse_blocks,
+    read_manifest,
+    save_graph,
+    synthetic,
+    write_shards,
+)
+from plexus_tune.graph.atomic import check_output_path
+from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.io import save_format_for
+
 GENERATOR_KINDS = ("rmat", "grid2d")
 
 
@@ -118,9 +134,6 @@ def _progress(description: str):
 def _open_graph(text: str, args):
     import os
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.graph import GENERATORS, load_graph, synthetic
-
     if os.path.exists(text):
         return load_graph(text, directed=args.directed, features=args.make_features, classes=args.make_classes)
     kind = text.split(":", 1)[0].lower()
@@ -131,12 +144,6 @@ def _open_graph(text: str, args):
 
 
 def run_generate(args) -> int:
-    from plexus_tune.errors import UserError
-    from plexus_tune.graph import generate, save_graph
-    from plexus_tune.graph.atomic import check_output_path
-    from plexus_tune.graph.generators import parse_spec
-    from plexus_tune.graph.io import save_format_for
-
     save_format_for(args.out)
     check_output_path(args.out, args.force)
     spec = [f"nodes={args.nodes}", f"features={args.features}", f"classes={args.classes}", f"seed={args.seed}"]
@@ -161,11 +168,6 @@ def run_generate(args) -> int:
 def run_convert(args) -> int:
     import os
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.graph import load_graph, save_graph
-    from plexus_tune.graph.atomic import check_output_path
-    from plexus_tune.graph.io import save_format_for
-
     fmt = save_format_for(args.output)
     check_output_path(args.output, args.force)
     if os.path.abspath(args.input) == os.path.abspath(args.output):
@@ -180,8 +182,6 @@ def run_convert(args) -> int:
 
 def _graph_stats(graph, blocks, modes, seed) -> dict:
     import numpy as np
-
-    from plexus_tune.graph import balance_report
 
     degree = np.diff(graph.adjacency.indptr)
     out = {
@@ -209,9 +209,6 @@ def _graph_stats(graph, blocks, modes, seed) -> dict:
 def _shard_stats(path, blocks) -> dict:
     import numpy as np
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.graph import read_manifest
-
     manifest = read_manifest(path)
     fr, fc = manifest["blocks"]
     rb, cb = blocks
@@ -237,8 +234,6 @@ def _shard_stats(path, blocks) -> dict:
 def run_stats(args) -> int:
     import json
     import os
-
-    from plexus_tune.graph import parse_blocks
 
     blocks = parse_blocks(args.blocks)
     if os.path.isdir(args.path) and os.path.isfile(os.path.join(args.path, "manifest.json")):
@@ -302,9 +297,6 @@ def _print_shard_table(stats: dict) -> None:
 
 
 def run_shard(args) -> int:
-    from plexus_tune.graph import parse_blocks, write_shards
-    from plexus_tune.graph.atomic import check_output_path
-
     blocks = parse_blocks(args.blocks)
     check_output_path(args.out, args.force)
     graph = _open_graph(args.path, args)

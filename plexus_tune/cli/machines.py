@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from plexus_tune.model.machine import FIELDS, list_machines, load_machine
+from plexus_tune.model.spmm import describe_spmm_model
+
 FORMATS = ("table", "json")
 
 
@@ -57,8 +60,6 @@ def run(args) -> int:
 
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune.model.machine import FIELDS, list_machines, load_machine
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.fields:
@@ -150,8 +151,6 @@ def run(args) -> int:
 def _spmm_text(spmm) -> str:
     """The SpMM entry as JSON when short, else a one-line description (--format json shows all)."""
     import json
-
-    from plexus_tune.model.spmm import describe_spmm_model
 
     text = json.dumps(spmm)
     return text if len(text) <= 300 else describe_spmm_model(spmm) + " (full entry: --format json)"

@@ -5,7 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    choose_grids,
+    config_identity,
+    graph_source_text,
+    load_stats,
+    run_campaign,
+    workload_of,
+)
+from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -45,13 +59,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.campaign import campaign_config, choose_grids, graph_source_text, load_stats, run_campaign, workload_of
-
     graph = args.graph or args.synthetic
     comm_precision = comm_precision_of(args)
-    from plexus_tune.comm_precision_model import check_backend
-
     check_backend(args.backend, comm_precision)
     graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
@@ -61,8 +70,6 @@ def run(args) -> int:
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
     machine = None
     if args.machine:
-        from plexus_tune.model.machine import load_machine
-
         machine = load_machine(args.machine)
     stats = load_stats(graph) if machine is not None else None
     workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
@@ -124,10 +131,6 @@ def _summary(console, log, config, gpus) -> None:
     import math
 
     from rich.table import Table
-
-    from plexus_tune.measure.campaign import config_identity
-    from plexus_tune.measure.records import run_setting, runs_table
-    from plexus_tune.measure.store import read_runs
 
     setting = run_setting(config_identity(config))
     table = runs_table(read_runs(log, warn=False), include_failed=True)

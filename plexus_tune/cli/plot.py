@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from plexus_tune import plotting
+from plexus_tune.errors import UserError
+from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.plotting import save_figure
+from plexus_tune.search import objective_unit, open_storage, parse_gpus
+
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
 KINDS = ("pred-vs-obs", "breakdown", "scaling", "history", "importances")
@@ -54,8 +63,6 @@ def _usage(parser) -> int:
 
 
 def _formats(text: str) -> list[str]:
-    from plexus_tune.errors import UserError
-
     fmts = [f.strip().lower() for f in text.split(",") if f.strip()]
     bad = [f for f in fmts if f not in ("png", "svg", "pdf")]
     if not fmts or bad:
@@ -65,9 +72,6 @@ def _formats(text: str) -> list[str]:
 
 def _load_study(args):
     import optuna
-
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import open_storage
 
     storage = open_storage(args.storage, heartbeat_interval=None, grace_period=None)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -80,14 +84,9 @@ def _load_study(args):
 
 def make_figure(args):
     """(figure, file stem) for the parsed arguments."""
-    from plexus_tune import plotting
-    from plexus_tune.errors import UserError
-
     kind = args.plot_kind
     machine = None
     if getattr(args, "machine", None):
-        from plexus_tune.model.machine import load_machine
-
         machine = load_machine(args.machine)
     if kind in ("pred-vs-obs", "breakdown"):
         if args.gpus is not None and args.gpus < 1:
@@ -96,10 +95,6 @@ def make_figure(args):
             if not args.dataset or not args.gpus or machine is None:
                 raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
             import numpy as np
-
-            from plexus_tune.model.costs import predict_grids, rank_order
-            from plexus_tune.model.grid import enumerate_grids
-            from plexus_tune.model.workload import workload_from_dataset
 
             workload = workload_from_dataset(args.dataset)
             grids = enumerate_grids(args.gpus)
@@ -121,8 +116,6 @@ def make_figure(args):
             return plotting.plot_pred_vs_obs(frame, title=f"predicted vs observed epoch\n{where}"), f"pred-vs-obs_{graph}_G{gpus}"
         return plotting.plot_breakdown(frame, title=f"breakdown per grid\n{where}"), f"breakdown_{graph}_G{gpus}"
     if kind == "scaling":
-        from plexus_tune.search import parse_gpus
-
         names = [d.strip() for d in args.datasets.split(",") if d.strip()]
         if not names:
             raise UserError("--datasets is empty; name one or more catalog datasets")
@@ -136,8 +129,6 @@ def make_figure(args):
     if kind == "history":
         objective = study.user_attrs.get("objective", "value")
         if objective in ("epoch", "gpu-hours"):
-            from plexus_tune.search import objective_unit
-
             objective = f"{objective} ({objective_unit(objective)})"
         return plotting.plot_search_history(study, title=f"search history: {args.study}", objective=objective), f"history_{args.study}"
     return plotting.plot_param_importances(study, title=f"parameter importances: {args.study}"), f"importances_{args.study}"
@@ -145,9 +136,6 @@ def make_figure(args):
 
 def run(args) -> int:
     import os
-
-    from plexus_tune.errors import UserError
-    from plexus_tune.plotting import save_figure
 
     formats = _formats(args.format)
     if os.path.exists(args.out) and not os.path.isdir(args.out):

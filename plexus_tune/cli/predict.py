@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.grid import check_gpus, enumerate_grids
+from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.workload import Workload, get_dataset
+
 FORMATS = ("table", "json", "csv")
 TABLE_COLUMNS = (
     ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
@@ -25,23 +34,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_option(value, option: str, *, minimum: int = 1) -> int:
-    from plexus_tune.errors import UserError
-
-    text = str(value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise UserError(f"{option} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise UserError(f"{option} must be at least {minimum}, got {number}")
-    return number
+    return whole_number(value, option, minimum=minimum)
 
 
 def workload_from_args(args):
     """Build the Workload an argparse namespace describes (UserError on bad values)."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.workload import Workload, get_dataset
-
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
@@ -101,9 +98,6 @@ def add_precision_arguments(parser) -> None:
 
 def precision_choices(args) -> tuple[list[str], bool]:
     """(precisions to evaluate, whether auto picks among them); UserError naming the flag."""
-    from plexus_tune.comm_precision_model import parse_allowed, parse_comm_precision
-    from plexus_tune.errors import UserError
-
     text = str(args.comm_precision).strip().lower()
     try:
         if text == "auto":
@@ -155,8 +149,6 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
 
 def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
     """The precision's lines under the table: its communication and codec time, and what auto chose."""
-    from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
-
     best = int(order[0])
     if precision != "fp32" or auto:
         line = (f"communication at {precision}: {pred['comm_ms'][best]:.2f} ms on the wire + "
@@ -173,13 +165,6 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
 def run(args) -> int:
     import json
     import sys
-
-    import numpy as np
-
-    from plexus_tune.model.costs import prediction_records, predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import check_gpus, enumerate_grids
-    from plexus_tune.model.machine import GIB, load_machine
 
     workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    logged_trials,
+    predicted_fields,
+)
+from plexus_tune.measure.records import run_identity, runs_table
+from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
+from plexus_tune.model.machine import load_machine
+from plexus_tune.search import graph_workload
+from plexus_tune.trainer import run_training
+
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -39,16 +54,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from plexus_tune.model.costs import predict_grids, rank_order
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.measure.campaign import campaign_config, logged_trials, predicted_fields
-    from plexus_tune.search import graph_workload
-
     comm_precision = comm_precision_of(args)
-    from plexus_tune.comm_precision_model import check_backend
-
     check_backend(args.backend, comm_precision)
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
@@ -83,10 +89,6 @@ def run(args) -> int:
                       _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), f"{pred['memory_gib'][i]:.2f}",
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
-
-    from plexus_tune.measure.records import run_identity, runs_table
-    from plexus_tune.measure.store import append_records, read_runs
-    from plexus_tune.trainer import run_training
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,

@@ -3,6 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import functools
+
+from plexus_tune.cli.predict import add_precision_arguments, precision_choices
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
+from plexus_tune.errors import UserError
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.search import (
+    MeasuredEvaluator,
+    ModelEvaluator,
+    Objective,
+    SearchSpace,
+    best_configs,
+    check_objective,
+    default_study_name,
+    finished_trials,
+    graph_workload,
+    objective_unit,
+    open_storage,
+    open_study,
+    parse_gpus,
+    run_search,
+    spread_starts,
+    warm_start,
+)
 
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
 
@@ -43,16 +69,11 @@ def register(subparsers) -> None:
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
-    from plexus_tune.cli.predict import add_precision_arguments
-
     add_precision_arguments(p)
     p.set_defaults(handler=run)
 
 
 def parse_block_range(text):
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import parse_gpus
-
     if text is None:
         return None
     try:
@@ -64,10 +85,6 @@ def parse_block_range(text):
 
 def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.search import SearchSpace, check_objective, parse_gpus
-
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
     if args.trials < 1:
@@ -77,13 +94,9 @@ def build_inputs(args):
     machine = load_machine(args.machine)
     graph = None
     if args.dataset is not None:
-        from plexus_tune.model.workload import workload_from_dataset
-
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
     else:
-        from plexus_tune.search import graph_workload
-
         graph = args.graph
         stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
         name = stats.name
@@ -93,25 +106,10 @@ def build_inputs(args):
 
 
 def run(args) -> int:
+    import optuna
     from rich.console import Console
 
-    from plexus_tune.errors import UserError
-    from plexus_tune.search import (
-        ModelEvaluator,
-        Objective,
-        default_study_name,
-        open_storage,
-        open_study,
-        run_search,
-        spread_starts,
-        warm_start,
-    )
-
-    import functools
-
-    from plexus_tune.cli.predict import precision_choices
-    from plexus_tune.model.costs import predict_grids
-
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     precisions, auto = precision_choices(args)
     name, workload, machine, graph, space = build_inputs(args)
     if args.measured and graph is None:
@@ -126,8 +124,6 @@ def run(args) -> int:
         results[precision] = _search_one(args, name, workload, machine, graph, space, storage, console, precision,
                                          functools.partial(predict_grids, comm_precision=precision))
     if auto or precisions != ["fp32"]:
-        from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
-
         found = {p: v for p, v in results.items() if v is not None}
         if not found:
             console.print("no feasible configuration at any allowed precision")
@@ -142,17 +138,6 @@ def run(args) -> int:
 
 def _search_one(args, name, workload, machine, graph, space, storage, console, precision, predict):
     """One study at one communication precision; returns its best objective value (None if none)."""
-    from plexus_tune.search import (
-        ModelEvaluator,
-        Objective,
-        best_configs,
-        default_study_name,
-        open_study,
-        run_search,
-        spread_starts,
-        warm_start,
-    )
-
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     if precision != "fp32":
         study_name += f"-comm-{precision}"
@@ -161,8 +146,6 @@ def _search_one(args, name, workload, machine, graph, space, storage, console, p
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
     model = ModelEvaluator(workload, machine, predict=predict)
     if args.measured:
-        from plexus_tune.search import MeasuredEvaluator
-
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                       timeout_s=args.timeout, log_path=args.log)
@@ -173,7 +156,6 @@ def _search_one(args, name, workload, machine, graph, space, storage, console, p
     else:
         objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
         warm_start(study, space, spread_starts(space, args.starts))
-    from plexus_tune.search import finished_trials
 
     before = len(finished_trials(study))
     ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
@@ -188,8 +170,6 @@ def _search_one(args, name, workload, machine, graph, space, storage, console, p
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:
     from rich.table import Table
-
-    from plexus_tune.search import best_configs, objective_unit
 
     best = best_configs(study, top)
     if best.empty:

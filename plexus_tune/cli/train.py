@@ -6,7 +6,13 @@ import argparse
 import sys
 import numpy as np
 
+from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
+from plexus_tune.errors import UserError
+from plexus_tune.launch import detect_environment
+from plexus_tune.model.grid import parse_grid
+from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
 
 
 def register(subparsers) -> None:
@@ -68,9 +74,6 @@ def add_comm_precision_argument(parser) -> None:
 
 def comm_precision_of(args: argparse.Namespace) -> str:
     """The canonical text of ``--comm-precision`` (UserError naming the flag if it is bad)."""
-    from plexus_tune.comm_precision_model import parse_comm_precision
-    from plexus_tune.errors import UserError
-
     try:
         return str(parse_comm_precision(args.comm_precision))
     except UserError as exc:
@@ -78,14 +81,8 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 
 def _config(args: argparse.Namespace):
-    from plexus_tune.errors import UserError
-    from plexus_tune.model.grid import parse_grid
-    from plexus_tune.trainer import TrainConfig
-
     grid = parse_grid(args.grid)
     comm_precision = comm_precision_of(args)
-    from plexus_tune.comm_precision_model import check_backend
-
     check_backend(args.backend, comm_precision)
     for name in ("layers", "hidden", "epochs"):
         if getattr(args, name) < 1:
@@ -149,9 +146,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     config = _config(args)
-    from plexus_tune.trainer import TrainingFailed, run_training
-
-    from plexus_tune.launch import detect_environment
+    if config.check:
+        configure_compute_process()  # the serial reference runs in this process, as the ranks do
 
     launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
     try:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from plexus_tune.fit.validation import leave_one_group_out
+from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.store import read_runs
+from plexus_tune.model.machine import load_machine
 
 
 def register(subparsers) -> None:
@@ -26,11 +30,6 @@ def run(args) -> int:
 
     from rich.console import Console
     from rich.table import Table
-
-    from plexus_tune.fit.validation import leave_one_group_out
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-    from plexus_tune.model.machine import load_machine
 
     machine = load_machine(args.machine)
     console = Console(width=max(Console().width, 140))

@@ -71,7 +71,7 @@ DEFAULT_MTU_BYTES = 9000
 ORPHAN_GRACE_S = 30.0
 COMMAND_TIMEOUT_S = 30.0
 DELAYLINE_READY_S = 15.0
-NEEDS_ROOT = "emulated cluster needs root (network namespaces and tc); run as root or use --cluster local"
+NEEDS_ROOT = "emulated cluster needs root (network namespaces and tc); run as root or use the local cluster"
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -765,7 +765,8 @@ def _tbf_sizes(rate_bytes_per_s: float, mtu_bytes: int) -> tuple[int, int]:
 
 def _check_host() -> None:
     if os.geteuid() != 0:
-        raise UserError(NEEDS_ROOT)
+        raise UserError(NEEDS_ROOT, parameter="cluster")
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
-        raise UserError(f"emulated cluster needs the {' and '.join(missing)} command (iproute2); install iproute2 or use --cluster local")
+        raise UserError(f"emulated cluster needs the {' and '.join(missing)} command (iproute2); install iproute2 or use the local cluster",
+                        parameter="cluster")

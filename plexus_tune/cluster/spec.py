@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, whole_number
 
 KINDS = ("local", "emulated", "torchrun", "slurm")
 OPEN_KINDS = ("torchrun", "slurm")
@@ -152,13 +152,7 @@ def _split(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 
 def _int(text: str, key: str, spec: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UserError(f"cluster spec {spec!r}: {key} must be a whole number >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise UserError(f"cluster spec {spec!r}: {key} must be >= {minimum}, got {value}")
-    return value
+    return whole_number(text, f"cluster spec {spec!r}: {key}", minimum=minimum)
 
 
 def _float(text: str, key: str, spec: str, *, positive: bool) -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.measure.records import table_row
+from plexus_tune.measure.store import parse_lines, record_type
 from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 
 
@@ -59,9 +61,6 @@ def load_table(path, *, schema: str | None = None):
     """
     import pandas as pd
 
-    from plexus_tune.measure.records import table_row
-    from plexus_tune.measure.store import parse_lines
-
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -85,7 +84,6 @@ def load_table(path, *, schema: str | None = None):
             warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {'; '.join(map(str, problems[:5]))}", stacklevel=2)
         lines = _record_line_numbers(data)
         kept = []
-        from plexus_tune.measure.store import record_type
 
         want = record_type({"schema": schema}) if schema else None
         good_lines = [n for n in lines if n not in {p.line for p in problems}]

@@ -23,7 +23,7 @@ from plexus_tune.graph.generators import (
     rmat_adjacency,
     synthetic,
 )
-from plexus_tune.graph.io import FORMATS, detect_format, load_graph, save_graph
+from plexus_tune.graph.io import FORMATS, detect_format, load_graph, resolve_graph, save_graph
 from plexus_tune.graph.shards import (
     load_node_rows,
     load_permutations,
@@ -51,6 +51,7 @@ __all__ = [
     "FORMATS",
     "detect_format",
     "load_graph",
+    "resolve_graph",
     "save_graph",
     "GENERATORS",
     "PERMUTE_MODES",

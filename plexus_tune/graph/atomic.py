@@ -21,7 +21,7 @@ def _umask() -> int:
 def check_output_path(path, overwrite: bool) -> Path:
     path = Path(path)
     if path.exists() and not overwrite:
-        raise UserError(f"{path} already exists; remove it or pass --force")
+        raise UserError(f"{path} already exists; remove it or allow overwriting", parameter="force")
     if not path.parent.exists():
         raise UserError(f"directory {path.parent} does not exist; create it first")
     return path

@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from plexus_tune.errors import UserError
 from plexus_tune.graph.atomic import atomic_directory, atomic_file
 from plexus_tune.graph.core import Graph, as_csr, edge_index_to_adjacency, is_symmetric
-from plexus_tune.graph.generators import DEFAULT_CLASSES, DEFAULT_FEATURES, degree_labels, random_features
+from plexus_tune.graph.generators import DEFAULT_CLASSES, DEFAULT_FEATURES, degree_labels, random_features, synthetic
 
 FORMATS = ("plexus", "npz", "mtx", "edgelist", "ogb", "pyg")
 PLEXUS_FORMAT = "plexus-graph"
@@ -422,6 +422,15 @@ def load_graph(path, *, format: str | None = None, directed: bool = False, featu
         ):
             raise UserError(f"cannot read {path} as {fmt}: {kind}: {exc} (is the file truncated or corrupt?)") from None
         raise
+
+
+def resolve_graph(source) -> Graph:
+    """A Graph from a Graph, a file path, or ("synthetic", spec)."""
+    if isinstance(source, Graph):
+        return source
+    if isinstance(source, tuple) and source[0] == "synthetic":
+        return synthetic(source[1])
+    return load_graph(str(source))
 
 
 # --- writers -----------------------------------------------------------------------

@@ -29,7 +29,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
+from plexus_tune.cluster.emulated import EmulatedCluster
+from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
+from plexus_tune.launch import slurm
 from plexus_tune.launch.external import Launched, run_agents, write_job
 from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, free_port, launch_local
 
@@ -176,8 +179,6 @@ class EmulatedLauncher(TorchrunLauncher):
     name = "emulated"
 
     def __init__(self, spec):
-        from plexus_tune.cluster.emulated import EmulatedCluster
-
         super().__init__([f"node{k}" for k in range(spec.nodes)], spec.ranks_per_node)
         self.spec = spec
         self.emulated = EmulatedCluster(spec)
@@ -224,8 +225,6 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, ranks_per_node: int | None = None, *, environ: Mapping[str, str] | None = None,
                  gpus_per_task: int | None = None, job_root: str | None = None):
-        from plexus_tune.launch import slurm
-
         super().__init__(ranks_per_node)
         self.allocation = slurm.allocation_size(environ)
         self.gpus_per_task = gpus_per_task
@@ -241,8 +240,6 @@ class SlurmLauncher(Launcher):
         return nodes, world_size // nodes
 
     def check(self, world_size: int) -> None:
-        from plexus_tune.launch import slurm
-
         nodes, per_node = self.layout(world_size)
         if nodes * per_node != world_size:
             raise UserError(f"{world_size} ranks are not a whole number of nodes of {per_node} ranks; "
@@ -255,8 +252,6 @@ class SlurmLauncher(Launcher):
 
     def run(self, fn, world_size, args=(), *, backend="gloo", timeout_s=DEFAULT_TIMEOUT_S, threads_per_rank=None,
             preload=()) -> Launched:
-        from plexus_tune.launch import slurm
-
         self.check(world_size)
         nodes, per_node = self.layout(world_size)
         job_dir = write_job(fn, args, backend=backend, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
@@ -275,8 +270,6 @@ def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts:
     ``cluster`` (an emulated-cluster spec) implies ``emulated``; ``hosts`` (comma-separated)
     is required by ``torchrun``.
     """
-    from plexus_tune.launch import slurm
-
     env = os.environ if environ is None else environ
     if name is None:
         name = "emulated" if cluster else ("slurm" if slurm.in_allocation(env) else "local")
@@ -295,7 +288,6 @@ def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts:
         if not host_list or not ranks_per_node:
             raise UserError("the torchrun launcher needs the node hosts (comma-separated) and the ranks per node")
         return TorchrunLauncher(host_list, ranks_per_node)
-    from plexus_tune.cluster.spec import parse_cluster
 
     if not cluster:
         raise UserError("the emulated launcher needs a cluster spec such as "

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
+from plexus_tune.allocator import configure_compute_process
+
 DEFAULT_TIMEOUT_S = 1800.0
 KILL_GRACE_S = 3.0
 FAILURE_GRACE_S = 1.5
@@ -124,6 +126,9 @@ def _init_process_group(rank: int, world_size: int, backend: str, addr: str, por
 def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, threads, env_extra):
     """Body of one local rank: init, run, send ("ok", value) or ("error", reason, traceback).
 
+    The entry point of the rank's process: it sets the environment, the allocator and
+    the thread count (:func:`configure_compute_process`) for the whole process.
+
     ``env_extra`` is the launching process's environment (plus overrides): a fork
     server's children would otherwise see the environment of the moment the server
     started.
@@ -134,15 +139,11 @@ def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, thre
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     try:
         t_start = time.time()
-        import torch
         import torch.distributed as dist
 
         t_import = time.time()
-        from plexus_tune.allocator import retain_large_allocations
 
-        retain_large_allocations()
-        if threads:
-            torch.set_num_threads(int(threads))
+        configure_compute_process(threads)
         _init_process_group(rank, world_size, backend, "127.0.0.1", port, timeout_s, rank)
         if os.environ.get("PLEXUS_TUNE_LAUNCH_DEBUG"):
             print(f"rank {rank}: start {t_start:.2f} import {t_import - t_start:.2f}s init {time.time() - t_import:.2f}s", flush=True)
@@ -334,15 +335,14 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
 def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any] = (), *,
                        backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
                        threads_per_rank: int | None = None) -> Any:
-    """Run ``fn(rank, world_size, *args)`` in this process, one rank of an external launch."""
-    import torch
+    """Run ``fn(rank, world_size, *args)`` in this process, one rank of an external launch.
+
+    The entry point of the rank's process (the worker main calls it): it sets the
+    allocator and thread count for the whole process (:func:`configure_compute_process`).
+    """
     import torch.distributed as dist
 
-    from plexus_tune.allocator import retain_large_allocations
-
-    retain_large_allocations()
-    if threads_per_rank:
-        torch.set_num_threads(int(threads_per_rank))
+    configure_compute_process(threads_per_rank)
     _init_process_group(env.rank, env.world_size, backend, env.master_addr, env.master_port,
                         timeout_s, env.local_rank)
     try:

@@ -24,10 +24,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plexus_tune import graph as graph_pkg
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
+from plexus_tune.launch import RankFailure
+from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.records import RunIdentity, run_identity
-
-PREDICTED_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "total_ms")
+from plexus_tune.measure.store import append_records, read_records
+from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.grid import enumerate_grids, parse_grid
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.workload import Workload
+from plexus_tune.trainer import TrainConfig, run_training
+from plexus_tune.trainer.run import (
+    build_record,
+    config_fields,
+    graph_source,
+    placement_fields,
+    validate,
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,6 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
         return str(graph), str(graph), None
     if ":" not in graph:
         raise UserError(f"graph {graph!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
-    from plexus_tune.graph.generators import parse_spec
 
     parse_spec(graph)  # a malformed spec fails here, not once in every rank of every run
     return f"synthetic:{graph}", None, graph
@@ -56,30 +70,18 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
 
 def load_stats(graph: str) -> GraphStats:
     """Load (or generate) the graph once to learn its statistics."""
-    from plexus_tune import graph as graph_pkg
-
     source, path, spec = graph_source_text(graph)
-    if spec is not None:
-        g = graph_pkg.synthetic(spec)
-    else:
-        loader = getattr(graph_pkg, "load_graph", None)
-        if loader is None:
-            raise UserError("this installation cannot read graph files; give a synthetic spec")
-        g = loader(path)
+    g = graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
     nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
     return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
 
 
 def workload_of(stats: GraphStats, layers: int, hidden: int):
-    from plexus_tune.model.workload import Workload
-
     return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
 
 
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine``) or a list ``2x2x2,1x4x2``."""
-    from plexus_tune.model.grid import enumerate_grids, parse_grid
-
     spec = (spec or "all").strip()
     grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
     if spec == "all":
@@ -88,12 +90,11 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
         try:
             k = int(spec[4:])
         except ValueError:
-            raise UserError(f"bad --grids {spec!r}; write top:K with K a positive integer") from None
+            raise UserError(f"bad grids {spec!r}; write top:K with K a positive integer", parameter="grids") from None
         if k < 1:
-            raise UserError(f"bad --grids {spec!r}; K must be at least 1")
+            raise UserError(f"bad grids {spec!r}; K must be at least 1", parameter="grids")
         if machine is None or workload is None:
-            raise UserError("--grids top:K needs --machine (the profile that ranks the grids)")
-        from plexus_tune.model.costs import predict_grids, rank_order
+            raise UserError("grids top:K need a machine profile to rank the grids", parameter="machine")
 
         pred = predict_grids(workload, machine, np.array(grids))
         return [grids[i] for i in rank_order(pred)[:k]]
@@ -101,7 +102,7 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
     for text in spec.split(","):
         grid = tuple(int(v) for v in parse_grid(text.strip()))
         if int(np.prod(grid)) != gpus:
-            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not --gpus {gpus}")
+            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not the GPU count {gpus}", parameter="grids")
         out.append(grid)
     return out
 
@@ -114,8 +115,6 @@ def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, 
     ``machine``; the profile that predicts the runs is not the machine they run on (it
     is logged as ``predicted.machine``).
     """
-    from plexus_tune.trainer import TrainConfig
-
     _, path, spec = graph_source_text(graph)
     return TrainConfig(grid=tuple(int(g) for g in grid), graph=path, synthetic=spec, layers=layers, hidden=hidden,
                        epochs=epochs, warmup=warmup, **dict(options or {}))
@@ -123,15 +122,11 @@ def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, 
 
 def config_identity(config) -> RunIdentity:
     """The run identity a configuration's record will have (its launcher and cluster included)."""
-    from plexus_tune.trainer.run import config_fields
-
     return run_identity(config_fields(config))
 
 
 def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
     """(identity, trial) -> status of the runs in a log (the last record of each wins)."""
-    from plexus_tune.measure.store import read_records
-
     done: dict[tuple[RunIdentity, int], str] = {}
     if log is not None and os.path.exists(log):
         records, _ = read_records(log, schema="run")
@@ -141,8 +136,6 @@ def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
 
 
 def predicted_fields(workload, machine, grid) -> dict:
-    from plexus_tune.model.costs import predict_grids
-
     pred = predict_grids(workload, machine, np.array([grid]))
     out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "overhead_ms", "total_ms")}
     out["feasible"] = bool(pred["feasible"][0])
@@ -177,12 +170,7 @@ def run_campaign(
     ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
     of every run's identity, so a campaign on another cluster does not count as done.
     """
-    from plexus_tune.measure.store import append_records
-    from plexus_tune.trainer import run_training
-
     if machine is not None:
-        from plexus_tune.model.machine import load_machine
-
         machine = load_machine(machine)
     graph_source_text(graph)  # a missing file or bad spec fails before any run
     stats = stats or (load_stats(graph) if machine is not None else None)
@@ -239,10 +227,7 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
     """
     import time
 
-    from plexus_tune.launch import RankFailure
-    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
-    from plexus_tune.trainer.run import build_record, graph_source, placement_fields, validate
 
     first = configs[0]
     world = int(np.prod(first.grid))

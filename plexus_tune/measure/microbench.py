@@ -34,13 +34,22 @@ from collections.abc import Callable
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.measure.store import COLLECTIVE_SCHEMA, GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.graph import double_permute
+from plexus_tune.launch import RankFailure, default_threads_per_rank, launch_local
+from plexus_tune.measure.store import (
+    COLLECTIVE_SCHEMA,
+    GEMM_SCHEMA,
+    SPMM_SCHEMA,
+    environment_info,
+    now_utc,
+)
 from plexus_tune.model.collectives import (  # the single home of these; re-exported here
     COLLECTIVE_OPS,
     bandwidths_gbps,
     collective_elements,
     nodes_spanned,
 )
+from plexus_tune.model.grid import axis_stride, enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 
 KIB = 1024
@@ -52,8 +61,6 @@ DEFAULT_MESSAGE_BYTES = tuple(KIB * 4**k for k in range(9))  # 1 KiB .. 64 MiB, 
 
 def collective_shapes(gpus: int) -> list[tuple[int, int]]:
     """Every (group size, stride) that an axis of size > 1 of some grid of ``gpus`` has."""
-    from plexus_tune.model.grid import axis_stride, enumerate_grids
-
     shapes = set()
     for grid in enumerate_grids(gpus):
         for axis in range(3):
@@ -190,14 +197,11 @@ def calibrate_collectives(
     timeout_s: float = 1800.0,
 ) -> list[dict]:
     """Time the collectives of every group shape of ``gpus`` local ranks; returns records."""
-    from plexus_tune.launch import RankFailure, launch_local
-    from plexus_tune.measure.store import environment_info
-
     if gpus < 2:
-        raise UserError("calibrating collectives needs --gpus 2 or more")
+        raise UserError("calibrating collectives needs 2 or more GPUs", parameter="gpus")
     gpus_per_node = gpus if gpus_per_node is None else int(gpus_per_node)
     if gpus_per_node < 1:
-        raise UserError("--gpus-per-node must be at least 1")
+        raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")
     bad = [op for op in ops if op not in COLLECTIVE_OPS]
     if bad:
         raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
@@ -217,7 +221,6 @@ def calibrate_collectives(
         )
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None
-    from plexus_tune.launch import default_threads_per_rank
 
     env = environment_info()
     extra = {"machine_info": env}
@@ -319,7 +322,7 @@ def _shape_bytes(shape) -> int:
     return 8 * int(shape["nnz"]) + 4 * (int(shape["rows"]) + 1) + 4 * int(shape["common"]) * int(shape["dense_cols"])
 
 
-def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, passes: int = 1,
+def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
                statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
     """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm records.
 
@@ -339,11 +342,7 @@ def spmm_sweep(shapes, *, seed: int = 0, threads: int = 1, repeats: int = 5, pas
 
     if statistic not in SWEEP_STATISTICS:
         raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
-    from plexus_tune.allocator import retain_large_allocations
 
-    retain_large_allocations()
-    if threads:
-        torch.set_num_threads(int(threads))
     passes = max(1, int(passes))
     samples = [[] for _ in shapes]
     nnz = [0] * len(shapes)
@@ -421,7 +420,6 @@ def calibrate_graph_shards(
     *,
     grids=None,
     seed: int = 0,
-    threads: int = 1,
     repeats: int = 5,
     all_shards: bool = False,
     graph_name: str = "graph",
@@ -439,14 +437,6 @@ def calibrate_graph_shards(
     """
     import torch
 
-    from plexus_tune.graph import double_permute
-    from plexus_tune.model.grid import enumerate_grids, format_grid
-
-    from plexus_tune.allocator import retain_large_allocations
-
-    retain_large_allocations()
-    if threads:
-        torch.set_num_threads(int(threads))
     n = adjacency.shape[0]
     perm, _, _ = double_permute(adjacency, seed=seed)
     layouts = [perm.tocsr(), perm.T.tocsr()]
@@ -473,7 +463,7 @@ def calibrate_graph_shards(
                 "gz": grid[2],
                 "gpus": gpus,
                 "layer": layer,
-                "threads": threads,
+                "threads": torch.get_num_threads(),
                 "measured_at": stamp,
             }
             imbalance = float(counts.max() / max(counts.mean(), 1e-12))

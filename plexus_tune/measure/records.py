@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.workload import model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -524,7 +525,7 @@ def run_identity(record: Mapping) -> RunIdentity:
 
     ``graph`` is the graph's source (file path or synthetic spec; the name when the
     source is missing); the widths are fixed by the graph (features, classes) and
-    ``layers``, ``hidden`` (``trainer.config.model_widths``); ``block_rows`` and
+    ``layers``, ``hidden`` (``model.workload.model_widths``); ``block_rows`` and
     ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
     one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
     """
@@ -600,7 +601,6 @@ def _widths(rec: Mapping):
     needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
     if any(v is None for v in needed):
         return None
-    from plexus_tune.trainer.config import model_widths  # trainer imports this module
 
     return tuple(model_widths(*needed))
 
@@ -646,7 +646,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         widths = _widths(rec)
         if missing or widths is None:
             name = missing[0] if missing else "widths"
-            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure / train --log)?")
+            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure, run or train)?")
         check_run_times(rec)
         predicted = rec.get("predicted") if isinstance(rec.get("predicted"), Mapping) else {}
         row = dict(ident._asdict())

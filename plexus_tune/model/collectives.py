@@ -194,9 +194,11 @@ def _where(source: str) -> str:
     return f"machine profile {source}"
 
 
-def _number(data: Mapping, key: str, where: str, source: str, *, positive: bool = False, nonneg: bool = False) -> float:
+def profile_number(data: Mapping, key: str, where: str, source: str, *, positive: bool = False, nonneg: bool = False) -> float:
+    """The number ``data[key]`` of a machine profile (field ``where + key``), checked finite
+    (and positive, or not negative); a UserError naming the profile and field otherwise."""
     if key not in data:
-        raise UserError(f"{_where(source)} lacks the field '{where}{key}'; see models/README.md")
+        raise UserError(f"{_where(source)} lacks the field '{where}{key}'; see docs/profiles.md")
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"{_where(source)}: '{where}{key}' must be a number, got {value!r}")
@@ -250,7 +252,7 @@ def check_table(table, source: str) -> list[dict]:
                 raise UserError(f"{_where(source)} lacks the field 'collectives.bandwidth_table[{k}].{key}'")
         stride = _range(entry["stride"], f"[{k}].stride", source)
         group = _range(entry["group"], f"[{k}].group", source)
-        beta = _number(entry, "beta_gbps", f"collectives.bandwidth_table[{k}].", source, positive=True)
+        beta = profile_number(entry, "beta_gbps", f"collectives.bandwidth_table[{k}].", source, positive=True)
         entries.append({"stride": stride, "group": group, "beta_gbps": beta, "ops": _ops(entry, f"bandwidth_table[{k}]", source)})
     return entries
 
@@ -275,8 +277,8 @@ def check_per_span(entries, source: str) -> list[dict]:
             "group": _int(entry["group"], f"{where}.group", source, low=2),
             "nodes": _int(entry["nodes"], f"{where}.nodes", source),
             "stride": None if stride is None else _int(stride, f"{where}.stride", source),
-            "alpha_us": _number(entry, "alpha_us", f"{where}.", source, nonneg=True),
-            "beta_gbps": _number(entry, "beta_gbps", f"{where}.", source, positive=True),
+            "alpha_us": profile_number(entry, "alpha_us", f"{where}.", source, nonneg=True),
+            "beta_gbps": profile_number(entry, "beta_gbps", f"{where}.", source, positive=True),
         })
     return out
 
@@ -292,12 +294,12 @@ def check_collectives(data, source: str = "<dict>") -> dict:
         raise UserError(f"{_where(source)}: 'collectives' must be an object")
     for key in TIER_KEYS:
         if key not in data:
-            raise UserError(f"{_where(source)} lacks the field 'collectives.{key}'; see models/README.md")
+            raise UserError(f"{_where(source)} lacks the field 'collectives.{key}'; see docs/profiles.md")
     checked: dict = {}
     for key in ("alpha_intra_us", "alpha_inter_us"):
-        checked[key] = _number(data, key, "collectives.", source, nonneg=True)
+        checked[key] = profile_number(data, key, "collectives.", source, nonneg=True)
     for key in ("beta_intra_gbps", "beta_inter_gbps"):
-        checked[key] = _number(data, key, "collectives.", source, positive=True)
+        checked[key] = profile_number(data, key, "collectives.", source, positive=True)
     form = data.get("form", DEFAULT_FORM)
     if form not in FORMS:
         raise UserError(f"{_where(source)}: collectives.form must be one of {', '.join(FORMS)}, got {form!r}")
@@ -311,7 +313,7 @@ def check_collectives(data, source: str = "<dict>") -> dict:
         checked["bandwidth_table"] = check_table(data["bandwidth_table"], source)
     if form == "per-span":
         if data.get("per_span") is None:
-            raise UserError(f"{_where(source)} lacks the field 'collectives.per_span' (form per-span); see models/README.md")
+            raise UserError(f"{_where(source)} lacks the field 'collectives.per_span' (form per-span); see docs/profiles.md")
         checked["per_span"] = check_per_span(data["per_span"], source)
     elif data.get("per_span") is not None:
         raise UserError(f"{_where(source)}: collectives.per_span is read only by form per-span, not {form}")

@@ -18,7 +18,8 @@ sizes (a dimension n split over g ranks holds ceil(n / g) entries), all from
     z   = ceil(NNZ / (g_d g_o))  nonzeros of the local A shard
 
 The gathered W_i block and layer-0 features (and the dW, dF_0 reduce-scatters) carry
-g_d w c_o and g_d f c_0 elements: the "c_i c_o" and layer-0 "r_o c_i" messages below.
+g_d w c_o and g_d f c_0 elements (c_0 = c_i of layer 0), padded to whole rows per rank;
+with exact division g_d w = c_i and g_d f = r_o, the paper's messages.
 
 SpMM (``spmm_ms``)
     Machine kind ``paper``: the paper's epoch-level form (docs/model.md, SpMM; paper eq. 4.4),
@@ -44,15 +45,15 @@ Communication (``comm_ms``): every collective of docs/model.md, Per-layer collec
 padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
 alpha-beta, topology of docs/model.md, Collectives, or the machine's measured table), M in bytes:
 
-    forward   layer 0: all-gather F over d,  M = u r_o c_i
+    forward   layer 0: all-gather F over d,  M = u g_d f c_0
               all-reduce H over o,           M = u r_d c_i   (b messages if blocked)
-              all-gather W over d,           M = u c_i c_o
+              all-gather W over d,           M = u g_d w c_o
               all-reduce Q over n,           M = u r_d c_o
-    backward  reduce-scatter dW over d,      M = u c_i c_o
-              all-gather W over d,           M = u c_i c_o
+    backward  reduce-scatter dW over d,      M = u g_d w c_o
+              all-gather W over d,           M = u g_d w c_o
               all-reduce dH over o,          M = u r_d c_i
-              layer 0: reduce-scatter dF over d, other layers: all-reduce dF
-              over d,                        M = u r_o c_i
+              layer 0: reduce-scatter dF over d, M = u g_d f c_0;
+              other layers: all-reduce dF over d, M = u r_o c_i
 
 The W all-gather and dW reduce-scatter are always counted (W split over depth).
 A profile with ``"padded_sizes": false`` (``perlmutter-paper``) divides exactly
@@ -104,6 +105,7 @@ from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, for
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.shapes import layer_shapes
+from plexus_tune.model.spmm import predict_spmm_ms
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
@@ -188,8 +190,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     elementwise_bytes = zeros()
     spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
-    if spmm_kind != "paper":
-        from plexus_tune.model.spmm import predict_spmm_ms
 
     quant = zeros()
 

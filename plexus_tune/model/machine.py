@@ -1,6 +1,6 @@
 """Machine profiles: loading, validation, and the machine's collective-communication model.
 
-A machine profile is a JSON file (see ``models/README.md`` for the full schema and
+A machine profile is a JSON file (see ``docs/profiles.md`` for the full schema and
 :data:`FIELDS` for a one-line description of every field). Profiles are found by
 name in the directories listed in the environment variable ``PLEXUS_TUNE_MODELS``
 (``os.pathsep``-separated, searched first) and then in the ``models/`` directory
@@ -18,7 +18,6 @@ beta_inter / min(n, p), and a measured ``bandwidth_table`` overrides beta where 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives  # noqa: F401
+from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
 GIB = 2**30
 GB = 1e9
@@ -134,51 +134,37 @@ def models_dirs() -> list[Path]:
     return dirs
 
 
-def _number(data: Mapping, key: str, where: str, source: str, *, positive: bool = False, nonneg: bool = False):
-    if key not in data:
-        raise UserError(f"machine profile {source} lacks the field '{where}{key}'; see models/README.md")
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"machine profile {source}: '{where}{key}' must be a number, got {value!r}")
-    if positive and value <= 0:
-        raise UserError(f"machine profile {source}: '{where}{key}' must be positive, got {value!r}")
-    if nonneg and value < 0:
-        raise UserError(f"machine profile {source}: '{where}{key}' must not be negative, got {value!r}")
-    return value
-
-
 def _build_machine(data, source: str) -> Machine:
     if not isinstance(data, Mapping):
         raise UserError(f"machine profile {source} must be a JSON object")
     for key in _REQUIRED_TOP:
         if key not in data:
-            raise UserError(f"machine profile {source} lacks the field '{key}'; see models/README.md")
+            raise UserError(f"machine profile {source} lacks the field '{key}'; see docs/profiles.md")
     name = data["name"]
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"machine profile {source}: 'name' must be a non-empty string")
-    gpn = _number(data, "gpus_per_node", "", source, positive=True)
+    gpn = profile_number(data, "gpus_per_node", "", source, positive=True)
     if int(gpn) != gpn:
         raise UserError(f"machine profile {source}: 'gpus_per_node' must be an integer, got {gpn!r}")
-    mem = _number(data, "device_memory_gib", "", source, positive=True)
-    reserved = _number(data, "memory_reserved_gib", "", source, nonneg=True) if "memory_reserved_gib" in data else 0
+    mem = profile_number(data, "device_memory_gib", "", source, positive=True)
+    reserved = profile_number(data, "memory_reserved_gib", "", source, nonneg=True) if "memory_reserved_gib" in data else 0
     if reserved >= mem:
         raise UserError(f"machine profile {source}: 'memory_reserved_gib' must be below 'device_memory_gib'")
-    gemm = _number(data, "gemm_tflops", "", source, positive=True)
+    gemm = profile_number(data, "gemm_tflops", "", source, positive=True)
     elementwise = None
     if data.get("elementwise_gbps") is not None:
-        elementwise = float(_number(data, "elementwise_gbps", "", source, positive=True))
+        elementwise = float(profile_number(data, "elementwise_gbps", "", source, positive=True))
 
     overhead_ms = 0.0
     if data.get("epoch_overhead_ms") is not None:
-        overhead_ms = float(_number(data, "epoch_overhead_ms", "", source, nonneg=True))
+        overhead_ms = float(profile_number(data, "epoch_overhead_ms", "", source, nonneg=True))
 
     spmm = data["spmm"]
     if not isinstance(spmm, Mapping) or not isinstance(spmm.get("kind"), str):
         raise UserError(f"machine profile {source}: 'spmm' must be an object with a string 'kind'")
     if spmm["kind"] == "paper":
         for key in ("c0", "c1", "c2"):
-            _number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
-    from plexus_tune.model import spmm as spmm_models
+            profile_number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
 
     try:  # checks the entry and maps the kind names of older profiles to today's
         spmm = spmm_models.spmm_model_from_dict(spmm).to_dict()
@@ -188,10 +174,10 @@ def _build_machine(data, source: str) -> Machine:
     checked = check_collectives(data["collectives"], source)
     host_cores = None
     if data.get("host_cores") is not None:
-        host_cores = _number(data, "host_cores", "", source, positive=True)
+        host_cores = profile_number(data, "host_cores", "", source, positive=True)
         if int(host_cores) != host_cores:
             raise UserError(f"machine profile {source}: 'host_cores' must be an integer, got {host_cores!r}")
-    threads = _number(data, "threads_per_rank", "", source, positive=True) if data.get("threads_per_rank") is not None else 1
+    threads = profile_number(data, "threads_per_rank", "", source, positive=True) if data.get("threads_per_rank") is not None else 1
     if int(threads) != threads:
         raise UserError(f"machine profile {source}: 'threads_per_rank' must be an integer, got {threads!r}")
     padded = data.get("padded_sizes", True)

@@ -284,6 +284,12 @@ class SpmmKind:
         """The same model with every prediction multiplied by ``factor`` > 0."""
         raise NotImplementedError
 
+    def _log_shifted(self, attribute: str, factor: float) -> "SpmmKind":
+        """A copy whose log-time offset ``attribute`` is raised by log(factor): every prediction x factor."""
+        out = self.from_dict(self.to_dict())
+        setattr(out, attribute, getattr(self, attribute) + math.log(factor))
+        return out
+
     def _check_fitted(self, attribute: str) -> None:
         if getattr(self, attribute, None) is None:
             raise ValueError(f"this {self.name} SpMM model is not fitted: call fit() or build it with from_dict()")
@@ -494,9 +500,7 @@ class Learned(SpmmKind):
         return f"{self.name}: ridge on {len(self.coef)} monomials of degree <= {self.degree or '?'} of {self.features}"
 
     def scaled(self, factor: float) -> "Learned":
-        out = self.from_dict(self.to_dict())
-        out.intercept = self.intercept + math.log(factor)
-        return out
+        return self._log_shifted("intercept", factor)
 
 
 class LearnedRoofline(Learned):
@@ -618,9 +622,7 @@ class LearnedBoosted(SpmmKind):
         return f"{self.name}: {len(self.feature)} trees of depth {self.depth} on {self.features}; correcting {self.base.describe()}"
 
     def scaled(self, factor: float) -> "LearnedBoosted":
-        out = self.from_dict(self.to_dict())
-        out.init = self.init + math.log(factor)
-        return out
+        return self._log_shifted("init", factor)
 
 
 def _check_trees(trees: Mapping, variables: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plexus_tune.errors import UserError
-from plexus_tune.trainer.config import model_widths
+
+
+def model_widths(features: int, classes: int, layers: int, hidden: int) -> list[int]:
+    """Layer widths D_0..D_L of the GCN (the trainer builds these): ``[features] + [hidden] * (layers - 1) + [classes]``."""
+    return [int(features)] + [int(hidden)] * (int(layers) - 1) + [int(classes)]
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class Workload:
 
     @classmethod
     def from_graph_stats(cls, name, nodes, nnz, features, classes, layers=3, hidden=128, bytes_per_element=4):
-        """Workload of a ``layers``-layer GCN: widths ``trainer.config.model_widths`` (features, hidden x (layers-1), classes)."""
+        """Workload of a ``layers``-layer GCN: widths :func:`model_widths` (features, hidden x (layers-1), classes)."""
         layers = _positive_int(layers, "the number of layers")
         hidden = _positive_int(hidden, "the hidden width")
         features = _positive_int(features, "layer width D_0")
@@ -133,7 +137,8 @@ def get_dataset(name: str) -> DatasetInfo:
     info = _BY_KEY.get(str(name).strip().lower())
     if info is None:
         known = ", ".join(d.name for d in _CATALOG)
-        raise UserError(f"unknown dataset {name!r}; known datasets: {known} (or give --nodes/--nnz/--features/--classes)")
+        raise UserError(f"unknown dataset {name!r}; known datasets: {known} (or give the graph's sizes)",
+                        parameter=("nodes", "nnz", "features", "classes"))
     return info
 
 

@@ -6,7 +6,6 @@ from plexus_tune.search.space import (  # noqa: F401
     OBJECTIVES,
     GPU_HOURS_EPOCHS,
     MS_PER_HOUR,
-    DEFAULT_STORAGE_PATH,
     CONSTRAINT_KEY,
     check_objective,
     objective_value,

@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.space import Config, SearchSpace, objective_value
 
 
@@ -46,7 +48,7 @@ class ModelEvaluator:
 
     def __init__(self, workload, machine, predict: Callable | None = None):
         if predict is None:
-            from plexus_tune.model.costs import predict_grids as predict
+            predict = predict_grids
         self.workload = workload
         self.machine = machine
         self._predict = predict
@@ -88,8 +90,6 @@ def exhaustive_frame(space: SearchSpace, evaluator: ModelEvaluator, objective: s
     predicted_ms, the breakdown columns, memory_gib, feasible and value (the objective).
     """
     import pandas as pd
-
-    from plexus_tune.model.grid import enumerate_grids
 
     blocks: list[int | None] = [None]
     if space.block_rows_range is not None:

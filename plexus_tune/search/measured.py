@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 import os
+from plexus_tune.measure.campaign import (
+    campaign_config,
+    config_identity,
+    load_stats,
+    run_campaign,
+    workload_of,
+)
+from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.store import read_runs
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
 
@@ -12,8 +21,6 @@ from plexus_tune.search.space import Config
 
 def graph_workload(graph: str, *, layers: int = 3, hidden: int = 128):
     """(stats, workload) of a graph file or synthetic spec, as the measurement campaigns see it."""
-    from plexus_tune.measure.campaign import load_stats, workload_of
-
     stats = load_stats(graph)
     return stats, workload_of(stats, layers, hidden)
 
@@ -29,10 +36,6 @@ def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidd
     configuration whose logged runs all failed maps to a failed Evaluation, so a search
     does not train it again.
     """
-    from plexus_tune.measure.campaign import campaign_config, config_identity
-    from plexus_tune.measure.records import runs_table
-    from plexus_tune.measure.store import read_runs
-
     if not log_path or not os.path.exists(log_path):
         return {}
     table = runs_table(read_runs(log_path, warn=False), include_failed=True)
@@ -82,8 +85,6 @@ class MeasuredEvaluator:
                           epochs=self.epochs, warmup=self.warmup, train_options=self.options)
 
     def evaluate(self, config: Config) -> Evaluation:
-        from plexus_tune.measure.campaign import run_campaign
-
         ev = self.model.evaluate(config)
         if not ev.feasible:
             return ev

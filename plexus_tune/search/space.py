@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.grid import enumerate_grids
 
 
 OBJECTIVES = ("epoch", "gpu-hours")
 #: Epochs that the ``gpu-hours`` objective counts.
 GPU_HOURS_EPOCHS = 100
 MS_PER_HOUR = 3.6e6
-DEFAULT_STORAGE_PATH = os.path.join("measurements", "studies.db")
 CONSTRAINT_KEY = "memory_excess_gib"
 # --------------------------------------------------------------------------------------
 # Objectives and GPU counts
@@ -197,8 +196,6 @@ class SearchSpace:
         """Every allowed grid of every G, (K, 3) int64."""
         cached = _GRID_TABLES.get(self.gpus)
         if cached is None:
-            from plexus_tune.model.grid import enumerate_grids
-
             grids = np.concatenate([np.asarray(enumerate_grids(g), dtype=np.int64).reshape(-1, 3) for g in self.gpus])
             from scipy.spatial import cKDTree
 
@@ -275,10 +272,8 @@ class SearchSpace:
             return None
         return Config(gx, gy, gz, block)
 
-    def configs(self, enumerate_grids: Callable[[int], np.ndarray] | None = None, block_sizes: Iterable[int] | None = None):
+    def configs(self, enumerate_grids: Callable[[int], np.ndarray] = enumerate_grids, block_sizes: Iterable[int] | None = None):
         """Every configuration (block sizes: powers of two in the range, plus unblocked)."""
-        if enumerate_grids is None:
-            from plexus_tune.model.grid import enumerate_grids
         blocks: list[int | None] = [None]
         if self.block_rows_range is not None:
             if block_sizes is None:

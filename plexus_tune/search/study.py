@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
 
@@ -86,7 +87,6 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     import optuna
 
     check_objective(objective)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=name,
         storage=storage,
@@ -96,7 +96,7 @@ def open_study(name: str, storage, *, objective: str, seed: int | None = None, a
     )
     old = study.user_attrs.get("objective")
     if old is not None and old != objective:
-        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another --study name")
+        raise UserError(f"study {name!r} optimizes {old!r}, not {objective!r}; use another study name", parameter="study")
     study.set_user_attr("objective", objective)
     for key, value in (attrs or {}).items():
         study.set_user_attr(key, value)
@@ -239,7 +239,6 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     """
     if n <= 0:
         return []
-    from plexus_tune.model.grid import enumerate_grids
 
     gpus = np.asarray(space.gpus, dtype=np.float64)
     targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])
@@ -257,11 +256,8 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
 
 def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
     """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now."""
-    import optuna
-
     remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
     if remaining:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         study.optimize(objective, n_trials=remaining, callbacks=callbacks, show_progress_bar=show_progress, catch=())
     return remaining
 

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 
 from plexus_tune.comm_precision_model import COMM_CLASSES, CommPrecision, parse_comm_precision
-from plexus_tune.model.grid import AXIS_NAMES, rank_of
+from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
 #: Shared breakdown keys (ms per epoch) that every rank accumulates. ``quant_ms`` is
 #: the local work of reduced-precision collectives (casts, quantize, dequantize, FP32
@@ -90,7 +90,6 @@ class GridComm:
         import torch
         import torch.distributed as dist
 
-        from plexus_tune.model.grid import coords_of
         from plexus_tune.trainer.precision import CommCounter
 
         self.dist = dist

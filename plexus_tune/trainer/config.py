@@ -62,8 +62,3 @@ class TrainConfig:
         out.pop("extra")
         out["grid"] = list(self.grid)
         return out
-
-
-def model_widths(features: int, classes: int, layers: int, hidden: int) -> list[int]:
-    """Layer widths D_0..D_L: ``[features] + [hidden] * (layers - 1) + [classes]``."""
-    return [int(features)] + [int(hidden)] * (int(layers) - 1) + [int(classes)]

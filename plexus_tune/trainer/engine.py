@@ -29,7 +29,17 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from plexus_tune.graph import gcn_normalize, permutations_for, permute_matrix
+from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, node_split, random_split, split_sizes
+from plexus_tune.graph.shards import (
+    load_node_rows,
+    load_permutations,
+    load_shard_range,
+    read_manifest,
+)
 from plexus_tune.model.shapes import csr_index_dtype, row_blocks
+from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
 
@@ -240,8 +250,6 @@ def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
     class axis, then the smallest class index that attains it; the correct and total
     counts per part are summed over the row axis.
     """
-    from plexus_tune.graph.splits import SPLIT_PARTS
-
     comm = shard.comm
     dist = comm.dist
     rows, cols = z.shape
@@ -365,8 +373,6 @@ class PreparedGraph:
 
 
 def prepare_graph(graph) -> PreparedGraph:
-    from plexus_tune.graph import gcn_normalize
-
     return PreparedGraph(
         adjacency=gcn_normalize(graph.adjacency),
         features=np.asarray(graph.features, dtype=np.float32),
@@ -391,8 +397,6 @@ class MemoryData:
     """Blocks of the permuted graph from a whole graph held by every rank."""
 
     def __init__(self, pg: PreparedGraph, permute: str, seed: int):
-        from plexus_tune.graph import permutations_for, permute_matrix
-
         self.pg = pg
         self.nodes, self.num_classes, self.name = pg.nodes, pg.num_classes, pg.name
         self.num_features = int(pg.features.shape[1])
@@ -432,8 +436,6 @@ class ShardData:
     """
 
     def __init__(self, directory):
-        from plexus_tune.graph.shards import load_permutations, read_manifest
-
         self.dir = directory
         self.manifest = read_manifest(directory)
         m = self.manifest
@@ -448,12 +450,10 @@ class ShardData:
         self.symmetric = bool(m.get("symmetric"))
         if self.permute == "double" and not self.symmetric:
             raise ValueError(f"{directory}: double-permuted shards of a directed graph lack the alternate "
-                             "layout; shard it with --permute single or none")
+                             "layout; shard it with a single permutation or none")
         self.perms = load_permutations(directory)
 
     def _range(self, rows, cols) -> sp.csr_matrix:
-        from plexus_tune.graph.shards import load_shard_range
-
         r0, r1 = _clip(rows, self.nodes)
         c0, c1 = _clip(cols, self.nodes)
         part = load_shard_range(self.dir, (r0, r1), (c0, c1), manifest=self.manifest)
@@ -465,14 +465,10 @@ class ShardData:
         return self._range(cols, rows).T.tocsr()
 
     def feature_rows(self, start: int, stop: int) -> np.ndarray:
-        from plexus_tune.graph.shards import load_node_rows
-
         feats, _ = load_node_rows(self.dir, start, stop, perm="col")
         return np.asarray(feats, dtype=np.float32)
 
     def label_rows(self, parity: int, start: int, stop: int) -> np.ndarray:
-        from plexus_tune.graph.shards import load_node_rows
-
         _, labels = load_node_rows(self.dir, start, stop, perm="row" if parity == 0 else "col")
         return np.asarray(labels, dtype=np.int64)
 
@@ -500,10 +496,6 @@ class RankTrainer:
         """``comm``: the collectives (default: a :class:`GridComm` on torch.distributed);
         ``split``: split codes of the nodes in their original order (graph/splits;
         default: the seeded random split). The loss is the mean over the training nodes."""
-        from plexus_tune.graph.splits import TRAIN, random_split
-
-        from plexus_tune.trainer.config import model_widths
-
         self.config = config
         self.rank = rank
         self.device = torch.device(device)
@@ -674,9 +666,6 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     ranks return None. ``graph_source`` is a Graph, a path, or ("synthetic", spec).
     """
     import torch.distributed as dist
-
-    from plexus_tune.graph.splits import node_split, split_sizes
-    from plexus_tune.trainer.run import resolve_graph
 
     device = "cpu"
     if device_kind == "cuda":

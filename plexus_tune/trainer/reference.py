@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.graph.splits import random_split
+from plexus_tune.model.workload import model_widths
+
 
 def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
-                    seed: int, dtype: str = "float32", threads: int | None = None, split=None,
-                    layer_norm: bool = False) -> dict:
+                    seed: int, dtype: str = "float32", split=None, layer_norm: bool = False) -> dict:
     """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...],
     "accuracy": {"train", "valid", "test": [every epoch's accuracy]}}.
 
     ``split``: codes of :mod:`plexus_tune.graph.splits` per node (None: the seeded
     random split the trainer uses for a graph without split files).
+    It runs with the process's thread count and allocator settings
+    (:func:`plexus_tune.allocator.configure_compute_process` at the entry point).
     """
     import time
 
@@ -30,14 +34,8 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.trainer.config import model_widths
     from plexus_tune.trainer.engine import glorot_weights
 
-    from plexus_tune.allocator import retain_large_allocations
-
-    retain_large_allocations()  # as the distributed ranks do, so timings compare
-    if threads:
-        torch.set_num_threads(int(threads))
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     adj = graph.adjacency.tocoo()
     # row v holds v's in-neighbours u: edge u -> v is (source u, target v)
@@ -57,8 +55,6 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     params = [features] + list(convs.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if split is None:
-        from plexus_tune.graph.splits import random_split
-
         split = random_split(labels.shape[0], seed)
     codes = torch.as_tensor(np.asarray(split))
     train = codes == 0

@@ -18,10 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import COMM_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.shards import read_manifest
+from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
+from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
+from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PHASE_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
+from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
 
 class TrainingFailed(RuntimeError):
@@ -32,26 +40,10 @@ class TrainingFailed(RuntimeError):
         self.record = record
 
 
-def resolve_graph(source):
-    """A Graph from a Graph, a file path, or ("synthetic", spec)."""
-    from plexus_tune import graph as graph_mod
-
-    if isinstance(source, graph_mod.Graph):
-        return source
-    if isinstance(source, tuple) and source[0] == "synthetic":
-        return graph_mod.synthetic(source[1])
-    loader = getattr(graph_mod, "load_graph", None)
-    if loader is None:
-        raise UserError("this installation cannot read graph files; use --synthetic SPEC")
-    return loader(str(source))
-
-
 def graph_source(config: TrainConfig):
     if (config.graph is None) == (config.synthetic is None):
-        raise UserError("give exactly one of --graph PATH and --synthetic SPEC")
+        raise UserError("give exactly one of a graph and a synthetic spec", parameter=("graph", "synthetic"))
     if config.synthetic is not None:
-        from plexus_tune.graph.generators import parse_spec
-
         parse_spec(config.synthetic)  # a malformed spec fails once here, not in every rank
         return ("synthetic", config.synthetic)
     if isinstance(config.graph, (str, os.PathLike)):
@@ -68,16 +60,15 @@ def graph_source(config: TrainConfig):
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
     """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
-    from plexus_tune.graph.shards import read_manifest
-
     manifest = read_manifest(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
     if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
         raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
-                        "re-shard with --permute single or none")
+                        "re-shard it with a single permutation or none")
     if config.check:
-        raise UserError("--check needs the whole graph for the serial reference; give the graph file, not its shards")
+        raise UserError("the check against the serial reference needs the whole graph; give the graph file, not its shards",
+                        parameter="check")
 
 
 def describe_source(config: TrainConfig) -> str:
@@ -95,34 +86,33 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
         raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
     total = int(np.prod(grid))
     if config.gpus is not None and int(config.gpus) != total:
-        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but --gpus is {config.gpus}; "
-                        "make the product of the grid equal the GPU count")
+        raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the GPU count is {config.gpus}; "
+                        "make the product of the grid equal the GPU count", parameter="gpus")
     if world_size is not None and world_size != total:
         raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the launcher started "
                         f"{world_size}; launch as many processes as the grid has ranks")
     if config.layers < 1 or config.hidden < 1:
-        raise UserError("--layers and --hidden must be positive")
+        raise UserError("the number of layers and the hidden width must be positive", parameter=("layers", "hidden"))
     if config.epochs < 1 or not (0 <= config.warmup < config.epochs):
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={config.epochs} warmup={config.warmup}")
     if config.permute not in PERMUTE_CHOICES:
-        raise UserError(f"--permute must be one of {', '.join(PERMUTE_CHOICES)}")
+        raise UserError(f"the permutation must be one of {', '.join(PERMUTE_CHOICES)}", parameter="permute")
     if config.dtype not in DTYPE_CHOICES:
-        raise UserError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}")
+        raise UserError(f"the dtype must be one of {', '.join(DTYPE_CHOICES)}", parameter="dtype")
     if config.backend not in BACKEND_CHOICES:
-        raise UserError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
+        raise UserError(f"the backend must be one of {', '.join(BACKEND_CHOICES)}", parameter="backend")
     if config.block_rows is not None and int(config.block_rows) < 1:
-        raise UserError("--block-rows must be a positive number of rows")
+        raise UserError("the row block must be a positive number of rows", parameter="block_rows")
     if config.overlap and not config.block_rows:
-        raise UserError("--overlap needs --block-rows (it overlaps the all-reduce of one row block with the next SpMM)")
-    from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
-
+        raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
+                        parameter="block_rows")
     choice = parse_comm_precision(config.comm_precision)
     check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use --backend gloo on CPU")
+            raise UserError("the nccl backend needs CUDA GPUs, and none is visible; use the gloo backend on CPU", parameter="backend")
         if world_size is None and torch.cuda.device_count() < total:
             raise UserError(f"grid needs {total} GPUs but only {torch.cuda.device_count()} are visible")
 
@@ -172,8 +162,6 @@ def summarize_timers(timers, warmup: int) -> dict:
 
 def _precision_text(config: TrainConfig) -> str:
     """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
-    from plexus_tune.comm_precision_model import parse_comm_precision
-
     return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
 
 
@@ -184,8 +172,6 @@ def comm_bytes_fields(per_rank_epochs) -> dict:
     ``per_rank_epochs[r][e]`` is rank r's ``{class: bytes}`` of epoch e; every epoch
     sends the same, so the last one stands for all.
     """
-    from plexus_tune.comm_precision_model import COMM_CLASSES
-
     if not per_rank_epochs or not all(per_rank_epochs):
         return {}
     last = [epochs[-1] for epochs in per_rank_epochs]
@@ -238,8 +224,6 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
 def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                 placement_ok=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
-    from plexus_tune.measure.store import environment_info, now_utc
-
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
@@ -296,8 +280,6 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
 
 def placement_fields(launched, ranks_per_node: int | None) -> dict:
     """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks."""
-    from plexus_tune.launch.launchers import check_placement
-
     world = len(launched.values)
     checked = check_placement(launched.placement, ranks_per_node or world)
     hosts: dict = {}
@@ -309,8 +291,6 @@ def placement_fields(launched, ranks_per_node: int | None) -> dict:
 
 def _append(config: TrainConfig, record: dict) -> None:
     if config.log:
-        from plexus_tune.measure.store import append_records
-
         append_records(config.log, [record])
 
 
@@ -324,8 +304,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
-    from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
-    from plexus_tune.launch.launchers import Launcher
     from plexus_tune.trainer.engine import rank_main
 
     env = detect_environment()
@@ -369,8 +347,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     result = results[0]
     record = build_record(config, result, wall_s, device, **where)
     if config.check:
-        from plexus_tune.trainer.reference import max_relative_difference, reference_train
-
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),
