@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from plexus_tune import graph as graph_pkg
 from plexus_tune.allocator import configure_compute_process
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.microbench import (
     calibrate_collectives,
     calibrate_graph_shards,
     collective_shapes,
     parse_sizes,
+    run_quant_benchmark,
     spmm_sweep,
     sweep_shapes,
 )
@@ -90,10 +92,6 @@ def register(subparsers) -> None:
 
 
 def run_quant(args) -> int:
-    from plexus_tune.comm_precision_model import parse_precision
-    from plexus_tune.errors import UserError
-    from plexus_tune.measure.microbench import run_quant_benchmark
-
     try:
         precisions = [parse_precision(p) for p in args.precisions.split(",") if p.strip()]
     except UserError as exc:

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
@@ -34,7 +36,7 @@ from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_k
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.fit.validation import predict_runs
 from plexus_tune.measure.records import runs_table
-from plexus_tune.measure.store import environment_info, now_utc, read_runs
+from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.machine import Machine
@@ -507,10 +509,6 @@ def fit_quant_rates(records) -> dict:
     squares through the origin: rate = sum(bytes^2) / sum(bytes t) per precision and
     direction (docs/comm-precision.md, "In the cost model").
     """
-    from collections import defaultdict
-
-    from plexus_tune.comm_precision_model import parse_precision
-
     sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     for rec in records:
         if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
@@ -531,8 +529,6 @@ def fit_quant_rates(records) -> dict:
 
 def _quant_records(sources) -> list[dict]:
     """The quant records of every JSON Lines log among ``sources`` (paths or lists of paths)."""
-    from plexus_tune.measure.store import read_records
-
     out, seen = [], set()
     for source in sources:
         for item in _as_list(source):

@@ -33,13 +33,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import PRECISION_BITS, is_quantized
 from plexus_tune.errors import UserError
 from plexus_tune.graph import double_permute
 from plexus_tune.launch import RankFailure, default_threads_per_rank, launch_local
+from plexus_tune.measure.records import QuantRecord
 from plexus_tune.measure.store import (
     COLLECTIVE_SCHEMA,
     GEMM_SCHEMA,
     SPMM_SCHEMA,
+    append_records,
     environment_info,
     now_utc,
 )
@@ -536,7 +539,6 @@ def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: 
 
     import torch
 
-    from plexus_tune.comm_precision_model import PRECISION_BITS, is_quantized
     from plexus_tune.trainer.precision import dequantize, quantize
 
     gen = torch.Generator().manual_seed(seed)
@@ -559,9 +561,6 @@ def run_quant_benchmark(log, *, precisions=("bf16", "fp16", "int8", "int4", "int
                         cols=(32, 128), repeats: int = 5, threads: int = 1) -> list[dict]:
     """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``."""
     import torch
-
-    from plexus_tune.measure.records import QuantRecord
-    from plexus_tune.measure.store import append_records, environment_info, now_utc
 
     torch.set_num_threads(int(threads))
     env = environment_info()
