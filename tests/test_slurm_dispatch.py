@@ -16,7 +16,6 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-import pytest
 
 from plexus_tune.cli.launching import command_argv
 from plexus_tune.launch import dispatch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.microbench import (
@@ -11,6 +12,7 @@ from plexus_tune.measure.microbench import (
     calibrate_graph_shards,
     collective_shapes,
     parse_sizes,
+    run_quant_benchmark,
     spmm_sweep,
     sweep_shapes,
 )
@@ -73,6 +75,48 @@ def register(subparsers) -> None:
     spmm.add_argument("--seed", type=int, default=0, help="random seed (shapes, matrices, permutation)")
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
+
+    quant = sub.add_parser(
+        "quant",
+        help="quantize/dequantize and 16-bit casts of the communication precisions",
+        description="Time the encode (cast, or per-row stochastic quantization and packing) and decode of "
+        "FP32 tensors at each reduced communication precision on one process; 'plexus-tune fit' turns "
+        "them into the profile's quant rates (docs/comm-precision.md).",
+    )
+    quant.add_argument("--precisions", default="bf16,fp16,int8,int4,int2", help="precisions to time (default all but fp32)")
+    quant.add_argument("--rows", default="4096,16384", help="tensor rows (default 4096,16384)")
+    quant.add_argument("--cols", default="32,128", help="tensor columns (default 32,128)")
+    quant.add_argument("--repeats", type=int, default=5, help="timed calls of each (default 5)")
+    quant.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one rank)")
+    quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    quant.set_defaults(handler=run_quant)
+
+
+def run_quant(args) -> int:
+    try:
+        precisions = [parse_precision(p) for p in args.precisions.split(",") if p.strip()]
+    except UserError as exc:
+        raise UserError(f"--precisions: {exc}") from None
+    if "fp32" in precisions or not precisions:
+        raise UserError("--precisions: give reduced precisions (bf16, fp16, int8, int4, int2); fp32 has no codec")
+    sizes = {}
+    for flag, text in (("--rows", args.rows), ("--cols", args.cols)):
+        try:
+            sizes[flag] = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise UserError(f"{flag}: expected a comma-separated list of positive integers, got {text!r}") from None
+        if not sizes[flag] or min(sizes[flag]) < 1:
+            raise UserError(f"{flag}: expected positive integers, got {text!r}")
+    _positive(args.repeats, "--repeats")
+    _positive(args.threads, "--threads")
+    records = run_quant_benchmark(args.out, precisions=precisions, rows=sizes["--rows"], cols=sizes["--cols"],
+                                  repeats=args.repeats, threads=args.threads)
+    for rec in records:
+        mb = rec["fp32_bytes"] / 1e6
+        print(f"{rec['precision']:>5} {rec['rows']:>7} x {rec['cols']:<5} encode {rec['encode_ms']:8.3f} ms "
+              f"({mb / rec['encode_ms']:.2f} GB/s), decode {rec['decode_ms']:8.3f} ms ({mb / rec['decode_ms']:.2f} GB/s)")
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
 
 
 def _positive(value, flag: str) -> int:

@@ -24,6 +24,8 @@ from plexus_tune.measure.records import run_setting, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
 from plexus_tune.trainer.run import base_record
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -48,6 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
                         help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
     parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
@@ -62,6 +65,8 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     graph = args.graph or args.synthetic
+    comm_precision = comm_precision_of(args)
+    check_backend(args.backend, comm_precision)
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
@@ -78,7 +83,8 @@ def run(args) -> int:
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)

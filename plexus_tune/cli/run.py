@@ -21,6 +21,8 @@ from plexus_tune.search import graph_workload
 from plexus_tune.trainer import run_training
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -35,6 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
     p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    add_comm_precision_argument(p)
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
     p.add_argument("--log", metavar="FILE", help="run log to append to (default runs.jsonl in the data directory: "
@@ -51,6 +54,8 @@ def run(args) -> int:
     import numpy as np
     from rich.table import Table
 
+    comm_precision = comm_precision_of(args)
+    check_backend(args.backend, comm_precision)
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
@@ -98,7 +103,8 @@ def run(args) -> int:
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
-                                                          "timeout_s": args.timeout})
+                                                          "timeout_s": args.timeout,
+                                                          "comm_precision": comm_precision})
     if submits(launcher):
         return _submit(args, launcher, grid, console)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.cli.predict import add_precision_arguments, precision_choices
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch, slurm
+from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.paths import default_run_log
@@ -89,6 +93,7 @@ def register(subparsers) -> None:
                    help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
                         "sharing the study (default 1)")
     add_launcher_arguments(p)
+    add_precision_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -128,10 +133,14 @@ def run(args) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
+    precisions, auto = precision_choices(args)
     name, workload, machine, graph, space = build_inputs(args)
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+    if args.measured and precisions != ["fp32"]:
+        raise UserError("measured searches train at fp32; search the model with a precision, "
+                        "or measure one with 'plexus-tune measure --comm-precision'", parameter="comm_precision")
     if args.measured:
         if args.warm_start < 0:
             raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
@@ -150,25 +159,49 @@ def run(args) -> int:
     if args.workers > 1 and not submits(launcher):
         raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
                         "command in several processes with one --storage")
-    if not args.measured:
-        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
-        if budget != budget or budget < 0:
-            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
-        model = ModelEvaluator(workload, machine)
-        plan = plan_search(space, model, budget)
-        if plan.method == "exhaustive":
-            return run_exhaustive(args, name, machine, space, model, plan)
-    storage_url = args.storage or default_storage_url()
-    storage = open_storage(storage_url)
-    if submits(launcher):
-        return _submit(args, launcher, space, storage)
-    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
-    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
-    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
-    model = ModelEvaluator(workload, machine)
+    budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    if budget != budget or budget < 0:
+        raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
     console = make_console()
-    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
-                  + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
+    storage_url = args.storage or default_storage_url()
+    storage = None
+    results = {}
+    for precision in precisions:
+        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_grids, comm_precision=precision))
+        plan = None
+        if not args.measured:
+            plan = plan_search(space, model, budget)
+            if plan.method == "exhaustive":
+                results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
+                continue
+        if storage is None:
+            storage = open_storage(storage_url)
+            if submits(launcher):
+                return _submit(args, launcher, space, storage)
+            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
+                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
+        results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
+    if auto or precisions != ["fp32"]:
+        found = {p: v for p, v in results.items() if v is not None}
+        if not found:
+            console.print("no feasible configuration at any allowed precision")
+            return 0
+        pick = min(found, key=lambda p: found[p])
+        if auto:
+            ranked = ", ".join(f"{p} {v:.4g}" for p, v in sorted(found.items(), key=lambda kv: kv[1]))
+            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked})", highlight=False)
+        console.print(f"accuracy evidence for {pick}: {ACCURACY_EVIDENCE.get(pick, 'none recorded')}", highlight=False)
+    return 0
+
+
+def _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher):
+    """One study at one communication precision; returns its best objective value (None if none)."""
+    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
+    if precision != "fp32":
+        study_name += f"-comm-{precision}"
+    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured),
+             "comm_precision": precision}
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
     if args.measured:
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
@@ -193,7 +226,8 @@ def run(args) -> int:
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
-    return 0
+    best = best_configs(study, 1)
+    return None if best.empty else float(best["value"].iloc[0])
 
 
 def _submit(args, launcher, space, storage) -> int:
@@ -235,14 +269,14 @@ def _submit(args, launcher, space, storage) -> int:
     return 1 if bad else 0
 
 
-def run_exhaustive(args, name, machine, space, model, plan) -> int:
-    """Enumerate every configuration of the space with the model and print the best (no study)."""
+def run_exhaustive(args, name, machine, space, model, plan, console, precision: str = "fp32") -> float:
+    """Enumerate every configuration of the space with the model, print the best (no study) and return its objective value."""
     import time
 
     from rich.table import Table
 
-    console = make_console()
-    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})"
+                  + (f"; communication precision {precision}" if precision != "fp32" else ""), highlight=False)
     start = time.perf_counter()
     frame = exhaustive_search(space, model, args.objective)
     took = time.perf_counter() - start
@@ -262,7 +296,7 @@ def run_exhaustive(args, name, machine, space, model, plan) -> int:
     if args.storage or args.study:
         console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
                       style="dim")
-    return 0
+    return float(best["value"].iloc[0])
 
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:

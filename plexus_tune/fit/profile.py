@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
@@ -34,7 +36,7 @@ from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_k
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.fit.validation import predict_runs
 from plexus_tune.measure.records import runs_table
-from plexus_tune.measure.store import environment_info, now_utc, read_runs
+from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.machine import Machine
@@ -214,6 +216,7 @@ def fit_profile(
     description: str | None = None,
     source: str = "<fitted profile>",
     progress: Progress | None = None,
+    quant=None,
 ) -> FittedProfile:
     """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements.
 
@@ -382,6 +385,11 @@ def fit_profile(
         fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
                              "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
         timings["epoch"] = time.perf_counter() - started
+    quant_records = _quant_records([quant, spmm, collectives])
+    if quant_records:
+        profile["quant"] = fit_quant_rates(quant_records)
+        provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
+                               "(plexus-tune calibrate quant; least squares through the origin)")
     profile["provenance"] = provenance
     profile["fit"] = fit_info
     Machine.from_dict(profile, source=source)
@@ -498,3 +506,41 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
 def _comparable(df, kind: str) -> list[str]:
     """The kinds scored beside an explicitly chosen ``kind``: every kind the data supports."""
     return [k for k in SPMM_KINDS if k == kind or len(df) >= min_rows(SPMM_PARAMETERS[k])]
+
+
+def fit_quant_rates(records) -> dict:
+    """A profile's ``quant`` entry from quant records: per precision, encode and decode GB/s.
+
+    Time is taken as proportional to the FP32 bytes (t = bytes / rate), fitted by least
+    squares through the origin: rate = sum(bytes^2) / sum(bytes t) per precision and
+    direction (docs/comm-precision.md, "In the cost model").
+    """
+    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for rec in records:
+        if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
+            continue
+        p = parse_precision(rec["precision"])
+        b = float(rec["fp32_bytes"])
+        acc = sums[p]
+        acc[0] += b * b
+        acc[1] += b * float(rec["encode_ms"]) * 1e-3
+        acc[2] += b * float(rec["decode_ms"]) * 1e-3
+        acc[3] += 1
+    out = {}
+    for p, (bb, be, bd, n) in sums.items():
+        if be > 0 and bd > 0:
+            out[p] = {"encode_gbps": bb / be / 1e9, "decode_gbps": bb / bd / 1e9, "samples": n}
+    return out
+
+
+def _quant_records(sources) -> list[dict]:
+    """The quant records of every JSON Lines log among ``sources`` (paths or lists of paths)."""
+    out, seen = [], set()
+    for source in sources:
+        for item in _as_list(source):
+            if not isinstance(item, (str, os.PathLike)) or str(item) in seen or str(item).endswith(".csv"):
+                continue
+            seen.add(str(item))
+            if os.path.exists(item):
+                out.extend(read_records(item, schema="quant")[0])
+    return out

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import COMM_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
@@ -107,6 +108,8 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     if config.overlap and not config.block_rows:
         raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
                         parameter="block_rows")
+    choice = parse_comm_precision(config.comm_precision)
+    check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch
 
@@ -193,6 +196,35 @@ def summarize_timers(timers, warmup: int) -> dict:
     return out
 
 
+def _precision_text(config: TrainConfig) -> str:
+    """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
+    return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
+
+
+def comm_bytes_fields(per_rank_epochs) -> dict:
+    """``comm_bytes`` (per class: bytes all ranks sent in the last epoch) and
+    ``comm_bytes_per_rank`` (per class: each rank's bytes in that epoch).
+
+    ``per_rank_epochs[r][e]`` is rank r's ``{class: bytes}`` of epoch e; every epoch
+    sends the same, so the last one stands for all.
+    """
+    if not per_rank_epochs or not all(per_rank_epochs):
+        return {}
+    last = [epochs[-1] for epochs in per_rank_epochs]
+    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in COMM_CLASSES}
+    return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
+
+
+def accuracy_fields(result: dict) -> dict:
+    """``split``, ``split_sizes``, ``accuracy`` (per part, every epoch) and ``final_accuracy``."""
+    acc = result.get("accuracy")
+    if not acc:
+        return {}
+    return {"split": result.get("split"), "split_sizes": result.get("split_sizes"),
+            "accuracy": {k: [float(v) for v in vals] for k, vals in acc.items()},
+            "final_accuracy": {k: float(vals[-1]) for k, vals in acc.items() if vals}}
+
+
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                   placement_ok=None, slurm=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
@@ -203,7 +235,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank)
+                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm))
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -213,7 +245,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "hosts": hosts,
         "placement_ok": placement_ok,
         "slurm": slurm,
-        "comm_precision": getattr(config, "comm_precision", None) or "fp32",
+        "comm_precision": _precision_text(config),
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -272,6 +304,8 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
         peak_rss_bytes_per_rank=[int(m["rss_bytes"]) for m in memory],
         rss_growth_bytes_per_rank=[int(m.get("rss_delta_bytes", 0)) for m in memory],
         persistent_bytes_per_rank=[int(m.get("persistent_bytes", 0)) for m in memory],
+        **comm_bytes_fields(result.get("comm_bytes")),
+        **accuracy_fields(result),
         losses=losses,
         final_loss=losses[-1],
         setup_s=float(result["setup_s"]),
@@ -358,12 +392,14 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     if config.check:
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
-                              seed=config.seed, dtype=config.dtype)
+                              seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),
+                              layer_norm=bool(config.layer_norm))
         record = replace(RunRecord.from_dict(record),
                          check_loss_rel_diff=max_relative_difference(result["losses"], ref["losses"]),
                          check_output_rel_diff=max_relative_difference(result["outputs"], ref["outputs"], normwise=True),
                          reference_losses=ref["losses"],
-                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:]))).to_dict()
+                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:])),
+                         reference_accuracy={k: float(v[-1]) for k, v in ref["accuracy"].items()}).to_dict()
     _append(config, record)
     if config.collect_outputs:
         record = dict(record)
