@@ -127,6 +127,29 @@ def parse_comm_precision(text: str) -> CommPrecision:
     return CommPrecision(**{name: chosen.get(name, base) for name in COMM_CLASSES})
 
 
+#: Element type each precision puts on the wire (the integer codes travel as bytes).
+WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+               "int8": "uint8", "int4": "uint8", "int2": "uint8"}
+#: Element types the collectives of each torch.distributed backend send (all-reduce,
+#: all-gather, reduce-scatter and all-to-all; checked for gloo on torch 2.13, and
+#: NCCL's types since 2.10 list float32, bfloat16, float16 and uint8). A backend not
+#: named here is taken to send FP32 only.
+BACKEND_WIRE_DTYPES = {"gloo": ("float32", "bfloat16", "float16", "uint8"),
+                       "nccl": ("float32", "bfloat16", "float16", "uint8")}
+
+
+def check_backend(backend: str, choice: "CommPrecision | str") -> None:
+    """UserError if ``backend`` cannot send the element type some class of ``choice`` needs."""
+    choice = choice if isinstance(choice, CommPrecision) else parse_comm_precision(choice)
+    sends = BACKEND_WIRE_DTYPES.get(str(backend), ("float32",))
+    for name in COMM_CLASSES:
+        precision = choice.of(name)
+        dtype = WIRE_DTYPES[precision]
+        if dtype not in sends:
+            raise UserError(f"the {backend} backend cannot send {dtype}, which {precision} communication "
+                            f"needs ({name} collectives); choose another precision or backend")
+
+
 def packed_bytes(rows, cols, bits: int):
     """Bytes of the packed values of a ``rows x cols`` block at ``bits`` per value.
 
@@ -254,3 +277,106 @@ def _scalar(value):
     """A Python int for a 0-d result, the array otherwise."""
     arr = np.asarray(value)
     return int(arr) if arr.ndim == 0 else arr
+
+
+# ----------------------------------------------------------------------------------------
+# cost model terms (docs/comm-precision.md, "In the cost model")
+# ----------------------------------------------------------------------------------------
+def wire_message_bytes(message_bytes_fp32, rows, precision: str, element_bytes: float = 4.0):
+    """The FP32-equivalent buffer M' whose ring collective sends what ``precision`` sends.
+
+    ``M' = (M / u) b / 8 + [intX] 8 rows`` for an M-byte buffer of u-byte elements
+    seen as ``rows`` rows: the values at b bits plus the FP32 zero point and scale of
+    every row. A ring moves ``factor M'`` bytes per rank, which is :func:`wire_bytes`
+    exactly when ``g`` divides ``rows`` and ``cols b`` is a multiple of 8 (the
+    continuous form of SuperGCN, section 6, eqs. 3-8). Vectorized (floats allowed).
+    """
+    precision = parse_precision(precision)
+    m = np.asarray(message_bytes_fp32, dtype=np.float64)
+    out = m / float(element_bytes) * PRECISION_BITS[precision] / 8.0
+    if is_quantized(precision):
+        out = out + PARAM_BYTES_PER_ROW * np.asarray(rows, dtype=np.float64)
+    return out
+
+
+def codec_bytes(op: str, group_size, message_bytes_fp32) -> tuple[np.ndarray, np.ndarray]:
+    """(encoded, decoded) FP32 bytes one rank quantizes and dequantizes (or casts) per call.
+
+    With g ranks and an M-byte buffer (docs/comm-precision.md, "Schemes"):
+    all-reduce encodes the g-1 chunks it sends and its owned sum, M, and decodes the
+    g-1 received chunks and the g gathered ones, (2g-1)/g M; all-gather encodes its
+    block, M/g, and decodes all g, M; reduce-scatter encodes and decodes g-1 blocks,
+    (g-1)/g M each. A group of one rank does nothing.
+    """
+    if op not in COMM_OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(COMM_OPS)}")
+    g = np.asarray(group_size, dtype=np.float64)
+    m = np.asarray(message_bytes_fp32, dtype=np.float64)
+    if op == "all_reduce":
+        enc, dec = m, (2.0 * g - 1.0) / g * m
+    elif op == "all_gather":
+        enc, dec = m / g, m
+    else:
+        enc = dec = (g - 1.0) / g * m
+    alone = g <= 1
+    return np.where(alone, 0.0, enc), np.where(alone, 0.0, dec)
+
+
+#: keys of a profile's ``quant`` entry per precision (GB/s of FP32 data through the codec)
+QUANT_RATE_KEYS = ("encode_gbps", "decode_gbps")
+
+
+def quant_rates(quant: dict | None, precision: str) -> tuple[float, float] | None:
+    """(encode, decode) GB/s of ``precision`` from a profile's ``quant`` entry (None if absent).
+
+    ``quant`` maps a precision to ``{"encode_gbps": .., "decode_gbps": ..}`` (the
+    casts for bf16/fp16, quantize and dequantize for intX, per rank, one thread).
+    """
+    precision = parse_precision(precision)
+    entry = (quant or {}).get(precision)
+    if precision == "fp32" or entry is None:
+        return None
+    try:
+        rates = tuple(float(entry[k]) for k in QUANT_RATE_KEYS)
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"profile quant entry for {precision} needs positive numbers "
+                        f"{' and '.join(QUANT_RATE_KEYS)}") from None
+    if not all(r > 0 for r in rates):
+        raise UserError(f"profile quant entry for {precision}: rates must be positive")
+    return rates
+
+
+def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, message_bytes_fp32):
+    """Local codec time (ms) of one call: encoded / encode rate + decoded / decode rate.
+
+    0 at fp32 and where the profile has no rate for ``precision``.
+    """
+    rates = quant_rates(quant, precision)
+    enc, dec = codec_bytes(op, group_size, message_bytes_fp32)
+    if rates is None:
+        return np.zeros_like(enc)
+    return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3
+
+
+#: What is known about each precision's effect on accuracy (cited by paper and section;
+#: the host measurements are in measurements/comm-precision-*). ``search`` and
+#: ``predict --comm-precision auto`` print the entry of the precision they pick.
+ACCURACY_EVIDENCE = {
+    "fp32": "reference precision",
+    "bf16": "ScaleGNN (section V-B): BF16 all-reduces of the 3D products gave test-accuracy curves "
+            "indistinguishable from FP32 on ogbn-products and Reddit",
+    "fp16": "no published GCN evidence in the cited systems; same 16 bits as bf16 but overflows beyond 65504 "
+            "(no loss scaling is applied)",
+    "int8": "SuperGCN (section 6): stochastic int8 matched FP32 test accuracy",
+    "int4": "SuperGCN (section 6): stochastic int4 matched FP32 test accuracy on ogbn-products, Reddit, IGB260M",
+    "int2": "SuperGCN (section 6): stochastic int2 with LayerNorm matched FP32 test accuracy on ogbn-products, "
+            "Reddit and IGB260M; papers100M and mag240M needed label propagation",
+}
+
+
+def parse_allowed(text: str) -> tuple[str, ...]:
+    """Precisions a search may pick, from ``"fp32,bf16,int8"`` (each once, widest first)."""
+    names = [parse_precision(t) for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise UserError("no precision to choose from; give e.g. fp32,bf16,int8")
+    return tuple(p for p in COMM_PRECISIONS if p in names)

@@ -33,3 +33,10 @@ def whole_number(value, what: str, *, minimum: int = 1) -> int:
     if number < minimum:
         raise UserError(f"{what} must be a whole number >= {minimum}, got {number}")
     return number
+
+
+class SkippedLinesWarning(UserWarning):
+    """Lines of an input file that were skipped (e.g. malformed lines of a measurement log).
+
+    The command line prints each one as a single plain line on stderr, once.
+    """

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from plexus_tune.cli import main
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine

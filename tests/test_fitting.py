@@ -385,7 +385,7 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
     assert set(on_runs) == set(coll.candidates) and len(on_runs) >= 3
     assert coll.name == min(on_runs, key=lambda n: on_runs[n]["test_mape"]) == profile["fit"]["collectives"]["chosen"]
     assert coll.selected_by == "epoch-fit held-out MAPE on trainer runs"
-    assert fitted.report["epoch"]["scores"]["test_mape"] == pytest.approx(on_runs[coll.name]["test_mape"])
+    assert all(sc["splits"] == 3 for sc in on_runs.values())  # min(n_splits, SELECTION_SPLITS)
     # folding the run fit into the rates: the SpMM entry is the fitted model scaled by the epoch's spmm factor
     shapes = (np.array([1e4, 3e5]), np.array([500.0, 9000.0]), np.array([800.0, 16000.0]), np.array([16.0, 64.0]))
     np.testing.assert_allclose(spmm_models.predict_spmm_ms(profile["spmm"], *shapes),

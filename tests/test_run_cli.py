@@ -16,6 +16,7 @@ TINY = ["--graph", GRAPH, "--machine", "cpu-gloo-2core", "--gpus", "2", "--epoch
 
 def test_run_trains_the_recommended_grid_and_logs_it(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "measurements"))  # the default log and studies
     from plexus_tune.model.costs import predict_grids
     from plexus_tune.model.machine import load_machine
     from plexus_tune.search import graph_workload

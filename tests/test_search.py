@@ -10,7 +10,6 @@ from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search import (
     Config,
-    Evaluation,
     ModelEvaluator,
     Objective,
     SearchSpace,

@@ -34,6 +34,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, extra, message):
 
 def test_search_prints_table_and_resumes_in_process(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "measurements"))  # the default log and studies
     args = ["search", "--dataset", "ogbn-products", "--machine", "perlmutter", "--gpus", "64", "--exact-budget", "0", "--trials", "12", "--study", "s"]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@ ARGS = ["search", "--graph", GRAPH, "--machine", "cpu-gloo-2core", "--gpus", "2"
 
 def test_measured_search_never_trains_a_config_twice(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "measurements"))  # the default log and studies
     assert main(ARGS + ["--trials", "5"]) == 0
     out = capsys.readouterr().out
     assert "observed ms" in out

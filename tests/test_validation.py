@@ -2,7 +2,6 @@ import json
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from plexus_tune.cli import main

@@ -13,11 +13,13 @@ it as one line on stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+import warnings
 
 from plexus_tune import __version__
-from plexus_tune.errors import EXIT_USER_ERROR, UserError
+from plexus_tune.errors import EXIT_USER_ERROR, SkippedLinesWarning, UserError
 
 # Sub-command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -61,6 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def plain_skipped_lines():
+    """Show each :class:`SkippedLinesWarning` once, as one plain line on stderr (no source line)."""
+    shown: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SkippedLinesWarning)
+        previous = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, SkippedLinesWarning):
+                return previous(message, category, filename, lineno, file, line)
+            text = " ".join(str(message).split())
+            if text not in shown:
+                shown.add(text)
+                print(f"plexus-tune: warning: {text}", file=sys.stderr, flush=True)
+
+        warnings.showwarning = show
+        yield
+
+
 def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
     """`` (--flag)`` for the input a UserError names (its ``parameter``), where the command has such an option.
 
@@ -87,11 +109,13 @@ def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a command submitted to Slurm runs it again
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USER_ERROR
     try:
-        code = args.handler(args)
+        with plain_skipped_lines():
+            code = args.handler(args)
     except UserError as exc:
         print(f"plexus-tune: error: {exc}{flag_hint(parser, args, exc.parameter)}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from plexus_tune import graph as graph_pkg
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.microbench import (
     COLLECTIVE_MODES,
     calibrate_collectives,
     calibrate_graph_shards,
     collective_shapes,
     parse_sizes,
+    run_quant_benchmark,
     spmm_sweep,
     sweep_shapes,
 )
 from plexus_tune.measure.store import append_records, environment_info, record_type
+from plexus_tune.model.collectives import COLLECTIVE_OPS
 from plexus_tune.model.grid import enumerate_grids
-
 
 
 def register(subparsers) -> None:
@@ -81,6 +84,48 @@ def register(subparsers) -> None:
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
 
+    quant = sub.add_parser(
+        "quant",
+        help="quantize/dequantize and 16-bit casts of the communication precisions",
+        description="Time the encode (cast, or per-row stochastic quantization and packing) and decode of "
+        "FP32 tensors at each reduced communication precision on one process; 'plexus-tune fit' turns "
+        "them into the profile's quant rates (docs/comm-precision.md).",
+    )
+    quant.add_argument("--precisions", default="bf16,fp16,int8,int4,int2", help="precisions to time (default all but fp32)")
+    quant.add_argument("--rows", default="4096,16384", help="tensor rows (default 4096,16384)")
+    quant.add_argument("--cols", default="32,128", help="tensor columns (default 32,128)")
+    quant.add_argument("--repeats", type=int, default=5, help="timed calls of each (default 5)")
+    quant.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one rank)")
+    quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    quant.set_defaults(handler=run_quant)
+
+
+def run_quant(args) -> int:
+    try:
+        precisions = [parse_precision(p) for p in args.precisions.split(",") if p.strip()]
+    except UserError as exc:
+        raise UserError(f"--precisions: {exc}") from None
+    if "fp32" in precisions or not precisions:
+        raise UserError("--precisions: give reduced precisions (bf16, fp16, int8, int4, int2); fp32 has no codec")
+    sizes = {}
+    for flag, text in (("--rows", args.rows), ("--cols", args.cols)):
+        try:
+            sizes[flag] = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise UserError(f"{flag}: expected a comma-separated list of positive integers, got {text!r}") from None
+        if not sizes[flag] or min(sizes[flag]) < 1:
+            raise UserError(f"{flag}: expected positive integers, got {text!r}")
+    _positive(args.repeats, "--repeats")
+    _positive(args.threads, "--threads")
+    records = run_quant_benchmark(args.out, precisions=precisions, rows=sizes["--rows"], cols=sizes["--cols"],
+                                  repeats=args.repeats, threads=args.threads)
+    for rec in records:
+        mb = rec["fp32_bytes"] / 1e6
+        print(f"{rec['precision']:>5} {rec['rows']:>7} x {rec['cols']:<5} encode {rec['encode_ms']:8.3f} ms "
+              f"({mb / rec['encode_ms']:.2f} GB/s), decode {rec['decode_ms']:8.3f} ms ({mb / rec['decode_ms']:.2f} GB/s)")
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
+
 
 def _positive(value, flag: str) -> int:
     if value is None or int(value) < 1:
@@ -108,7 +153,6 @@ def _cluster_world(args):
 
 
 def run_collectives(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     _quiet_torch_warnings()
@@ -118,19 +162,27 @@ def run_collectives(args) -> int:
     gpus = _positive(gpus, "--gpus")
     if gpus < 2:
         raise UserError("--gpus must be at least 2 to time collectives")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
     sizes = parse_sizes(args.sizes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in COLLECTIVE_OPS]
+    if bad or not ops:
+        raise UserError(f"--ops: unknown collective {(bad or [args.ops])[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
     _positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes is not None and (not modes or any(m not in COLLECTIVE_MODES for m in modes)):
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
+    check_log("--out", args.out)
     launcher = launcher_from_args(args, [gpus])
     if args.gpus_per_node is not None and launcher.ranks_per_node is not None and args.gpus_per_node != launcher.ranks_per_node:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {launcher.ranks_per_node} ranks per node of "
                         "--launcher/--cluster; leave it out")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     shapes = collective_shapes(gpus)
     console.print(
         f"timing {len(ops)} collective(s) x {len(sizes)} sizes x {len(shapes)} group shapes "
@@ -150,9 +202,12 @@ def run_collectives(args) -> int:
             modes=modes,
         )
     append_records(args.out, records)
-    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher.name}): median time and busbw")
-    for col in ("op", "group", "stride", "nodes", "groups", "smallest: ms", "largest: ms", "busbw GB/s"):
-        table.add_column(col, justify="right" if col not in ("op",) else "left")
+    small, large = min(r["message_bytes"] for r in records), max(r["message_bytes"] for r in records)
+    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher.name}): median time and busbw "
+                        f"at the smallest ({_size(small)}) and largest ({_size(large)}) message")
+    for col in ("op", "group", "stride", "nodes", "groups", f"ms at {_size(small)}", f"ms at {_size(large)}",
+                f"busbw GB/s at {_size(large)}"):
+        table.add_column(col, justify="right" if col not in ("op",) else "left", no_wrap=True)
     keyed = {}
     for r in records:
         keyed.setdefault((r["op"], r["group_size"], r["stride"], r["groups"]), []).append(r)
@@ -160,59 +215,66 @@ def run_collectives(args) -> int:
         rows.sort(key=lambda r: r["message_bytes"])
         table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), str(groups), f"{rows[0]['time_ms']:.3f}",
                       f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
-    Console().print(table)
+    make_console().print(table)
     console.print(f"appended {len(records)} records to {args.out}")
     return 0
 
 
-def _load_graph(text: str):
-    import os
+def _size(nbytes: int) -> str:
+    """A message size as the --sizes option writes it (1K, 64M)."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes} B"
 
-    if os.path.exists(text):
-        return graph_pkg.load_graph(text)
-    if ":" not in text:
-        raise UserError(f"graph {text!r} is neither an existing file nor a synthetic spec like rmat:nodes=4096,edges=65536")
-    return graph_pkg.synthetic(text)
+
+def _counter(reporter, stage: str, total: int):
+    """A no-argument ``advance()`` that reports ``stage`` done/total to ``reporter``."""
+    done = [0]
+
+    def advance():
+        done[0] += 1
+        reporter(stage, done[0], total)
+
+    return advance
 
 
 def run_spmm(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     _quiet_torch_warnings()
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
-    configure_compute_process(threads)
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    env = environment_info()
     if args.sweep:
         count = _positive(args.count, "--count")
-        shapes = sweep_shapes(
-            count,
-            seed=args.seed,
-            rows=(min(256, args.max_rows), _positive(args.max_rows, "--max-rows")),
-            common=(min(256, args.max_rows), args.max_rows),
-            dense_cols=(1, _positive(args.max_cols, "--max-cols")),
-            max_nnz=_positive(args.max_nnz, "--max-nnz"),
-        )
-        with Progress(*columns, console=console, transient=True) as progress:
-            passes = _positive(args.passes, "--passes")
-            task = progress.add_task("SpMM sweep", total=len(shapes) * passes)
-            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
-                                 statistic=args.statistic, progress=lambda: progress.advance(task))
+        passes = _positive(args.passes, "--passes")
+        limits = {flag: _positive(value, flag) for flag, value in
+                  (("--max-rows", args.max_rows), ("--max-cols", args.max_cols), ("--max-nnz", args.max_nnz))}
     else:
         if args.gpus is None:
             raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
-        graph = _load_graph(args.graph)
-        widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
-
-        grids = enumerate_grids(gpus)
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(f"shards of {len(grids)} grids x {layers} layers", total=len(grids) * layers)
+    check_log("--out", args.out)
+    configure_compute_process(threads)
+    env = environment_info()
+    progress = ProgressReporter(command="calibrate spmm")
+    try:
+        if args.sweep:
+            shapes = sweep_shapes(
+                count,
+                seed=args.seed,
+                rows=(min(256, args.max_rows), limits["--max-rows"]),
+                common=(min(256, args.max_rows), args.max_rows),
+                dense_cols=(1, limits["--max-cols"]),
+                max_nnz=limits["--max-nnz"],
+            )
+            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
+                                 statistic=args.statistic,
+                                 progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
+        else:
+            graph = load_graph_source(args.graph)
+            widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
+            grids = enumerate_grids(gpus)
             records = calibrate_graph_shards(
                 graph.normalized_adjacency(),
                 widths,
@@ -222,13 +284,15 @@ def run_spmm(args) -> int:
                 repeats=repeats,
                 all_shards=args.all_shards,
                 graph_name=graph.name,
-                progress=lambda: progress.advance(task),
+                progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
             )
+    finally:
+        progress.close()
     for r in records:
         r["machine_info"] = env
     append_records(args.out, records)
     spmm = [r for r in records if record_type(r) == "spmm"]
     gemm = len(records) - len(spmm)
     total = sum(r["time_ms"] for r in spmm)
-    Console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
+    make_console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
 from plexus_tune.model.workload import list_datasets
 
 FORMATS = ("table", "json", "csv")
@@ -35,7 +36,6 @@ def run(args) -> int:
         writer.writeheader()
         writer.writerows(rows)
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="Built-in datasets (nonzeros include self-loops)", title_justify="left")
@@ -45,5 +45,5 @@ def run(args) -> int:
     for info in infos:
         table.add_row(info.name, f"{info.nodes:,}", f"{info.edges:,}", f"{info.nnz:,}", str(info.features),
                       str(info.classes), info.source)
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    make_console().print(table)
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from plexus_tune import fit as fitting
 from plexus_tune.errors import UserError
+from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
 _GIVEN = {"gpus_per_node": "--gpus-per-node", "device_memory_gib": "--device-memory-gib", "gemm_tflops": "--gemm-tflops", "host_cores": "--host-cores"}
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
     parser.add_argument("--jobs", type=int, default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
                         "1: none); the scores do not depend on it")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random splits and of the stochastic models (default 0)")
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
                         help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
     parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
     parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
-    parser.add_argument("--description", default=None)
+    parser.add_argument("--description", default=None, help="one-line description stored in the profile (default: the host, backend and date of the fit)")
     parser.set_defaults(handler=run)
 
 
@@ -59,58 +60,10 @@ def _fmt(v, pct=False):
     return f"{v:.1f}" if pct else (f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}")
 
 
-class ProgressReporter:
-    """``progress(stage, done, total)`` for :func:`plexus_tune.fit.fit_profile`, shown on stderr.
-
-    On a terminal: a rich progress bar per stage. Otherwise: one plain line when a stage
-    ends and at most one every ``interval_s`` seconds while it runs.
-    """
-
-    def __init__(self, stream=None, interval_s: float = 10.0):
-        import sys
-        import time
-
-        self.stream = stream or sys.stderr
-        self.interval_s = interval_s
-        self.clock = time.monotonic
-        self.started = self.last = self.clock()
-        self.stage_started: dict = {}
-        self.bar = None
-        self.tasks: dict = {}
-        if getattr(self.stream, "isatty", lambda: False)():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=Console(file=self.stream), transient=False)
-            self.bar.start()
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        now = self.clock()
-        self.stage_started.setdefault(stage, now)
-        if self.bar is not None:
-            if stage not in self.tasks:
-                self.tasks[stage] = self.bar.add_task(stage, total=total)
-            self.bar.update(self.tasks[stage], completed=done, total=total)
-            return
-        finished = done >= total
-        if finished or now - self.last >= self.interval_s:
-            self.last = now
-            what = "done" if finished else "running"
-            print(f"fit: {stage}: {done}/{total} {what} ({now - self.stage_started[stage]:.1f} s; {now - self.started:.1f} s in all)",
-                  file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-
 def run(args) -> int:
     import os
     import warnings
 
-    from rich.console import Console
     from rich.table import Table
 
     if args.splits < 0:
@@ -121,8 +74,9 @@ def run(args) -> int:
         raise UserError("--jobs must be >= 0 (0: one per CPU)")
     if args.host_cores is not None and args.host_cores < 0:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
-    console = Console(width=max(Console().width, 110))
-    progress = ProgressReporter()
+    check_output_file("--out", args.out)
+    console = make_console()
+    progress = ProgressReporter(command="fit")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")  # every skipped input line is reported

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
+
 import argparse
 import contextlib
 
@@ -62,8 +64,8 @@ def register(subparsers) -> None:
         "and write OUT in the format of its suffix. Edge lists and OGB edges are undirected unless "
         "--directed. Formats without features/labels get random features and degree labels.",
     )
-    conv.add_argument("input", metavar="IN")
-    conv.add_argument("output", metavar="OUT")
+    conv.add_argument("input", metavar="IN", help="graph to read (any format above)")
+    conv.add_argument("output", metavar="OUT", help="path to write; its suffix chooses the format (a directory name: the own format)")
     _add_load_options(conv)
     conv.add_argument("--force", action="store_true", help="replace OUT if it exists")
     conv.set_defaults(handler=run_convert)
@@ -255,7 +257,6 @@ def run_stats(args) -> int:
 
 
 def _print_graph_table(stats: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{stats['name']}", show_header=False)
@@ -271,13 +272,12 @@ def _print_graph_table(stats: dict) -> None:
     for mode, rep in stats["balance"].items():
         balance.add_row(mode, f"{rep['max_over_mean']:.3f}", str(rep["max_nnz"]), f"{rep['mean_nnz']:.1f}",
                         str(rep["min_nnz"]))
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(balance)
 
 
 def _print_shard_table(stats: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"shards of {stats['name']}", show_header=False)
@@ -293,7 +293,7 @@ def _print_shard_table(stats: dict) -> None:
             ("max/mean nnz per rank block", f"{stats['max_over_mean']:.3f}")]
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    make_console().print(table)
 
 
 def run_shard(args) -> int:

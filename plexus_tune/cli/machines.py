@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
 from plexus_tune.model.machine import FIELDS, list_machines, load_machine
 from plexus_tune.model.spmm import describe_spmm_model
 
@@ -58,10 +59,9 @@ def run(args) -> int:
     import json
     import sys
 
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     if args.fields:
         if args.format == "json":
             json.dump(FIELDS, sys.stdout, indent=1)

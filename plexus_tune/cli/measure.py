@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
 from plexus_tune.measure.campaign import (
     campaign_config,
     choose_grids,
     config_identity,
-    graph_source_text,
+    launcher_options,
     load_stats,
+    logged_trials,
+    pending_runs,
+    predicted_fields,
     run_campaign,
     workload_of,
 )
 from plexus_tune.measure.records import run_setting, runs_table
-from plexus_tune.measure.store import read_runs
+from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
+from plexus_tune.trainer.run import base_record
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -42,6 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
                         help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
     parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
@@ -53,11 +62,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     graph = args.graph or args.synthetic
-    graph_source_text(graph)  # a missing file or bad spec fails here, before the progress bar
+    comm_precision = comm_precision_of(args)
+    check_backend(args.backend, comm_precision)
     for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
         if value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
@@ -66,14 +75,19 @@ def run(args) -> int:
     machine = None
     if args.machine:
         machine = load_machine(args.machine)
-    stats = load_stats(graph) if machine is not None else None
-    workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
+    check_log("--log", args.log)
+    # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
+    stats = load_stats(graph)
+    workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine)
-    console = Console(width=max(Console().width, 140))
-    err = Console(stderr=True)
+    console = make_console()
+    err = make_console(stderr=True)
     total = len(grids) * args.trials
-    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout}
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    if submits(launcher):
+        return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     rows = []
     with launcher, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
         task = progress.add_task(f"measuring {len(grids)} grids x {args.trials} trials", total=total)
@@ -112,12 +126,93 @@ def run(args) -> int:
             on_skip=on_skip,
             batch=args.batch,
             launcher=launcher,
+            on_start=dispatch.mark_running,
         )
     _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                                                warmup=args.warmup, options=options), args.gpus)
+                                                warmup=args.warmup, options=launcher_options(options, launcher)), args.gpus)
     failed = sum(1 for r in rows if r.get("status") != "ok")
     err.print(f"{len(rows)} new run(s), {failed} failed; log: {args.log}")
     return 0
+
+
+def _submit(args, launcher, graph, grids, options, machine, stats, console, err) -> int:
+    """Outside a Slurm allocation: one batch job runs the campaign; wait for it, resume it."""
+
+    reporter = dispatch.Reporter()
+    world_sizes = sorted({int(np.prod(g)) for g in grids})
+    settings = dict(log=args.log, trials=args.trials, epochs=args.epochs, warmup=args.warmup, layers=args.layers,
+                    hidden=args.hidden, redo=False, retry_failed=args.retry_failed)
+    workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
+    failed_jobs, new = [], []
+
+    def collect(states):
+        """Log the run each unfinished job had in flight, with the job's Slurm state."""
+        train_options = launcher_options(options, launcher)
+        for state in states:
+            if state.state == "COMPLETED":
+                continue
+            failed_jobs.append(state)
+            running = dispatch.in_flight(args.log, state.key)
+            tail = dispatch.job_output_tail(args.log, state)
+            if running is None:
+                reporter.line(f"job {state.key} ended {state.state} before any run started" + (f":\n{tail}" if tail else ""))
+                continue
+            grid = tuple(int(v) for v in running["grid"].split("x"))
+            config = campaign_config(graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                     warmup=args.warmup, options=train_options)
+            if logged_trials(args.log).get((config_identity(config), int(running["trial"]))) not in (None, "cancelled"):
+                continue  # the run was logged before the job ended
+            code = f", signal {state.signal}" if state.signal else (
+                f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            record = base_record(config, launcher=launcher.name, slurm=dispatch.state_fields(state))
+            record.update(status=dispatch.failure_status(state.state), trial=int(running["trial"]),
+                          reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})",
+                          campaign={"gpus": args.gpus, "trials": args.trials, "grids": ["x".join(map(str, g)) for g in grids]})
+            if workload is not None:
+                record["predicted"] = predicted_fields(workload, machine, grid)
+            append_records(args.log, [record])
+            new.append(record)
+            reporter.line(dispatch.describe_run(record))
+
+    def finish(states, signum):
+        collect(states)
+        dispatch.mark_collected(args.log, [s.job_id for s in states])
+        _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden,
+                                                    epochs=args.epochs, warmup=args.warmup,
+                                                    options=launcher_options(options, launcher)), args.gpus)
+        failed = sum(1 for r in new if r.get("status") != "ok")
+        left = len(pending_runs(graph, grids, **settings, train_options=options, launcher=launcher))
+        err.print(f"{len(new)} new run(s), {failed} failed; {left} still to run; log: {args.log}", highlight=False)
+        if signum is not None:
+            return 128 + signum
+        return 1 if failed_jobs else 0
+
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    if ids:
+        states = slurm.job_states(ids)
+        live = [s for s in states if not (s.done or s.state == "UNKNOWN")]
+        if not live:
+            collect(states)
+            dispatch.mark_collected(args.log, ids)
+        else:
+            reporter.line(f"job(s) {', '.join(ids)} of this log are still queued or running: waiting for them "
+                          f"(nothing is submitted)")
+            if args.no_wait:
+                return 0
+            states, signum = dispatch.wait(ids, args.log, reporter, on_record=new.append)
+            return finish(states, signum)
+    pending = pending_runs(graph, grids, **settings, train_options=options, launcher=launcher)
+    if not pending:
+        reporter.line(f"all {len(grids) * args.trials} runs are in {args.log}: nothing to submit")
+        return finish([], None)
+    job = dispatch.submit(command_argv(args), args.log, launcher, world_sizes, job_name="plexus-tune-measure",
+                          reporter=reporter)
+    reporter.line(f"job {job}: {len(pending)} run(s) of {len(grids)} grid(s) on {max(world_sizes)} ranks; "
+                  f"output in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    states, signum = dispatch.wait([job], args.log, reporter, on_record=new.append)
+    return finish(states, signum)
 
 
 def _summary(console, log, config, gpus) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import check_output_dir
 from plexus_tune import plotting
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids, rank_order
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
                            ("importances", "fANOVA parameter importances of a search study")):
         p = sub.add_parser(kind, help=helptext, description=helptext)
         p.add_argument("--study", required=True, help="study name (see plexus-tune search)")
-        p.add_argument("--storage", help="study database URL (default sqlite:///measurements/studies.db)")
+        p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, as for plexus-tune search)")
         common(p)
     parser.set_defaults(handler=lambda args: _usage(parser))
 
@@ -134,6 +135,7 @@ def run(args) -> int:
     formats = _formats(args.format)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a file; give a directory for the figures (default plots/)")
+    check_output_dir("--out", args.out)
     fig, stem = make_figure(args)
     for path in save_figure(fig, args.out, stem, formats):
         print(path)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import make_console
+
 import argparse
 
+import numpy as np
+
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -14,7 +19,7 @@ FORMATS = ("table", "json", "csv")
 #: Table columns: total, then its parts (which add up to it), then the split of comm by axis.
 TABLE_COLUMNS = (
     ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-    ("other_ms", "other"), ("overhead_ms", "overhead"),
+    ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"),
     ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"), ("comm_z_ms", "comm Z"),
 )
 #: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
@@ -83,7 +88,30 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    add_precision_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_precision_arguments(parser) -> None:
+    """``--comm-precision`` (fixed, per class, or auto) and ``--allow-precisions`` (predict, search)."""
+    parser.add_argument("--comm-precision", default="fp32", metavar="P",
+                        help="precision of the layer's collectives: fp32 (default), bf16, fp16, int8, int4, int2, "
+                             "per class (aggregation=int8,gather=bf16), or auto: the fastest of --allow-precisions "
+                             "(docs/comm-precision.md)")
+    parser.add_argument("--allow-precisions", default="fp32,bf16,int8", metavar="LIST",
+                        help="with --comm-precision auto: the precisions to choose from (default fp32,bf16,int8)")
+
+
+def precision_choices(args) -> tuple[list[str], bool]:
+    """(precisions to evaluate, whether auto picks among them); UserError naming the flag."""
+    text = str(args.comm_precision).strip().lower()
+    try:
+        if text == "auto":
+            return list(parse_allowed(args.allow_precisions)), True
+        return [str(parse_comm_precision(args.comm_precision))], False
+    except UserError as exc:
+        flag = "--allow-precisions" if text == "auto" else "--comm-precision"
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def _fmt(value: float) -> str:
@@ -97,12 +125,9 @@ def _fmt(value: float) -> str:
 
 
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
-    import sys
-
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = make_console()
     widths = "-".join(str(w) for w in workload.widths)
     summary = (f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
                f"{gpus} GPUs on {machine.name}: {n_grids} grids, {n_feasible} fit in memory")
@@ -123,9 +148,25 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
-    console.print("times are ms per epoch; total = SpMM + GEMM + comm + other + overhead (fixed per epoch); "
+    console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant (quantize/dequantize) + other + overhead "
+                  "(fixed per epoch); "
                   f"comm X/Y/Z split the communication by grid axis; {FLOOR_MARK}: SpMM floored at its memory-traffic "
                   "bound", style="dim")
+
+
+def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
+    """The precision's lines under the table: its communication and codec time, and what auto chose."""
+    best = int(order[0])
+    if precision != "fp32" or auto:
+        line = (f"communication at {precision}: {pred['comm_ms'][best]:.2f} ms on the wire + "
+                f"{pred['quant_ms'][best]:.2f} ms quantize/dequantize for the first grid")
+        if precision != "fp32" and not machine.raw.get("quant"):
+            line += f" ({machine.name} has no quant rates: codec time not counted)"
+        print(line)
+    if auto:
+        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in sorted(best_of.items(), key=lambda kv: kv[1]))
+        print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")
+        print(f"accuracy evidence for {precision}: {ACCURACY_EVIDENCE.get(precision.split('=')[-1], 'none recorded')}")
 
 
 def run(args) -> int:
@@ -138,11 +179,19 @@ def run(args) -> int:
     block_rows = None if args.block_rows is None else _int_option(args.block_rows, "--block-rows")
     bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
               for a in "xyz"}
+    precisions, auto = precision_choices(args)
     machine = load_machine(args.machine)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    pred = predict_grids(workload, machine, grids, block_rows=block_rows)
+    by_precision = {p: predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p)
+                    for p in precisions}
+    best_of = {}
+    for p, candidate in by_precision.items():
+        ok = np.flatnonzero(candidate["feasible"])
+        best_of[p] = float(candidate["total_ms"][ok].min()) if ok.size else float("inf")
+    precision = min(precisions, key=lambda p: best_of[p])  # widest first on ties
+    pred = by_precision[precision]
     order = rank_order(pred)
     records = prediction_records(pred, order, top=top or None)
     n_feasible = int(pred["feasible"].sum())
@@ -158,6 +207,7 @@ def run(args) -> int:
         writer.writerows(records)
     else:
         _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
+        _print_precision(pred, order, precision, auto, best_of, machine)
 
     n_clipped = int(pred["spmm_clipped"].sum())
     n_floored = int(pred["spmm_floored"].sum())

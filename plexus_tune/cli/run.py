@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
 from plexus_tune.measure.campaign import (
     campaign_config,
     logged_trials,
@@ -13,12 +16,13 @@ from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.costs import predict_grids, rank_order
 from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
+from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
 from plexus_tune.trainer import run_training
 
-
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
-from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
+from plexus_tune.comm_precision_model import check_backend
 
 
 def register(subparsers) -> None:
@@ -33,9 +37,11 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
     p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    add_comm_precision_argument(p)
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
-    p.add_argument("--log", default="measurements/runs.jsonl", help="run log to append to (default measurements/runs.jsonl)")
+    p.add_argument("--log", metavar="FILE", help="run log to append to (default runs.jsonl in the data directory: "
+                   "$PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else ~/.local/share/plexus-tune)")
     p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
     p.set_defaults(handler=run)
 
@@ -45,16 +51,28 @@ def _fmt(v) -> str:
 
 
 def run(args) -> int:
-    import os
-
     import numpy as np
-    from rich.console import Console
     from rich.table import Table
 
+    comm_precision = comm_precision_of(args)
+    check_backend(args.backend, comm_precision)
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
         raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    for flag_name, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--top", args.top)):
+        if value < 1:
+            raise UserError(f"{flag_name} must be at least 1, got {value}")
+    if args.block_rows is not None and args.block_rows < 1:
+        raise UserError(f"--block-rows must be at least 1, got {args.block_rows}")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    grid = None
+    if args.grid:
+        grid = tuple(int(v) for v in parse_grid(args.grid))
+        if int(np.prod(grid)) != args.gpus:
+            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+    log = str(check_log("--log", args.log if args.log else default_run_log()))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
@@ -62,19 +80,17 @@ def run(args) -> int:
     pred = predict_grids(workload, machine, grids, **({"block_rows": args.block_rows} if args.block_rows else {}))
     order = rank_order(pred)
     feasible = np.asarray(pred["feasible"], dtype=bool)
-    console = Console()
-    console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
-                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
-    if args.grid:
-        grid = tuple(int(v) for v in parse_grid(args.grid))
-        if int(np.prod(grid)) != args.gpus:
-            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+    if grid is not None:
         pick = int(np.flatnonzero((grids == np.array(grid)).all(axis=1))[0])
     else:
         if not feasible.any():
             raise UserError(f"no grid of {args.gpus} GPUs fits in memory on {machine.name}; use more GPUs")
         pick = int(order[0])
         grid = tuple(int(v) for v in grids[pick])
+    console = make_console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
+    console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
+                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
     table = Table(title="predicted (ms per epoch)")
     for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
@@ -87,24 +103,24 @@ def run(args) -> int:
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
-                                                          "timeout_s": args.timeout})
+                                                          "timeout_s": args.timeout,
+                                                          "comm_precision": comm_precision})
+    if submits(launcher):
+        return _submit(args, launcher, grid, console)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
     record["predicted"] = predicted_fields(workload, machine, grid)
     # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)
-    logged = {t for (ident, t) in logged_trials(args.log) if ident == identity}
+    logged = {t for (ident, t) in logged_trials(log) if ident == identity}
     trial = 0
     while trial in logged:
         trial += 1
     record["trial"] = trial
-    directory = os.path.dirname(args.log)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    append_records(args.log, [record])
+    append_records(log, [record])
     if record.get("status", "ok") != "ok":
-        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {args.log})")
+        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
         return 1
     cmp = Table(title=f"{format_grid(grid)}: predicted vs observed (ms per epoch, observed = max over ranks)")
     for col in ("part", "predicted", "observed", "observed/predicted"):
@@ -117,8 +133,8 @@ def run(args) -> int:
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
-                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {args.log} (trial {trial})")
-    table = runs_table(read_runs(args.log, warn=False))
+                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {log} (trial {trial})")
+    table = runs_table(read_runs(log, warn=False))
     mine = table[[ident == identity for ident in table["identity"]]]
     if len(mine) and int(mine["trials"].iloc[0]) > 1:
         row = mine.iloc[0]
@@ -126,3 +142,35 @@ def run(args) -> int:
                       f"{row['obs_epoch_ms']:.2f} ms (min {row['obs_epoch_ms_min']:.2f}, max {row['obs_epoch_ms_max']:.2f})"
                       + (f"; {int(row['failed'])} failed" if row["failed"] else ""))
     return 0
+
+
+def _submit(args, launcher, grid, console) -> int:
+    """Outside a Slurm allocation: a batch job runs this command; wait for it (or for the one
+    already submitted for this log) and report its run."""
+    reporter = dispatch.Reporter()
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    live = [s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")] if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        if ids:
+            dispatch.mark_collected(args.log, ids)
+        live = [dispatch.submit(command_argv(args), args.log, launcher, [args.gpus], job_name="plexus-tune-run",
+                                reporter=reporter)]
+        reporter.line(f"job {live[0]}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) "
+                      f"in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    runs: list[dict] = []
+    states, signum = dispatch.wait(live, args.log, reporter, on_record=runs.append)
+    dispatch.mark_collected(args.log, live)
+    if signum is not None:
+        return 128 + signum
+    for state in states:
+        if state.state != "COMPLETED":
+            tail = dispatch.job_output_tail(args.log, state)
+            reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                          + (f":\n{tail}" if tail else ""))
+    ok = runs and all(r.get("status", "ok") == "ok" for r in runs)
+    return 0 if ok and all(s.state == "COMPLETED" for s in states) else 1

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
+from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
+from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.cli.predict import add_precision_arguments, precision_choices
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
 from plexus_tune.errors import UserError
+from plexus_tune.launch import dispatch, slurm
+from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
+from plexus_tune.paths import default_run_log
 from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
 from plexus_tune.search import (
     MeasuredEvaluator,
@@ -15,6 +23,7 @@ from plexus_tune.search import (
     SearchSpace,
     best_configs,
     check_objective,
+    default_storage_url,
     default_study_name,
     finished_trials,
     graph_workload,
@@ -36,9 +45,16 @@ A model-driven search enumerates every configuration when that is estimated to t
 then returns the exact optimum without a study; larger spaces, and --measured, use Optuna's TPE.
 The output says which method ran.
 --trials is the total for the study: running the same command again resumes it and runs
-only the trials still missing (finished trials are kept). Studies live in
-measurements/studies.db unless --storage names another database (any SQLAlchemy URL,
-e.g. postgresql://user@host/db for several workers).
+only the trials still missing (finished trials are kept). Studies live in studies.db in
+the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
+~/.local/share/plexus-tune) unless --storage names another database (any SQLAlchemy
+URL, e.g. postgresql://user@host/db for several workers); measured runs go to runs.jsonl
+there unless --log names another file.
+
+Several workers: run the same command in several processes (or on several hosts) with one
+--storage; a configuration one worker measures is not measured by another (a worker that
+samples it waits for the result). With --launcher slurm outside an allocation, --workers K
+submits a job array of K tasks, one worker each, every run an srun step of its task.
 """
 
 
@@ -55,7 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
     p.add_argument("--trials", type=int, default=60, help="total trials of the study (default 60)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument("--storage", help="study database URL (default sqlite:///measurements/studies.db)")
+    p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, see below)")
     p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
     p.add_argument("--snap", type=int, default=128, metavar="K",
                    help="model-driven: each trial is the best predicted of the K allowed grids nearest the sampled point (default 128; 1 = nearest only)")
@@ -68,11 +84,16 @@ def register(subparsers) -> None:
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
     m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
-    m.add_argument("--log", default="measurements/runs.jsonl", help="run log to read known runs from and append to")
+    m.add_argument("--log", metavar="FILE", help="run log to read known runs from and append to (default: runs.jsonl in the data directory)")
     m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
     m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
+    m.add_argument("--workers", type=int, default=1, metavar="K",
+                   help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
+                        "sharing the study (default 1)")
+    add_launcher_arguments(p)
+    add_precision_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -110,30 +131,81 @@ def build_inputs(args):
 
 def run(args) -> int:
     import optuna
-    from rich.console import Console
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
+    precisions, auto = precision_choices(args)
     name, workload, machine, graph, space = build_inputs(args)
+    args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
-    if not args.measured:
-        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
-        if budget != budget or budget < 0:
-            raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
-        model = ModelEvaluator(workload, machine)
-        plan = plan_search(space, model, budget)
-        if plan.method == "exhaustive":
-            return run_exhaustive(args, name, machine, space, model, plan)
-    storage = open_storage(args.storage)
+    if args.measured and precisions != ["fp32"]:
+        raise UserError("measured searches train at fp32; search the model with a precision, "
+                        "or measure one with 'plexus-tune measure --comm-precision'", parameter="comm_precision")
+    if args.measured:
+        if args.warm_start < 0:
+            raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
+        if args.timeout <= 0:
+            raise UserError(f"--timeout must be positive, got {args.timeout}")
+        if not 0 <= args.warmup < args.epochs:
+            raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
+        args.log = str(check_log("--log", args.log or default_run_log()))
+    if args.snap < 1 or args.starts < 0 or args.top < 1:
+        raise UserError("--snap and --top must be at least 1, --starts at least 0")
+    if not args.measured and (args.launcher or args.cluster or args.hosts):
+        raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    launcher = launcher_from_args(args, space.gpus) if args.measured else None
+    if args.workers > 1 and not submits(launcher):
+        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
+                        "command in several processes with one --storage")
+    budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    if budget != budget or budget < 0:
+        raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
+    console = make_console()
+    storage_url = args.storage or default_storage_url()
+    storage = None
+    results = {}
+    for precision in precisions:
+        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_grids, comm_precision=precision))
+        plan = None
+        if not args.measured:
+            plan = plan_search(space, model, budget)
+            if plan.method == "exhaustive":
+                results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
+                continue
+        if storage is None:
+            storage = open_storage(storage_url)
+            if submits(launcher):
+                return _submit(args, launcher, space, storage)
+            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
+                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
+        results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
+    if auto or precisions != ["fp32"]:
+        found = {p: v for p, v in results.items() if v is not None}
+        if not found:
+            console.print("no feasible configuration at any allowed precision")
+            return 0
+        pick = min(found, key=lambda p: found[p])
+        if auto:
+            ranked = ", ".join(f"{p} {v:.4g}" for p, v in sorted(found.items(), key=lambda kv: kv[1]))
+            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked})", highlight=False)
+        console.print(f"accuracy evidence for {pick}: {ACCURACY_EVIDENCE.get(pick, 'none recorded')}", highlight=False)
+    return 0
+
+
+def _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher):
+    """One study at one communication precision; returns its best objective value (None if none)."""
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
-    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured)}
+    if precision != "fp32":
+        study_name += f"-comm-{precision}"
+    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured),
+             "comm_precision": precision}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
-    model = ModelEvaluator(workload, machine)
-    console = Console()
     if args.measured:
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
-                                      timeout_s=args.timeout, log_path=args.log)
+                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher)
         known = evaluator.known_runs()
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
@@ -143,24 +215,68 @@ def run(args) -> int:
         warm_start(study, space, spread_starts(space, args.starts))
 
     before = len(finished_trials(study))
-    ran = run_search(study, objective, args.trials, show_progress=args.measured and console.is_terminal)
+    if launcher is not None:
+        with launcher:
+            ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
+    else:
+        ran = run_search(study, objective, args.trials)
     console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
         + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
     )
     print_best_table(study, args.objective, args.top, console, measured=args.measured)
-    return 0
+    best = best_configs(study, 1)
+    return None if best.empty else float(best["value"].iloc[0])
 
 
-def run_exhaustive(args, name, machine, space, model, plan) -> int:
-    """Enumerate every configuration of the space with the model and print the best (no study)."""
+def _submit(args, launcher, space, storage) -> int:
+    """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
+    sharing the study; wait for it (or for the one already submitted for this log)."""
+    reporter = dispatch.Reporter()
+    argv = command_argv(args)
+    if args.storage is None:  # the workers must open the same database, wherever they start
+        argv += ["--storage", default_storage_url()]
+    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
+    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        if ids:
+            dispatch.mark_collected(args.log, ids)
+        live = [dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
+                                array=args.workers if args.workers > 1 else None, reporter=reporter)]
+        reporter.line(f"job {live[0]}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+                      f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
+    if args.no_wait:
+        return 0
+    states, signum = dispatch.wait(live, args.log, reporter)
+    dispatch.mark_collected(args.log, live)
+    if signum is not None:
+        return 128 + signum
+    bad = [s for s in states if s.state != "COMPLETED"]
+    for state in bad:
+        tail = dispatch.job_output_tail(args.log, state)
+        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                      + (f":\n{tail}" if tail else ""))
+    study_name = args.study or default_study_name(args._name, args._machine, space.gpus, args.objective, True,
+                                                  space.block_rows_range)
+    study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
+    console = make_console()
+    console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")
+    print_best_table(study, args.objective, args.top, console, measured=True)
+    return 1 if bad else 0
+
+
+def run_exhaustive(args, name, machine, space, model, plan, console, precision: str = "fp32") -> float:
+    """Enumerate every configuration of the space with the model, print the best (no study) and return its objective value."""
     import time
 
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})"
+                  + (f"; communication precision {precision}" if precision != "fp32" else ""), highlight=False)
     start = time.perf_counter()
     frame = exhaustive_search(space, model, args.objective)
     took = time.perf_counter() - start
@@ -180,7 +296,7 @@ def run_exhaustive(args, name, machine, space, model, plan) -> int:
     if args.storage or args.study:
         console.print("no study is written by an exact search: --storage and --study apply to TPE (--exact-budget 0)",
                       style="dim")
-    return 0
+    return float(best["value"].iloc[0])
 
 
 def print_best_table(study, objective: str, top: int, console, *, measured: bool) -> None:

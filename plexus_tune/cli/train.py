@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import numpy as np
 
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.output import check_log
+from plexus_tune.measure.campaign import check_graph
+from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.grid import parse_grid
@@ -46,6 +50,9 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="floating-point type of the adjacency, features and weights, hence of the "
                              "communicated blocks (default float32)")
+    add_comm_precision_argument(parser)
+    parser.add_argument("--layer-norm", action="store_true",
+                        help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
@@ -59,8 +66,27 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def add_comm_precision_argument(parser) -> None:
+    """``--comm-precision``: the precision of the 3D layer's collectives (train, measure, run)."""
+    parser.add_argument("--comm-precision", default="fp32", metavar="P",
+                        help="precision of the aggregation and combination all-reduces and the feature and weight "
+                             "gathers: fp32 (default), bf16, fp16, int8, int4 or int2, or per class, e.g. "
+                             "aggregation=int8,gather=bf16 (unnamed classes fp32); loss and norm statistics stay "
+                             "FP32 (docs/comm-precision.md)")
+
+
+def comm_precision_of(args: argparse.Namespace) -> str:
+    """The canonical text of ``--comm-precision`` (UserError naming the flag if it is bad)."""
+    try:
+        return str(parse_comm_precision(args.comm_precision))
+    except UserError as exc:
+        raise UserError(f"--comm-precision: {exc}") from None
+
+
 def _config(args: argparse.Namespace):
     grid = parse_grid(args.grid)
+    comm_precision = comm_precision_of(args)
+    check_backend(args.backend, comm_precision)
     for name in ("layers", "hidden", "epochs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1")
@@ -72,7 +98,7 @@ def _config(args: argparse.Namespace):
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
-        backend=args.backend, dtype=args.dtype, check=args.check, log=args.log, machine=args.machine,
+        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads,
     )
 
@@ -83,24 +109,39 @@ def _mib(value: float) -> str:
 
 def summary_lines(record: dict) -> list[str]:
     keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
+            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
     lines = [
         f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",
         f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
-        f"overlap {record['options']['overlap']}",
+        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
         f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
         f"{record['warmup'] + 1}..{record['epochs']}), imbalance {record['imbalance']['epoch_ms']:.3f}",
         "breakdown (ms, max over ranks): " + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys),
         f"loss {record['losses'][0]:.6f} -> {record['losses'][-1]:.6f}",
+        *(["bytes sent per epoch (all ranks): " + ", ".join(f"{k} {v:,}" for k, v in record["comm_bytes"].items())]
+          if record.get("comm_bytes") else []),
         f"peak memory per rank {_mib(record['peak_memory_bytes'])} ({record['memory_source']}), "
         f"peak RSS {_mib(max(record['peak_rss_bytes_per_rank']))}",
     ]
+    final = record.get("final_accuracy")
+    if final:
+        lines.append(f"accuracy after the last epoch ({record.get('split')}): "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
-        lines.append(f"check against serial PyG: max relative difference of losses "
-                     f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
-                     f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        ref = record.get("reference_accuracy") or {}
+        if record.get("comm_precision", "fp32") == "fp32":
+            lines.append(f"check against serial PyG: max relative difference of losses "
+                         f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
+                         f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        else:
+            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding): "
+                         f"losses differ by up to {record['check_loss_rel_diff']:.2e}, outputs by "
+                         f"{record['check_output_rel_diff']:.2e}")
+        if ref and final:
+            lines.append("accuracy against the FP32 run: " + ", ".join(
+                f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
 
 
@@ -111,7 +152,16 @@ def run(args: argparse.Namespace) -> int:
     if config.check:
         configure_compute_process()  # the serial reference runs in this process, as the ranks do
 
-    launcher = None if detect_environment() else launcher_from_args(args, [int(np.prod(config.grid))])
+    environment = detect_environment()
+    if args.log:
+        check_log("--log", args.log)
+    if environment is None:
+        launcher = launcher_from_args(args, [int(np.prod(config.grid))])
+        if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
+            check_graph(args.graph)
+        config.extra["progress"] = True
+    else:
+        launcher = None
     try:
         if launcher is None:
             record = run_training(config)

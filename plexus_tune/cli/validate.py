@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.output import check_output_file, make_console
 from plexus_tune.fit.validation import leave_one_group_out
 from plexus_tune.measure.records import runs_table
 from plexus_tune.measure.store import read_runs
@@ -28,11 +29,12 @@ def run(args) -> int:
     import json
     import os
 
-    from rich.console import Console
     from rich.table import Table
 
+    if args.json:
+        check_output_file("--json", args.json)
     machine = load_machine(args.machine)
-    console = Console(width=max(Console().width, 140))
+    console = make_console()
     df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
     groups = result["groups"]

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
@@ -34,7 +36,7 @@ from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_k
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.fit.validation import predict_runs
 from plexus_tune.measure.records import runs_table
-from plexus_tune.measure.store import environment_info, now_utc, read_runs
+from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.machine import Machine
@@ -43,6 +45,8 @@ from plexus_tune.model.machine import Machine
 
 #: floor for a fitted epoch scale factor (a zero would make a rate infinite)
 MIN_SCALE = 0.05
+#: random splits of the trainer runs on which collective candidates are compared
+SELECTION_SPLITS = 200
 #: the schema tag of profiles written by :func:`fit_profile`
 PROFILE_SCHEMA = "plexus-tune/machine/1"
 
@@ -213,6 +217,7 @@ def fit_profile(
     description: str | None = None,
     source: str = "<fitted profile>",
     progress: Progress | None = None,
+    quant=None,
 ) -> FittedProfile:
     """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements.
 
@@ -251,10 +256,12 @@ def fit_profile(
     if gemm is None and not set(GEMM_COLUMNS) <= set(gemm_df.columns):  # SpMM tables without GEMM records
         gemm_df = gemm_df.iloc[:0]
     if not len(spmm_df):
-        raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}")
+        raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}; "
+                        "time some with 'plexus-tune calibrate spmm'")
     check_frame(spmm_df, SPMM_COLUMNS, positive=("rows", "common", "dense_cols", "time_ms"), what="SpMM measurements")  # before any fit
     if not len(coll_df):
-        raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}")
+        raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}; "
+                        "time them with 'plexus-tune calibrate collectives'")
     if not len(gemm_df) and not gemm_tflops:
         err = UserError(f"no GEMM measurements in {', '.join(map(_describe, _as_list(gemm_sources)))}; "
                         "measure GEMMs ('plexus-tune calibrate spmm' on a graph) or give a GEMM rate")
@@ -382,6 +389,11 @@ def fit_profile(
         fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
                              "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
         timings["epoch"] = time.perf_counter() - started
+    quant_records = _quant_records([quant, spmm, collectives])
+    if quant_records:
+        profile["quant"] = fit_quant_rates(quant_records)
+        provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
+                               "(plexus-tune calibrate quant; least squares through the origin)")
     profile["provenance"] = provenance
     profile["fit"] = fit_info
     Machine.from_dict(profile, source=source)
@@ -461,14 +473,16 @@ def _choose_collectives_on_runs(profile: Mapping, coll: CollectiveModel, runs_tb
     MAPE of the epoch-level fit (random splits of the configurations), each candidate's
     network put in the profile in turn. Collective timings alone can favour a form that
     ranks grids worse (docs/profiles.md, fitted profiles); the runs are the end-to-end
-    evidence. Ties keep the candidate chosen on the collective timings."""
+    evidence. Ties keep the candidate chosen on the collective timings. The comparison
+    uses at most :data:`SELECTION_SPLITS` splits; the chosen profile's epoch fit then
+    uses all of them."""
     scores = {}
     names = list(coll.candidates)
     for i, name in enumerate(names):
         if progress:
             progress(i, len(names))
         trial = {**profile, "collectives": coll.choose(name, "").to_dict()}
-        epoch, _ = _fit_epoch(trial, runs_tbl, n_splits=n_splits, seed=seed, progress=None)
+        epoch, _ = _fit_epoch(trial, runs_tbl, n_splits=min(n_splits, SELECTION_SPLITS), seed=seed, progress=None)
         scores[name] = epoch.scores
     if progress:
         progress(len(names), len(names))
@@ -497,3 +511,41 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
 def _comparable(df, kind: str) -> list[str]:
     """The kinds scored beside an explicitly chosen ``kind``: every kind the data supports."""
     return [k for k in SPMM_KINDS if k == kind or len(df) >= min_rows(SPMM_PARAMETERS[k])]
+
+
+def fit_quant_rates(records) -> dict:
+    """A profile's ``quant`` entry from quant records: per precision, encode and decode GB/s.
+
+    Time is taken as proportional to the FP32 bytes (t = bytes / rate), fitted by least
+    squares through the origin: rate = sum(bytes^2) / sum(bytes t) per precision and
+    direction (docs/comm-precision.md, "In the cost model").
+    """
+    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for rec in records:
+        if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
+            continue
+        p = parse_precision(rec["precision"])
+        b = float(rec["fp32_bytes"])
+        acc = sums[p]
+        acc[0] += b * b
+        acc[1] += b * float(rec["encode_ms"]) * 1e-3
+        acc[2] += b * float(rec["decode_ms"]) * 1e-3
+        acc[3] += 1
+    out = {}
+    for p, (bb, be, bd, n) in sums.items():
+        if be > 0 and bd > 0:
+            out[p] = {"encode_gbps": bb / be / 1e9, "decode_gbps": bb / bd / 1e9, "samples": n}
+    return out
+
+
+def _quant_records(sources) -> list[dict]:
+    """The quant records of every JSON Lines log among ``sources`` (paths or lists of paths)."""
+    out, seen = [], set()
+    for source in sources:
+        for item in _as_list(source):
+            if not isinstance(item, (str, os.PathLike)) or str(item) in seen or str(item).endswith(".csv"):
+                continue
+            seen.add(str(item))
+            if os.path.exists(item):
+                out.extend(read_records(item, schema="quant")[0])
+    return out

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import table_row
-from plexus_tune.measure.store import parse_lines, record_type
+from plexus_tune.measure.store import check_is_log, parse_lines, record_type, warn_bad_lines
 from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 
 
@@ -77,11 +77,10 @@ def load_table(path, *, schema: str | None = None):
             raise UserError(f"{path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
         line_numbers = list(range(2, len(df) + 2))
     else:
-        import warnings
-
         records, problems = parse_lines(data)
-        if problems:
-            warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {'; '.join(map(str, problems[:5]))}", stacklevel=2)
+        check_is_log(path, records, problems, hint="make one with plexus-tune calibrate (or measure, for runs), "
+                     "or give a CSV file")
+        warn_bad_lines(path, problems)
         lines = _record_line_numbers(data)
         kept = []
 

@@ -102,6 +102,34 @@ def _rmat_sample(scale: int, count: int, probs, noise: float, rng: np.random.Gen
     return u.astype(np.int64), v.astype(np.int64)
 
 
+def _check_rmat(nodes: int, edges: int, probs, noise: float) -> None:
+    if nodes < 2:
+        raise UserError(f"rmat needs at least 2 nodes, got {nodes}")
+    if edges < 1:
+        raise UserError(f"rmat needs at least 1 edge, got {edges}")
+    max_edges = nodes * (nodes - 1) // 2
+    if edges > max_edges // 2:
+        raise UserError(
+            f"rmat: {edges} edges is too dense for {nodes} nodes (at most {max_edges // 2}, half the "
+            "complete graph); ask for fewer edges or more nodes"
+        )
+    if len(probs) != 4 or min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
+        raise UserError(f"rmat probabilities a,b,c,d must be >= 0 and sum to 1, got {probs}")
+    if not 0 <= noise < 1:
+        raise UserError(f"rmat noise must be in [0, 1), got {noise}")
+
+
+def _check_grid2d(nodes: int, neighbors: int, drop: float, long_edges: float) -> None:
+    if nodes < 2:
+        raise UserError(f"grid2d needs at least 2 nodes, got {nodes}")
+    if neighbors not in (4, 8):
+        raise UserError(f"grid2d neighbors must be 4 or 8, got {neighbors}")
+    if not 0 <= drop < 1:
+        raise UserError(f"grid2d drop must be in [0, 1), got {drop}")
+    if not 0 <= long_edges <= 1:
+        raise UserError(f"grid2d long must be in [0, 1], got {long_edges}")
+
+
 def rmat_adjacency(
     nodes: int,
     edges: int,
@@ -123,21 +151,8 @@ def rmat_adjacency(
     """
     nodes = int(nodes)
     edges = int(edges)
-    if nodes < 2:
-        raise UserError(f"rmat needs at least 2 nodes, got {nodes}")
-    if edges < 1:
-        raise UserError(f"rmat needs at least 1 edge, got {edges}")
-    max_edges = nodes * (nodes - 1) // 2
-    if edges > max_edges // 2:
-        raise UserError(
-            f"rmat: {edges} edges is too dense for {nodes} nodes (at most {max_edges // 2}, half the "
-            "complete graph); ask for fewer edges or more nodes"
-        )
     probs = tuple(float(x) for x in probs)
-    if len(probs) != 4 or min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
-        raise UserError(f"rmat probabilities a,b,c,d must be >= 0 and sum to 1, got {probs}")
-    if not 0 <= noise < 1:
-        raise UserError(f"rmat noise must be in [0, 1), got {noise}")
+    _check_rmat(nodes, edges, probs, noise)
     sample_rng, subset_rng, label_rng = _seed_streams(seed, 3)
     scale = max(1, math.ceil(math.log2(nodes)))
     keys = np.empty(0, dtype=np.int64)
@@ -196,14 +211,7 @@ def grid2d_adjacency(
     ``cols + 1`` of the diagonal, which is what makes a plain 2D block split imbalanced.
     """
     nodes = int(nodes)
-    if nodes < 2:
-        raise UserError(f"grid2d needs at least 2 nodes, got {nodes}")
-    if neighbors not in (4, 8):
-        raise UserError(f"grid2d neighbors must be 4 or 8, got {neighbors}")
-    if not 0 <= drop < 1:
-        raise UserError(f"grid2d drop must be in [0, 1), got {drop}")
-    if not 0 <= long_edges <= 1:
-        raise UserError(f"grid2d long must be in [0, 1], got {long_edges}")
+    _check_grid2d(nodes, neighbors, drop, long_edges)
     drop_rng, long_rng = _seed_streams(seed, 2)
     cols = math.ceil(math.sqrt(nodes))
     ids = np.arange(nodes, dtype=np.int64)
@@ -326,7 +334,21 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             params[key] = value.lower() in ("1", "true", "yes")
     if "nodes" not in params:
         raise UserError(f"graph spec {spec!r} needs nodes=N, e.g. {kind}:nodes=4096")
+    check_params(kind, params)
     return kind, params
+
+
+def check_params(kind: str, params: dict) -> None:
+    """The checks :func:`generate` makes of its parameters, without generating (UserError)."""
+    nodes = int(params["nodes"])
+    if kind == "rmat":
+        _check_rmat(nodes, int(params.get("edges", 16 * nodes)),
+                    tuple(float(params.get(k, d)) for k, d in zip("abcd", GRAPH500_PROBS)), float(params.get("noise", 0.0)))
+    else:
+        _check_grid2d(nodes, int(params.get("neighbors", 4)), float(params.get("drop", 0.1)), float(params.get("long", 0.01)))
+    for key, default in (("features", DEFAULT_FEATURES), ("classes", DEFAULT_CLASSES)):
+        if int(params.get(key, default)) < 1:
+            raise UserError(f"{key} must be >= 1, got {params[key]}")
 
 
 def generate(kind: str, *, progress=None, **params) -> Graph:

@@ -151,6 +151,21 @@ def read_manifest(shard_dir) -> dict:
     return manifest
 
 
+def check_shard_files(shard_dir, manifest: dict | None = None) -> dict:
+    """The manifest of a shard directory whose block files are all present with their recorded
+    sizes (UserError naming the first missing or truncated one); checksums are left to readers."""
+    shard_dir = Path(shard_dir)
+    manifest = manifest or read_manifest(shard_dir)
+    for entry in manifest.get("files", []):
+        path = shard_dir / entry["file"]
+        if not path.is_file():
+            raise UserError(f"{shard_dir}: shard file {entry['file']} is missing; re-create the shards")
+        if "bytes" in entry and path.stat().st_size != int(entry["bytes"]):
+            raise UserError(f"{path}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} "
+                            "(truncated or corrupt); re-create the shards")
+    return manifest
+
+
 def _read_block(shard_dir: Path, entry: dict, br: int, bc: int, verify: bool) -> sp.csr_matrix:
     path = shard_dir / entry["file"]
     if not path.is_file():

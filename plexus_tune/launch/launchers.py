@@ -35,7 +35,7 @@ from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
 from plexus_tune.launch import slurm
 from plexus_tune.launch.external import WORKER_MODULE, Launched, run_agents, torchrun_argv, write_job
-from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, free_port, launch_local
+from plexus_tune.launch.local import DEFAULT_TIMEOUT_S, RankFailure, free_port, launch_local
 
 LAUNCHERS = ("local", "torchrun", "emulated", "slurm")
 
@@ -84,6 +84,10 @@ class Launcher:
 
     def describe(self) -> dict:
         return {"launcher": self.name, "cluster": self.cluster()}
+
+    def machine_name(self) -> str | None:
+        """The machine runs happen on, for records (None: the host name)."""
+        return None
 
     def run(self, fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
             timeout_s: float = DEFAULT_TIMEOUT_S, threads_per_rank: int | None = None,
@@ -198,26 +202,38 @@ class EmulatedLauncher(TorchrunLauncher):
 
 
 class SlurmLauncher(Launcher):
-    """One ``srun`` job step per process set, inside the current allocation.
+    """Slurm. Inside an allocation: one ``srun`` job step per process set. Outside one: the
+    command is submitted as a batch job whose script runs it again inside the allocation
+    (:mod:`plexus_tune.launch.dispatch`); :meth:`run` is for the inside only.
 
-    The step has ``nodes`` nodes of ``ranks_per_node`` tasks (default: the allocation's
-    nodes, and G spread evenly over them); each task runs the worker module, whose
-    rendezvous address is the step's first node.
+    A step has ``nodes`` nodes of ``ranks_per_node`` tasks (default: the allocation's
+    nodes, and G spread evenly over them; outside an allocation one node unless
+    ``ranks_per_node`` is given); each task runs the worker module, whose rendezvous
+    address is the step's first node. ``submit_options`` (partition, account,
+    time_limit, extra sbatch arguments) shape the batch job of the outside.
     """
 
     name = "slurm"
 
     def __init__(self, ranks_per_node: int | None = None, *, environ: Mapping[str, str] | None = None,
-                 gpus_per_task: int | None = None, job_root: str | None = None):
+                 gpus_per_task: int | None = None, job_root: str | None = None,
+                 submit_options: Mapping[str, Any] | None = None):
         super().__init__(ranks_per_node)
-        self.allocation = slurm.allocation_size(environ)
+        env = os.environ if environ is None else environ
+        self.inside = slurm.in_allocation(env)
+        self.allocation = slurm.allocation_size(env) if self.inside else None
         self.gpus_per_task = gpus_per_task
         self.job_root = job_root or os.getcwd()
+        self.submit_options = dict(submit_options or {})
+        self.batch_nodes = 1  # nodes of the batch job the outside submits: the largest step checked
+        self._cluster_name = env.get("SLURM_CLUSTER_NAME")
 
     def layout(self, world_size: int) -> tuple[int, int]:
         """(nodes, ranks per node) of a step of ``world_size`` tasks."""
         if self.ranks_per_node:
             return -(-world_size // self.ranks_per_node), self.ranks_per_node
+        if self.allocation is None:
+            return 1, world_size
         nodes = min(self.allocation.nodes, world_size)
         while world_size % nodes:
             nodes -= 1
@@ -228,14 +244,32 @@ class SlurmLauncher(Launcher):
         if nodes * per_node != world_size:
             raise UserError(f"{world_size} ranks are not a whole number of nodes of {per_node} ranks; "
                             f"choose ranks per node dividing {world_size}")
-        slurm.check_allocation(self.allocation, nodes, per_node)
+        if self.allocation is not None:
+            slurm.check_allocation(self.allocation, nodes, per_node)
+        else:
+            self.batch_nodes = max(self.batch_nodes, nodes)
 
     def cluster(self) -> dict | None:
-        return {"kind": "slurm", "job_id": self.allocation.job_id, "nodes": self.allocation.nodes,
-                "ranks_per_node": self.ranks_per_node}
+        # the allocation's shape, not its job id: a run measured again in another job of the
+        # same shape is the same measurement (the ids are in the record's ``slurm`` field)
+        nodes = self.allocation.nodes if self.allocation is not None else self.batch_nodes
+        return {"kind": "slurm", "nodes": nodes, "ranks_per_node": self.ranks_per_node}
+
+    def machine_name(self) -> str | None:
+        """The Slurm cluster's name (``slurm:NAME``): the machine runs happen on, the same from a
+        login node and from any batch host."""
+        if self._cluster_name is None:
+            try:
+                self._cluster_name = slurm.cluster_name()
+            except UserError:
+                self._cluster_name = ""
+        return f"slurm:{self._cluster_name}" if self._cluster_name else None
 
     def run(self, fn, world_size, args=(), *, backend="gloo", timeout_s=DEFAULT_TIMEOUT_S, threads_per_rank=None,
             preload=()) -> Launched:
+        if self.allocation is None:
+            raise UserError("job steps start inside a Slurm allocation; outside one the command is submitted "
+                            "with sbatch instead")
         self.check(world_size)
         nodes, per_node = self.layout(world_size)
         job_dir = write_job(fn, args, backend=backend, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
@@ -244,15 +278,23 @@ class SlurmLauncher(Launcher):
                                     gpus_per_task=self.gpus_per_task, job_name="plexus-tune")
         env = {**os.environ, "MASTER_PORT": str(free_port())}
         env.pop("MASTER_ADDR", None)
-        return run_agents([(argv, env)], job_dir, world_size, timeout_s=timeout_s + 60.0)
+        try:
+            return run_agents([(argv, env)], job_dir, world_size, timeout_s=timeout_s + 60.0, keep=True)
+        except RankFailure as exc:
+            exc.fields = {"slurm": slurm.failed_step(job_dir, self.allocation.job_id)}
+            raise
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
 
 
 def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts: str | None = None,
-                  ranks_per_node: int | None = None, environ: Mapping[str, str] | None = None) -> Launcher:
+                  ranks_per_node: int | None = None, environ: Mapping[str, str] | None = None,
+                  submit_options: Mapping[str, Any] | None = None) -> Launcher:
     """The launcher a command asked for; ``slurm`` by default inside an allocation.
 
     ``cluster`` (an emulated-cluster spec) implies ``emulated``; ``hosts`` (comma-separated)
-    is required by ``torchrun``.
+    is required by ``torchrun``; ``submit_options`` shape the batch job of ``slurm`` outside
+    an allocation (:class:`SlurmLauncher`).
     """
     env = os.environ if environ is None else environ
     if name is None:
@@ -264,9 +306,11 @@ def make_launcher(name: str | None = None, *, cluster: str | None = None, hosts:
     if name == "local":
         return Launcher(ranks_per_node)
     if name == "slurm":
-        if shutil.which("srun") is None:
-            raise UserError("the slurm launcher needs srun on the PATH: run on a Slurm node, or choose another launcher")
-        return SlurmLauncher(ranks_per_node, environ=env)
+        needed = "srun" if slurm.in_allocation(env) else "sbatch"
+        if shutil.which(needed) is None:
+            raise UserError(f"the slurm launcher needs {needed} on the PATH: run on a Slurm login node or "
+                            f"inside an allocation, or choose another launcher")
+        return SlurmLauncher(ranks_per_node, environ=env, submit_options=submit_options)
     if name == "torchrun":
         host_list = [h.strip() for h in (hosts or "").split(",") if h.strip()]
         if not host_list or not ranks_per_node:

@@ -33,6 +33,7 @@ The parse functions (``parse_*``) are pure: they take the text a command printed
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -544,6 +545,77 @@ def job_states(job_ids: Iterable[str]) -> list[JobState]:
         states.extend(JobState(j, None, "UNKNOWN", "no longer known to slurmctld, no accounting",
                                None) for j in missing if j not in known)
     return states
+
+
+def cluster_name() -> str:
+    """``ClusterName`` of ``scontrol show config`` ("" when not set)."""
+    result = _run(["scontrol", "show", "config"])
+    if result.returncode != 0:
+        raise UserError(f"scontrol show config failed: {_last_error_line(result.stderr)}; check that Slurm runs "
+                        f"(scontrol ping)")
+    return parse_scontrol_config(result.stdout).get("ClusterName", "")
+
+
+_SRUN_EXIT = re.compile(r"tasks? [\d,\-]+: Exited with exit code (\d+)")
+_SRUN_SIGNAL = re.compile(r"tasks? [\d,\-]+: (Killed|Terminated|Segmentation fault|Aborted)")
+
+
+def step_outcome(srun_output: str) -> dict:
+    """State, exit code and reason of a job step that failed, from what srun printed.
+
+    Slurm keeps the final state of a step only in accounting (sacct); srun's own lines
+    (``srun: error: NODE: task 1: Exited with exit code 1``, ``...: Killed``,
+    ``STEP ... CANCELLED``) say the same where there is none.
+    """
+    lines = [ln.strip() for ln in srun_output.splitlines() if ln.strip().startswith(("srun:", "slurmstepd"))]
+    text = "\n".join(lines)
+    codes = [int(c) for c in _SRUN_EXIT.findall(text)]
+    # --kill-on-bad-exit cancels the step's other tasks when one fails: a task's own exit
+    # code makes the step FAILED, as sacct reports it
+    state, exit_code = "FAILED", None
+    if "DUE TO TIME LIMIT" in text:
+        state = "TIMEOUT"
+    elif "oom-kill" in text.lower() or "out of memory" in text.lower():
+        state = "OUT_OF_MEMORY"
+    elif "CANCELLED" in text and not any(codes):
+        state = "CANCELLED"
+    if codes:
+        exit_code = max(codes)
+    elif _SRUN_SIGNAL.search(text):
+        exit_code = 128 + 9
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    reason = re.sub(r"^srun:\s*(error:\s*)?", "", errors[0]) if errors else ("NonZeroExitCode" if codes else "")
+    return {"state": state, "exit_code": exit_code, "reason": reason}
+
+
+def failed_step(job_dir: Path, job_id: str | None) -> dict:
+    """The ``slurm`` record field of a step that failed: ids from the ranks' placement files,
+    state from sacct when the cluster keeps accounting, else from srun's output."""
+    ids: dict = {"job_id": job_id, "step_id": None}
+    for place in sorted(Path(job_dir).glob("placement-*.json")):
+        try:
+            info = json.loads(place.read_text())
+        except (OSError, ValueError):
+            continue
+        ids = {"job_id": info.get("slurm_job_id") or job_id, "step_id": info.get("slurm_step_id")}
+        break
+    output = ""
+    for log in sorted(Path(job_dir).glob("agent-*.log")):
+        try:
+            output += log.read_text(errors="replace")
+        except OSError:
+            pass
+    outcome = step_outcome(output)
+    if ids["job_id"] and ids["step_id"] is not None and shutil.which("sacct"):
+        result = subprocess.run(["sacct", "-n", "-P", "-j", f"{ids['job_id']}.{ids['step_id']}", "-o",
+                                 "State,ExitCode"], check=False, capture_output=True, text=True,
+                                timeout=_COMMAND_TIMEOUT_S)
+        first = result.stdout.strip().splitlines()[:1] if result.returncode == 0 else []
+        if first and "|" in first[0]:
+            state, exit_text = first[0].split("|")[:2]
+            code, _ = _exit_pair(exit_text)
+            outcome.update(state=_state_word(state), exit_code=code if code is not None else outcome["exit_code"])
+    return {**ids, **outcome}
 
 
 def cancel(job_ids: Iterable[str]) -> None:

@@ -5,7 +5,8 @@ its arguments and the process-group settings), joins the process set described b
 environment (:func:`plexus_tune.launch.local.detect_environment`), runs
 ``fn(rank, world_size, *args)`` and leaves in ``JOB_DIR``:
 
-- ``placement-<rank>.json``: host, node index and local rank of this rank;
+- ``placement-<rank>.json``: host, node index and local rank of this rank (and, in an
+  srun step, the Slurm job and step ids);
 - ``result-<rank>.pkl`` (the return value) or ``error-<rank>.json`` (reason, traceback).
 
 The launcher that started the agents collects these files (:mod:`plexus_tune.launch.external`).
@@ -55,6 +56,11 @@ def main(argv=None) -> int:
         return 2
     placement = {"rank": env.rank, "host": socket.gethostname(), "node": node_index(),
                  "local_rank": env.local_rank, "source": env.source}
+    if env.source == "slurm":
+        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        # an array task by the name squeue and scancel give it: ARRAYJOB_TASK
+        placement["slurm_job_id"] = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
+        placement["slurm_step_id"] = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
     _write_atomic(job_dir / f"placement-{env.rank}.json", json.dumps(placement).encode())
     try:
         with open(job_dir / "job.pkl", "rb") as handle:

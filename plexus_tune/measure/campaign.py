@@ -27,10 +27,11 @@ import numpy as np
 from plexus_tune import graph as graph_pkg
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.records import RunIdentity, run_identity
-from plexus_tune.measure.store import append_records, read_records
+from plexus_tune.measure.store import append_records, check_log, read_records
 from plexus_tune.model.costs import predict_grids, rank_order
 from plexus_tune.model.grid import enumerate_grids, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -68,10 +69,36 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
+def load_graph_source(graph: str):
+    """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
+
+    This is the check that a graph file is readable before any rank starts: a truncated or
+    corrupt file raises UserError here, once, instead of failing in every rank.
+    """
+    _, path, spec = graph_source_text(graph)
+    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+
+
+def check_graph(graph: str) -> None:
+    """Check a graph file, shard directory or spec before any rank starts (UserError if unusable).
+
+    A file is read once (:func:`load_graph_source`); a shard directory's manifest is read and
+    every block file checked for presence and size (ranks verify the checksums); a spec is
+    parsed.
+    """
+    _, path, _ = graph_source_text(graph)
+    if path is None:
+        return
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "manifest.json")):
+        check_shard_files(path)
+        return
+    load_graph_source(graph)
+
+
 def load_stats(graph: str) -> GraphStats:
     """Load (or generate) the graph once to learn its statistics."""
-    source, path, spec = graph_source_text(graph)
-    g = graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+    source, _, _ = graph_source_text(graph)
+    g = load_graph_source(graph)
     nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
     return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
 
@@ -143,6 +170,47 @@ def predicted_fields(workload, machine, grid) -> dict:
     return out
 
 
+def launcher_options(train_options: dict | None, launcher) -> dict:
+    """``train_options`` with the launcher's name, cluster and machine (when it names one)."""
+    options = dict(train_options or {})
+    if launcher is not None:
+        options.update(launcher=launcher.name, cluster=launcher.cluster())
+        if not options.get("machine") and launcher.machine_name():
+            options["machine"] = launcher.machine_name()
+    return options
+
+
+def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, trials: int, epochs: int, warmup: int,
+                 layers: int, hidden: int, redo: bool = False, retry_failed: bool = False,
+                 train_options: dict | None = None, on_skip: Callable[[tuple, int], None] | None = None,
+                 launcher=None) -> list[tuple[tuple, int, object]]:
+    """(grid, trial, config) of every run a campaign still has to make, trials interleaved.
+
+    A (identity, trial) in the log is done, a failure too (unless ``retry_failed``), except
+    a cancelled run (stopped from outside: it measured nothing); ``redo`` makes them all
+    again. ``launcher`` (checked against every grid) adds its name, cluster and machine to
+    the identity.
+    """
+    if launcher is not None:
+        for grid in grids:
+            launcher.check(int(np.prod(grid)))
+    train_options = launcher_options(train_options, launcher)
+    done = logged_trials(log)
+    pending = []
+    for trial in range(trials):
+        for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
+            grid = grids[int(g)]
+            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
+                                     options=train_options)
+            status = done.get((config_identity(config), trial))
+            if status is not None and status != "cancelled" and not redo and not (retry_failed and status != "ok"):
+                if on_skip is not None:
+                    on_skip(tuple(grid), trial)
+                continue
+            pending.append((tuple(grid), trial, config))
+    return pending
+
+
 def run_campaign(
     graph: str,
     gpus: int,
@@ -163,35 +231,28 @@ def run_campaign(
     on_skip: Callable[[tuple, int], None] | None = None,
     batch: int = 1,
     launcher=None,
+    on_start: Callable[[tuple, int], None] | None = None,
 ) -> list[dict]:
     """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
 
     ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
     of every run's identity, so a campaign on another cluster does not count as done.
+    ``on_start(grid, trial)`` is called before each run (each batch's first) starts.
     """
     if machine is not None:
         machine = load_machine(machine)
-    graph_source_text(graph)  # a missing file or bad spec fails before any run
-    stats = stats or (load_stats(graph) if machine is not None else None)
-    workload = workload_of(stats, layers, hidden) if stats is not None else None
-    if launcher is not None:
-        for grid in grids:
-            launcher.check(int(np.prod(grid)))
-        train_options = {**(train_options or {}), "launcher": launcher.name, "cluster": launcher.cluster()}
-    done = logged_trials(log)
-    pending = []
-    for trial in range(trials):
-        for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
-            grid = grids[int(g)]
-            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
-                                     options=train_options)
-            status = done.get((config_identity(config), trial))
-            if status is not None and not redo and not (retry_failed and status != "ok"):
-                if on_skip is not None:
-                    on_skip(tuple(grid), trial)
-                continue
-            pending.append((tuple(grid), trial, config))
+    if stats is None:  # a missing, truncated or corrupt file or a bad spec fails before any run
+        if machine is not None:
+            stats = load_stats(graph)
+        else:
+            check_graph(graph)
+    if log is not None:
+        check_log(log)
+    workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
+    pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
+                           hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,
+                           on_skip=on_skip, launcher=launcher)
 
     new = []
 
@@ -208,9 +269,13 @@ def run_campaign(
     batch = max(1, int(batch))
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
+        if on_start is not None:
+            on_start(chunk[0][0], chunk[0][1])
         records = _run_batch([c for _, _, c in chunk], launcher) if len(chunk) > 1 else None
         if records is None:  # one at a time (or the batch failed: redo its runs one by one)
-            for grid, trial, config in chunk:
+            for k, (grid, trial, config) in enumerate(chunk):
+                if k and on_start is not None:
+                    on_start(grid, trial)
                 finish(grid, trial, run_training(config, raise_on_failure=False, launcher=launcher))
         else:
             for (grid, trial, _), record in zip(chunk, records):

@@ -36,8 +36,8 @@ from plexus_tune.model.workload import model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
-SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2}
-FAILURE_STATUSES = ("failed", "oom", "timeout")
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1}
+FAILURE_STATUSES = ("failed", "oom", "timeout", "cancelled")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
 
@@ -50,6 +50,7 @@ RUN_SCHEMA = schema_name("run")
 SPMM_SCHEMA = schema_name("spmm")
 GEMM_SCHEMA = schema_name("gemm")
 COLLECTIVE_SCHEMA = schema_name("collective")
+QUANT_SCHEMA = schema_name("quant")
 
 #: (type, version) -> {old field: new field}: the renames from that version to the next.
 RENAMES: dict[tuple[str, int], dict[str, str]] = {
@@ -212,6 +213,7 @@ class RunOptions:
     weight_decay: float = _f(0.01, doc="AdamW weight decay")
     seed: int = _f(0, doc="seed of weights, permutation and synthetic graphs")
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank (None: the launcher's default)")
+    layer_norm: bool = _f(False, doc="LayerNorm (no scale and shift) before each layer")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -224,7 +226,7 @@ class RunRecord(_Record):
     KIND: ClassVar[str] = "run"
     kind: str = _f("train", doc="always 'train'")
     timestamp: str | None = _f(None, "ISO 8601 UTC", "when the run started")
-    status: str = _f("ok", doc="ok, or the failure kind: failed, oom, timeout")
+    status: str = _f("ok", doc="ok, or the failure kind: failed, oom, timeout, cancelled (stopped from outside: measured again on resume)")
     reason: str | None = _f(None, doc="why it failed")
     failed_rank: int | None = _f(None, doc="the rank that failed first")
     traceback: str | None = _f(None, doc="end of the failing rank's traceback")
@@ -238,6 +240,7 @@ class RunRecord(_Record):
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
+    slurm: dict | None = _f(None, doc="Slurm runs: job_id and step_id; for a failed step also its state, exit_code and reason")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")
     graph: str | None = _f(None, doc="graph name")
@@ -259,7 +262,7 @@ class RunRecord(_Record):
     hidden: int | None = _f(None, "columns", "hidden width")
     epochs: int | None = _f(None, doc="epochs trained, warm-up included")
     warmup: int | None = _f(None, doc="warm-up epochs left out of the timings")
-    options: dict = _f(factory=lambda: dict(OPTION_DEFAULTS), doc="RunOptions: permute, block_rows, overlap, dtype, lr, weight_decay, seed, threads_per_rank")
+    options: dict = _f(factory=lambda: dict(OPTION_DEFAULTS), doc="RunOptions: permute, block_rows, overlap, dtype, lr, weight_decay, seed, threads_per_rank, layer_norm")
     environment: dict | None = _f(None, doc="host, platform, processor, cpu_count, python, numpy, torch, scipy, commit")
     python: str | None = _f(None, doc="Python version")
     torch: str | None = _f(None, doc="torch version")
@@ -275,7 +278,8 @@ class RunRecord(_Record):
     all_reduce_ms: float | None = _f(None, "ms", "all-reduce time")
     all_gather_ms: float | None = _f(None, "ms", "all-gather time")
     reduce_scatter_ms: float | None = _f(None, "ms", "reduce-scatter time")
-    other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm, at least 0")
+    quant_ms: float | None = _f(None, "ms", "local work of reduced-precision collectives: casts, quantize, dequantize, sums of received chunks (docs/comm-precision.md)")
+    other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm - quant, at least 0")
     fwd_ms: float | None = _f(None, "ms", "forward pass")
     bwd_ms: float | None = _f(None, "ms", "backward pass")
     loss_ms: float | None = _f(None, "ms", "loss")
@@ -297,7 +301,13 @@ class RunRecord(_Record):
     peak_rss_bytes_per_rank: list | None = _f(None, "bytes", "peak resident set size of each rank")
     rss_growth_bytes_per_rank: list | None = _f(None, "bytes", "RSS growth of each rank during training")
     persistent_bytes_per_rank: list | None = _f(None, "bytes", "memory held between epochs by each rank")
-    losses: list | None = _f(None, doc="training loss of every epoch")
+    comm_bytes: dict | None = _f(None, "bytes", "per collective class (aggregation, combination, gather): bytes all ranks sent to other ranks in one epoch")
+    comm_bytes_per_rank: dict | None = _f(None, "bytes", "per collective class: each rank's bytes sent in one epoch")
+    split: str | None = _f(None, doc="node split: 'ogb:<kind>' (the graph's OGB split files) or 'random:train=..,valid=..,seed=..'")
+    split_sizes: dict | None = _f(None, "vertices", "train, valid, test: nodes in each part")
+    accuracy: dict | None = _f(None, "ratio", "train, valid, test: accuracy of every epoch's forward pass")
+    final_accuracy: dict | None = _f(None, "ratio", "train, valid, test: accuracy of the last epoch")
+    losses: list | None = _f(None, doc="training loss of every epoch (mean cross-entropy over the training nodes)")
     final_loss: float | None = _f(None, doc="last epoch's loss")
     setup_s: float | None = _f(None, "s", "process-group and layout set-up")
     load_s: float | None = _f(None, "s", "graph load and sharding")
@@ -306,6 +316,7 @@ class RunRecord(_Record):
     check_output_rel_diff: float | None = _f(None, "ratio", "--check: normwise relative difference of the outputs")
     reference_losses: list | None = _f(None, doc="--check: the serial reference's losses")
     reference_epoch_ms: float | None = _f(None, "ms", "--check: the serial reference's epoch time")
+    reference_accuracy: dict | None = _f(None, "ratio", "--check: train, valid, test accuracy of the serial FP32 reference's last epoch")
     # campaign
     trial: int | None = _f(None, doc="trial index among the runs of one identity")
     campaign: dict | None = _f(None, doc="gpus, trials and grids of the campaign that ran it")
@@ -404,7 +415,24 @@ class CollectiveRecord(_Record):
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank")
 
 
-SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord)}
+@dataclass(kw_only=True)
+class QuantRecord(_Record):
+    """One timed encode and decode of a reduced communication precision (docs/comm-precision.md)."""
+
+    KIND: ClassVar[str] = "quant"
+    precision: str | None = _f(None, doc="bf16, fp16 (casts) or int8, int4, int2 (stochastic quantization, packed)")
+    rows: int | None = _f(None, "rows", "rows of the FP32 tensor (one zero point and scale each for intX)")
+    cols: int | None = _f(None, "columns", "columns of the FP32 tensor")
+    fp32_bytes: int | None = _f(None, "bytes", "4 rows cols, the FP32 data encoded and decoded")
+    encode_ms: float | None = _f(None, "ms", "cast or quantize, min over repeats")
+    decode_ms: float | None = _f(None, "ms", "cast back or dequantize, min over repeats")
+    repeats: int | None = _f(None, doc="timed calls of each")
+    threads: int | None = _f(None, "threads", "torch threads")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host")
+
+
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord)}
 
 
 def flatten_record(record: Mapping, *, sep: str = ".") -> dict:
@@ -470,6 +498,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("cluster", ("cluster",), "", str),
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
+    IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
@@ -542,7 +571,7 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
 OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms",
+                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms",
                  "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
 #: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
 #: a phase a newer trainer adds appears as its own column.

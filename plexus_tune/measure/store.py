@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from plexus_tune.errors import UserError
+from plexus_tune.errors import SkippedLinesWarning, UserError
+from plexus_tune.paths import check_output_file
 from plexus_tune.measure.records import (  # noqa: F401  (the schema names are part of this module's API)
     COLLECTIVE_SCHEMA,
     FAILURE_STATUSES,
@@ -147,6 +148,56 @@ def append_records(path, records: Iterable[Mapping], *, schema: str | None = RUN
     return len(records)
 
 
+def warn_bad_lines(path, problems) -> None:
+    """Report the skipped lines of one log as one :class:`SkippedLinesWarning` (the first three named)."""
+    if not problems:
+        return
+    shown = "; ".join(str(p) for p in problems[:3])
+    more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+    warnings.warn(SkippedLinesWarning(f"{path}: skipped {len(problems)} bad line(s): {shown}{more}"), stacklevel=3)
+
+
+def check_is_log(path, records, problems, *, hint: str = "give a log written by plexus-tune") -> None:
+    """UserError if a file holds lines but not one record: it is not a measurement log."""
+    if problems and not records:
+        raise UserError(f"{path} is not a plexus-tune measurement log ({problems[0]}); {hint}")
+
+
+def _first_line(path: Path, limit: int = 1 << 22) -> tuple[int, bytes]:
+    """(1-based number, content) of the first non-blank line of a file (at most ``limit``
+    bytes of it), or (0, b"")."""
+    with open(path, "rb") as fh:
+        number = 0
+        while True:
+            raw = fh.readline(limit)
+            number += 1
+            if not raw:
+                return 0, b""
+            if raw.strip():
+                return number, raw.rstrip(b"\n")
+
+
+def check_log(path) -> Path:
+    """Check, before any work, that records can be appended to the log at ``path``.
+
+    The path must not be a directory, must be writable (or creatable), and a file that
+    exists must be a measurement log: its first line a record. Returns the path.
+    """
+    path = check_output_file(path)
+    if path.exists():
+        try:
+            number, first = _first_line(path)
+        except OSError as exc:
+            raise UserError(f"cannot read measurement log {path}: {exc.strerror}") from None
+        if first:
+            _, problems = parse_lines(first + b"\n")
+            if problems:
+                bad = BadLine(number, problems[0].reason, problems[0].excerpt)
+                raise UserError(f"{path} is not a plexus-tune measurement log ({bad}); "
+                                "give a new file or a log that plexus-tune wrote")
+    return path
+
+
 def parse_lines(data: bytes) -> tuple[list[dict], list[BadLine]]:
     """Parse JSON Lines bytes into (good records, bad lines); blank lines are ignored."""
     records: list[dict] = []
@@ -198,6 +249,7 @@ def read_records(path, *, schema: str | None = None) -> tuple[list[dict], list[B
     except OSError as exc:
         raise UserError(f"cannot read measurement log {path}: {exc.strerror}") from exc
     records, problems = parse_lines(data)
+    check_is_log(path, records, problems)
     if schema is not None:
         want = record_type({"schema": schema})
         records = [r for r in records if record_type(r) == want]
@@ -211,10 +263,8 @@ def read_runs(paths, *, warn: bool = True) -> list[dict]:
     runs: list[dict] = []
     for path in paths:
         records, problems = read_records(path, schema="run")
-        if problems and warn:
-            shown = "; ".join(str(p) for p in problems[:3])
-            more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
-            warnings.warn(f"{path}: skipped {len(problems)} bad line(s): {shown}{more}", stacklevel=2)
+        if warn:
+            warn_bad_lines(path, problems)
         runs.extend(records)
     return runs
 
@@ -238,10 +288,8 @@ def records_frame(source, *, schema: str | None = None, warn: bool = True):
     for src in sources:
         if isinstance(src, (str, os.PathLike)):
             records, problems = read_records(src, schema=schema)
-            if problems and warn:
-                shown = "; ".join(str(p) for p in problems[:5])
-                more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
-                warnings.warn(f"{src}: skipped {len(problems)} bad line(s): {shown}{more}", stacklevel=2)
+            if warn:
+                warn_bad_lines(src, problems)
         else:
             records = list(src)
             if schema is not None:

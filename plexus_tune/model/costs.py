@@ -91,7 +91,13 @@ other by ``oversubscription`` = max(1, min(G, gpus_per_node) threads_per_rank /
 host_cores) (:func:`plexus_tune.model.machine.oversubscription`); 1 for GPU profiles.
 The component models themselves describe one rank running alone.
 
-``total_ms`` = spmm + gemm + comm + other + overhead. Memory per GPU is
+Communication precision (docs/comm-precision.md, "In the cost model"): each collective
+above belongs to a class (aggregation: H and dH; combination: Q; gather: F, W, dW, dF)
+sent at that class's precision: the ring moves M' = (M / u) b / 8 (+ 8 rows for intX, the
+zero points and scales) instead of M, and ``quant_ms`` adds the encode and decode time of
+the scheme at the profile's ``quant`` rates (0 at fp32 or without rates).
+
+``total_ms`` = spmm + gemm + comm + quant + other + overhead. Memory per GPU is
 :func:`plexus_tune.model.memory.memory_bytes`; a grid is ``feasible`` when it fits the
 machine's usable device memory.
 """
@@ -100,6 +106,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import (
+    CommPrecision,
+    parse_comm_precision,
+    quant_time_ms,
+    wire_message_bytes,
+)
 from plexus_tune.errors import UserError
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
@@ -110,16 +122,16 @@ from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = (
     "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms", "total_ms",
+    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "overhead_ms", "total_ms",
     "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
 )
 
 #: The parts of ``total_ms``: they add up to it for every grid.
-TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms", "overhead_ms")
+TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
 
 #: Time components that the oversubscription factor stretches.
 _STRETCHED_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms")
+                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
 
 
 def _as_grids(grids) -> np.ndarray:
@@ -161,14 +173,23 @@ def _check_block_rows(block_rows):
     return int(block_rows)
 
 
-def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> dict[str, np.ndarray]:
+def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
+                  comm_precision=None) -> dict[str, np.ndarray]:
     """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
+
+    ``comm_precision`` (text or :class:`plexus_tune.comm_precision_model.CommPrecision`,
+    default fp32) sends each collective class at its precision: the ring carries
+    :func:`~plexus_tune.comm_precision_model.wire_message_bytes` instead of M, and
+    ``quant_ms`` adds the codec time at the profile's ``quant`` rates
+    (docs/comm-precision.md, "In the cost model").
 
     ``padded`` (default: the machine's ``padded_sizes``, normally True) chooses
     ceil(n / g) local sizes; False divides exactly, as the paper's model does
     (:func:`plexus_tune.model.shapes.layer_shapes`). Memory always uses padded sizes.
     """
     machine = load_machine(machine) if not isinstance(machine, Machine) else machine
+    choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
+    quant_profile = machine.raw.get("quant")
     grids = _as_grids(grids)
     block_rows = _check_block_rows(block_rows)
     padded = machine.padded_sizes if padded is None else bool(padded)
@@ -186,10 +207,17 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
     spmm = zeros()
     spmm_bytes = zeros()
 
-    def add(op, axis, message_bytes, messages=1):
-        t = collective_time_ms(machine, op, grids[:, axis], strides[axis], message_bytes, messages)
+    quant = zeros()
+
+    def add(op, axis, message_bytes, rows, comm_class, messages=1):
+        precision = choice.of(comm_class)
+        g = grids[:, axis]
+        sent = message_bytes if precision == "fp32" else wire_message_bytes(message_bytes, rows, precision, u)
+        t = collective_time_ms(machine, op, g, strides[axis], sent, messages)
         comm_axis[axis] += t
         comm_kind[op] += t
+        if precision != "fp32":
+            quant[:] += quant_time_ms(quant_profile, precision, op, g, message_bytes * 4.0 / u)
 
     for i, s in enumerate(shapes):
         o, inner, d = s.outer, s.inner, s.depth
@@ -199,16 +227,17 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         w_bytes = u * s.w_gathered_rows * c_o
         q_bytes = u * r_d * c_o
         # forward
+        f_rows = s.features_gathered_rows if i == 0 else r_o
         if i == 0:
-            add("all_gather", d, f_bytes)
-        add("all_reduce", o, h_bytes, blocks)
-        add("all_gather", d, w_bytes)
-        add("all_reduce", inner, q_bytes)
+            add("all_gather", d, f_bytes, f_rows, "gather")
+        add("all_reduce", o, h_bytes, r_d, "aggregation", blocks)
+        add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
+        add("all_reduce", inner, q_bytes, r_d, "combination")
         # backward
-        add("reduce_scatter", d, w_bytes)
-        add("all_gather", d, w_bytes)
-        add("all_reduce", o, h_bytes)
-        add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes)
+        add("reduce_scatter", d, w_bytes, s.w_gathered_rows, "gather")
+        add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
+        add("all_reduce", o, h_bytes, r_d, "aggregation")
+        add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes, f_rows, "gather")
 
         gemm_flops += 6.0 * r_d * c_i * c_o
         elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * s.w_rows * c_o
@@ -243,6 +272,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None) -> 
         out[f"comm_{name}_ms"] = comm_axis[a]
     for op, t in comm_kind.items():
         out[f"{op}_ms"] = t
+    out["quant_ms"] = quant
     out["other_ms"] = other
     stretch = oversubscription(machine, np.prod(grids, axis=1))
     for key in _STRETCHED_KEYS:

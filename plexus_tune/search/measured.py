@@ -5,6 +5,7 @@ import os
 from plexus_tune.measure.campaign import (
     campaign_config,
     config_identity,
+    launcher_options,
     load_stats,
     run_campaign,
     workload_of,
@@ -26,12 +27,13 @@ def graph_workload(graph: str, *, layers: int = 3, hidden: int = 128):
 
 
 def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidden: int, epochs: int = 10, warmup: int = 2,
-               train_options: dict | None = None) -> dict:
+               train_options: dict | None = None, launcher=None) -> dict:
     """Logged runs of ``graph`` that a measured search with these settings would make, by configuration.
 
     A configuration's run identity (docs/records.md) must match exactly: the grid and
     block rows come from the configuration, the rest from the arguments and
-    ``train_options`` (backend, overlap, ...), as :class:`MeasuredEvaluator` trains. The
+    ``train_options`` (backend, overlap, ...) and ``launcher`` (its name, cluster and machine),
+    as :class:`MeasuredEvaluator` trains. The
     observed time is the runs table's median over the successful trials; a
     configuration whose logged runs all failed maps to a failed Evaluation, so a search
     does not train it again.
@@ -42,7 +44,7 @@ def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidd
     out = {}
     for _, row in table.iterrows():
         cfg = Config(int(row["gx"]), int(row["gy"]), int(row["gz"]), int(row["block_rows"]) or None)
-        options = dict(train_options or {})
+        options = launcher_options(train_options, launcher)
         if cfg.block_rows:
             options["block_rows"] = int(cfg.block_rows)
         probe = campaign_config(graph, cfg.grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup, options=options)
@@ -63,26 +65,29 @@ class MeasuredEvaluator:
 
     Configurations the model predicts do not fit in memory are not trained: they are
     marked infeasible with their predicted time. Runs go through
-    :func:`plexus_tune.measure.campaign.run_campaign`, so they are logged with the prediction.
+    :func:`plexus_tune.measure.campaign.run_campaign` with ``launcher`` (default: local
+    processes), so they are logged with the prediction.
     """
 
     measured = True
 
     def __init__(self, model: ModelEvaluator, graph: str, *, stats=None, layers: int = 3, hidden: int = 128,
                  epochs: int = 10, warmup: int = 2, backend: str = "gloo", timeout_s: float = 600.0,
-                 log_path: str = os.path.join("measurements", "runs.jsonl"), train_options: dict | None = None):
+                 log_path: str = os.path.join("measurements", "runs.jsonl"), train_options: dict | None = None,
+                 launcher=None):
         self.model = model
         self.graph = graph
         self.stats = stats
         self.layers, self.hidden, self.epochs, self.warmup = layers, hidden, epochs, warmup
         self.log_path = log_path
         self.options = {"backend": backend, "timeout_s": float(timeout_s), **(train_options or {})}
+        self.launcher = launcher
         self.runs = 0
 
     def known_runs(self) -> dict:
         """The configurations its log already holds runs of (:func:`known_runs` with its settings)."""
         return known_runs(self.log_path, self.graph, self.model, layers=self.layers, hidden=self.hidden,
-                          epochs=self.epochs, warmup=self.warmup, train_options=self.options)
+                          epochs=self.epochs, warmup=self.warmup, train_options=self.options, launcher=self.launcher)
 
     def evaluate(self, config: Config) -> Evaluation:
         ev = self.model.evaluate(config)
@@ -96,7 +101,7 @@ class MeasuredEvaluator:
             options["block_rows"] = int(config.block_rows)
         new = run_campaign(self.graph, config.gpus, [config.grid], log=self.log_path, trials=1, epochs=self.epochs,
                            warmup=self.warmup, layers=self.layers, hidden=self.hidden, machine=self.model.machine,
-                           stats=self.stats, train_options=options)
+                           stats=self.stats, train_options=options, launcher=self.launcher)
         self.runs += len(new)
         if not new:  # logged meanwhile (another worker): read it back
             return self.known_runs().get(config, Evaluation(ev.predicted_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))

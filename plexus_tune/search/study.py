@@ -3,10 +3,12 @@
 from __future__ import annotations
 import math
 import os
+import time
 from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.paths import default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
 
@@ -15,10 +17,12 @@ from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, Search
 # Studies
 
 
-def default_storage_url(directory: str = "measurements") -> str:
-    """SQLite file ``<directory>/studies.db`` (the directory is created)."""
-    os.makedirs(directory, exist_ok=True)
-    return "sqlite:///" + os.path.abspath(os.path.join(directory, "studies.db"))
+def default_storage_url(directory: str | None = None) -> str:
+    """SQLite file ``<directory>/studies.db``, by default in the per-user data directory
+    (:func:`plexus_tune.paths.data_dir`); the directory is created."""
+    path = default_studies_path() if directory is None else os.path.join(directory, "studies.db")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return "sqlite:///" + os.path.abspath(path)
 
 
 def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180):
@@ -36,6 +40,8 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
         directory = os.path.dirname(path) or "."
         if path and not path.startswith(":memory:") and not os.path.isdir(directory):
             raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
+        if os.path.isdir(path):
+            raise UserError(f"cannot open storage {url!r}: {path} is a directory; name a database file in it")
     import warnings
 
     try:
@@ -152,6 +158,8 @@ class Objective:
         self.model_evaluations = 0
         self.cache: dict[Config, tuple[Evaluation, int | None]] = {}
         self.evaluations = 0
+        self.study = study
+        self.claim_poll_s = 2.0
         for cfg, ev in (known or {}).items():
             self.cache[cfg] = (ev, None)
         if study is not None:
@@ -184,6 +192,10 @@ class Objective:
         for key, value in config.as_dict().items():
             trial.set_user_attr(key, value)
         trial.set_user_attr("config", config.label)
+        if config not in self.cache and self.study is not None and getattr(self.evaluator, "measured", False):
+            found = self._from_other_workers(trial, config)
+            if found is not None:
+                self.cache[config] = found
         if config in self.cache:
             ev, first = self.cache[config]
             trial.set_user_attr("duplicate_of", first if first is not None else "log")
@@ -203,6 +215,33 @@ class Objective:
             trial.set_user_attr("failure", ev.failure or "no time")
             return float("nan")  # Optuna marks the trial FAIL: failed runs are kept, not given fake values
         return objective_value(ev.epoch_ms, config.gpus, self.objective)
+
+
+    def _from_other_workers(self, trial, config: Config):
+        """(evaluation, trial number) of ``config`` from another worker of a shared study, or None.
+
+        A trial names its configuration (user attribute ``config``) before it measures it,
+        so workers sharing the study see who measures what: a finished trial's evaluation is
+        reused; a configuration an older trial is measuring now is waited for (the older one
+        measures, so two workers that picked it at once do not both wait). A worker that died
+        leaves its trial RUNNING until the heartbeat marks it failed; then this one measures.
+        """
+        import optuna
+
+        state = optuna.trial.TrialState
+        while True:
+            waiting = False
+            for t in self.study.get_trials(deepcopy=False):
+                if t.number == trial.number or t.user_attrs.get("config") != config.label:
+                    continue
+                ev = _evaluation_of_attrs(t.user_attrs)
+                if t.state in (state.COMPLETE, state.FAIL) and ev is not None:
+                    return ev, t.number
+                if t.state == state.RUNNING and t.number < trial.number and ev is None:
+                    waiting = True
+            if not waiting:
+                return None
+            time.sleep(self.claim_poll_s)
 
 
 def _set_constraint(trial, value: float) -> None:
@@ -255,10 +294,23 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
 
 
 def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
-    """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now."""
+    """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now.
+
+    Workers sharing the study stop together: each stops once the study holds the total
+    (a trial still running elsewhere then finishes beyond it).
+    """
+    import optuna
+
     remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
     if remaining:
-        study.optimize(objective, n_trials=remaining, callbacks=callbacks, show_progress_bar=show_progress, catch=())
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+        stop = optuna.study.MaxTrialsCallback(int(n_trials_total), states=states)
+        before = {t.number for t in study.get_trials(deepcopy=False, states=states)}
+        study.optimize(objective, n_trials=remaining, callbacks=[*(callbacks or []), stop],
+                       show_progress_bar=show_progress, catch=())
+        remaining = sum(1 for t in study.get_trials(deepcopy=False) if t.number not in before
+                        and t.state in states)
     return remaining
 
 

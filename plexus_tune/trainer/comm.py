@@ -1,4 +1,10 @@
-"""Process groups of a grid, timed collectives and the per-rank phase timer."""
+"""Process groups of a grid, timed collectives and the per-rank phase timer.
+
+The collectives of the 3D layer name their class (``aggregation``, ``combination``,
+``gather``; :data:`plexus_tune.comm_precision_model.COMM_CLASSES`) and are sent at
+that class's precision (docs/comm-precision.md); a collective without a class (the
+loss's row maximum and sums, accuracy counts) is always a plain FP32 collective.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,19 @@ import itertools
 import time
 from collections import defaultdict
 
+from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
-#: Shared breakdown keys (ms per epoch) that every rank accumulates.
+#: Shared breakdown keys (ms per epoch) that every rank accumulates. ``quant_ms`` is
+#: the local work of reduced-precision collectives (casts, quantize, dequantize, FP32
+#: sums of received chunks), kept out of ``comm_ms``.
 BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "epoch_ms")
+                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "epoch_ms")
 #: Extra per-epoch phases recorded beside the shared keys.
 PHASE_KEYS = ("fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
 #: Exclusive phases that make up a rank's epoch: ``other_ms`` is the epoch less the others
 #: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins here.
-PARTITION_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms")
+PARTITION_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms")
 #: Partition phases in which a rank can block on other ranks (collectives).
 WAITING_KEYS = ("comm_ms",)
 #: Splits of a partition phase: keys that add up to it on every rank.
@@ -70,15 +79,34 @@ class GridComm:
     ``torch.distributed.new_group`` requires; groups of size 1 are not created and
     their collectives are skipped. Group members are ordered by their coordinate on
     the axis, so a rank's index in its group equals its coordinate.
+
+    ``precision`` (a :class:`CommPrecision` or its text) sets the precision of each
+    collective class; ``counter`` (:class:`plexus_tune.trainer.precision.CommCounter`)
+    collects the bytes each class hands to the process groups for other ranks, at
+    every precision (FP32 by the ring convention of docs/comm-precision.md).
+    Rounding noise comes from a generator seeded by ``seed`` and the rank.
     """
 
-    def __init__(self, grid, rank: int, timer: PhaseTimer, backend: str | None = None):
+    #: defaults for instances built without ``__init__`` (test stand-ins)
+    precision = CommPrecision()
+    counter = None
+    generator = None
+
+    def __init__(self, grid, rank: int, timer: PhaseTimer, backend: str | None = None,
+                 precision=None, seed: int = 0):
+        import torch
         import torch.distributed as dist
+
+        from plexus_tune.trainer.precision import CommCounter
 
         self.dist = dist
         self.grid = tuple(int(g) for g in grid)
         self.rank = rank
         self.timer = timer
+        if precision is not None:
+            self.precision = precision if isinstance(precision, CommPrecision) else parse_comm_precision(precision)
+        self.counter = CommCounter()
+        self.generator = torch.Generator().manual_seed(1_000_003 * int(seed) + int(rank))
         self.coords = tuple(int(c) for c in coords_of(rank, self.grid))
         self.groups = [None, None, None]
         self.max_gathered_bytes = 0
@@ -110,23 +138,63 @@ class GridComm:
                 pass
         self._created = []
 
+    # -- precision ------------------------------------------------------------------
+    def _precision_of(self, comm_class: str | None) -> str:
+        return "fp32" if comm_class is None else self.precision.of(comm_class)
+
+    def _count(self, comm_class: str | None, nbytes: int) -> None:
+        if comm_class is not None and self.counter is not None:
+            self.counter.add(comm_class, nbytes)
+
+    def _reduced(self, fn, tensor, axis: int, op: str, comm_class: str, **kwargs):
+        """Run a reduced-precision collective of :mod:`plexus_tune.trainer.precision`;
+        its local work goes to ``quant_ms``, the rest to the collective's time."""
+        from plexus_tune.trainer import precision as prec
+
+        counter = self.counter if self.counter is not None else prec.CommCounter()
+        quant_before = counter.quant_ms
+        t0 = self.timer.now()
+        out = fn(tensor, self.groups[axis], self._precision_of(comm_class), generator=self.generator,
+                 counter=counter, comm_class=comm_class, **kwargs)
+        total_ms = (self.timer.now() - t0) * 1e3
+        quant_ms = min(counter.quant_ms - quant_before, total_ms)
+        for key in ("comm_ms", f"comm_{AXIS_NAMES[axis]}_ms", f"{op}_ms"):
+            self.timer.current[key] += total_ms - quant_ms
+        self.timer.current["quant_ms"] += quant_ms
+        return out
+
     # -- collectives (in place or returning new tensors), timed -----------------------
-    def all_reduce(self, tensor, axis: int, op: str = "sum"):
-        if self.grid[axis] == 1:
+    def all_reduce(self, tensor, axis: int, op: str = "sum", comm_class: str | None = None):
+        """Sum (or max) over the axis group in place; a ``comm_class`` sends at its precision."""
+        size = self.grid[axis]
+        if size == 1:
             return tensor
+        if op == "sum" and self._precision_of(comm_class) != "fp32":
+            from plexus_tune.trainer import precision as prec
+
+            return self._reduced(prec.all_reduce, tensor, axis, "all_reduce", comm_class)
         t0 = self.timer.now()
         red = self.dist.ReduceOp.MAX if op == "max" else self.dist.ReduceOp.SUM
         self.dist.all_reduce(tensor, op=red, group=self.groups[axis])
         self.timer.add_comm(t0, "all_reduce", axis)
+        self._count(comm_class, 2 * (size - 1) * (-(-tensor.numel() // size)) * tensor.element_size())
         return tensor
 
-    def all_reduce_async(self, tensor, axis: int):
-        """Start an all-reduce; returns a handle for :meth:`wait` (None if nothing to do)."""
-        if self.grid[axis] == 1:
+    def all_reduce_async(self, tensor, axis: int, comm_class: str | None = None):
+        """Start an all-reduce; returns a handle for :meth:`wait` (None if nothing to do).
+
+        A reduced-precision all-reduce is two process-group calls with local work
+        between them, so it runs to completion here and returns None."""
+        size = self.grid[axis]
+        if size == 1:
+            return None
+        if self._precision_of(comm_class) != "fp32":
+            self.all_reduce(tensor, axis, comm_class=comm_class)
             return None
         t0 = self.timer.now()
         work = self.dist.all_reduce(tensor, group=self.groups[axis], async_op=True)
         self.timer.add_comm(t0, "all_reduce", axis)
+        self._count(comm_class, 2 * (size - 1) * (-(-tensor.numel() // size)) * tensor.element_size())
         return work
 
     def wait(self, work, axis: int) -> None:
@@ -136,7 +204,7 @@ class GridComm:
         work.wait()
         self.timer.add_comm(t0, "all_reduce", axis)
 
-    def all_gather(self, tensor, axis: int):
+    def all_gather(self, tensor, axis: int, comm_class: str | None = None):
         """Concatenate the group's tensors along dim 0, in coordinate order."""
         size = self.grid[axis]
         if size == 1:
@@ -144,16 +212,22 @@ class GridComm:
         import torch
 
         tensor = tensor.contiguous()
+        gathered_bytes = size * tensor.numel() * tensor.element_size()
+        self.max_gathered_bytes = max(self.max_gathered_bytes, gathered_bytes)
+        if self._precision_of(comm_class) != "fp32":
+            from plexus_tune.trainer import precision as prec
+
+            return self._reduced(prec.all_gather, tensor, axis, "all_gather", comm_class)
         out = torch.empty((size * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         t0 = self.timer.now()
-        self.max_gathered_bytes = max(self.max_gathered_bytes, out.numel() * out.element_size())
         gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
         gather(out, tensor, group=self.groups[axis])
         self.timer.add_comm(t0, "all_gather", axis)
+        self._count(comm_class, (size - 1) * tensor.numel() * tensor.element_size())
         return out
 
-    def reduce_scatter(self, tensor, axis: int):
+    def reduce_scatter(self, tensor, axis: int, comm_class: str | None = None):
         """Sum over the group, keep this rank's dim-0 block (coordinate order)."""
         size = self.grid[axis]
         if size == 1:
@@ -161,10 +235,15 @@ class GridComm:
         import torch
 
         tensor = tensor.contiguous()
+        if self._precision_of(comm_class) != "fp32":
+            from plexus_tune.trainer import precision as prec
+
+            return self._reduced(prec.reduce_scatter, tensor, axis, "reduce_scatter", comm_class)
         out = torch.empty((tensor.shape[0] // size,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         t0 = self.timer.now()
         scatter = getattr(self.dist, "reduce_scatter_single", None) or self.dist.reduce_scatter_tensor
         scatter(out, tensor, group=self.groups[axis])
         self.timer.add_comm(t0, "reduce_scatter", axis)
+        self._count(comm_class, (size - 1) * out.numel() * out.element_size())
         return out

@@ -20,6 +20,11 @@ class TrainConfig:
     (Gx, Gy, Gz); ``gpus`` (if given) must equal its product. Widths are
     ``[features] + [hidden] * (layers - 1) + [classes]``. ``epochs`` includes the
     ``warmup`` epochs, which are trained but left out of the timing averages.
+    ``comm_precision`` is the precision of the 3D layer's collectives, one for all
+    classes or per class (``"bf16"``, ``"aggregation=int8,gather=bf16"``;
+    docs/comm-precision.md). ``layer_norm`` normalizes each layer's input rows (no
+    scale and shift) with FP32 statistics. The loss is the mean over the training
+    nodes of the graph's split (graph/splits: OGB split files, else a seeded random one).
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -38,6 +43,8 @@ class TrainConfig:
     overlap: bool = False
     backend: str = "gloo"
     dtype: str = "float32"
+    comm_precision: str = "fp32"
+    layer_norm: bool = False
     check: bool = False
     collect_outputs: bool = False
     log: str | None = None

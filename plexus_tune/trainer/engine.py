@@ -31,6 +31,7 @@ import torch
 
 from plexus_tune.graph import gcn_normalize, permutations_for, permute_matrix
 from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, node_split, random_split, split_sizes
 from plexus_tune.graph.shards import (
     load_node_rows,
     load_permutations,
@@ -41,6 +42,7 @@ from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
+from plexus_tune.trainer.progress import EpochProgress
 
 FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
 
@@ -133,15 +135,15 @@ class LayerShard:
         outer = self.layout.outer
         if not self.a_blocks:
             h = self.spmm(self.a, f)
-            return self.comm.all_reduce(h, outer)
+            return self.comm.all_reduce(h, outer, comm_class="aggregation")
         parts, pending = [], []
         for a_block in self.a_blocks:
             h_block = self.spmm(a_block, f)  # per-block times add up in the layer's forward SpMM
             parts.append(h_block)
             if self.overlap:
-                pending.append(self.comm.all_reduce_async(h_block, outer))
+                pending.append(self.comm.all_reduce_async(h_block, outer, comm_class="aggregation"))
             else:
-                self.comm.all_reduce(h_block, outer)
+                self.comm.all_reduce(h_block, outer, comm_class="aggregation")
         for work in pending:
             self.comm.wait(work, outer)
         t0 = self.timer.now()
@@ -156,11 +158,11 @@ class GCNLayerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, f_local, w_local, b_local, shard: LayerShard):
         lay, comm = shard.layout, shard.comm
-        f = comm.all_gather(f_local, lay.depth)[: lay.shapes.r_o] if shard.first else f_local
+        f = comm.all_gather(f_local, lay.depth, comm_class="gather")[: lay.shapes.r_o] if shard.first else f_local
         h = shard.aggregate(f.contiguous())
-        w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i] if lay.w_split else w_local
+        w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i] if lay.w_split else w_local
         q = shard.gemm(h, w)
-        comm.all_reduce(q, lay.inner)
+        comm.all_reduce(q, lay.inner, comm_class="combination")
         q = q + b_local
         ctx.save_for_backward(h, w_local)
         ctx.shard = shard
@@ -176,21 +178,54 @@ class GCNLayerFunction(torch.autograd.Function):
         t0 = shard.timer.now()
         db = dq.sum(dim=0)
         shard.timer.add(t0, "gemm_ms")
-        comm.all_reduce(db, lay.depth)
+        comm.all_reduce(db, lay.depth, comm_class="gather")
         dw = shard.gemm(h.t(), dq)
         if lay.w_split:
-            dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth)
-            w = comm.all_gather(w_local, lay.depth)[: lay.shapes.c_i]
+            dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth, comm_class="gather")
+            w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i]
         else:
             w = w_local
         dh = shard.gemm(dq, w.t())
-        comm.all_reduce(dh, lay.outer)
+        comm.all_reduce(dh, lay.outer, comm_class="aggregation")
         df = shard.spmm(shard.a_t, dh, "bwd")
         if shard.first:
-            df = comm.reduce_scatter(pad_rows(df, lay.shapes.features_gathered_rows), lay.depth)
+            df = comm.reduce_scatter(pad_rows(df, lay.shapes.features_gathered_rows), lay.depth,
+                                     comm_class="gather")
         else:
-            comm.all_reduce(df, lay.depth)
+            comm.all_reduce(df, lay.depth, comm_class="gather")
         return df, dw, db, None
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Sum over an axis group in FP32, differentiable: the gradient is summed over the group too."""
+
+    @staticmethod
+    def forward(ctx, t, comm, axis: int):
+        ctx.comm, ctx.axis = comm, axis
+        out = t.clone()
+        comm.all_reduce(out, axis)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        ctx.comm.all_reduce(grad, ctx.axis)
+        return grad, None, None
+
+
+def sharded_layer_norm(x, width: int, real_cols: int, comm, axis: int, eps: float = 1e-5):
+    """LayerNorm without scale and shift over rows whose ``width`` columns are split over ``axis``.
+
+    y = (x - mean) / sqrt(var + eps) with the mean and the (biased) variance of the
+    row's ``width`` true columns; the two sums are reduced over ``axis`` in FP32 (they
+    are statistics, never sent at a reduced precision). The local padding columns
+    (``real_cols`` onwards) stay zero.
+    """
+    mask = (torch.arange(x.shape[1], device=x.device) < real_cols).to(x.dtype)
+    mean = AllReduceSum.apply((x * mask).sum(dim=1, keepdim=True), comm, axis) / width
+    centered = (x - mean) * mask
+    var = AllReduceSum.apply((centered * centered).sum(dim=1, keepdim=True), comm, axis) / width
+    return centered * torch.rsqrt(var + eps)
 
 
 @dataclass
@@ -205,6 +240,46 @@ class LossShard:
     row_axis: int
     comm: GridComm
     timer: PhaseTimer
+    all_labels: torch.Tensor | None = None  # (rows,) label of every local row, -1 for padding rows
+    split: torch.Tensor | None = None  # (rows,) split code of each local row (graph/splits), -1 for padding
+
+
+def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
+    """Accuracy on each part of the split of the sharded logits ``z`` (FP32 reductions, untimed).
+
+    The prediction of a row is its first class of largest logit: the maximum over the
+    class axis, then the smallest class index that attains it; the correct and total
+    counts per part are summed over the row axis.
+    """
+    comm = shard.comm
+    dist = comm.dist
+    rows, cols = z.shape
+    z = z.detach()
+    col_ids = torch.arange(shard.col_start, shard.col_start + cols, device=z.device)
+    valid = col_ids < shard.classes
+    zm = torch.where(valid.unsqueeze(0), z, torch.tensor(float("-inf"), dtype=z.dtype, device=z.device))
+    top = zm.max(dim=1).values if cols else torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
+
+    def reduce(t, axis, op):
+        if comm.grid[axis] > 1:
+            dist.all_reduce(t, op=op, group=comm.groups[axis])
+        return t
+
+    top = reduce(top, shard.class_axis, dist.ReduceOp.MAX)
+    big = float(shard.classes + 1)
+    hit = (zm == top.unsqueeze(1)) & valid.unsqueeze(0)
+    first = torch.where(hit, -col_ids.to(torch.float64).unsqueeze(0), torch.tensor(-big, dtype=torch.float64))
+    pred = -reduce(first.max(dim=1).values if cols else torch.full((rows,), -big, dtype=torch.float64),
+                   shard.class_axis, dist.ReduceOp.MAX)
+    correct = (pred == shard.all_labels.to(torch.float64)) & (shard.all_labels >= 0)
+    counts = torch.zeros(2 * len(SPLIT_PARTS), dtype=torch.float64)
+    for code in range(len(SPLIT_PARTS)):
+        part = shard.split == code
+        counts[2 * code] = float((correct & part).sum())
+        counts[2 * code + 1] = float(part.sum())
+    counts = reduce(counts, shard.row_axis, dist.ReduceOp.SUM)
+    return {part: float(counts[2 * k] / counts[2 * k + 1]) if counts[2 * k + 1] > 0 else float("nan")
+            for k, part in enumerate(SPLIT_PARTS)}
 
 
 class ShardedCrossEntropy(torch.autograd.Function):
@@ -418,8 +493,10 @@ def is_shard_directory(source) -> bool:
 class RankTrainer:
     """Builds this rank's shards and parameters for one configuration and trains."""
 
-    def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None):
-        """``comm``: the collectives (default: a :class:`GridComm` on torch.distributed)."""
+    def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None, split=None):
+        """``comm``: the collectives (default: a :class:`GridComm` on torch.distributed);
+        ``split``: split codes of the nodes in their original order (graph/splits;
+        default: the seeded random split). The loss is the mean over the training nodes."""
         self.config = config
         self.rank = rank
         self.device = torch.device(device)
@@ -431,7 +508,10 @@ class RankTrainer:
         n = data.nodes
         self.widths = model_widths(data.num_features, data.num_classes, config.layers, config.hidden)
         self.layout: GridLayout = make_layout(grid, rank, n, self.widths, block_rows=config.block_rows)
-        self.comm = GridComm(grid, rank, self.timer) if comm is None else comm
+        if comm is None:
+            comm = GridComm(grid, rank, self.timer, precision=getattr(config, "comm_precision", None),
+                            seed=config.seed)
+        self.comm = comm
         self.perms = data.perms
         perm_r, perm_c = self.perms
         weights = glorot_weights(self.widths, config.seed)
@@ -473,10 +553,17 @@ class RankTrainer:
         self.out_perm = perm_r if last.parity == 0 else perm_c
         labels = np.full(last.a_rows.size, -1, dtype=np.int64)  # -1: padding rows
         labels[: last.a_rows.real] = data.label_rows(last.parity, last.a_rows.start, last.a_rows.stop)
+        split = random_split(n, config.seed) if split is None else np.asarray(split, dtype=np.int8)
+        self.split = split
+        codes = np.full(last.a_rows.size, -1, dtype=np.int8)
+        lo, hi = _clip(last.a_rows, n)
+        codes[: hi - lo] = split[self.out_perm[lo:hi]]
+        train_labels = np.where(codes == TRAIN, labels, -1)
         self.loss_shard = LossShard(
-            labels=torch.tensor(labels, device=self.device),
-            col_start=last.out_cols.start, classes=data.num_classes, nodes=n,
-            class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer)
+            labels=torch.tensor(train_labels, device=self.device),
+            col_start=last.out_cols.start, classes=data.num_classes, nodes=max(1, int((split == TRAIN).sum())),
+            class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer,
+            all_labels=torch.tensor(labels, device=self.device), split=torch.tensor(codes, device=self.device))
         params = [self.features] + self.params_w + self.params_b
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         # parameters, gradients and two AdamW moments
@@ -486,6 +573,9 @@ class RankTrainer:
     def forward(self):
         x = self.features
         for i, shard in enumerate(self.shards):
+            if getattr(self.config, "layer_norm", False):
+                lay = shard.layout
+                x = sharded_layer_norm(x, self.widths[i], lay.in_cols.real, self.comm, lay.inner)
             x = GCNLayerFunction.apply(x, self.params_w[i], self.params_b[i], shard)
             if i < len(self.shards) - 1:
                 x = torch.relu(x)
@@ -493,13 +583,27 @@ class RankTrainer:
 
     def train(self, epochs: int):
         losses, last_logits = [], None
+        self.comm_epochs = []  # per epoch: bytes sent to other ranks per collective class
+        self.accuracy = {"train": [], "valid": [], "test": []}  # per epoch, of the epoch's forward pass
         self.peak_tracked_bytes = self.persistent_bytes
         self.peak_rss_delta = 0
         rss_start = _current_rss_bytes()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        progress = None
+        if self.rank == 0 and self.config.extra.get("progress"):
+            progress = EpochProgress(epochs, self.config.warmup)
+        try:
+            return self._train_epochs(epochs, losses, last_logits, rss_start, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def _train_epochs(self, epochs, losses, last_logits, rss_start, progress):
         for epoch in range(epochs):
             _maybe_fail(self.rank, epoch)
+            if self.comm.counter is not None:
+                self.comm.counter.reset()
             for shard in self.shards:
                 shard.saved_bytes.clear()
             t_epoch = self.timer.now()
@@ -518,13 +622,19 @@ class RankTrainer:
             self.timer.add(t0, "optimizer_ms")
             epoch_ms = (self.timer.now() - t_epoch) * 1e3
             self.timer.end_epoch(epoch_ms)
+            if self.comm.counter is not None:
+                self.comm_epochs.append(dict(self.comm.counter.bytes))
             losses.append(float(loss.detach()))
             last_logits = logits.detach()
+            for part, value in sharded_accuracy(last_logits, self.loss_shard).items():
+                self.accuracy[part].append(value)
             saved = sum(sum(s.saved_bytes) for s in self.shards)
             # saved H and Q of every layer, their gradients, and the largest gathered buffer
             tracked = self.persistent_bytes + 2 * saved + self.comm.max_gathered_bytes
             self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
             self.peak_rss_delta = max(self.peak_rss_delta, rss_mid_epoch - rss_start)
+            if progress is not None:
+                progress.update(epoch, epoch_ms, losses[-1])
         self.last_logits = last_logits
         return losses
 
@@ -581,7 +691,9 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     for config in configs:
         t_setup = time.perf_counter()
         data = shards if shards is not None else MemoryData(pg, config.permute, config.seed)
-        trainer = RankTrainer(data, config, rank, world_size, device=device)
+        split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
+                                       data.nodes, config.seed)
+        trainer = RankTrainer(data, config, rank, world_size, device=device, split=split)
         setup_s = time.perf_counter() - t_setup
         try:
             losses = trainer.train(int(config.epochs))
@@ -590,6 +702,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "timers": trainer.timer.epochs,
                 "memory": trainer.memory(),
                 "shard_nnz": trainer.shard_nnz,
+                "comm_bytes": trainer.comm_epochs,
                 "setup_s": setup_s,
                 "load_s": load_s,
                 "output": trainer.output_block() if want_outputs else None,
@@ -604,6 +717,11 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "timers": [g["timers"] for g in gathered],
                 "memory": [g["memory"] for g in gathered],
                 "shard_nnz": [g["shard_nnz"] for g in gathered],
+                "comm_bytes": [g["comm_bytes"] for g in gathered],
+                "accuracy": trainer.accuracy,
+                "split": split_text,
+                "split_sizes": split_sizes(split),
+                "split_codes": split if (config.check or config.collect_outputs) else None,
                 "setup_s": max(g["setup_s"] for g in gathered),
                 "load_s": max(g["load_s"] for g in gathered),
                 "nodes": data.nodes,

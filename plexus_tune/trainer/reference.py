@@ -3,7 +3,9 @@
 Model: trainable input features X (a parameter initialized to the graph's features),
 ``GCNConv(D_i, D_{i+1})`` layers (PyG defaults: self-loops added, symmetric
 normalization, bias), ReLU between layers and none after the last; loss
-``cross_entropy(logits, labels)`` over all nodes; AdamW on every parameter. The weights
+``cross_entropy(logits, labels)`` over the training nodes of the split (the trainer's
+default: :func:`plexus_tune.graph.splits.random_split` with the run's seed); optionally ``layer_norm`` (no scale and shift) on each layer's input;
+AdamW on every parameter. The weights
 start at :func:`plexus_tune.trainer.engine.glorot_weights` (the same draw as every
 rank of the sharded model) and the biases at zero, as GCNConv initializes them.
 """
@@ -12,13 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.graph.splits import random_split
 from plexus_tune.model.workload import model_widths
 
 
 def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
-                    seed: int, dtype: str = "float32") -> dict:
-    """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...]}.
+                    seed: int, dtype: str = "float32", split=None, layer_norm: bool = False) -> dict:
+    """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...],
+    "accuracy": {"train", "valid", "test": [every epoch's accuracy]}}.
 
+    ``split``: codes of :mod:`plexus_tune.graph.splits` per node (None: the seeded
+    random split the trainer uses for a graph without split files).
     It runs with the process's thread count and allocator settings
     (:func:`plexus_tune.allocator.configure_compute_process` at the entry point).
     """
@@ -48,22 +54,33 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     labels = torch.from_numpy(np.array(graph.labels, dtype=np.int64))
     params = [features] + list(convs.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if split is None:
+        split = random_split(labels.shape[0], seed)
+    codes = torch.as_tensor(np.asarray(split))
+    train = codes == 0
     losses, epoch_ms, logits = [], [], None
+    accuracy = {"train": [], "valid": [], "test": []}
     for _ in range(int(epochs)):
         t0 = time.perf_counter()
         optimizer.zero_grad()
         x = features
         for i, conv in enumerate(convs):
+            if layer_norm:
+                x = F.layer_norm(x, (x.shape[1],))
             x = conv(x, edge_index, edge_weight)
             if i < len(convs) - 1:
                 x = torch.relu(x)
-        loss = F.cross_entropy(x, labels)
+        loss = F.cross_entropy(x[train], labels[train])
         loss.backward()
         optimizer.step()
         epoch_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss.detach()))
         logits = x.detach()
-    return {"losses": losses, "outputs": logits.numpy(), "epoch_ms": epoch_ms}
+        correct = logits.argmax(dim=1) == labels
+        for code, part in enumerate(accuracy):
+            mask = codes == code
+            accuracy[part].append(float(correct[mask].double().mean()) if bool(mask.any()) else float("nan"))
+    return {"losses": losses, "outputs": logits.numpy(), "epoch_ms": epoch_ms, "accuracy": accuracy}
 
 
 def max_relative_difference(a, b, *, normwise: bool = False) -> float:

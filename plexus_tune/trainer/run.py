@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexus_tune.comm_precision_model import COMM_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
@@ -107,6 +108,8 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     if config.overlap and not config.block_rows:
         raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
                         parameter="block_rows")
+    choice = parse_comm_precision(config.comm_precision)
+    check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch
 
@@ -193,8 +196,37 @@ def summarize_timers(timers, warmup: int) -> dict:
     return out
 
 
+def _precision_text(config: TrainConfig) -> str:
+    """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
+    return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
+
+
+def comm_bytes_fields(per_rank_epochs) -> dict:
+    """``comm_bytes`` (per class: bytes all ranks sent in the last epoch) and
+    ``comm_bytes_per_rank`` (per class: each rank's bytes in that epoch).
+
+    ``per_rank_epochs[r][e]`` is rank r's ``{class: bytes}`` of epoch e; every epoch
+    sends the same, so the last one stands for all.
+    """
+    if not per_rank_epochs or not all(per_rank_epochs):
+        return {}
+    last = [epochs[-1] for epochs in per_rank_epochs]
+    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in COMM_CLASSES}
+    return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
+
+
+def accuracy_fields(result: dict) -> dict:
+    """``split``, ``split_sizes``, ``accuracy`` (per part, every epoch) and ``final_accuracy``."""
+    acc = result.get("accuracy")
+    if not acc:
+        return {}
+    return {"split": result.get("split"), "split_sizes": result.get("split_sizes"),
+            "accuracy": {k: [float(v) for v in vals] for k, vals in acc.items()},
+            "final_accuracy": {k: float(vals[-1]) for k, vals in acc.items() if vals}}
+
+
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                  placement_ok=None) -> dict:
+                  placement_ok=None, slurm=None) -> dict:
     """The run record fields a configuration fixes before it runs (its identity among them).
 
     ``run_identity(config_fields(config))`` is the identity the run's record will have
@@ -203,7 +235,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank)
+                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm))
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -212,7 +244,8 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "rank_nodes": rank_nodes,
         "hosts": hosts,
         "placement_ok": placement_ok,
-        "comm_precision": getattr(config, "comm_precision", None) or "fp32",
+        "slurm": slurm,
+        "comm_precision": _precision_text(config),
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -226,13 +259,13 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
 
 
 def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                placement_ok=None) -> dict:
+                placement_ok=None, slurm=None) -> dict:
     """The record of a run before its results: what runs where, when, with what software."""
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
                        **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
-                                     placement_ok=placement_ok))
+                                     placement_ok=placement_ok, slurm=slurm))
     return record.to_dict()
 
 
@@ -271,6 +304,8 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
         peak_rss_bytes_per_rank=[int(m["rss_bytes"]) for m in memory],
         rss_growth_bytes_per_rank=[int(m.get("rss_delta_bytes", 0)) for m in memory],
         persistent_bytes_per_rank=[int(m.get("persistent_bytes", 0)) for m in memory],
+        **comm_bytes_fields(result.get("comm_bytes")),
+        **accuracy_fields(result),
         losses=losses,
         final_loss=losses[-1],
         setup_s=float(result["setup_s"]),
@@ -287,8 +322,12 @@ def placement_fields(launched, ranks_per_node: int | None) -> dict:
     hosts: dict = {}
     for node, host in zip(checked["rank_nodes"], checked["rank_hosts"]):
         hosts.setdefault(node, host)
-    return {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
-            "placement_ok": checked["placement_ok"]}
+    fields = {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
+              "placement_ok": checked["placement_ok"]}
+    first = launched.placement[0] if launched.placement else {}
+    if first.get("slurm_job_id"):
+        fields["slurm"] = {"job_id": first["slurm_job_id"], "step_id": first.get("slurm_step_id")}
+    return fields
 
 
 def _append(config: TrainConfig, record: dict) -> None:
@@ -312,7 +351,8 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     if env is None:
         launcher = launcher or Launcher()
         launcher.check(int(np.prod(config.grid)))
-        config = replace(config, launcher=launcher.name, cluster=launcher.cluster())
+        config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
+                         machine=config.machine or launcher.machine_name())
     validate(config, env.world_size if env else None)
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
@@ -333,6 +373,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
             results = launched.values[0]
             where = placement_fields(launched, launcher.ranks_per_node)
     except RankFailure as exc:
+        where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
         record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
                          reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
                          traceback=exc.details[-4000:] if exc.details else None).to_dict()
@@ -351,12 +392,14 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     if config.check:
         ref = reference_train(resolve_graph(source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
-                              seed=config.seed, dtype=config.dtype)
+                              seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),
+                              layer_norm=bool(config.layer_norm))
         record = replace(RunRecord.from_dict(record),
                          check_loss_rel_diff=max_relative_difference(result["losses"], ref["losses"]),
                          check_output_rel_diff=max_relative_difference(result["outputs"], ref["outputs"], normwise=True),
                          reference_losses=ref["losses"],
-                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:]))).to_dict()
+                         reference_epoch_ms=float(np.mean(ref["epoch_ms"][config.warmup:])),
+                         reference_accuracy={k: float(v[-1]) for k, v in ref["accuracy"].items()}).to_dict()
     _append(config, record)
     if config.collect_outputs:
         record = dict(record)

@@ -1,0 +1,169 @@
+"""Communication precision on this host: every grid of G = 4 at fp32, bf16, int8, int2.
+
+    PYTHONPATH=. python runners/comm_precision.py measure --out measurements/comm-precision-DATE
+    PYTHONPATH=. python runners/comm_precision.py report  --out measurements/comm-precision-DATE
+
+``measure`` writes two small graphs into ``OUT/graphs`` (an R-MAT graph trained with
+the seeded random split, and a second R-MAT graph written as an OGB node-property
+directory with its own ``split/random`` files), trains every grid of G = 4 at each
+precision for ``--epochs`` epochs (one trial each, one thread per rank), appending to
+``OUT/runs.jsonl``, then times quantize and dequantize (as ``plexus-tune calibrate
+quant``) into ``OUT/quant.jsonl``; runs already in the log are skipped, so an
+interrupted campaign resumes. ``report`` predicts every run with the host profile
+plus the fitted quantize rates (written to ``OUT/profile.json``), prints and writes
+``OUT/results.md`` (observed against predicted epoch and communication time, final
+test accuracy against FP32) and draws ``OUT/precision.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GRAPHS = {
+    "rmat-random-split": "rmat:nodes=2048,edges=16384,features=32,classes=8,seed=3",
+    "rmat-ogb-dir": "rmat:nodes=3072,edges=24576,features=32,classes=6,seed=7",
+}
+PRECISIONS = ("fp32", "bf16", "int8", "int2")
+BASE_PROFILE = "models/cpu-gloo-2core-fitted-2026-11-23.json"
+
+
+def graph_sources(out: Path) -> dict[str, str]:
+    """Name -> trainer source; writes the OGB-layout directory once."""
+    from plexus_tune.graph import synthetic
+    from plexus_tune.graph.splits import random_split, write_ogb_dataset
+
+    ogb = out / "graphs" / "rmat-ogb-dir"
+    if not (ogb / "split").is_dir():
+        graph = synthetic(GRAPHS["rmat-ogb-dir"])
+        # an OGB-like split: few training nodes, as ogbn-products has
+        write_ogb_dataset(graph, ogb, random_split(graph.num_nodes, seed=11, train=0.3, valid=0.2))
+    return {"rmat-random-split": "synthetic:" + GRAPHS["rmat-random-split"], "rmat-ogb-dir": str(ogb)}
+
+
+def measure(args) -> int:
+    from plexus_tune.measure.campaign import config_identity
+    from plexus_tune.measure.records import run_identity
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.trainer import TrainConfig, run_training
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.jsonl"
+    done = set()
+    if log.exists():
+        done = {run_identity(r) for r in read_records(log, schema="run")[0] if r.get("status") == "ok"}
+    for name, source in graph_sources(out).items():
+        for grid in enumerate_grids(4):
+            for precision in PRECISIONS:
+                spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
+                config = TrainConfig(grid=tuple(int(g) for g in grid), graph=None if spec else source, synthetic=spec,
+                                     layers=3, hidden=32, epochs=args.epochs, warmup=10, seed=0,
+                                     comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine)
+                if config_identity(config) in done:
+                    continue
+                rec = run_training(config, raise_on_failure=False)
+                acc = (rec.get("final_accuracy") or {}).get("test", float("nan"))
+                print(f"{name} {rec['grid']} {precision}: {rec.get('status')} epoch {rec.get('epoch_ms', float('nan')):.1f} ms, "
+                      f"comm {rec.get('comm_ms', float('nan')):.1f} ms, quant {rec.get('quant_ms', float('nan')):.1f} ms, "
+                      f"test accuracy {acc:.3f}", flush=True)
+    if not (out / "quant.jsonl").exists():
+        from plexus_tune.measure.microbench import run_quant_benchmark
+
+        run_quant_benchmark(out / "quant.jsonl", rows=(4096, 16384), cols=(32, 128), repeats=5)
+    return 0
+
+
+def report(args) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from plexus_tune.fit.profile import fit_quant_rates
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.workload import Workload
+
+    out = Path(args.out)
+    profile = json.loads(Path(BASE_PROFILE).read_text())
+    quant = fit_quant_rates(read_records(out / "quant.jsonl", schema="quant")[0])
+    quant["provenance"] = f"fitted from {out / 'quant.jsonl'} by runners/comm_precision.py"
+    profile["quant"] = quant
+    profile["name"] = profile["name"] + "-quant"
+    (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+    machine = load_machine(str(out / "profile.json"))
+    runs = [r for r in read_records(out / "runs.jsonl", schema="run")[0] if r.get("status") == "ok"]
+    rows = []
+    for r in runs:
+        workload = Workload(name=r["graph"], nodes=r["graph_nodes"], nnz=r["nnz"], widths=tuple(r["widths"]))
+        grid = np.array([[r["gx"], r["gy"], r["gz"]]])
+        pred = predict_grids(workload, machine, grid, comm_precision=r["comm_precision"])
+        rows.append({
+            "graph": "rmat-ogb-dir" if str(r.get("split", "")).startswith("ogb") else "rmat-random-split",
+            "grid": r["grid"], "precision": r["comm_precision"],
+            "obs_epoch_ms": r["epoch_ms"], "pred_epoch_ms": float(pred["total_ms"][0]),
+            "obs_comm_ms": r["comm_ms"], "pred_comm_ms": float(pred["comm_ms"][0]),
+            "obs_quant_ms": r.get("quant_ms") or 0.0, "pred_quant_ms": float(pred["quant_ms"][0]),
+            "bytes_per_epoch": sum((r.get("comm_bytes") or {}).values()),
+            "test_acc": r["final_accuracy"]["test"], "epochs": r["epochs"],
+        })
+    table = pd.DataFrame(rows).sort_values(["graph", "grid", "precision"])
+    fp32 = table[table.precision == "fp32"].set_index(["graph", "grid"])
+    table["bytes_vs_fp32"] = [row.bytes_per_epoch / fp32.loc[(row.graph, row.grid), "bytes_per_epoch"] for row in table.itertuples()]
+    table["test_acc_vs_fp32"] = [row.test_acc - fp32.loc[(row.graph, row.grid), "test_acc"] for row in table.itertuples()]
+    table.to_csv(out / "results.csv", index=False, float_format="%.4g")
+    lines = ["| graph | grid | precision | epoch obs ms | epoch pred ms | comm obs ms | comm pred ms | quant obs ms | "
+             "quant pred ms | bytes vs fp32 | test acc | vs fp32 |", "|" + "---|" * 12]
+    for row in table.itertuples():
+        lines.append(f"| {row.graph} | {row.grid} | {row.precision} | {row.obs_epoch_ms:.1f} | {row.pred_epoch_ms:.1f} | "
+                     f"{row.obs_comm_ms:.1f} | {row.pred_comm_ms:.1f} | {row.obs_quant_ms:.1f} | {row.pred_quant_ms:.1f} | "
+                     f"{row.bytes_vs_fp32:.3f} | {row.test_acc:.3f} | {row.test_acc_vs_fp32:+.3f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    summary = table.groupby(["graph", "precision"]).agg(
+        obs_epoch_ms=("obs_epoch_ms", "median"), pred_epoch_ms=("pred_epoch_ms", "median"),
+        obs_comm_ms=("obs_comm_ms", "median"), pred_comm_ms=("pred_comm_ms", "median"),
+        test_acc=("test_acc", "mean"), test_acc_vs_fp32=("test_acc_vs_fp32", "mean")).reset_index()
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    _plot(table, out / "precision.png")
+    return 0
+
+
+def _plot(table, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = {p: i for i, p in enumerate(PRECISIONS)}
+    for (graph, grid), part in table.groupby(["graph", "grid"]):
+        part = part.sort_values("precision", key=lambda s: s.map(x))
+        xs = [x[p] for p in part.precision]
+        style = "-" if graph == "rmat-random-split" else "--"
+        axes[0].plot(xs, part.obs_epoch_ms, style, marker="o", alpha=0.7, label=f"{graph} {grid}")
+        axes[1].plot(xs, part.test_acc, style, marker="o", alpha=0.7)
+    for ax, label in zip(axes, ("epoch time, observed (ms)", "test accuracy after the last epoch")):
+        ax.set_xticks(range(len(PRECISIONS)), PRECISIONS)
+        ax.set_xlabel("communication precision")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("measure", "report"))
+    parser.add_argument("--out", required=True, help="output directory (measurements/comm-precision-DATE)")
+    parser.add_argument("--epochs", type=int, default=110, help="epochs per run, 10 of them warm-up (default 110)")
+    parser.add_argument("--machine", default="cpu-gloo-2core", help="machine name for the log")
+    args = parser.parse_args(argv)
+    return measure(args) if args.step == "measure" else report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

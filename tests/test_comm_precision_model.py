@@ -1,0 +1,129 @@
+"""The cost model's communication precision: wire volume, codec time, predict and auto choice."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from plexus_tune.comm_precision_model import codec_bytes, quant_time_ms, wire_bytes, wire_message_bytes
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.workload import workload_from_dataset as get_workload
+
+
+def test_continuous_wire_volume_equals_the_exact_bytes_when_blocks_divide():
+    for g in (2, 3, 4, 8):
+        for rows, cols in ((8 * g, 16), (24 * g, 64)):
+            m = 4 * rows * cols
+            for p in ("fp32", "bf16", "fp16", "int8", "int4", "int2"):
+                for op, factor in (("all_reduce", 2 * (g - 1) / g), ("all_gather", (g - 1) / g),
+                                   ("reduce_scatter", (g - 1) / g)):
+                    exact = wire_bytes(op, g, m, p, rows).bytes
+                    assert factor * wire_message_bytes(m, rows, p) == pytest.approx(exact, rel=1e-12), (g, p, op)
+
+
+def test_codec_bytes_hand_derived():
+    # g = 4, M = 400: all-reduce encodes 3 chunks + its sum = 400, decodes 3 + 4 chunks = 700
+    assert [float(v) for v in codec_bytes("all_reduce", 4, 400)] == [400.0, 700.0]
+    assert [float(v) for v in codec_bytes("all_gather", 4, 400)] == [100.0, 400.0]
+    assert [float(v) for v in codec_bytes("reduce_scatter", 4, 400)] == [300.0, 300.0]
+    assert [float(v) for v in codec_bytes("all_reduce", 1, 400)] == [0.0, 0.0]
+    quant = {"int8": {"encode_gbps": 1.0, "decode_gbps": 2.0}}
+    # 400 B / 1 GB/s + 700 B / 2 GB/s = 750 ns
+    assert float(quant_time_ms(quant, "int8", "all_reduce", 4, 400)) == pytest.approx(750e-6)
+    assert float(quant_time_ms(quant, "int4", "all_reduce", 4, 400)) == 0.0  # no rate: not counted
+
+
+def _no_latency(name="perlmutter", quant=None):
+    raw = json.loads(json.dumps(load_machine(name).raw))
+    raw["collectives"]["alpha_intra_us"] = raw["collectives"]["alpha_inter_us"] = 0
+    if quant:
+        raw["quant"] = quant
+    return Machine.from_dict(raw, source="test")
+
+
+def test_bandwidth_bound_comm_scales_with_bits():
+    """Without latency a collective is M'/beta: bf16 exactly half of FP32, int2 1/16 plus 8 bytes a row."""
+    w = get_workload("ogbn-products")
+    grids = enumerate_grids(64)
+    machine = _no_latency()
+    fp32 = predict_grids(w, machine, grids)
+    bf16 = predict_grids(w, machine, grids, comm_precision="bf16")
+    np.testing.assert_allclose(bf16["comm_ms"], fp32["comm_ms"] / 2, rtol=1e-12)
+    assert (bf16["quant_ms"] == 0).all()
+    # only the aggregation class at int2: its all-reduces shrink to 1/16 + 8 bytes per row of H
+    only = predict_grids(w, machine, grids, comm_precision="aggregation=int2")
+    split = predict_grids(w, machine, grids, comm_precision="aggregation=fp32")
+    assert (only["comm_ms"] < split["comm_ms"]).all()
+    assert np.array_equal(split["comm_ms"], fp32["comm_ms"])
+
+
+def test_int2_aggregation_hand_derived_on_one_grid():
+    """Grid 1x2x1 of a one-layer model: layer 0 is (outer X, inner Y, depth Z), so only
+    Q = H W is all-reduced (combination class, over Y)."""
+    from plexus_tune.model.workload import Workload
+
+    w = Workload(name="t", nodes=1000, nnz=10_000, widths=(64, 16))
+    machine = _no_latency("cpu-gloo-2core")
+    grid = np.array([[1, 2, 1]])
+    fp32 = predict_grids(w, machine, grid)["comm_ms"][0]
+    int2 = predict_grids(w, machine, grid, comm_precision="int2")["comm_ms"][0]
+    # the contraction (64 columns) is split over inner, so each rank holds a partial Q of
+    # 1000 x 16 (16 output columns over outer = 1): M = 64000 bytes,
+    # M' = 64000 * 2/32 + 8 * 1000 = 12000
+    assert int2 / fp32 == pytest.approx(12000 / 64000, rel=1e-12)
+
+
+def test_predict_cli_bf16_halves_bandwidth_bound_comm_and_auto_names_its_pick():
+    def run(*extra):
+        out = subprocess.run([sys.executable, "-m", "plexus_tune", "predict", "--dataset", "ogbn-products", "--gpus", "64",
+                              "--machine", "perlmutter", "--format", "json", "--top", "0", *extra],
+                             capture_output=True, text=True, check=True)
+        return {r["grid"]: r for r in json.loads(out.stdout)}
+
+    fp32, bf16 = run(), run("--comm-precision", "bf16")
+    ratio = [bf16[g]["comm_ms"] / fp32[g]["comm_ms"] for g in fp32]
+    # latency (alpha, unchanged) keeps the ratio a little above 1/2 on the bandwidth-bound grids
+    assert 0.5 <= min(ratio) and np.median(ratio) < 0.56
+    text = subprocess.run([sys.executable, "-m", "plexus_tune", "predict", "--dataset", "ogbn-products", "--gpus", "64",
+                           "--machine", "perlmutter", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "Picked precision: bf16" in text and "ScaleGNN (section V-B)" in text
+    bad = subprocess.run([sys.executable, "-m", "plexus_tune", "predict", "--dataset", "ogbn-products", "--gpus", "64",
+                          "--machine", "perlmutter", "--comm-precision", "auto", "--allow-precisions", "fp32,int3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--allow-precisions" in bad.stderr
+
+
+def test_quant_rates_fit_hand_derived_and_calibrate_cli(tmp_path):
+    from plexus_tune.fit.profile import fit_quant_rates
+
+    recs = [{"precision": "int8", "fp32_bytes": 1e6, "encode_ms": 1.0, "decode_ms": 0.1},
+            {"precision": "int8", "fp32_bytes": 2e6, "encode_ms": 3.0, "decode_ms": 0.2}]
+    # through the origin: rate = sum b^2 / sum b t = (1 + 4)e12 / (1e6 * 1e-3 + 2e6 * 3e-3) = 5e12 / 7e3 B/s
+    got = fit_quant_rates(recs)["int8"]
+    assert got["encode_gbps"] == pytest.approx(5e12 / 7e3 / 1e9)
+    assert got["decode_gbps"] == pytest.approx(5e12 / (1e6 * 1e-4 + 2e6 * 2e-4) / 1e9)
+    log = tmp_path / "q.jsonl"
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log), "--rows", "64",
+                          "--cols", "8", "--repeats", "1", "--precisions", "bf16,int2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    from plexus_tune.measure.store import read_records
+
+    records = read_records(log, schema="quant")[0]
+    assert [r["precision"] for r in records] == ["bf16", "int2"] and all(r["encode_ms"] > 0 for r in records)
+    bad = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log),
+                          "--precisions", "int3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_search_auto_names_the_precision_it_picked(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "search", "--dataset", "ogbn-products", "--gpus", "64",
+                          "--trials", "6", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16",
+                          "--storage", f"sqlite:///{tmp_path / 's.db'}", "--top", "1"],
+                         capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "Picked precision: bf16" in out.stdout and "ScaleGNN (section V-B)" in out.stdout
