@@ -137,17 +137,17 @@ def test_measure_outside_submits_waits_logs_and_does_not_resubmit(slurm, tmp_pat
 
 
 def test_failing_step_is_logged_with_its_slurm_state(slurm, tmp_path):  # noqa: F811
-    bad = tmp_path / "bad.npz"
-    bad.write_text("not a graph\n")
+    # a bad graph is refused before anything is submitted; a step fails where only the
+    # compute node can tell: nccl on nodes without GPUs (a login node has none either)
     log = tmp_path / "runs.jsonl"
-    argv = ["measure", "--launcher", "slurm", "--graph", str(bad), "--gpus", "2", "--grids", "2x1x1", "--trials", "1",
-            "--epochs", "2", "--warmup", "1", "--log", str(log)]
+    argv = ["measure", "--launcher", "slurm", *TINY, "--backend", "nccl", "--grids", "2x1x1", "--trials", "1",
+            "--log", str(log)]
     result = _cli(argv, tmp_path)
     (job,) = _submitted(result.stderr)
     (record,) = _runs(log)
-    assert record["status"] == "failed" and "not an .npz" in record["reason"]
-    assert record["slurm"]["job_id"] == job and record["slurm"]["step_id"] == "0"
-    assert record["slurm"]["state"] == "FAILED" and record["slurm"]["exit_code"] == 1
+    assert record["status"] == "failed" and record["reason"].startswith(f"Slurm job {job} FAILED")
+    assert "nccl backend needs CUDA" in (tmp_path / "runs.jsonl.slurm" / f"slurm-{job}.out").read_text()  # the job's output
+    assert record["slurm"]["job_id"] == job and record["slurm"]["state"] == "FAILED" and record["slurm"]["exit_code"] == 2
     assert "1 failed" in result.stderr
 
 

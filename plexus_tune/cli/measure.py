@@ -142,7 +142,7 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     world_sizes = sorted({int(np.prod(g)) for g in grids})
     settings = dict(log=args.log, trials=args.trials, epochs=args.epochs, warmup=args.warmup, layers=args.layers,
                     hidden=args.hidden, redo=False, retry_failed=args.retry_failed)
-    workload = workload_of(stats, args.layers, args.hidden) if stats is not None else None
+    workload = workload_of(stats, args.layers, args.hidden) if stats is not None and machine is not None else None
     failed_jobs, new = [], []
 
     def collect(states):

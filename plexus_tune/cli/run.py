@@ -5,7 +5,7 @@ from __future__ import annotations
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.errors import UserError
-from plexus_tune.launch import dispatch, slurm
+from plexus_tune.launch import dispatch
 from plexus_tune.measure.campaign import (
     campaign_config,
     logged_trials,
@@ -148,18 +148,10 @@ def _submit(args, launcher, grid, console) -> int:
     """Outside a Slurm allocation: a batch job runs this command; wait for it (or for the one
     already submitted for this log) and report its run."""
     reporter = dispatch.Reporter()
-    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
-    live = [s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")] if ids else []
-    if live:
-        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
-                      f"(nothing is submitted)")
-    else:
-        if ids:
-            dispatch.mark_collected(args.log, ids)
-        live = [dispatch.submit(command_argv(args), args.log, launcher, [args.gpus], job_name="plexus-tune-run",
-                                reporter=reporter)]
-        reporter.line(f"job {live[0]}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) "
-                      f"in {dispatch.state_dir(args.log)}")
+    live = dispatch.live_or_submit(
+        args.log, args.resume, reporter,
+        lambda: dispatch.submit(command_argv(args), args.log, launcher, [args.gpus], job_name="plexus-tune-run", reporter=reporter),
+        lambda job: f"job {job}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) in {dispatch.state_dir(args.log)}")
     if args.no_wait:
         return 0
     runs: list[dict] = []

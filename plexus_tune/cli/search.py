@@ -10,7 +10,7 @@ from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
 from plexus_tune.errors import UserError
-from plexus_tune.launch import dispatch, slurm
+from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
@@ -237,18 +237,12 @@ def _submit(args, launcher, space, storage) -> int:
     argv = command_argv(args)
     if args.storage is None:  # the workers must open the same database, wherever they start
         argv += ["--storage", default_storage_url()]
-    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
-    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
-    if live:
-        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
-                      f"(nothing is submitted)")
-    else:
-        if ids:
-            dispatch.mark_collected(args.log, ids)
-        live = [dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
-                                array=args.workers if args.workers > 1 else None, reporter=reporter)]
-        reporter.line(f"job {live[0]}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
-                      f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
+    live = dispatch.live_or_submit(
+        args.log, args.resume, reporter,
+        lambda: dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
+                                array=args.workers if args.workers > 1 else None, reporter=reporter),
+        lambda job: f"job {job}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+                    f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
     if args.no_wait:
         return 0
     states, signum = dispatch.wait(live, args.log, reporter)

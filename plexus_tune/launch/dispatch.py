@@ -272,6 +272,23 @@ def job_output_tail(log, state: slurm.JobState, lines: int = 8) -> str:
     return "\n".join(text[-lines:])
 
 
+def live_or_submit(log, resume: str | None, reporter, submit_job: Callable[[], str], describe: Callable[[str], str]) -> list[str]:
+    """The jobs a command waits for: its jobs (``resume``, else the log's uncollected ones)
+    still queued or running, or else one new job from ``submit_job()``, described by
+    ``describe(job_id)``. Jobs that have ended are marked collected first."""
+    ids = parse_job_ids(resume) if resume else uncollected(log)
+    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+        return live
+    if ids:
+        mark_collected(log, ids)
+    job = submit_job()
+    reporter.line(describe(job))
+    return [job]
+
+
 def uncollected(log) -> list[str]:
     """Ids of the jobs of the state file that the command has not collected yet."""
     return [str(j["job_id"]) for j in read_jobs(log) if not j.get("collected")]

@@ -223,7 +223,8 @@ class Objective:
         A trial names its configuration (user attribute ``config``) before it measures it,
         so workers sharing the study see who measures what: a finished trial's evaluation is
         reused; a configuration an older trial is measuring now is waited for (the older one
-        measures, so two workers that picked it at once do not both wait). A worker that died
+        measures, so two workers that picked it at once do not both wait), and so is an older
+        running trial that has not named its configuration yet. A worker that died
         leaves its trial RUNNING until the heartbeat marks it failed; then this one measures.
         """
         import optuna
@@ -232,7 +233,12 @@ class Objective:
         while True:
             waiting = False
             for t in self.study.get_trials(deepcopy=False):
-                if t.number == trial.number or t.user_attrs.get("config") != config.label:
+                if t.number == trial.number:
+                    continue
+                label = t.user_attrs.get("config")
+                if label is None and t.state == state.RUNNING and t.number < trial.number:
+                    waiting = True  # an older trial not named yet may be about to measure this configuration
+                if label != config.label:
                     continue
                 ev = _evaluation_of_attrs(t.user_attrs)
                 if t.state in (state.COMPLETE, state.FAIL) and ev is not None:

@@ -324,6 +324,14 @@ def _native_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group) -> bool:
     return True
 
 
+def _collective_setup(x, group, precision: str, counter, comm_class: str):
+    """(precision parsed, its byte meter, group size) for one collective call, after checking
+    that ``x`` is a floating tensor the precision can encode."""
+    precision = parse_precision(precision)
+    _check_float(x, precision)
+    return precision, _Meter(counter, comm_class), dist.get_world_size(group)
+
+
 def _check_float(x: torch.Tensor, precision: str) -> None:
     if precision != "fp32" and not x.is_floating_point():
         raise TypeError(f"{precision} communication needs a floating-point tensor, got {x.dtype}")
@@ -419,10 +427,7 @@ def all_reduce(x: torch.Tensor, group=None, precision: str = "fp32", *,
     Every rank holds bitwise the same result. ``comm_class`` picks the counter
     entry. The input must be the same shape on every rank.
     """
-    precision = parse_precision(precision)
-    _check_float(x, precision)
-    meter = _Meter(counter, comm_class)
-    g = dist.get_world_size(group)
+    precision, meter, g = _collective_setup(x, group, precision, counter, comm_class)
     n = x.numel()
     if g == 1 or n == 0:
         return x
@@ -479,10 +484,7 @@ def all_gather(x: torch.Tensor, group=None, precision: str = "fp32", *, dim: int
     rank's own included, so that all ranks hold the same tensor. Returns a new
     tensor of ``x``'s dtype (``x`` itself for a group of one).
     """
-    precision = parse_precision(precision)
-    _check_float(x, precision)
-    meter = _Meter(counter, comm_class)
-    g = dist.get_world_size(group)
+    precision, meter, g = _collective_setup(x, group, precision, counter, comm_class)
     if g == 1:
         return x
     dim = dim % max(x.dim(), 1)
@@ -506,10 +508,7 @@ def reduce_scatter(x: torch.Tensor, group=None, precision: str = "fp32", *, dim:
     to rank ``j`` at ``precision`` in one all-to-all and sum the received blocks in
     FP32, this rank's own contribution unrounded. Returns a new tensor.
     """
-    precision = parse_precision(precision)
-    _check_float(x, precision)
-    meter = _Meter(counter, comm_class)
-    g = dist.get_world_size(group)
+    precision, meter, g = _collective_setup(x, group, precision, counter, comm_class)
     if g == 1:
         return x
     dim = dim % max(x.dim(), 1)
