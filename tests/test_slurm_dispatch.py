@@ -117,6 +117,24 @@ def test_measure_inside_salloc_runs_one_step_per_run(slurm, tmp_path):  # noqa: 
     assert _submitted(result.stdout + result.stderr) == []  # inside an allocation nothing is submitted
 
 
+def test_calibrate_collectives_inside_salloc_places_groups_on_the_allocated_nodes(slurm, tmp_path):  # noqa: F811
+    out = tmp_path / "coll.jsonl"
+    result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-dp-calib", sys.executable, "-m",
+                             "plexus_tune", "calibrate", "collectives", "--launcher", "slurm", "--gpus", "4", "--sizes", "64K",
+                             "--repeats", "2", "--out", str(out)],
+                            cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = _runs(out)
+    # the model's placement on 2 nodes of 2 ranks (rank // 2): groups of stride 1 stay in a node,
+    # groups of stride 2 span both nodes with one rank on each and two groups sharing each node's link
+    assert records and all(r["launcher"] == "slurm" and r["rank_nodes"] == [0, 0, 1, 1] and r["gpus_per_node"] == 2
+                           for r in records)
+    shape = {(r["group_size"], r["stride"], r["alone"]): (r["nodes_spanned"], r["ranks_per_node"], r["concurrent"]) for r in records}
+    assert shape[(2, 1, False)] == (1, 2, 1)
+    assert shape[(2, 2, False)] == (2, 1, 2) and shape[(2, 2, True)] == (2, 1, 1)  # one group alone: no sharing
+    assert shape[(4, 1, False)] == (2, 2, 1)
+
+
 def test_measure_outside_submits_waits_logs_and_does_not_resubmit(slurm, tmp_path):  # noqa: F811
     log = tmp_path / "runs.jsonl"
     argv = ["measure", "--launcher", "slurm", *TINY, "--grids", "2x1x1,1x1x2", "--trials", "1", "--log", str(log)]

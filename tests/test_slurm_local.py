@@ -192,7 +192,7 @@ def test_allocation_rules():
     assert (alloc.nodes, alloc.tasks, alloc.cpus_per_node) == (3, 40, (16, 16, 8))
     assert alloc.cpus_per_task(4, nodes=2) == 4 and alloc.cpus_per_task(4) == 2
     ls.check_allocation(alloc, 3, 8)
-    with pytest.raises(UserError, match=r"has 4 tasks on 1 node\(s\) but 8 tasks"):
+    with pytest.raises(UserError, match=r"has 4 tasks on 1 node\(s\) \(CPUs per node [0-9,]+\) but 8 tasks"):
         ls.check_allocation(ls.allocation_size(ENV_BATCH), 1, 8)
     with pytest.raises(UserError, match="not inside a Slurm allocation"):
         ls.allocation_size({})

@@ -179,8 +179,9 @@ def run_collectives(args) -> int:
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
     check_log("--out", args.out)
     launcher = launcher_from_args(args, [gpus])
-    if args.gpus_per_node is not None and launcher.ranks_per_node is not None and args.gpus_per_node != launcher.ranks_per_node:
-        raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {launcher.ranks_per_node} ranks per node of "
+    per_node = launcher.ranks_per_node_for(gpus)
+    if args.gpus_per_node is not None and per_node is not None and args.gpus_per_node != per_node:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {per_node} ranks per node of "
                         "--launcher/--cluster; leave it out")
     console = make_console(stderr=True)
     shapes = collective_shapes(gpus)

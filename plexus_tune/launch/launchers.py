@@ -78,6 +78,10 @@ class Launcher:
     def check(self, world_size: int) -> None:
         """Raise UserError when ``world_size`` ranks cannot run on this launcher."""
 
+    def ranks_per_node_for(self, world_size: int) -> int | None:
+        """Ranks per node of a set of ``world_size`` ranks (None: all on this host)."""
+        return self.ranks_per_node
+
     def cluster(self) -> dict | None:
         """The cluster the ranks run on, for records (None: this host)."""
         return None
@@ -238,6 +242,9 @@ class SlurmLauncher(Launcher):
         while world_size % nodes:
             nodes -= 1
         return nodes, world_size // nodes
+
+    def ranks_per_node_for(self, world_size: int) -> int | None:
+        return self.layout(world_size)[1]
 
     def check(self, world_size: int) -> None:
         nodes, per_node = self.layout(world_size)

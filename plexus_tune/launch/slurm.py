@@ -147,8 +147,8 @@ def check_allocation(allocation: Allocation, nodes: int, tasks_per_node: int) ->
             or any(c < tasks_per_node for c in sorted(allocation.cpus_per_node, reverse=True)[:nodes]):
         raise UserError(
             f"Slurm allocation {allocation.job_id} has {allocation.tasks} tasks on "
-            f"{allocation.nodes} node(s) but {needed} tasks ({nodes} node(s) x {tasks_per_node}) "
-            f"are needed: allocate at least that many, e.g. salloc -N {nodes} "
+            f"{allocation.nodes} node(s) (CPUs per node {','.join(map(str, allocation.cpus_per_node))}) but "
+            f"{needed} tasks ({nodes} node(s) x {tasks_per_node}) are needed: allocate at least that many, e.g. salloc -N {nodes} "
             f"--ntasks-per-node={tasks_per_node}, or choose a smaller grid")
 
 

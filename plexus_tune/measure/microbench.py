@@ -256,10 +256,11 @@ def calibrate_collectives(
     if gpus < 2:
         raise UserError("calibrating collectives needs 2 or more GPUs", parameter="gpus")
     launcher = launcher or Launcher()
-    if gpus_per_node is not None and launcher.ranks_per_node is not None and int(gpus_per_node) != launcher.ranks_per_node:
-        raise UserError(f"{gpus_per_node} GPUs per node disagree with the launcher's {launcher.ranks_per_node} ranks per node; "
+    per_node = launcher.ranks_per_node_for(gpus)
+    if gpus_per_node is not None and per_node is not None and int(gpus_per_node) != per_node:
+        raise UserError(f"{gpus_per_node} GPUs per node disagree with the launcher's {per_node} ranks per node; "
                         "give the launcher's or none", parameter="gpus_per_node")
-    gpus_per_node = int(gpus_per_node if gpus_per_node is not None else (launcher.ranks_per_node or gpus))
+    gpus_per_node = int(gpus_per_node if gpus_per_node is not None else (per_node or gpus))
     if gpus_per_node < 1:
         raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")
     bad = [op for op in ops if op not in COLLECTIVE_OPS]
