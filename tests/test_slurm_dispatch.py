@@ -117,6 +117,15 @@ def test_measure_inside_salloc_runs_one_step_per_run(slurm, tmp_path):  # noqa: 
     assert _submitted(result.stdout + result.stderr) == []  # inside an allocation nothing is submitted
 
 
+def test_calibrate_outside_an_allocation_is_one_line_before_any_work(tmp_path):
+    out = tmp_path / "coll.jsonl"
+    env = {k: v for k, v in _env().items() if not k.startswith("SLURM_")}
+    result = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "collectives", "--launcher", "slurm", "--gpus", "4",
+                             "--sizes", "64K", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and not out.exists()
+    assert result.stderr.count("\n") == 1 and "inside a Slurm allocation: run it under salloc or sbatch" in result.stderr
+
+
 def test_calibrate_collectives_inside_salloc_places_groups_on_the_allocated_nodes(slurm, tmp_path):  # noqa: F811
     out = tmp_path / "coll.jsonl"
     result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-dp-calib", sys.executable, "-m",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune.allocator import configure_compute_process
-from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
+from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.comm_precision_model import parse_precision
@@ -179,6 +179,9 @@ def run_collectives(args) -> int:
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
     check_log("--out", args.out)
     launcher = launcher_from_args(args, [gpus])
+    if submits(launcher):
+        raise UserError("calibrate runs its ranks as one job step inside a Slurm allocation: run it under salloc or "
+                        "sbatch, e.g. salloc -N 2 --ntasks-per-node=4 plexus-tune calibrate collectives --launcher slurm ...")
     per_node = launcher.ranks_per_node_for(gpus)
     if args.gpus_per_node is not None and per_node is not None and args.gpus_per_node != per_node:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {per_node} ranks per node of "
