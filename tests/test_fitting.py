@@ -235,23 +235,23 @@ def test_collective_time_sharing_of_each_calibration_run():
 
 
 def test_boosted_trees_evaluate_as_scikit_learn_predicts():
-    from sklearn.ensemble import GradientBoostingRegressor
+    from sklearn.ensemble import HistGradientBoostingRegressor
 
-    from plexus_tune.fit import BOOSTING, complete_tree
+    from plexus_tune.fit import BOOSTING, exported_trees
 
     rng = np.random.default_rng(5)
     z = rng.normal(size=(300, 4))
     target = np.where(z[:, 0] > 0.3, 1.0, -0.5) + 0.3 * z[:, 1] * z[:, 2] + rng.normal(0, 0.05, 300)
-    gbr = GradientBoostingRegressor(**{**BOOSTING, "min_samples_leaf": 40}).fit(z, target)  # big leaves: some trees end early
+    hgb = HistGradientBoostingRegressor(**{**BOOSTING, "min_samples_leaf": 40}).fit(z, target)  # big leaves: some trees end early
     depth = BOOSTING["max_depth"]
-    trees = [complete_tree(est.tree_, depth) for est in gbr.estimators_[:, 0]]
-    assert any(spmm_models.TREE_PAD in t[1] for t in trees)  # padding was needed and is exercised
-    model = {"depth": depth, "learning_rate": BOOSTING["learning_rate"], "init": float(gbr.init_.constant_.ravel()[0]),
-             "feature": [t[0] for t in trees], "threshold": [t[1] for t in trees], "leaf": [t[2] for t in trees]}
-    fresh = rng.normal(size=(500, 4))
-    np.testing.assert_allclose(spmm_models.boosted_correction(model, fresh), gbr.predict(fresh), atol=1e-5)
+    init, (feature, threshold, leaf) = exported_trees(hgb, depth)
+    assert len(feature) == BOOSTING["max_iter"]
+    assert any(spmm_models.TREE_PAD in t for t in threshold)  # padding was needed and is exercised
+    model = {"depth": depth, "learning_rate": BOOSTING["learning_rate"], "init": init, "feature": feature, "threshold": threshold, "leaf": leaf}
+    fresh = np.concatenate([rng.normal(size=(500, 4)), z])  # the training rows include values at the thresholds' bins
+    np.testing.assert_allclose(spmm_models.boosted_correction(model, fresh), hgb.predict(fresh), atol=1e-5)
     with pytest.raises(UserError, match="inconsistent"):
-        spmm_models.boosted_correction({**model, "leaf": [t[2][:-1] for t in trees]}, fresh)
+        spmm_models.boosted_correction({**model, "leaf": [t[:-1] for t in leaf]}, fresh)
 
 
 def test_learned_boosted_follows_a_step_the_polynomial_cannot():

@@ -183,7 +183,7 @@ def test_fitted_boosted_corrects_a_learned_roofline(fitted_kinds):
     boosted = fitted_kinds[1]["learned-boosted"]
     entry = boosted.to_dict()
     assert entry["base"]["kind"] == "learned-roofline" and entry["base"]["base"]["kind"] == "roofline"
-    assert len(entry["feature"]) == spmm_models.BOOSTING["n_estimators"]
+    assert len(entry["feature"]) == spmm_models.BOOSTING["max_iter"]
     assert all(len(t) == 2 ** entry["depth"] - 1 for t in entry["threshold"])
 
 

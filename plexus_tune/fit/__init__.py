@@ -36,6 +36,7 @@ from plexus_tune.fit.spmm import (  # noqa: F401
     SPMM_PARAMETERS,
     BOOSTING,
     complete_tree,
+    exported_trees,
     SpmmModel,
     fit_spmm,
 )

@@ -19,6 +19,7 @@ from plexus_tune.model.spmm import (  # noqa: F401  (re-exported)
     SPMM_MODELS,
     SpmmKind,
     complete_tree,
+    exported_trees,
 )
 
 #: the kinds ``fit_spmm`` fits and scores, cheapest first (names as in profiles)

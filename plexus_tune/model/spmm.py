@@ -107,9 +107,10 @@ LEARNED_FEATURE_SET = "log-shape-lines-polynomial"
 BOOSTED_FEATURE_SET = "log-shape-footprints"
 #: Polynomial degrees the learned kinds choose from by leave-one-out error.
 LEARNED_DEGREES = (2, 3, 4)
-#: Gradient boosting of ``learned-boosted`` (scikit-learn GradientBoostingRegressor):
-#: 150 trees of depth 5, shrinkage 0.1, 80 % row subsampling, at least 5 rows per leaf.
-BOOSTING = {"n_estimators": 150, "max_depth": 5, "learning_rate": 0.1, "subsample": 0.8, "min_samples_leaf": 5, "random_state": 0}
+#: Gradient boosting of ``learned-boosted`` (scikit-learn HistGradientBoostingRegressor):
+#: 150 trees of depth 5, shrinkage 0.1, at least 5 rows per leaf, no early stopping.
+BOOSTING = {"max_iter": 150, "max_depth": 5, "learning_rate": 0.1, "min_samples_leaf": 5, "max_leaf_nodes": None,
+            "early_stopping": False, "random_state": 0}
 #: Threshold of a padding node of a complete tree (above any log shape): always go left.
 TREE_PAD = 1e30
 #: Floor of a base model's time before its log is taken (ms).
@@ -587,7 +588,7 @@ class LearnedBoosted(SpmmKind):
 
     def fit(self, shapes, time_ms) -> "LearnedBoosted":
         import sklearn
-        from sklearn.ensemble import GradientBoostingRegressor
+        from sklearn.ensemble import HistGradientBoostingRegressor
 
         shapes, y = _fit_arrays(shapes, time_ms)
         self.base = LearnedRoofline().fit(shapes, y)
@@ -595,17 +596,13 @@ class LearnedBoosted(SpmmKind):
         residual = np.log(y) - _base_log_ms(self.base, shapes)
         if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
             raise ValueError("boosted trees need finite features and log times")
-        # the inputs are checked above: scikit-learn's own checks, repeated for each of
-        # the trees, take a fifth of the time
+        # the inputs are checked above: skip scikit-learn's own checks
         with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            gbr = GradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
+            hgb = HistGradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
         self.depth = int(self.boosting["max_depth"])
-        trees = [complete_tree(est.tree_, self.depth) for est in gbr.estimators_[:, 0]]
         self.learning_rate = float(self.boosting["learning_rate"])
-        self.init = float(gbr.init_.constant_.ravel()[0])
-        self.feature = np.array([t[0] for t in trees], dtype=np.int64).reshape(len(trees), -1)
-        self.threshold = np.array([t[1] for t in trees], dtype=np.float64).reshape(len(trees), -1)
-        self.leaf = np.array([t[2] for t in trees], dtype=np.float64).reshape(len(trees), -1)
+        self.init, trees = exported_trees(hgb, self.depth)
+        self.feature, self.threshold, self.leaf = (np.array(part, dtype=dtype) for part, dtype in zip(trees, (np.int64, np.float64, np.float64)))
         return self
 
     def _trees(self) -> dict:
@@ -689,36 +686,54 @@ def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
     return init + rate * leaf[tree, node - internal].sum(axis=1)
 
 
-def complete_tree(tree, depth: int) -> tuple[list, list, list]:
-    """(feature, threshold, leaf) of a scikit-learn regression tree laid out complete in heap order.
+def exported_trees(hgb, depth: int) -> tuple[float, tuple[list, list, list]]:
+    """(init, (features, thresholds, leaves)) of a fitted HistGradientBoostingRegressor.
 
-    Internal heap node i has children 2i + 1 (z <= threshold) and 2i + 2; a leaf reached
-    above ``depth`` becomes padding nodes (feature 0, threshold TREE_PAD: always left)
-    over copies of its value. Thresholds keep 9 significant digits (exact for the
-    float32 values scikit-learn compares), leaves 7.
+    Each tree is laid out complete in heap order by :func:`complete_tree`; its leaves are
+    divided by the learning rate, so that init + learning_rate * sum(leaves) is the
+    regressor's own prediction. The trees come from scikit-learn's fitted predictors
+    (``_predictors``, ``_baseline_prediction``): a scikit-learn without them is refused.
+    """
+    try:
+        predictors, baseline = hgb._predictors, hgb._baseline_prediction
+    except AttributeError:  # pragma: no cover - a scikit-learn that stores its trees elsewhere
+        raise UserError("this scikit-learn does not expose the trees of HistGradientBoostingRegressor; "
+                        "install a scikit-learn between 1.3 and 1.9") from None
+    rate = float(hgb.learning_rate)
+    trees = [complete_tree(stage[0].nodes, depth, rate) for stage in predictors]
+    return float(np.ravel(baseline)[0]), tuple([t[k] for t in trees] for k in range(3))
+
+
+def complete_tree(nodes, depth: int, learning_rate: float) -> tuple[list, list, list]:
+    """(feature, threshold, leaf / learning_rate) of one HistGradientBoosting tree, complete in heap order.
+
+    ``nodes`` is the tree's node array (fields ``is_leaf``, ``left``, ``right``,
+    ``feature_idx``, ``num_threshold``, ``value``). Internal heap node i has children
+    2i + 1 (z <= threshold) and 2i + 2; a leaf reached above ``depth`` becomes padding
+    nodes (feature 0, threshold TREE_PAD: always left) over copies of its value.
+    Thresholds are kept exactly (scikit-learn compares float64 values), leaves to 7
+    significant digits.
     """
     internal = 2**depth - 1
     feature = [0] * internal
     threshold = [TREE_PAD] * internal
     leaf = [0.0] * (internal + 1)
-    # plain lists once: each attribute access of a scikit-learn Tree builds a new array
-    left, right = tree.children_left.tolist(), tree.children_right.tolist()
-    split_on, split_at = tree.feature.tolist(), tree.threshold.tolist()
-    value = tree.value.reshape(len(left), -1)[:, 0].tolist()
+    # plain lists once: indexing a structured array field by field is slow
+    is_leaf, left, right = nodes["is_leaf"].tolist(), nodes["left"].tolist(), nodes["right"].tolist()
+    split_on, split_at, value = nodes["feature_idx"].tolist(), nodes["num_threshold"].tolist(), nodes["value"].tolist()
 
     def place(node: int, i: int, level: int) -> None:
-        is_leaf = left[node] == -1
         if level == depth:
-            if not is_leaf:
+            if not is_leaf[node]:
                 raise ValueError(f"tree deeper than {depth}")
-            leaf[i - internal] = float(f"{value[node]:.7g}")
+            leaf[i - internal] = float(f"{value[node] / learning_rate:.7g}")
             return
-        if is_leaf:
+        if is_leaf[node]:
             place(node, 2 * i + 1, level + 1)
             place(node, 2 * i + 2, level + 1)
             return
         feature[i] = int(split_on[node])
-        threshold[i] = float(f"{split_at[node]:.9g}")
+        threshold[i] = float(split_at[node])
         place(left[node], 2 * i + 1, level + 1)
         place(right[node], 2 * i + 2, level + 1)
 
