@@ -1,18 +1,27 @@
-"""Communication precision on this host: every grid of G = 4 at fp32, bf16, int8, int2.
+"""Communication precision: grids of G at fp32, bf16, int8, int2, observed against predicted.
 
     PYTHONPATH=. python runners/comm_precision.py measure --out measurements/comm-precision-DATE
     PYTHONPATH=. python runners/comm_precision.py report  --out measurements/comm-precision-DATE
 
+On an emulated cluster (root), the best grid of G = 8 behind a slow link, 3 trials:
+
+    PYTHONPATH=. python runners/comm_precision.py measure --out OUT --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05 \
+        --gpus 8 --grids 2x2x2 --trials 3 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
+    PYTHONPATH=. python runners/comm_precision.py report --out OUT --profile models/emulated-2x4-quiet-fitted.json
+
 ``measure`` writes two small graphs into ``OUT/graphs`` (an R-MAT graph trained with
 the seeded random split, and a second R-MAT graph written as an OGB node-property
 directory with its own ``split/random`` files), trains every grid of G = 4 at each
-precision for ``--epochs`` epochs (one trial each, one thread per rank), appending to
-``OUT/runs.jsonl``, then times quantize and dequantize (as ``plexus-tune calibrate
-quant``) into ``OUT/quant.jsonl``; runs already in the log are skipped, so an
-interrupted campaign resumes. ``report`` predicts every run with the host profile
-plus the fitted quantize rates (written to ``OUT/profile.json``), prints and writes
-``OUT/results.md`` (observed against predicted epoch and communication time, final
-test accuracy against FP32) and draws ``OUT/precision.png``.
+precision for ``--epochs`` epochs (``--trials`` interleaved trials, one thread per
+rank; on ``--cluster`` through the emulated launcher), appending to ``OUT/runs.jsonl``,
+then times quantize and dequantize (as ``plexus-tune calibrate quant``) into
+``OUT/quant.jsonl`` unless ``--quant-from`` names such a log of this host; trials
+already in the log are skipped, so an interrupted campaign resumes. ``report``
+predicts every run with ``--profile`` plus the fitted quantize rates (written to
+``OUT/profile.json``), prints and writes ``OUT/results.md`` (medians over trials of
+observed against predicted epoch and communication time, final test accuracy against
+FP32, and the gain fp32 / precision observed against predicted) and draws
+``OUT/precision.png``.
 """
 
 from __future__ import annotations
@@ -44,32 +53,44 @@ def graph_sources(out: Path) -> dict[str, str]:
 
 
 def measure(args) -> int:
+    import contextlib
+    import shutil
+    from collections import Counter
+
+    from plexus_tune.launch.launchers import make_launcher
     from plexus_tune.measure.campaign import config_identity
     from plexus_tune.measure.records import run_identity
     from plexus_tune.measure.store import read_records
-    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.trainer import TrainConfig, run_training
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
-    done = set()
+    done = Counter()
     if log.exists():
-        done = {run_identity(r) for r in read_records(log, schema="run")[0] if r.get("status") == "ok"}
-    for name, source in graph_sources(out).items():
-        for grid in enumerate_grids(4):
-            for precision in PRECISIONS:
-                spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
-                config = TrainConfig(grid=tuple(int(g) for g in grid), graph=None if spec else source, synthetic=spec,
-                                     layers=3, hidden=32, epochs=args.epochs, warmup=10, seed=0,
-                                     comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine)
-                if config_identity(config) in done:
-                    continue
-                rec = run_training(config, raise_on_failure=False)
-                acc = (rec.get("final_accuracy") or {}).get("test", float("nan"))
-                print(f"{name} {rec['grid']} {precision}: {rec.get('status')} epoch {rec.get('epoch_ms', float('nan')):.1f} ms, "
-                      f"comm {rec.get('comm_ms', float('nan')):.1f} ms, quant {rec.get('quant_ms', float('nan')):.1f} ms, "
-                      f"test accuracy {acc:.3f}", flush=True)
+        done.update(run_identity(r) for r in read_records(log, schema="run")[0] if r.get("status") == "ok")
+    grids = [parse_grid(g) for g in args.grids.split(",")] if args.grids else [tuple(int(g) for g in grid) for grid in enumerate_grids(args.gpus)]
+    launcher = make_launcher(cluster=args.cluster) if args.cluster else None
+    with launcher if launcher is not None else contextlib.nullcontext():
+        for trial in range(1, args.trials + 1):
+            for name, source in graph_sources(out).items():
+                for grid in grids:
+                    for precision in PRECISIONS:
+                        spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
+                        config = TrainConfig(grid=grid, graph=None if spec else source, synthetic=spec,
+                                             layers=3, hidden=32, epochs=args.epochs, warmup=10, seed=0,
+                                             comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine)
+                        if done[config_identity(config)] >= trial:
+                            continue
+                        rec = run_training(config, raise_on_failure=False, launcher=launcher)
+                        done[config_identity(config)] += rec.get("status") == "ok"
+                        acc = (rec.get("final_accuracy") or {}).get("test", float("nan"))
+                        print(f"trial {trial} {name} {rec['grid']} {precision}: {rec.get('status')} "
+                              f"epoch {rec.get('epoch_ms', float('nan')):.1f} ms, comm {rec.get('comm_ms', float('nan')):.1f} ms, "
+                              f"quant {rec.get('quant_ms', float('nan')):.1f} ms, test accuracy {acc:.3f}", flush=True)
+    if args.quant_from and not (out / "quant.jsonl").exists():
+        shutil.copyfile(args.quant_from, out / "quant.jsonl")
     if not (out / "quant.jsonl").exists():
         from plexus_tune.measure.microbench import run_quant_benchmark
 
@@ -88,7 +109,7 @@ def report(args) -> int:
     from plexus_tune.model.workload import Workload
 
     out = Path(args.out)
-    profile = json.loads(Path(BASE_PROFILE).read_text())
+    profile = json.loads(Path(args.profile).read_text())
     quant = fit_quant_rates(read_records(out / "quant.jsonl", schema="quant")[0])
     quant["provenance"] = f"fitted from {out / 'quant.jsonl'} by runners/comm_precision.py"
     profile["quant"] = quant
@@ -110,17 +131,26 @@ def report(args) -> int:
             "bytes_per_epoch": sum((r.get("comm_bytes") or {}).values()),
             "test_acc": r["final_accuracy"]["test"], "epochs": r["epochs"],
         })
-    table = pd.DataFrame(rows).sort_values(["graph", "grid", "precision"])
+    keys = ["graph", "grid", "precision"]
+    trials = pd.DataFrame(rows)
+    table = trials.groupby(keys).median(numeric_only=True).reset_index()
+    table["trials"] = trials.groupby(keys).size().to_numpy()
+    table = table.sort_values(keys)
     fp32 = table[table.precision == "fp32"].set_index(["graph", "grid"])
     table["bytes_vs_fp32"] = [row.bytes_per_epoch / fp32.loc[(row.graph, row.grid), "bytes_per_epoch"] for row in table.itertuples()]
     table["test_acc_vs_fp32"] = [row.test_acc - fp32.loc[(row.graph, row.grid), "test_acc"] for row in table.itertuples()]
+    # gain = fp32 epoch / this precision's epoch (medians over trials), observed and predicted
+    table["obs_gain"] = [fp32.loc[(row.graph, row.grid), "obs_epoch_ms"] / row.obs_epoch_ms for row in table.itertuples()]
+    table["pred_gain"] = [fp32.loc[(row.graph, row.grid), "pred_epoch_ms"] / row.pred_epoch_ms for row in table.itertuples()]
+    table["gain_error"] = table.pred_gain / table.obs_gain - 1.0
     table.to_csv(out / "results.csv", index=False, float_format="%.4g")
-    lines = ["| graph | grid | precision | epoch obs ms | epoch pred ms | comm obs ms | comm pred ms | quant obs ms | "
-             "quant pred ms | bytes vs fp32 | test acc | vs fp32 |", "|" + "---|" * 12]
+    lines = ["| graph | grid | precision | trials | epoch obs ms | epoch pred ms | comm obs ms | comm pred ms | quant obs ms | "
+             "quant pred ms | bytes vs fp32 | gain obs | gain pred | gain error | test acc | vs fp32 |", "|" + "---|" * 16]
     for row in table.itertuples():
-        lines.append(f"| {row.graph} | {row.grid} | {row.precision} | {row.obs_epoch_ms:.1f} | {row.pred_epoch_ms:.1f} | "
+        lines.append(f"| {row.graph} | {row.grid} | {row.precision} | {row.trials} | {row.obs_epoch_ms:.1f} | {row.pred_epoch_ms:.1f} | "
                      f"{row.obs_comm_ms:.1f} | {row.pred_comm_ms:.1f} | {row.obs_quant_ms:.1f} | {row.pred_quant_ms:.1f} | "
-                     f"{row.bytes_vs_fp32:.3f} | {row.test_acc:.3f} | {row.test_acc_vs_fp32:+.3f} |")
+                     f"{row.bytes_vs_fp32:.3f} | {row.obs_gain:.2f} | {row.pred_gain:.2f} | {100 * row.gain_error:+.0f} % | "
+                     f"{row.test_acc:.3f} | {row.test_acc_vs_fp32:+.3f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     summary = table.groupby(["graph", "precision"]).agg(
@@ -161,6 +191,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="output directory (measurements/comm-precision-DATE)")
     parser.add_argument("--epochs", type=int, default=110, help="epochs per run, 10 of them warm-up (default 110)")
     parser.add_argument("--machine", default="cpu-gloo-2core", help="machine name for the log")
+    parser.add_argument("--cluster", help="emulated-cluster spec to run the ranks on (root; default: local processes)")
+    parser.add_argument("--gpus", type=int, default=4, help="G: every grid of G unless --grids (default 4)")
+    parser.add_argument("--grids", help="comma-separated grids instead of every grid of G")
+    parser.add_argument("--trials", type=int, default=1, help="interleaved trials per configuration (default 1)")
+    parser.add_argument("--quant-from", help="a quantize log of this host to copy instead of timing quantize again")
+    parser.add_argument("--profile", default=BASE_PROFILE, help=f"machine profile the report predicts with (default {BASE_PROFILE})")
     args = parser.parse_args(argv)
     return measure(args) if args.step == "measure" else report(args)
 

@@ -85,3 +85,22 @@ def test_make_launcher_rejects_bad_choices():
         make_launcher("torchrun")
     with pytest.raises(UserError):
         make_launcher(cluster="emulated:nodes=2,ranks_per_node=2,inter_gbps=-1")
+
+
+def test_watchdog_ends_a_blocked_rank_and_names_where_it_was():
+    """A rank blocked past its timeout (as in a collective whose peer stopped answering) exits
+    with status 124, saying where it was; a rank that finishes in time is left alone."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\nfrom plexus_tune.launch.local import start_watchdog\n"
+            "def blocked_in_a_collective():\n    time.sleep(30)\n"
+            "start_watchdog(0.5, 3)\nblocked_in_a_collective()\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 124 and time.monotonic() - started < 20
+    assert "rank 3: timed out after 0.5 s; rank 3 was in" in proc.stderr
+    finished = subprocess.run([sys.executable, "-c", "import time\nfrom plexus_tune.launch.local import start_watchdog\n"
+                               "start_watchdog(1.0, 0).set()\ntime.sleep(1.5)\n"], capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 0 and finished.stderr == ""

@@ -200,3 +200,91 @@ def test_train_check_equals_pyg_with_an_axis_across_nodes(prefix, tmp_path, run_
     assert placement(2, 1, 2).nodes == 1 and placement(2, 2, 2).nodes == 2  # Y inside a node, Z across
     assert rec["comm_y_ms"] > 0 and rec["comm_z_ms"] > 0
     assert rec["check_loss_rel_diff"] < 1e-5 and rec["check_output_rel_diff"] < 1e-4
+
+
+def _namespace_pids(ns: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+
+
+@needs_netns
+@pytest.mark.timeout(300)
+def test_a_cut_link_stops_a_measured_run_within_its_timeout_and_logs_it(prefix, tmp_path):
+    """measure on 2 nodes x 1 rank, grid 1x1x2 (Z over the link): node 1's cable is unplugged at
+    the switch while the ranks train. The run stops within its timeout, the failure is logged
+    with its reason, the command says so, and no namespace or rank is left."""
+    import time
+
+    from plexus_tune.cluster.emulated import PREFIX_ENV, list_clusters
+    from plexus_tune.measure.store import read_records
+
+    timeout_s = 45
+    log = tmp_path / "runs.jsonl"
+    spec = f"emulated:nodes=2,ranks_per_node=1,inter_gbps={LINK_GBPS},inter_latency_us=0"
+    # uncut, this run ends inside its timeout (25 s on an idle 2-core host, 18 s of it training)
+    argv = [sys.executable, "-m", "plexus_tune", "measure", "--graph", "rmat:nodes=1024,edges=8192,features=16,classes=4,seed=1",
+            "--gpus", "2", "--grids", "1x1x2", "--trials", "1", "--epochs", "300", "--warmup", "1", "--hidden", "16",
+            "--timeout", str(timeout_s), "--cluster", spec, "--log", str(log)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, PREFIX_ENV: prefix})
+    try:
+        state, deadline = None, time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            state = next((c for c in list_clusters() if c.get("owner_pid") == proc.pid), None)
+            if state and all(any(_namespace_pids(ns)) for ns in state["node_namespaces"]):
+                break
+            time.sleep(0.2)
+        assert state is not None and proc.poll() is None, "the ranks never started"
+        time.sleep(4)  # rendezvous, graph and the first epochs
+        assert proc.poll() is None and _namespace_pids(state["node_namespaces"][1]), "the run ended before the cut"
+        cut_at = time.monotonic()
+        subprocess.run(["ip", "-n", state["switch_namespace"], "link", "set", "u1", "down"], check=True)
+        out, err = proc.communicate(timeout=timeout_s + 120)
+        stopped_after_s = time.monotonic() - cut_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert stopped_after_s < timeout_s + 30, stopped_after_s
+    assert proc.returncode == 0 and "1 new run(s), 1 failed" in err, (proc.returncode, out + err)
+    (rec,), problems = read_records(log)
+    assert problems == []
+    # the ranks' watchdog ended them and named the collective they were blocked in
+    assert rec["status"] == "timeout" and "stopped answering" in rec["reason"], rec
+    assert rec["launcher"] == "emulated" and rec["cluster"]["nodes"] == 2
+    for ns in state["node_namespaces"] + [state["switch_namespace"]]:
+        assert not os.path.exists(f"/run/netns/{ns}"), f"{ns} left behind"
+
+
+@needs_netns
+@pytest.mark.timeout(300)
+def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
+    """runners/torchrun_train.sh started on each node of a 2 x 2 emulated cluster, as a user
+    would on two hosts (NODE_RANK, MASTER_ADDR = node 0): grid 1x2x2 trains across the link,
+    equals serial PyG, and the record carries each rank's node with the placement checked."""
+    from pathlib import Path
+
+    from plexus_tune.cluster.emulated import EmulatedCluster
+    from plexus_tune.launch import free_port
+    from plexus_tune.measure.store import read_records
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "runs.jsonl"
+    spec = f"emulated:nodes=2,ranks_per_node=2,inter_gbps={LINK_GBPS},inter_latency_us=0"
+    with EmulatedCluster(spec) as cluster:
+        base = {**os.environ, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")), "BACKEND": "gloo",
+                "MASTER_ADDR": cluster.address(0), "MASTER_PORT": str(free_port()),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        procs = []
+        for node in range(2):
+            env = {**base, "NODE_RANK": str(node), "GLOO_SOCKET_IFNAME": cluster.nic(node)}
+            argv = cluster.exec_argv(node, [str(root / "runners" / "torchrun_train.sh"), "2", "2", "1x2x2",
+                                            "--synthetic", "rmat:nodes=61,edges=300,features=6,classes=3,seed=2",
+                                            "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1",
+                                            "--check", "--timeout", "120", "--log", str(log)])
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path))
+        outputs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+    (rec,), problems = read_records(log)
+    assert problems == [] and rec["status"] == "ok" and rec["gpus"] == 4
+    assert rec["launcher"] == "torchrun" and rec["rank_nodes"] == [0, 0, 1, 1] and rec["placement_ok"] is True
+    assert rec["check_loss_rel_diff"] < 1e-5 and rec["check_output_rel_diff"] < 1e-4

@@ -125,6 +125,9 @@ def test_torchrun_runner_joins_its_process_set(tmp_path):
     records, _ = read_records(log)
     assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["gpus"] == 2
     assert records[0]["check_loss_rel_diff"] < 1e-5
+    # torchrun chose the layout: every rank reported its host and node, and the record checks them
+    assert records[0]["launcher"] == "torchrun" and records[0]["rank_nodes"] == [0, 0]
+    assert records[0]["placement_ok"] is True and len(records[0]["hosts"]) == 1
     bad = subprocess.run([str(root / "runners" / "torchrun_train.sh"), "1", "2", "2x2x1"], capture_output=True,
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "does not have" in bad.stderr

@@ -11,7 +11,10 @@ that runs longer than ``timeout_s`` is killed the same way, so a launch never ha
 
 ``detect_environment()`` recognises processes started by torchrun (``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``...) or srun (``SLURM_PROCID``, ``SLURM_NTASKS``...);
-``run_in_environment(fn, env, args)`` then runs ``fn`` in the current process.
+``run_in_environment(fn, env, args)`` then runs ``fn`` in the current process, under a
+watchdog that ends the process ``timeout_s`` after it started: a gloo collective whose
+peer stopped answering (a cut link, a frozen node) can block past the process group's
+own timeout, and a rank that never returns would hold its whole set.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import os
 import re
 import signal
 import socket
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -332,16 +337,59 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     return results
 
 
+#: exit status of a rank process its watchdog ended (as timeout(1) uses)
+WATCHDOG_EXIT = 124
+
+
+def _where(thread_id: int | None) -> str:
+    """``function (file:line)`` of the innermost frame of this package in a thread's stack."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(package + os.sep):
+            return f"{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)} ({os.path.relpath(path, os.path.dirname(package))}:{frame.f_lineno})"
+        frame = frame.f_back
+    return "unknown code"
+
+
+def start_watchdog(timeout_s: float, rank: int, on_expire: Callable[[str], None] | None = None) -> threading.Event:
+    """End this process (exit :data:`WATCHDOG_EXIT`) ``timeout_s`` from now unless the returned
+    event is set first; ``on_expire(reason)`` runs just before, the reason naming where the
+    main thread was (a collective waiting on a peer, typically)."""
+    done = threading.Event()
+    main = threading.main_thread().ident
+
+    def watch() -> None:
+        if done.wait(timeout_s):
+            return
+        reason = (f"timed out after {timeout_s:g} s; rank {rank} was in {_where(main)} "
+                  f"(a peer stopped answering: a cut link or a lost rank)")
+        try:
+            if on_expire is not None:
+                on_expire(reason)
+            else:
+                print(f"plexus-tune: rank {rank}: {reason}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(WATCHDOG_EXIT)
+
+    threading.Thread(target=watch, name="plexus-tune-watchdog", daemon=True).start()
+    return done
+
+
 def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any] = (), *,
                        backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                       threads_per_rank: int | None = None) -> Any:
+                       threads_per_rank: int | None = None, on_timeout: Callable[[str], None] | None = None) -> Any:
     """Run ``fn(rank, world_size, *args)`` in this process, one rank of an external launch.
 
     The entry point of the rank's process (the worker main calls it): it sets the
     allocator and thread count for the whole process (:func:`configure_compute_process`).
+    A watchdog (:func:`start_watchdog`) ends the process ``timeout_s`` after the start,
+    calling ``on_timeout(reason)`` first (default: the reason on stderr).
     """
     import torch.distributed as dist
 
+    watchdog = start_watchdog(timeout_s, env.rank, on_timeout)
     configure_compute_process(threads_per_rank)
     _init_process_group(env.rank, env.world_size, backend, env.master_addr, env.master_port,
                         timeout_s, env.local_rank)
@@ -352,3 +400,4 @@ def run_in_environment(fn: Callable[..., Any], env: DistEnv, args: Sequence[Any]
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
+        watchdog.set()

@@ -38,6 +38,18 @@ def node_index(environ=None) -> int:
     return 0
 
 
+def rank_placement(env) -> dict:
+    """Where this rank runs: rank, host, node index, local rank, launcher, and the Slurm job and step."""
+    placement = {"rank": env.rank, "host": socket.gethostname(), "node": node_index(),
+                 "local_rank": env.local_rank, "source": env.source}
+    if env.source == "slurm":
+        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        # an array task by the name squeue and scancel give it: ARRAYJOB_TASK
+        placement["slurm_job_id"] = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
+        placement["slurm_step_id"] = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
+    return placement
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
@@ -54,19 +66,15 @@ def main(argv=None) -> int:
     if env is None:
         print("plexus_tune.launch.worker: not started by torchrun or srun (no RANK/WORLD_SIZE)", file=sys.stderr)
         return 2
-    placement = {"rank": env.rank, "host": socket.gethostname(), "node": node_index(),
-                 "local_rank": env.local_rank, "source": env.source}
-    if env.source == "slurm":
-        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-        # an array task by the name squeue and scancel give it: ARRAYJOB_TASK
-        placement["slurm_job_id"] = f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
-        placement["slurm_step_id"] = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
-    _write_atomic(job_dir / f"placement-{env.rank}.json", json.dumps(placement).encode())
+    _write_atomic(job_dir / f"placement-{env.rank}.json", json.dumps(rank_placement(env)).encode())
     try:
         with open(job_dir / "job.pkl", "rb") as handle:
             job = pickle.load(handle)
-        value = run_in_environment(job["fn"], env, job["args"], backend=job["backend"],
-                                   timeout_s=job["timeout_s"], threads_per_rank=job["threads_per_rank"])
+        def timed_out(reason: str) -> None:
+            _write_atomic(job_dir / f"error-{env.rank}.json", json.dumps({"reason": reason, "traceback": ""}).encode())
+
+        value = run_in_environment(job["fn"], env, job["args"], backend=job["backend"], timeout_s=job["timeout_s"],
+                                   threads_per_rank=job["threads_per_rank"], on_timeout=timed_out)
         _write_atomic(job_dir / f"result-{env.rank}.pkl", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the launcher
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]

@@ -318,7 +318,7 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
         device = torch.cuda.get_device_name(0)
     out = []
     for config, result in zip(configs, results):
-        record = build_record(config, result, wall_s, device, **placement_fields(launched, launcher.ranks_per_node))
+        record = build_record(config, result, wall_s, device, **placement_fields(launched.placement, launcher.ranks_per_node))
         record["batched"] = len(configs)
         out.append(record)
     return out

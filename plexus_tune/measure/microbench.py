@@ -284,7 +284,7 @@ def calibrate_collectives(
                                 backend=backend, timeout_s=timeout_s)
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None
-    where = placement_fields(launched, gpus_per_node)
+    where = placement_fields(launched.placement, gpus_per_node)
     extra = {"machine_info": environment_info(), **launcher.describe(), "hosts": where["hosts"], "placement_ok": where["placement_ok"]}
     if device == "cpu":
         extra["threads_per_rank"] = default_threads_per_rank(gpus)

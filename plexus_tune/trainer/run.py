@@ -27,6 +27,7 @@ from plexus_tune.graph.io import resolve_graph
 from plexus_tune.graph.shards import read_manifest
 from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher, check_placement
+from plexus_tune.launch.worker import rank_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, WAITING_KEYS
@@ -315,19 +316,41 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
     return record.to_dict()
 
 
-def placement_fields(launched, ranks_per_node: int | None) -> dict:
-    """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks."""
-    world = len(launched.values)
-    checked = check_placement(launched.placement, ranks_per_node or world)
+def placement_fields(placement: list[dict], ranks_per_node: int | None) -> dict:
+    """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks.
+
+    ``placement`` holds one report per rank (:func:`plexus_tune.launch.worker.rank_placement`).
+    """
+    checked = check_placement(placement, ranks_per_node or len(placement))
     hosts: dict = {}
     for node, host in zip(checked["rank_nodes"], checked["rank_hosts"]):
         hosts.setdefault(node, host)
     fields = {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
               "placement_ok": checked["placement_ok"]}
-    first = launched.placement[0] if launched.placement else {}
+    first = placement[0] if placement else {}
     if first.get("slurm_job_id"):
         fields["slurm"] = {"job_id": first["slurm_job_id"], "step_id": first.get("slurm_step_id")}
     return fields
+
+
+def shared_node_count(placement: list[dict]) -> int:
+    """Ranks on rank 0's node (same host and node index): the ranks per node the model's
+    placement is checked against when an external launcher chose the layout."""
+    first = placement[0]
+    return sum((p.get("host"), p.get("node")) == (first.get("host"), first.get("node")) for p in placement)
+
+
+def _rank_main_placed(rank: int, world_size: int, *args) -> tuple:
+    """The trainer's rank body, then every rank's placement report gathered on all ranks
+    (a rank of a process set that torchrun or srun started)."""
+    import torch.distributed as dist
+
+    from plexus_tune.trainer.engine import rank_main
+
+    value = rank_main(rank, world_size, *args)
+    placement: list = [None] * world_size
+    dist.all_gather_object(placement, rank_placement(detect_environment()))
+    return value, placement
 
 
 def _append(config: TrainConfig, record: dict) -> None:
@@ -361,17 +384,18 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     start = time.perf_counter()
     try:
         if env is not None:
-            results = run_in_environment(rank_main, env, args=(source, [config], device_kind),
-                                         backend=config.backend, timeout_s=config.timeout_s,
-                                         threads_per_rank=config.threads_per_rank)
+            results, placement = run_in_environment(_rank_main_placed, env, args=(source, [config], device_kind),
+                                                    backend=config.backend, timeout_s=config.timeout_s,
+                                                    threads_per_rank=config.threads_per_rank)
             if env.rank != 0:
                 return None
+            where = {**where, **placement_fields(placement, shared_node_count(placement))}
         else:
             launched = launcher.run(rank_main, world, (source, [config], device_kind), backend=config.backend,
                                     timeout_s=config.timeout_s, threads_per_rank=config.threads_per_rank,
                                     preload=("torch._dynamo", "plexus_tune.trainer.engine"))
             results = launched.values[0]
-            where = placement_fields(launched, launcher.ranks_per_node)
+            where = placement_fields(launched.placement, launcher.ranks_per_node)
     except RankFailure as exc:
         where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
         record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
