@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -41,8 +41,6 @@ from plexus_tune.fit.spmm import (  # noqa: F401
     fit_spmm,
 )
 from plexus_tune.fit.collectives import (  # noqa: F401
-    COLLECTIVE_COLUMNS,
-    COLLECTIVE_OPS,
     COLLECTIVE_FORMS,
     ring_terms,
     bus_bandwidth_gbps,
@@ -53,7 +51,6 @@ from plexus_tune.fit.collectives import (  # noqa: F401
     no_worse,
 )
 from plexus_tune.fit.gemm import (  # noqa: F401
-    GEMM_COLUMNS,
     GemmModel,
     fit_gemm,
 )

@@ -54,7 +54,6 @@ from plexus_tune.model.collectives import (  # the single home of these; re-expo
     COLLECTIVE_OPS,
     bandwidths_gbps,
     collective_elements,
-    nodes_spanned,
 )
 from plexus_tune.model.grid import axis_stride, enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
