@@ -3,10 +3,10 @@
     PYTHONPATH=. python runners/comm_precision.py measure --out measurements/comm-precision-DATE
     PYTHONPATH=. python runners/comm_precision.py report  --out measurements/comm-precision-DATE
 
-On an emulated cluster (root), the best grid of G = 8 behind a slow link, 3 trials:
+On an emulated cluster (root), the best grid of G = 8 behind a slow link, 2 trials:
 
     PYTHONPATH=. python runners/comm_precision.py measure --out OUT --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05 \
-        --gpus 8 --grids 2x2x2 --trials 3 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
+        --gpus 8 --grids 2x2x2 --graphs large --trials 2 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
     PYTHONPATH=. python runners/comm_precision.py report --out OUT --profile models/emulated-2x4-quiet-fitted.json
 
 ``measure`` writes two small graphs into ``OUT/graphs`` (an R-MAT graph trained with
@@ -31,25 +31,31 @@ import json
 import sys
 from pathlib import Path
 
-GRAPHS = {
-    "rmat-random-split": "rmat:nodes=2048,edges=16384,features=32,classes=8,seed=3",
-    "rmat-ogb-dir": "rmat:nodes=3072,edges=24576,features=32,classes=6,seed=7",
+#: graph pairs (R-MAT with a seeded random split; R-MAT written as an OGB directory) and the
+#: hidden width they train with: ``small`` for one host, ``large`` for messages that keep a
+#: slow emulated link busy (about 1 MiB per rank and collective at 2x2x2)
+GRAPH_SETS = {
+    "small": ({"rmat-random-split": "rmat:nodes=2048,edges=16384,features=32,classes=8,seed=3",
+               "rmat-ogb-dir": "rmat:nodes=3072,edges=24576,features=32,classes=6,seed=7"}, 32),
+    "large": ({"rmat-random-split": "rmat:nodes=8192,edges=65536,features=64,classes=8,seed=3",
+               "rmat-ogb-dir": "rmat:nodes=8192,edges=65536,features=64,classes=6,seed=7"}, 64),
 }
 PRECISIONS = ("fp32", "bf16", "int8", "int2")
 BASE_PROFILE = "models/cpu-gloo-2core-fitted-2026-11-23.json"
 
 
-def graph_sources(out: Path) -> dict[str, str]:
+def graph_sources(out: Path, graph_set: str = "small") -> dict[str, str]:
     """Name -> trainer source; writes the OGB-layout directory once."""
     from plexus_tune.graph import synthetic
     from plexus_tune.graph.splits import random_split, write_ogb_dataset
 
+    graphs = GRAPH_SETS[graph_set][0]
     ogb = out / "graphs" / "rmat-ogb-dir"
     if not (ogb / "split").is_dir():
-        graph = synthetic(GRAPHS["rmat-ogb-dir"])
+        graph = synthetic(graphs["rmat-ogb-dir"])
         # an OGB-like split: few training nodes, as ogbn-products has
         write_ogb_dataset(graph, ogb, random_split(graph.num_nodes, seed=11, train=0.3, valid=0.2))
-    return {"rmat-random-split": "synthetic:" + GRAPHS["rmat-random-split"], "rmat-ogb-dir": str(ogb)}
+    return {"rmat-random-split": "synthetic:" + graphs["rmat-random-split"], "rmat-ogb-dir": str(ogb)}
 
 
 def measure(args) -> int:
@@ -74,12 +80,12 @@ def measure(args) -> int:
     launcher = make_launcher(cluster=args.cluster) if args.cluster else None
     with launcher if launcher is not None else contextlib.nullcontext():
         for trial in range(1, args.trials + 1):
-            for name, source in graph_sources(out).items():
+            for name, source in graph_sources(out, args.graphs).items():
                 for grid in grids:
                     for precision in PRECISIONS:
                         spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
                         config = TrainConfig(grid=grid, graph=None if spec else source, synthetic=spec,
-                                             layers=3, hidden=32, epochs=args.epochs, warmup=10, seed=0,
+                                             layers=3, hidden=GRAPH_SETS[args.graphs][1], epochs=args.epochs, warmup=10, seed=0,
                                              comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine)
                         if done[config_identity(config)] >= trial:
                             continue
@@ -191,6 +197,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="output directory (measurements/comm-precision-DATE)")
     parser.add_argument("--epochs", type=int, default=110, help="epochs per run, 10 of them warm-up (default 110)")
     parser.add_argument("--machine", default="cpu-gloo-2core", help="machine name for the log")
+    parser.add_argument("--graphs", choices=tuple(GRAPH_SETS), default="small",
+                        help="graph pair: small (this host, hidden 32) or large (a slow emulated link, hidden 64)")
     parser.add_argument("--cluster", help="emulated-cluster spec to run the ranks on (root; default: local processes)")
     parser.add_argument("--gpus", type=int, default=4, help="G: every grid of G unless --grids (default 4)")
     parser.add_argument("--grids", help="comma-separated grids instead of every grid of G")

@@ -202,11 +202,12 @@ def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> N
     lines = [f"# Emulated cluster {spec['nodes']} nodes x {spec['ranks_per_node']} ranks, "
              f"{spec['inter_gbps']} GB/s per node link", "",
              "Calibration, trainer runs, fits and validation of the topology model on an emulated cluster",
-             "(network namespaces, tbf-shaped veth links, one torchrun agent per node, gloo) on a 2-core host",
-             "shared with other jobs. Re-run end to end (root):", "",
+             "(network namespaces, tbf-shaped veth links, one torchrun agent per node, gloo) on a 2-core host.",
+             "Re-run end to end (root):", "",
              "```", "PLEXUS_TUNE_NETNS_PREFIX=mn python " + shlex.join(["runners/emulated_validation.py", *argv]), "```", "",
              "The steps it ran (also in `commands.txt`), each with the 1-minute load average before and after",
-             "(this host has 2 cores):", "", "| step | seconds | load before | load after | command |", "|---|---|---|---|---|"]
+             "(this host has 2 cores; the campaign's own ranks raise it during a step, and a load above about 2",
+             "before a step means other jobs were running):", "", "| step | seconds | load before | load after | command |", "|---|---|---|---|---|"]
     for e in campaign:
         lines.append(f"| {e['step']} | {e['seconds']} | {e['load_before']} | {e['load_after']} | `{e['command']}` |")
     lines += ["", "Files: `collectives.jsonl` (calibrate collectives), `spmm-shards.jsonl` (SpMM and GEMM of the",
