@@ -74,3 +74,29 @@ def test_known_runs_reuse_only_the_identity_the_search_would_train(tmp_path):
     assert set(nccl) == {Config(1, 2, 1)} and nccl[Config(1, 2, 1)].observed_ms == 2.0
     # different epochs: nothing to reuse
     assert known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=3, warmup=1) == {}
+
+
+def test_measured_search_at_a_precision_trains_at_it_and_auto_picks_a_measured_one(tmp_path, capsys, monkeypatch):
+    """--comm-precision bf16 trains every configuration at bf16 (bf16 runs in the log, the
+    study named for it); auto runs one measured study per allowed precision and names the
+    precision of the lowest observed epoch with its accuracy evidence. fp32 runs already in the
+    log are not taken for bf16 ones."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "measurements"))
+    log = tmp_path / "measurements" / "runs.jsonl"
+    assert main(ARGS + ["--trials", "2", "--comm-precision", "bf16"]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 2 and {r["comm_precision"] for r in records} == {"bf16"}
+    assert all(r["status"] == "ok" and r["comm_bytes"] for r in records)
+    study = open_study("m-comm-bf16", open_storage(f"sqlite:///{tmp_path / 'measurements' / 'studies.db'}"), objective="epoch")
+    assert len(study.trials) == 2 and {t.user_attrs.get("observed_ms") for t in study.trials} == {r["epoch_ms"] for r in records}
+    capsys.readouterr()
+    assert main(ARGS + ["--trials", "2", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16"]) == 0
+    out = capsys.readouterr().out
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    by_precision = {}
+    for r in records:
+        by_precision.setdefault(r["comm_precision"], []).append(r["epoch_ms"])
+    assert sorted(by_precision) == ["bf16", "fp32"] and len(by_precision["bf16"]) == 2  # bf16 reused, fp32 trained
+    pick = min(by_precision, key=lambda p: min(by_precision[p]))
+    assert f"Picked precision: {pick}" in out and f"accuracy evidence for {pick}" in out

@@ -8,7 +8,7 @@ import functools
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE
+from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids
@@ -138,9 +138,12 @@ def run(args) -> int:
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
-    if args.measured and precisions != ["fp32"]:
-        raise UserError("measured searches train at fp32; search the model with a precision, "
-                        "or measure one with 'plexus-tune measure --comm-precision'", parameter="comm_precision")
+    if args.measured:
+        for precision in precisions:  # the trainer must be able to send each one on this backend
+            try:
+                check_backend(args.backend, precision)
+            except UserError as exc:
+                raise UserError(f"--comm-precision/--backend: {exc}") from None
     if args.measured:
         if args.warm_start < 0:
             raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
@@ -205,7 +208,8 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     if args.measured:
         evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
                                       epochs=args.epochs, warmup=args.warmup, backend=args.backend,
-                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher)
+                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher,
+                                      train_options={"comm_precision": precision})
         known = evaluator.known_runs()
         objective = Objective(space, evaluator, args.objective, study=study, known=known)
         if args.warm_start > 0:
