@@ -8,7 +8,6 @@ from plexus_tune.measure.microbench import (
     calibrate_graph_shards,
     collective_elements,
     collective_shapes,
-    nodes_spanned,
     parse_sizes,
     partition,
     random_csr,
@@ -16,6 +15,7 @@ from plexus_tune.measure.microbench import (
     sweep_shapes,
 )
 from plexus_tune.cli import main
+from plexus_tune.model.collectives import nodes_spanned
 from plexus_tune.errors import UserError
 from plexus_tune.measure.store import read_records
 
