@@ -82,11 +82,12 @@ def measure(args) -> int:
         for trial in range(1, args.trials + 1):
             for name, source in graph_sources(out, args.graphs).items():
                 for grid in grids:
-                    for precision in PRECISIONS:
+                    for precision in args.precisions.split(","):
                         spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
                         config = TrainConfig(grid=grid, graph=None if spec else source, synthetic=spec,
                                              layers=3, hidden=GRAPH_SETS[args.graphs][1], epochs=args.epochs, warmup=10, seed=0,
-                                             comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine)
+                                             comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine,
+                                             layer_norm=args.layer_norm)
                         if done[config_identity(config)] >= trial:
                             continue
                         rec = run_training(config, raise_on_failure=False, launcher=launcher)
@@ -199,6 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--machine", default="cpu-gloo-2core", help="machine name for the log")
     parser.add_argument("--graphs", choices=tuple(GRAPH_SETS), default="small",
                         help="graph pair: small (this host, hidden 32) or large (a slow emulated link, hidden 64)")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated (default {','.join(PRECISIONS)})")
+    parser.add_argument("--layer-norm", action="store_true", help="LayerNorm before each layer (as SuperGCN does for int2)")
     parser.add_argument("--cluster", help="emulated-cluster spec to run the ranks on (root; default: local processes)")
     parser.add_argument("--gpus", type=int, default=4, help="G: every grid of G unless --grids (default 4)")
     parser.add_argument("--grids", help="comma-separated grids instead of every grid of G")
