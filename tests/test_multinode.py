@@ -287,3 +287,25 @@ def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
     assert problems == [] and rec["status"] == "ok" and rec["gpus"] == 4
     assert rec["launcher"] == "torchrun" and rec["rank_nodes"] == [0, 0, 1, 1] and rec["placement_ok"] is True
     assert rec["check_loss_rel_diff"] < 1e-5 and rec["check_output_rel_diff"] < 1e-4
+
+
+@needs_netns
+@pytest.mark.timeout(300)
+def test_measure_over_two_emulated_nodes_logs_every_grid_with_its_placement(prefix, tmp_path, run_cli):
+    """measure on 2 nodes x 2 ranks (one torchrun agent per node, c10d rendezvous at node 0)
+    logs every grid of G = 4, each with the node of every rank and the placement checked."""
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.model.grid import enumerate_grids
+
+    spec = f"emulated:nodes=2,ranks_per_node=2,inter_gbps={LINK_GBPS},inter_latency_us=0"
+    log = tmp_path / "runs.jsonl"
+    code, out, err = run_cli(["measure", "--synthetic", "rmat:nodes=61,edges=300,features=6,classes=3,seed=2",
+                              "--gpus", "4", "--grids", "all", "--trials", "1", "--epochs", "2", "--warmup", "1",
+                              "--layers", "2", "--hidden", "4", "--timeout", "120", "--cluster", spec, "--log", str(log)])
+    assert code == 0, err
+    records, problems = read_records(log)
+    assert problems == []
+    assert sorted(r["grid"] for r in records) == sorted("x".join(map(str, g)) for g in enumerate_grids(4))
+    for rec in records:
+        assert rec["status"] == "ok" and rec["launcher"] == "emulated" and rec["cluster"]["nodes"] == 2
+        assert rec["rank_nodes"] == [0, 0, 1, 1] and rec["placement_ok"] is True
