@@ -516,26 +516,23 @@ def _comparable(df, kind: str) -> list[str]:
 def fit_quant_rates(records) -> dict:
     """A profile's ``quant`` entry from quant records: per precision, encode and decode GB/s.
 
-    Time is taken as proportional to the FP32 bytes (t = bytes / rate), fitted by least
-    squares through the origin: rate = sum(bytes^2) / sum(bytes t) per precision and
-    direction (docs/comm-precision.md, "In the cost model").
+    Time is taken as proportional to the FP32 bytes (t = bytes / rate); each rate is the
+    median over the records of bytes / time, so that one slow timing (a page fault, a
+    busy core) does not set it, as it would a least-squares fit, which weights the
+    largest tensor most (docs/comm-precision.md, "In the cost model").
     """
-    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    rates: dict = defaultdict(lambda: ([], []))
     for rec in records:
         if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
             continue
-        p = parse_precision(rec["precision"])
-        b = float(rec["fp32_bytes"])
-        acc = sums[p]
-        acc[0] += b * b
-        acc[1] += b * float(rec["encode_ms"]) * 1e-3
-        acc[2] += b * float(rec["decode_ms"]) * 1e-3
-        acc[3] += 1
-    out = {}
-    for p, (bb, be, bd, n) in sums.items():
-        if be > 0 and bd > 0:
-            out[p] = {"encode_gbps": bb / be / 1e9, "decode_gbps": bb / bd / 1e9, "samples": n}
-    return out
+        b, enc_s, dec_s = float(rec["fp32_bytes"]), float(rec["encode_ms"]) * 1e-3, float(rec["decode_ms"]) * 1e-3
+        if enc_s > 0 and dec_s > 0:
+            encode, decode = rates[parse_precision(rec["precision"])]
+            encode.append(b / enc_s)
+            decode.append(b / dec_s)
+    return {p: {"encode_gbps": float(np.median(encode)) / 1e9, "decode_gbps": float(np.median(decode)) / 1e9,
+                "samples": len(encode)}
+            for p, (encode, decode) in rates.items()}
 
 
 def _quant_records(sources) -> list[dict]:
