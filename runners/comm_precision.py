@@ -64,7 +64,7 @@ def measure(args) -> int:
     from collections import Counter
 
     from plexus_tune.launch.launchers import make_launcher
-    from plexus_tune.measure.campaign import config_identity
+    from plexus_tune.measure.campaign import config_identity, launcher_options
     from plexus_tune.measure.records import run_identity
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.grid import enumerate_grids, parse_grid
@@ -78,20 +78,24 @@ def measure(args) -> int:
         done.update(run_identity(r) for r in read_records(log, schema="run")[0] if r.get("status") == "ok")
     grids = [parse_grid(g) for g in args.grids.split(",")] if args.grids else [tuple(int(g) for g in grid) for grid in enumerate_grids(args.gpus)]
     launcher = make_launcher(cluster=args.cluster) if args.cluster else None
+    # the launcher's name and cluster belong to the identity of the runs it logs
+    where = launcher_options({"machine": args.machine}, launcher)
+    sources = graph_sources(out, args.graphs)
     with launcher if launcher is not None else contextlib.nullcontext():
         for trial in range(1, args.trials + 1):
-            for name, source in graph_sources(out, args.graphs).items():
+            for name, source in sources.items():
+                spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
                 for grid in grids:
                     for precision in args.precisions.split(","):
-                        spec = source[len("synthetic:"):] if source.startswith("synthetic:") else None
                         config = TrainConfig(grid=grid, graph=None if spec else source, synthetic=spec,
                                              layers=3, hidden=GRAPH_SETS[args.graphs][1], epochs=args.epochs, warmup=10, seed=0,
-                                             comm_precision=precision, threads_per_rank=1, log=str(log), machine=args.machine,
-                                             layer_norm=args.layer_norm)
-                        if done[config_identity(config)] >= trial:
+                                             comm_precision=precision, threads_per_rank=1, log=str(log),
+                                             layer_norm=args.layer_norm, **where)
+                        identity = config_identity(config)
+                        if done[identity] >= trial:
                             continue
                         rec = run_training(config, raise_on_failure=False, launcher=launcher)
-                        done[config_identity(config)] += rec.get("status") == "ok"
+                        done[identity] += rec.get("status") == "ok"
                         acc = (rec.get("final_accuracy") or {}).get("test", float("nan"))
                         print(f"trial {trial} {name} {rec['grid']} {precision}: {rec.get('status')} "
                               f"epoch {rec.get('epoch_ms', float('nan')):.1f} ms, comm {rec.get('comm_ms', float('nan')):.1f} ms, "

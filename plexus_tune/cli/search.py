@@ -144,7 +144,6 @@ def run(args) -> int:
                 check_backend(args.backend, precision)
             except UserError as exc:
                 raise UserError(f"--comm-precision/--backend: {exc}") from None
-    if args.measured:
         if args.warm_start < 0:
             raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
         if args.timeout <= 0:

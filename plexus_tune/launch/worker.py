@@ -56,6 +56,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _write_error(job_dir: Path, rank: int, reason: str, details: str = "") -> None:
+    """The rank's failure for the launcher to collect: ``error-<rank>.json``."""
+    _write_atomic(job_dir / f"error-{rank}.json", json.dumps({"reason": reason, "traceback": details}).encode())
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -70,16 +75,13 @@ def main(argv=None) -> int:
     try:
         with open(job_dir / "job.pkl", "rb") as handle:
             job = pickle.load(handle)
-        def timed_out(reason: str) -> None:
-            _write_atomic(job_dir / f"error-{env.rank}.json", json.dumps({"reason": reason, "traceback": ""}).encode())
-
         value = run_in_environment(job["fn"], env, job["args"], backend=job["backend"], timeout_s=job["timeout_s"],
-                                   threads_per_rank=job["threads_per_rank"], on_timeout=timed_out)
+                                   threads_per_rank=job["threads_per_rank"],
+                                   on_timeout=lambda reason: _write_error(job_dir, env.rank, reason))
         _write_atomic(job_dir / f"result-{env.rank}.pkl", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the launcher
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        _write_atomic(job_dir / f"error-{env.rank}.json",
-                      json.dumps({"reason": reason, "traceback": traceback.format_exc()}).encode())
+        _write_error(job_dir, env.rank, reason, traceback.format_exc())
         return 1
     return 0
 

@@ -340,16 +340,16 @@ def shared_node_count(placement: list[dict]) -> int:
     return sum((p.get("host"), p.get("node")) == (first.get("host"), first.get("node")) for p in placement)
 
 
-def _rank_main_placed(rank: int, world_size: int, *args) -> tuple:
+def _rank_main_placed(rank: int, world_size: int, env, *args) -> tuple:
     """The trainer's rank body, then every rank's placement report gathered on all ranks
-    (a rank of a process set that torchrun or srun started)."""
+    (a rank of the process set that torchrun or srun started, ``env`` its place in it)."""
     import torch.distributed as dist
 
     from plexus_tune.trainer.engine import rank_main
 
     value = rank_main(rank, world_size, *args)
     placement: list = [None] * world_size
-    dist.all_gather_object(placement, rank_placement(detect_environment()))
+    dist.all_gather_object(placement, rank_placement(env))
     return value, placement
 
 
@@ -384,7 +384,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     start = time.perf_counter()
     try:
         if env is not None:
-            results, placement = run_in_environment(_rank_main_placed, env, args=(source, [config], device_kind),
+            results, placement = run_in_environment(_rank_main_placed, env, args=(env, source, [config], device_kind),
                                                     backend=config.backend, timeout_s=config.timeout_s,
                                                     threads_per_rank=config.threads_per_rank)
             if env.rank != 0:
