@@ -176,6 +176,17 @@ def block_bytes(rows, cols, precision: str):
     return _scalar(size)
 
 
+def process_group_calls(op: str, precision: str) -> int:
+    """Process-group calls of one collective at ``precision`` (group of 2+ ranks, non-empty buffer).
+
+    The reduced-precision all-reduce is two (all-to-all of chunks, then all-gather of the
+    owned sums); every other collective, and the FP32 all-reduce, one.
+    """
+    if op not in COMM_OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(COMM_OPS)}")
+    return 2 if op == "all_reduce" and parse_precision(precision) != "fp32" else 1
+
+
 class WireCost(NamedTuple):
     """What one rank pays for one collective call.
 
@@ -249,7 +260,7 @@ def wire_bytes(op: str, group_size: int, message_bytes_fp32, precision: str, row
 
     if op == "all_reduce":
         steps = 2 * (g - 1)
-        calls = 1 if precision == "fp32" else 2
+        calls = process_group_calls(op, precision)
         if quantized:
             c = -(-r // g)
             per_chunk = np.asarray(block_bytes(c, cols, precision), dtype=np.int64)
@@ -324,13 +335,17 @@ def codec_bytes(op: str, group_size, message_bytes_fp32) -> tuple[np.ndarray, np
 
 #: keys of a profile's ``quant`` entry per precision (GB/s of FP32 data through the codec)
 QUANT_RATE_KEYS = ("encode_gbps", "decode_gbps")
+#: optional key of a ``quant`` entry: ms each process-group call of the scheme adds
+QUANT_CALL_KEY = "call_ms"
 
 
-def quant_rates(quant: dict | None, precision: str) -> tuple[float, float] | None:
-    """(encode, decode) GB/s of ``precision`` from a profile's ``quant`` entry (None if absent).
+def quant_rates(quant: dict | None, precision: str) -> tuple[float, float, float] | None:
+    """(encode GB/s, decode GB/s, call ms) of ``precision`` from a profile's ``quant`` entry (None if absent).
 
-    ``quant`` maps a precision to ``{"encode_gbps": .., "decode_gbps": ..}`` (the
-    casts for bf16/fp16, quantize and dequantize for intX, per rank, one thread).
+    ``quant`` maps a precision to ``{"encode_gbps": .., "decode_gbps": .., "call_ms": ..}``:
+    the codec rates (the casts for bf16/fp16, quantize and dequantize for intX, per rank,
+    one thread) and the time each process-group call of the scheme adds beyond its
+    bytes and its codec (optional, default 0; docs/comm-precision.md, "In the cost model").
     """
     precision = parse_precision(precision)
     entry = (quant or {}).get(precision)
@@ -338,24 +353,31 @@ def quant_rates(quant: dict | None, precision: str) -> tuple[float, float] | Non
         return None
     try:
         rates = tuple(float(entry[k]) for k in QUANT_RATE_KEYS)
-    except (KeyError, TypeError, ValueError):
+        call_ms = float(entry.get(QUANT_CALL_KEY, 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError(f"profile quant entry for {precision} needs positive numbers "
-                        f"{' and '.join(QUANT_RATE_KEYS)}") from None
+                        f"{' and '.join(QUANT_RATE_KEYS)} (and optionally {QUANT_CALL_KEY} >= 0)") from None
     if not all(r > 0 for r in rates):
         raise UserError(f"profile quant entry for {precision}: rates must be positive")
-    return rates
+    if not call_ms >= 0:
+        raise UserError(f"profile quant entry for {precision}: {QUANT_CALL_KEY} must be a number >= 0")
+    return rates + (call_ms,)
 
 
-def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, message_bytes_fp32):
-    """Local codec time (ms) of one call: encoded / encode rate + decoded / decode rate.
+def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, message_bytes_fp32, messages=1):
+    """Local time (ms) a reduced precision adds to one collective of ``messages`` calls' worth.
 
-    0 at fp32 and where the profile has no rate for ``precision``.
+    ``encoded / encode rate + decoded / decode rate`` (:func:`codec_bytes`) plus
+    ``messages x process_group_calls(op) x call_ms``. 0 at fp32, for a group of one rank
+    and where the profile has no entry for ``precision``.
     """
     rates = quant_rates(quant, precision)
     enc, dec = codec_bytes(op, group_size, message_bytes_fp32)
     if rates is None:
         return np.zeros_like(enc)
-    return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3
+    calls = process_group_calls(op, precision) * np.asarray(messages, dtype=np.float64)
+    per_call = np.where(np.asarray(group_size) > 1, calls * rates[2], 0.0)
+    return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3 + per_call
 
 
 #: What is known about each precision's effect on accuracy (cited by paper and section;

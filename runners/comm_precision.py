@@ -113,7 +113,8 @@ def report(args) -> int:
     import numpy as np
     import pandas as pd
 
-    from plexus_tune.fit.profile import fit_quant_rates
+    from plexus_tune.fit.profile import load_tables
+    from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.costs import predict_grids
     from plexus_tune.model.machine import load_machine
@@ -122,7 +123,16 @@ def report(args) -> int:
     out = Path(args.out)
     profile = json.loads(Path(args.profile).read_text())
     quant = fit_quant_rates(read_records(out / "quant.jsonl", schema="quant")[0])
-    quant["provenance"] = f"fitted from {out / 'quant.jsonl'} by runners/comm_precision.py"
+    provenance = f"codec rates fitted from {out / 'quant.jsonl'}"
+    collectives = out / "collectives.jsonl"
+    if collectives.exists() and not args.codec_only:
+        # the per-call cost of each scheme, from its collectives timed beside FP32 ones on the same ranks
+        profile["quant"] = quant
+        quant, calls = fit_call_ms(load_tables(str(collectives), "collective"), load_machine(profile), quant)
+        provenance += f"; call_ms from {collectives} (fit_call_ms, median per call and quartiles: " + "; ".join(
+            f"{p} {c['call_ms']:.2f} ms ({c['q1_ms']:.2f}..{c['q3_ms']:.2f}, {c['pairs']} pairs)" for p, c in calls.items()) + ")"
+        print(provenance)
+    quant["provenance"] = provenance + " by runners/comm_precision.py"
     profile["quant"] = quant
     profile["name"] = profile["name"] + "-quant"
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
@@ -139,6 +149,8 @@ def report(args) -> int:
             "obs_epoch_ms": r["epoch_ms"], "pred_epoch_ms": float(pred["total_ms"][0]),
             "obs_comm_ms": r["comm_ms"], "pred_comm_ms": float(pred["comm_ms"][0]),
             "obs_quant_ms": r.get("quant_ms") or 0.0, "pred_quant_ms": float(pred["quant_ms"][0]),
+            "obs_comm_quant_ms": r["comm_ms"] + (r.get("quant_ms") or 0.0),
+            "pred_comm_quant_ms": float(pred["comm_ms"][0] + pred["quant_ms"][0]),
             "bytes_per_epoch": sum((r.get("comm_bytes") or {}).values()),
             "test_acc": r["final_accuracy"]["test"], "epochs": r["epochs"],
         })
@@ -156,10 +168,12 @@ def report(args) -> int:
     table["gain_error"] = table.pred_gain / table.obs_gain - 1.0
     table.to_csv(out / "results.csv", index=False, float_format="%.4g")
     lines = ["| graph | grid | precision | trials | epoch obs ms | epoch pred ms | comm obs ms | comm pred ms | quant obs ms | "
-             "quant pred ms | bytes vs fp32 | gain obs | gain pred | gain error | test acc | vs fp32 |", "|" + "---|" * 16]
+             "quant pred ms | comm+quant obs ms | comm+quant pred ms | bytes vs fp32 | gain obs | gain pred | gain error | "
+             "test acc | vs fp32 |", "|" + "---|" * 18]
     for row in table.itertuples():
         lines.append(f"| {row.graph} | {row.grid} | {row.precision} | {row.trials} | {row.obs_epoch_ms:.1f} | {row.pred_epoch_ms:.1f} | "
                      f"{row.obs_comm_ms:.1f} | {row.pred_comm_ms:.1f} | {row.obs_quant_ms:.1f} | {row.pred_quant_ms:.1f} | "
+                     f"{row.obs_comm_quant_ms:.1f} | {row.pred_comm_quant_ms:.1f} | "
                      f"{row.bytes_vs_fp32:.3f} | {row.obs_gain:.2f} | {row.pred_gain:.2f} | {100 * row.gain_error:+.0f} % | "
                      f"{row.test_acc:.3f} | {row.test_acc_vs_fp32:+.3f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -211,6 +225,8 @@ def main(argv=None) -> int:
     parser.add_argument("--grids", help="comma-separated grids instead of every grid of G")
     parser.add_argument("--trials", type=int, default=1, help="interleaved trials per configuration (default 1)")
     parser.add_argument("--quant-from", help="a quantize log of this host to copy instead of timing quantize again")
+    parser.add_argument("--codec-only", action="store_true",
+                        help="report: leave out the per-call cost fitted from OUT/collectives.jsonl (the codec rates alone)")
     parser.add_argument("--profile", default=BASE_PROFILE, help=f"machine profile the report predicts with (default {BASE_PROFILE})")
     args = parser.parse_args(argv)
     return measure(args) if args.step == "measure" else report(args)

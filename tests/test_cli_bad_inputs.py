@@ -142,6 +142,8 @@ CASES = [
     (["calibrate", "collectives", "--gpus", "2", "--out", "{d}/nonjson.jsonl"], "not a plexus-tune measurement log"),
     (["calibrate", "collectives", "--gpus", "2", "--repeats", "0", "--out", "{d}/new.jsonl"], "--repeats"),
     (["calibrate", "collectives", "--gpus", "2", "--warmup", "-1", "--out", "{d}/new.jsonl"], "--warmup"),
+    (["calibrate", "collectives", "--gpus", "2", "--comm-precision", "fp32,int3", "--out", "{d}/new.jsonl"], "--comm-precision"),
+    (["calibrate", "collectives", "--gpus", "2", "--cols", "0", "--out", "{d}/new.jsonl"], "--cols"),
     (["calibrate", "collectives", "--gpus", "2", "--gpus-per-node", "0", "--out", "{d}/new.jsonl"], "--gpus-per-node"),
     (["calibrate", "spmm", "--sweep", "--count", "0", "--out", "{d}/new.jsonl"], "--count"),
     (["calibrate", "spmm", "--sweep", "--threads", "0", "--out", "{d}/new.jsonl"], "--threads"),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from plexus_tune.comm_precision_model import codec_bytes, quant_time_ms, wire_bytes, wire_message_bytes
+from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import Machine, load_machine
@@ -99,7 +100,7 @@ def test_predict_cli_bf16_halves_bandwidth_bound_comm_and_auto_names_its_pick():
 
 
 def test_quant_rates_fit_hand_derived_and_calibrate_cli(tmp_path):
-    from plexus_tune.fit.profile import fit_quant_rates
+    from plexus_tune.fit.quant import fit_quant_rates
 
     recs = [{"precision": "int8", "fp32_bytes": 1e6, "encode_ms": 1.0, "decode_ms": 0.1},
             {"precision": "int8", "fp32_bytes": 2e6, "encode_ms": 2.5, "decode_ms": 0.2},
@@ -129,3 +130,97 @@ def test_search_auto_names_the_precision_it_picked(tmp_path):
                          capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "Picked precision: bf16" in out.stdout and "ScaleGNN (section V-B)" in out.stdout
+
+
+def test_per_call_term_of_quant_time_hand_derived():
+    from plexus_tune.comm_precision_model import process_group_calls
+
+    assert [process_group_calls("all_reduce", p) for p in ("fp32", "bf16", "int2")] == [1, 2, 2]
+    assert [process_group_calls(op, "int8") for op in ("all_gather", "reduce_scatter")] == [1, 1]
+    quant = {"int8": {"encode_gbps": 1.0, "decode_gbps": 2.0, "call_ms": 0.5}}
+    # all-reduce, g = 4, M = 400 B: codec 400 / 1e9 + 700 / 2e9 s = 750e-6 ms; 3 blocks of 2 calls at 0.5 ms
+    assert float(quant_time_ms(quant, "int8", "all_reduce", 4, 400, 3)) == pytest.approx(3.0 + 750e-6)
+    # all-gather: 100 B encoded, 400 B decoded, one call
+    assert float(quant_time_ms(quant, "int8", "all_gather", 4, 400)) == pytest.approx(0.5 + 300e-9 * 1e3)
+    assert float(quant_time_ms(quant, "int8", "all_reduce", 1, 400, 3)) == 0.0  # a group of one sends nothing
+    with pytest.raises(UserError, match="call_ms"):
+        quant_time_ms({"int8": {**quant["int8"], "call_ms": -1}}, "int8", "all_reduce", 4, 400)
+
+
+def _collective_rows(machine, quant, call_ms, stamp, fp32_offset_ms=0.0, offset_ms=0.0):
+    """Collective timings made by the model itself: FP32 at net(M) (+ an offset), int2 at
+    net(M') + codec + calls x call_ms, for two shapes, three ops and three sizes; every
+    timing ``offset_ms`` slower (a slower day)."""
+    from plexus_tune.comm_precision_model import process_group_calls
+    from plexus_tune.model.machine import collective_time_ms
+
+    rows = []
+    for g, p in ((2, 1), (2, 4)):
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            for m in (65536, 262144, 1048576):
+                r = m // (4 * 64)
+                base = {"op": op, "group_size": g, "stride": p, "message_bytes": m, "alone": False, "measured_at": stamp}
+                rows.append({**base, "comm_precision": "fp32",
+                             "time_ms": float(collective_time_ms(machine, op, g, p, m)) + fp32_offset_ms + offset_ms})
+                t = (float(collective_time_ms(machine, op, g, p, float(wire_message_bytes(m, r, "int2"))))
+                     + float(quant_time_ms(quant, "int2", op, g, m)) + process_group_calls(op, "int2") * call_ms + offset_ms)
+                rows.append({**base, "comm_precision": "int2", "rows": r, "cols": 64, "time_ms": t, "quant_ms": 0.1})
+    return rows
+
+
+def test_fit_call_ms_recovers_the_per_call_time_pairing_within_one_run():
+    import pandas as pd
+
+    from plexus_tune.fit.quant import fit_call_ms
+    from plexus_tune.model.machine import load_machine
+
+    machine = load_machine("models/emulated-2x4-quiet-fitted.json")
+    quant = {"int2": {"encode_gbps": 1.5, "decode_gbps": 5.0}}
+    df = pd.DataFrame(_collective_rows(machine, quant, 2.5, "2026-01-01T00:00:00+00:00"))
+    got, report = fit_call_ms(df, machine, quant)
+    assert got["int2"]["call_ms"] == pytest.approx(2.5, abs=1e-9) and report["int2"]["pairs"] == 18
+    assert got["int2"]["encode_gbps"] == 1.5  # the rates are kept
+    # a second run on a day when every call took 40 ms longer: paired within each run, the same
+    # 2.5 ms; paired with the other run's FP32 timings, it would be 20 or 40 ms per call
+    slow = pd.DataFrame(_collective_rows(machine, quant, 2.5, "2026-01-02T00:00:00+00:00", offset_ms=40.0))
+    both, report = fit_call_ms(pd.concat([df, slow]), machine, quant)
+    assert both["int2"]["call_ms"] == pytest.approx(2.5, abs=1e-9) and report["int2"]["pairs"] == 36
+    # a scheme faster than the model says is clipped at 0, not negative
+    fast = pd.DataFrame(_collective_rows(machine, quant, 0.0, "2026-01-03T00:00:00+00:00", fp32_offset_ms=40.0))
+    got, report = fit_call_ms(fast, machine, quant)
+    assert got["int2"]["call_ms"] == 0.0 and report["int2"]["median_ms"] < -10
+    # without codec rates, the rates come from the records' local times: codec bytes / 0.1 ms
+    alone, _ = fit_call_ms(df, machine, None)
+    assert alone["int2"]["rates_from"].startswith("local steps") and alone["int2"]["encode_gbps"] > 0
+    # FP32 rows only: nothing to fit; the network fit of fit_profile sees only FP32 rows
+    from plexus_tune.fit.quant import split_precisions
+
+    fp32, reduced = split_precisions(df)
+    assert set(fp32.comm_precision) == {"fp32"} and set(reduced.comm_precision) == {"int2"}
+    assert fit_call_ms(fp32, machine, quant) == ({"int2": quant["int2"]}, {})
+
+
+def test_calibrate_collectives_times_the_reduced_precision_scheme(tmp_path):
+    from plexus_tune.comm_precision_model import wire_bytes
+    from plexus_tune.measure.store import read_records
+
+    log = tmp_path / "c.jsonl"
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "collectives", "--gpus", "2", "--sizes", "16K,64K",
+                          "--comm-precision", "fp32,int2,bf16", "--repeats", "2", "--warmup", "1", "--cols", "32",
+                          "--out", str(log)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    records = read_records(log, schema="collective")[0]
+    assert len(records) == 3 * 3 * 2  # precisions x ops x sizes
+    for rec in records:
+        precision = rec["comm_precision"]
+        if precision == "fp32":
+            assert rec.get("wire_bytes") is None
+            continue
+        assert rec["cols"] == 32 and rec["rows"] * rec["cols"] * 4 == rec["message_bytes"]
+        # bytes the trainer's scheme handed to the process group, against the formula of the model
+        assert rec["wire_bytes"] == wire_bytes(rec["op"], 2, rec["message_bytes"], precision, rec["rows"]).bytes
+        assert 0 < rec["quant_ms"] < rec["time_ms"] + 1e-9
+    bad = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "collectives", "--gpus", "2",
+                          "--comm-precision", "fp32,int3", "--out", str(tmp_path / "new.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--comm-precision" in bad.stderr
+    assert not (tmp_path / "new.jsonl").exists()

@@ -6,7 +6,7 @@ from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
-from plexus_tune.comm_precision_model import parse_precision
+from plexus_tune.comm_precision_model import check_backend, parse_allowed, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.microbench import (
@@ -52,6 +52,10 @@ def register(subparsers) -> None:
     coll.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", help="comma-separated collectives (default: all three)")
     coll.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     coll.add_argument("--repeats", type=int, default=5, help="timed calls per size (default 5)")
+    coll.add_argument("--comm-precision", default="fp32", metavar="LIST",
+                      help="precisions to time, comma-separated (default fp32): fp32 is the backend's collective, the "
+                      "others the trainer's reduced-precision scheme with its quantize steps (docs/comm-precision.md)")
+    coll.add_argument("--cols", type=int, default=64, help="columns of the FP32 buffer a reduced precision encodes per row (default 64)")
     coll.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with enough GPUs, else gloo")
     coll.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop all ranks after S seconds (default 1800)")
     coll.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
@@ -170,6 +174,14 @@ def run_collectives(args) -> int:
     if bad or not ops:
         raise UserError(f"--ops: unknown collective {(bad or [args.ops])[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
     _positive(args.repeats, "--repeats")
+    _positive(args.cols, "--cols")
+    try:
+        precisions = parse_allowed(args.comm_precision)
+    except UserError as exc:
+        raise UserError(f"--comm-precision: {exc}") from None
+    if args.backend:
+        for precision in precisions:
+            check_backend(args.backend, precision)
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
     if args.timeout <= 0:
@@ -204,20 +216,22 @@ def run_collectives(args) -> int:
             timeout_s=args.timeout,
             launcher=launcher,
             modes=modes,
+            precisions=precisions,
+            cols=args.cols,
         )
     append_records(args.out, records)
     small, large = min(r["message_bytes"] for r in records), max(r["message_bytes"] for r in records)
     table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher.name}): median time and busbw "
                         f"at the smallest ({_size(small)}) and largest ({_size(large)}) message")
-    for col in ("op", "group", "stride", "nodes", "groups", f"ms at {_size(small)}", f"ms at {_size(large)}",
+    for col in ("precision", "op", "group", "stride", "nodes", "groups", f"ms at {_size(small)}", f"ms at {_size(large)}",
                 f"busbw GB/s at {_size(large)}"):
-        table.add_column(col, justify="right" if col not in ("op",) else "left", no_wrap=True)
+        table.add_column(col, justify="right" if col not in ("precision", "op") else "left", no_wrap=True)
     keyed = {}
     for r in records:
-        keyed.setdefault((r["op"], r["group_size"], r["stride"], r["groups"]), []).append(r)
-    for (op, g, p, groups), rows in keyed.items():
+        keyed.setdefault((r["comm_precision"], r["op"], r["group_size"], r["stride"], r["groups"]), []).append(r)
+    for (precision, op, g, p, groups), rows in keyed.items():
         rows.sort(key=lambda r: r["message_bytes"])
-        table.add_row(op, str(g), str(p), str(rows[-1]["nodes_spanned"]), str(groups), f"{rows[0]['time_ms']:.3f}",
+        table.add_row(precision, op, str(g), str(p), str(rows[-1]["nodes_spanned"]), str(groups), f"{rows[0]['time_ms']:.3f}",
                       f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
     make_console().print(table)
     console.print(f"appended {len(records)} records to {args.out}")

@@ -60,6 +60,11 @@ from plexus_tune.fit.epoch import (  # noqa: F401
     fit_epoch,
     scores_table_rows,
 )
+from plexus_tune.fit.quant import (  # noqa: F401
+    fit_call_ms,
+    fit_quant_rates,
+    split_precisions,
+)
 from plexus_tune.fit.profile import (  # noqa: F401
     MIN_SCALE,
     FittedProfile,

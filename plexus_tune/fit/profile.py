@@ -18,7 +18,6 @@ import multiprocessing
 import os
 import re
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -26,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
+from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
@@ -278,6 +277,13 @@ def fit_profile(
         coll_df["time_ms"] = np.asarray(coll_df["time_ms"], dtype=np.float64) / stretch
         time_sharing = {"host_cores": int(cores), "min": float(stretch.min()), "max": float(stretch.max())}
 
+    # the network is fitted on FP32 timings; reduced-precision ones give the quant entry's call_ms
+    every_precision = coll_df
+    coll_df, reduced_df = split_precisions(every_precision)
+    if not len(coll_df):
+        raise UserError("the collective logs hold only reduced-precision timings; time FP32 as well "
+                        "('plexus-tune calibrate collectives --comm-precision fp32,...')")
+
     world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
     logged_gpn = np.nanmax(pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
     gpn = int(gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
@@ -393,7 +399,13 @@ def fit_profile(
     if quant_records:
         profile["quant"] = fit_quant_rates(quant_records)
         provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
-                               "(plexus-tune calibrate quant; least squares through the origin)")
+                               "(plexus-tune calibrate quant; median of bytes / time)")
+    quant_report = None
+    if len(reduced_df):
+        profile["quant"], quant_report = fit_call_ms(every_precision, Machine.from_dict(profile, source=source), profile.get("quant"))
+        provenance["quant"] = ((provenance.get("quant", "") + "; ") if quant_records else "") + (
+            f"call_ms by fit_call_ms on {len(reduced_df)} reduced-precision collective timings paired with FP32 ones "
+            "(plexus-tune calibrate collectives --comm-precision; median per call)")
     profile["provenance"] = provenance
     profile["fit"] = fit_info
     Machine.from_dict(profile, source=source)
@@ -403,6 +415,7 @@ def fit_profile(
         "collectives": coll_report,
         "gemm": {"samples": len(gemm_df), "tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
         "epoch": report_epoch,
+        "quant": quant_report,
         "seconds": timings,
     }
     return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch)
@@ -511,28 +524,6 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
 def _comparable(df, kind: str) -> list[str]:
     """The kinds scored beside an explicitly chosen ``kind``: every kind the data supports."""
     return [k for k in SPMM_KINDS if k == kind or len(df) >= min_rows(SPMM_PARAMETERS[k])]
-
-
-def fit_quant_rates(records) -> dict:
-    """A profile's ``quant`` entry from quant records: per precision, encode and decode GB/s.
-
-    Time is taken as proportional to the FP32 bytes (t = bytes / rate); each rate is the
-    median over the records of bytes / time, so that one slow timing (a page fault, a
-    busy core) does not set it, as it would a least-squares fit, which weights the
-    largest tensor most (docs/comm-precision.md, "In the cost model").
-    """
-    rates: dict = defaultdict(lambda: ([], []))
-    for rec in records:
-        if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
-            continue
-        b, enc_s, dec_s = float(rec["fp32_bytes"]), float(rec["encode_ms"]) * 1e-3, float(rec["decode_ms"]) * 1e-3
-        if enc_s > 0 and dec_s > 0:
-            encode, decode = rates[parse_precision(rec["precision"])]
-            encode.append(b / enc_s)
-            decode.append(b / dec_s)
-    return {p: {"encode_gbps": float(np.median(encode)) / 1e9, "decode_gbps": float(np.median(decode)) / 1e9,
-                "samples": len(encode)}
-            for p, (encode, decode) in rates.items()}
 
 
 def _quant_records(sources) -> list[dict]:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import PRECISION_BITS, is_quantized
+from plexus_tune.comm_precision_model import PRECISION_BITS, check_backend, is_quantized, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph import double_permute
 from plexus_tune.launch import RankFailure, default_threads_per_rank
@@ -110,14 +110,32 @@ def _collective_call(dist, op: str, group, buf, out):
     return lambda: fn(out, buf, group=group)
 
 
-def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device, modes=("concurrent",)):
-    """Body of one rank: times every (shape, mode, op, size); returns rank-local times in seconds.
+def _precision_buffers(torch, op: str, elems: int, g: int, cols: int, dev, rank: int):
+    """(input, rows) of a ``rows x cols`` FP32 buffer near ``elems`` elements for a reduced-precision
+    call: the reduced tensor of all-reduce, the gathered output (input: one block) of all-gather,
+    the input of reduce-scatter; rows a multiple of ``g`` for the last two."""
+    if op == "all_reduce":
+        rows = max(1, round(elems / cols))
+    else:
+        rows = max(g, round(elems / (cols * g)) * g)
+    gen = torch.Generator().manual_seed(rank)
+    full = torch.randn((rows, cols), generator=gen).to(dev)
+    return (full[: rows // g].contiguous() if op == "all_gather" else full), rows
+
+
+def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device, modes=("concurrent",),
+                      precisions=("fp32",), cols: int = 64):
+    """Body of one rank: times every (shape, mode, precision, op, size); returns rank-local times.
 
     ``modes``: ``concurrent`` runs the op on every group of the shape at once, ``alone``
     only on the group of rank 0 (the other ranks wait at the barriers; not timed for a shape
-    of one group, which ``concurrent`` times already). Result: list of
+    of one group, which ``concurrent`` times already). ``precisions``: fp32 times the
+    backend's collective on a flat buffer; the others time the trainer's reduced-precision
+    collective (:mod:`plexus_tune.trainer.precision`) on a ``rows x cols`` FP32 tensor,
+    recording per call its local steps and the bytes it sent. Result: list of
     (group_size, stride, mode, op, elements, [seconds per timed call] or None where this
-    rank took no part).
+    rank took no part), with a seventh item for a reduced precision: ``{"precision",
+    "rows", "cols", "local_ms": [per call], "wire_bytes"}``.
     """
     import torch
     import torch.distributed as dist
@@ -132,36 +150,62 @@ def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device, 
         mine = groups[index]
         for mode in modes if len(parts) > 1 else ("concurrent",):  # one group: alone is concurrent
             active = mode == "concurrent" or index == 0
-            for op in ops:
-                for size in sizes:
-                    elems = collective_elements(op, size, g)
-                    call = None
-                    if active:
-                        if op == "all_reduce":
-                            buf, out = torch.ones(elems, device=dev), None
-                        elif op == "all_gather":
-                            buf, out = torch.ones(elems // g, device=dev), torch.empty(elems, device=dev)
-                        else:
-                            buf, out = torch.ones(elems, device=dev), torch.empty(elems // g, device=dev)
-                        call = _collective_call(dist, op, mine, buf, out)
-                        for _ in range(warmup):
-                            call()
-                    times = []
-                    for _ in range(repeats):
-                        dist.barrier()
-                        if call is None:
-                            continue
-                        if dev.type == "cuda":
-                            torch.cuda.synchronize(dev)
-                        t0 = time.perf_counter()
-                        call()
-                        if dev.type == "cuda":
-                            torch.cuda.synchronize(dev)
-                        times.append(time.perf_counter() - t0)
-                    results.append((g, p, mode, op, elems, times if active else None))
+            for precision in precisions:
+                for op in ops:
+                    for size in sizes:
+                        results.append(_time_collective(torch, dist, dev, mine, g, p, mode, active, precision, op, size,
+                                                        warmup, repeats, cols, rank))
         for grp in groups:
             dist.destroy_process_group(grp)
     return results
+
+
+def _time_collective(torch, dist, dev, group, g, p, mode, active, precision, op, size, warmup, repeats, cols, rank):
+    """One (shape, mode, precision, op, size) entry of :func:`collective_worker`."""
+    elems = collective_elements(op, size, g)
+    call, counter, info = None, None, None
+    if precision != "fp32":
+        from plexus_tune.trainer import precision as reduced  # loads torch
+
+        counter = reduced.CommCounter()
+        buf, rows = _precision_buffers(torch, op, elems, g, cols, dev, rank)
+        elems = rows * cols
+        info = {"precision": precision, "rows": rows, "cols": cols, "local_ms": [], "wire_bytes": 0}
+        gen = torch.Generator(device=dev).manual_seed(rank)
+        fn = {"all_reduce": reduced.all_reduce, "all_gather": reduced.all_gather,
+              "reduce_scatter": reduced.reduce_scatter}[op]
+        if active:
+            call = lambda: fn(buf, group, precision, generator=gen, counter=counter)  # noqa: E731
+    elif active:
+        if op == "all_reduce":
+            buf, out = torch.ones(elems, device=dev), None
+        elif op == "all_gather":
+            buf, out = torch.ones(elems // g, device=dev), torch.empty(elems, device=dev)
+        else:
+            buf, out = torch.ones(elems, device=dev), torch.empty(elems // g, device=dev)
+        call = _collective_call(dist, op, group, buf, out)
+    if call is not None:
+        for _ in range(warmup):
+            call()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        if call is None:
+            continue
+        if counter is not None:
+            counter.reset()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        call()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+        if info is not None:
+            info["local_ms"].append(counter.quant_ms)
+            info["wire_bytes"] = counter.total_bytes
+    entry = (g, p, mode, op, elems, times if active else None)
+    return entry if info is None else entry + (info,)
 
 
 def group_layout(groups: list[list[int]], rank_nodes: list[int]) -> dict:
@@ -191,13 +235,22 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
     records = []
     stamp = now_utc()
     nodes_of = list(rank_nodes) if rank_nodes is not None else [r // gpus_per_node for r in range(world)]
-    for idx, (g, p, mode, op, elems, _) in enumerate(per_rank[0]):
-        calls = np.max(np.array([rank_results[idx][5] for rank_results in per_rank if rank_results[idx][5] is not None]), axis=0)
+    for idx, entry in enumerate(per_rank[0]):
+        g, p, mode, op, elems = entry[:5]
+        taking_part = [rank_results[idx] for rank_results in per_rank if rank_results[idx][5] is not None]
+        calls = np.max(np.array([e[5] for e in taking_part]), axis=0)
         t_ms = float(statistics.median(calls)) * 1e3
         m = elems * element_size
         algbw, busbw = bandwidths_gbps(op, g, m, t_ms)
         parts = partition(world, g, p)
         active = parts if mode == "concurrent" else parts[:1]
+        reduced = {}
+        if len(entry) > 6:
+            # per call the slowest rank's local steps, then the median over calls, as for time_ms
+            local = np.max(np.array([e[6]["local_ms"] for e in taking_part]), axis=0)
+            reduced = {"comm_precision": entry[6]["precision"], "rows": entry[6]["rows"], "cols": entry[6]["cols"],
+                       "quant_ms": float(statistics.median(local)),
+                       "wire_bytes": int(max(e[6]["wire_bytes"] for e in taking_part))}
         records.append(
             {
                 "schema": COLLECTIVE_SCHEMA,
@@ -222,6 +275,7 @@ def collective_records(per_rank: list, *, world: int, gpus_per_node: int, backen
                 "launcher": "local",
                 "rank_nodes": nodes_of,
                 "comm_precision": "fp32",
+                **reduced,
                 **(extra or {}),
             }
         )
@@ -244,6 +298,8 @@ def calibrate_collectives(
     timeout_s: float = 1800.0,
     launcher=None,
     modes=None,
+    precisions=("fp32",),
+    cols: int = 64,
 ) -> list[dict]:
     """Time the collectives of every group shape of ``gpus`` ranks; returns records.
 
@@ -251,6 +307,8 @@ def calibrate_collectives(
     ranks; its ranks per node are ``gpus_per_node`` unless given (a different value is an
     error). ``modes``: ``concurrent`` (all groups of a shape at once) and/or ``alone``
     (one group); default both when the ranks span several nodes, else concurrent only.
+    ``precisions``: besides fp32, the trainer's reduced-precision collectives on
+    ``rows x cols`` FP32 buffers (docs/comm-precision.md, "Calibration").
     """
     if gpus < 2:
         raise UserError("calibrating collectives needs 2 or more GPUs", parameter="gpus")
@@ -270,16 +328,24 @@ def calibrate_collectives(
     modes = tuple(modes)
     if not modes or any(m not in COLLECTIVE_MODES for m in modes):
         raise UserError(f"collective timing modes must be some of {', '.join(COLLECTIVE_MODES)}, got {', '.join(modes) or 'none'}")
+    precisions = tuple(parse_precision(p) for p in precisions)
+    if not precisions:
+        raise UserError("no communication precision to time", parameter="precisions")
+    if int(cols) < 1:
+        raise UserError(f"columns must be at least 1, got {cols}", parameter="cols")
     launcher.check(gpus)
     if backend is None:
         import torch
 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= gpus else "gloo"
+    for precision in precisions:
+        check_backend(backend, precision)
     device = "cuda" if backend == "nccl" else "cpu"
     shapes = collective_shapes(gpus) if shapes is None else [tuple(s) for s in shapes]
     try:
         launched = launcher.run(collective_worker, gpus,
-                                args=(shapes, list(sizes), list(ops), int(warmup), int(repeats), device, modes),
+                                args=(shapes, list(sizes), list(ops), int(warmup), int(repeats), device, modes,
+                                      precisions, int(cols)),
                                 backend=backend, timeout_s=timeout_s)
     except RankFailure as exc:
         raise UserError(f"collective calibration failed: {exc}") from None

@@ -410,7 +410,11 @@ class CollectiveRecord(_Record):
     rank_nodes: list | None = _f(None, doc="node index of each rank")
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node)")
-    comm_precision: str = _f("fp32", doc="precision of the payload")
+    comm_precision: str = _f("fp32", doc="precision of the payload; other than fp32: the trainer's reduced-precision collective (docs/comm-precision.md)")
+    rows: int | None = _f(None, "rows", "reduced precision: rows of the FP32 buffer (one zero point and scale each for intX)")
+    cols: int | None = _f(None, "columns", "reduced precision: columns of the FP32 buffer")
+    wire_bytes: int | None = _f(None, "bytes", "reduced precision: bytes one rank sent in one call")
+    quant_ms: float | None = _f(None, "ms", "reduced precision: the call's local steps (casts, quantize, dequantize, sums), median over calls of the slowest rank; part of time_ms")
     machine_info: dict | None = _f(None, doc="environment of the host")
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank")
 

@@ -217,7 +217,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         comm_axis[axis] += t
         comm_kind[op] += t
         if precision != "fp32":
-            quant[:] += quant_time_ms(quant_profile, precision, op, g, message_bytes * 4.0 / u)
+            quant[:] += quant_time_ms(quant_profile, precision, op, g, message_bytes * 4.0 / u, messages)
 
     for i, s in enumerate(shapes):
         o, inner, d = s.outer, s.inner, s.depth
