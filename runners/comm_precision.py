@@ -3,25 +3,28 @@
     PYTHONPATH=. python runners/comm_precision.py measure --out measurements/comm-precision-DATE
     PYTHONPATH=. python runners/comm_precision.py report  --out measurements/comm-precision-DATE
 
-On an emulated cluster (root), the best grid of G = 8 behind a slow link, 2 trials:
+On an emulated cluster (root), the best grid of G = 8 behind a slow link, 3 trials:
 
     PYTHONPATH=. python runners/comm_precision.py measure --out OUT --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05 \
-        --gpus 8 --grids 2x2x2 --graphs large --trials 2 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
+        --gpus 8 --grids 2x2x2 --graphs large --trials 3 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
     PYTHONPATH=. python runners/comm_precision.py report --out OUT --profile models/emulated-2x4-quiet-fitted.json
 
 ``measure`` writes two small graphs into ``OUT/graphs`` (an R-MAT graph trained with
 the seeded random split, and a second R-MAT graph written as an OGB node-property
 directory with its own ``split/random`` files), trains every grid of G = 4 at each
 precision for ``--epochs`` epochs (``--trials`` interleaved trials, one thread per
-rank; on ``--cluster`` through the emulated launcher), appending to ``OUT/runs.jsonl``,
-then times quantize and dequantize (as ``plexus-tune calibrate quant``) into
-``OUT/quant.jsonl`` unless ``--quant-from`` names such a log of this host; trials
-already in the log are skipped, so an interrupted campaign resumes. ``report``
-predicts every run with ``--profile`` plus the fitted quantize rates (written to
-``OUT/profile.json``), prints and writes ``OUT/results.md`` (medians over trials of
-observed against predicted epoch and communication time, final test accuracy against
-FP32, and the gain fp32 / precision observed against predicted) and draws
-``OUT/precision.png``.
+rank; on ``--cluster`` through the emulated launcher), appending to ``OUT/runs.jsonl``;
+times the precisions' collectives beside FP32 on the same ranks into
+``OUT/collectives.jsonl`` (as ``plexus-tune calibrate collectives --comm-precision``)
+unless that log exists or ``--no-collectives``; then times quantize and dequantize (as
+``plexus-tune calibrate quant``) into ``OUT/quant.jsonl`` unless ``--quant-from`` names
+such a log of this host. Trials already in the log are skipped, so an interrupted
+campaign resumes. ``report`` predicts every run with ``--profile`` plus the ``quant``
+entry fitted from those logs (codec rates, and the per-call time of each scheme unless
+``--codec-only``; written to ``OUT/profile.json``), prints and writes ``OUT/results.md``
+(medians over trials of observed against predicted epoch and communication time, final
+test accuracy against FP32, and the gain fp32 / precision observed against predicted)
+and draws ``OUT/precision.png``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def measure(args) -> int:
     import shutil
     from collections import Counter
 
+    import numpy as np
+
     from plexus_tune.launch.launchers import make_launcher
     from plexus_tune.measure.campaign import config_identity, launcher_options
     from plexus_tune.measure.records import run_identity
@@ -100,6 +105,15 @@ def measure(args) -> int:
                         print(f"trial {trial} {name} {rec['grid']} {precision}: {rec.get('status')} "
                               f"epoch {rec.get('epoch_ms', float('nan')):.1f} ms, comm {rec.get('comm_ms', float('nan')):.1f} ms, "
                               f"quant {rec.get('quant_ms', float('nan')):.1f} ms, test accuracy {acc:.3f}", flush=True)
+        if not args.no_collectives and not (out / "collectives.jsonl").exists():
+            # the schemes beside FP32 on the same ranks: the per-call time of each precision
+            from plexus_tune.measure.microbench import calibrate_collectives, parse_sizes
+            from plexus_tune.measure.store import append_records
+
+            world = int(np.prod(grids[0]))  # every grid has G ranks
+            append_records(out / "collectives.jsonl", calibrate_collectives(
+                world, sizes=parse_sizes("16K:4M"), repeats=7, launcher=launcher, modes=("concurrent",),
+                precisions=tuple(args.precisions.split(",")), cols=GRAPH_SETS[args.graphs][1]))
     if args.quant_from and not (out / "quant.jsonl").exists():
         shutil.copyfile(args.quant_from, out / "quant.jsonl")
     if not (out / "quant.jsonl").exists():
@@ -225,6 +239,8 @@ def main(argv=None) -> int:
     parser.add_argument("--grids", help="comma-separated grids instead of every grid of G")
     parser.add_argument("--trials", type=int, default=1, help="interleaved trials per configuration (default 1)")
     parser.add_argument("--quant-from", help="a quantize log of this host to copy instead of timing quantize again")
+    parser.add_argument("--no-collectives", action="store_true",
+                        help="measure: do not time the precisions' collectives into OUT/collectives.jsonl")
     parser.add_argument("--codec-only", action="store_true",
                         help="report: leave out the per-call cost fitted from OUT/collectives.jsonl (the codec rates alone)")
     parser.add_argument("--profile", default=BASE_PROFILE, help=f"machine profile the report predicts with (default {BASE_PROFILE})")

@@ -410,3 +410,34 @@ def test_fit_profile_takes_tables_and_says_what_is_missing():
     assert set(fitted.profile["fit"]["spmm"]["scores"]) == {"paper-spmm", "roofline", "learned"}
     with pytest.raises(UserError, match="number of splits"):
         fit_profile(spmm=df, collectives=coll, name="t", n_splits=-1, gemm_tflops=0.5)
+
+
+def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest():
+    from plexus_tune.fit import fit_profile
+
+    df = _shapes(40)
+    df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols
+    sizes = [1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    # FP32: 0.2 ms per step + 1 GB/s bus bandwidth; int2 the same ring on M/16 + 8 B a row,
+    # plus 1.5 ms per process-group call (two for the all-reduce), no codec rates: those come
+    # from the records' local steps (0.05 ms)
+    rows = []
+    for op, steps, factor in (("all_reduce", 2, 1.0), ("all_gather", 1, 0.5)):
+        for m in sizes:
+            base = {"op": op, "group_size": 2, "stride": 1, "nodes": 1, "message_bytes": m, "measured_at": "t0"}
+            rows.append({**base, "comm_precision": "fp32", "time_ms": steps * 0.2 + factor * m / 1e9 * 1e3})
+            wire = m / 16 + 8 * (m // 256)
+            rows.append({**base, "comm_precision": "int2", "rows": m // 256, "cols": 64, "quant_ms": 0.05,
+                         "time_ms": steps * 0.2 + factor * wire / 1e9 * 1e3 + 0.05 + 1.5 * (2 if op == "all_reduce" else 1)})
+    coll = pd.DataFrame(rows)
+    kw = dict(spmm=df, name="t", kind="roofline", n_splits=4, gemm_tflops=0.5, device_memory_gib=1)
+    both = fit_profile(collectives=coll, **kw)
+    fp32 = fit_profile(collectives=coll[coll.comm_precision == "fp32"].drop(columns=["rows", "cols", "quant_ms"]), **kw)
+    assert both.profile["collectives"] == fp32.profile["collectives"]  # the network sees FP32 timings only
+    assert "quant" not in fp32.profile
+    entry = both.profile["quant"]["int2"]
+    # codec time is (enc + dec) bytes / rate = 0.05 ms by construction, so the rest is 1.5 ms a call
+    assert entry["call_ms"] == pytest.approx(1.5, rel=0.05) and entry["call_samples"] == 8
+    assert both.report["quant"]["int2"]["pairs"] == 8 and "call_ms" in both.profile["provenance"]["quant"]
+    with pytest.raises(UserError, match="only reduced-precision"):
+        fit_profile(collectives=coll[coll.comm_precision == "int2"], **kw)

@@ -148,6 +148,9 @@ def run(args) -> int:
             + ", ".join(f"{k} x{v:.3g}" for k, v in epoch["scales"].items())
             + f", overhead {epoch['overhead_ms']:.2f} ms; MAPE {epoch['mape_before']:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
         )
+    for precision, calls in (report.get("quant") or {}).items():
+        console.print(f"{precision} collectives: {calls['call_ms']:.3f} ms per process-group call beyond bytes and codec "
+                      f"(median of {calls['pairs']} pairs with FP32, quartiles {calls['q1_ms']:.3f} .. {calls['q3_ms']:.3f} ms)")
     fitting.write_profile(profile, args.out)
     seconds = report["seconds"]
     console.print(f"wrote {args.out} (" + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()) + ")")

@@ -109,7 +109,8 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
     for precision, entry in _local_rates(reduced).items() if len(reduced) else ():
         out.setdefault(precision, entry)
     report: dict = {}
-    if not len(reduced) or not len(fp32):
+    needed = {"op", "group_size", "stride", "message_bytes", "time_ms"}
+    if not len(reduced) or not len(fp32) or not needed <= set(collective_df.columns):
         return out, report
     # pairs from one calibration run (one measured_at stamp) where the logs say which
     run = "measured_at" if "measured_at" in fp32 and "measured_at" in reduced else None
