@@ -281,8 +281,8 @@ def fit_profile(
     every_precision = coll_df
     coll_df, reduced_df = split_precisions(every_precision)
     if not len(coll_df):
-        raise UserError("the collective logs hold only reduced-precision timings; time FP32 as well "
-                        "('plexus-tune calibrate collectives --comm-precision fp32,...')")
+        raise UserError("the collective logs hold only reduced-precision timings; time FP32 beside them "
+                        "(plexus-tune calibrate collectives, with fp32 among the precisions)")
 
     world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
     logged_gpn = np.nanmax(pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
