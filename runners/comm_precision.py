@@ -141,7 +141,6 @@ def report(args) -> int:
     collectives = out / "collectives.jsonl"
     if collectives.exists() and not args.codec_only:
         # the per-call cost of each scheme, from its collectives timed beside FP32 ones on the same ranks
-        profile["quant"] = quant
         quant, calls = fit_call_ms(load_tables(str(collectives), "collective"), load_machine(profile), quant)
         provenance += f"; call_ms from {collectives} (fit_call_ms, median per call and quartiles: " + "; ".join(
             f"{p} {c['call_ms']:.2f} ms ({c['q1_ms']:.2f}..{c['q3_ms']:.2f}, {c['pairs']} pairs)" for p, c in calls.items()) + ")"

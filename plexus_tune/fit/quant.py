@@ -26,6 +26,7 @@ from collections import defaultdict
 import numpy as np
 
 from plexus_tune.comm_precision_model import (
+    QUANT_CALL_KEY,
     codec_bytes,
     parse_precision,
     process_group_calls,
@@ -83,7 +84,7 @@ def _local_rates(rows) -> dict:
     for precision, part in rows.groupby(rows["comm_precision"].map(parse_precision)):
         rates = []
         for r in part.itertuples():
-            local = float(getattr(r, "quant_ms", np.nan) if hasattr(r, "quant_ms") else np.nan)
+            local = float(getattr(r, "quant_ms", np.nan))
             enc, dec = codec_bytes(r.op, int(r.group_size), float(r.message_bytes))
             if np.isfinite(local) and local > 0 and float(enc + dec) > 0:
                 rates.append(float(enc + dec) / (local * 1e-3))
@@ -106,12 +107,15 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
     """
     fp32, reduced = split_precisions(_concurrent(collective_df))
     out = {k: dict(v) for k, v in (quant or {}).items() if isinstance(v, dict)}
-    for precision, entry in _local_rates(reduced).items() if len(reduced) else ():
-        out.setdefault(precision, entry)
     report: dict = {}
-    needed = {"op", "group_size", "stride", "message_bytes", "time_ms"}
-    if not len(reduced) or not len(fp32) or not needed <= set(collective_df.columns):
+    if not len(reduced):
         return out, report
+    for precision, entry in _local_rates(reduced).items():
+        out.setdefault(precision, entry)
+    needed = {"op", "group_size", "stride", "message_bytes", "time_ms"}
+    if not len(fp32) or not needed <= set(collective_df.columns):
+        return out, report
+    codec_rates = {p: {k: v for k, v in entry.items() if k != QUANT_CALL_KEY} for p, entry in out.items()}
     # pairs from one calibration run (one measured_at stamp) where the logs say which
     run = "measured_at" if "measured_at" in fp32 and "measured_at" in reduced else None
     keys = ["op", "group_size", "stride"] + ([run] if run else [])
@@ -132,8 +136,7 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         rows = float(r.rows) if np.isfinite(float(getattr(r, "rows", np.nan))) else 1.0
         net = lambda nbytes: float(collective_time_ms(machine, r.op, g, p, nbytes))  # noqa: E731
         t32 = float(part["time_ms"].iloc[nearest]) + net(m) - net(m32)  # the FP32 time at this size
-        entry = {k: v for k, v in out[precision].items() if k != "call_ms"}
-        codec = float(quant_time_ms({precision: entry}, precision, r.op, g, m))
+        codec = float(quant_time_ms(codec_rates, precision, r.op, g, m))
         extra = (float(r.time_ms) - t32) - (net(float(wire_message_bytes(m, rows, precision))) - net(m)) - codec
         per_call[precision].append(extra / process_group_calls(r.op, precision))
     for precision, values in per_call.items():
