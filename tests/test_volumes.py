@@ -71,8 +71,8 @@ def test_2d_hand_derived_on_a_graph_without_edges():
     u = 4
     # aggregation: forward and backward (Pr-1) rb d_0 u
     assert vol["aggregation"].tolist() == [2 * 1 * 4 * 2 * u] * 4
-    # combination: T all-gather + logits all-gather + dT reduce-scatter
-    assert vol["combination"].tolist() == [(4 * 2 + 4 * 1 + 4 * 2) * u] * 4
+    # combination: T all-gather forward, dT reduce-scatter backward (no logits gather: the loss is sharded)
+    assert vol["combination"].tolist() == [(4 * 2 + 4 * 2) * u] * 4
     # gather: (4 + 1) x 1 over Pr = 2: 2 (2-1) ceil(5/2) = 6 elements
     assert vol["gather"].tolist() == [6 * u] * 4
     # adjacency: rank (i, j) owns piece j of block row i: nnz 4 on the diagonal;

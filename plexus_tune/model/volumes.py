@@ -12,7 +12,7 @@ groups for *other* ranks, FP32, padded shapes as allocated:
     point-to-point                        every message once, by its sender
 
 Classes: ``aggregation`` (dense rows moved for an SpMM), ``combination`` (dense rows moved
-for the product with W, the last layer's logits), ``gather`` (the weight-gradient
+for the product with W and its backward), ``gather`` (the weight-gradient
 reduction: dW and db as one buffer of (D_l + 1) x D_{l+1} columns owned) and
 ``adjacency`` (sparse pieces, CSR with u-byte values and int32 indices:
 nnz (u + 4) + (rows + 1) 4 bytes; sent as they are at every precision).
@@ -34,8 +34,10 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
     Per layer::
 
         forward   aggregation (Pr-1) rb d_l u; adjacency (Pc-1) sum of the rank's q/Pc A pieces;
-                  combination: all-gather of T (rb x d_l blocks) over the row, (Pc-1) rb d_l u;
-                  last layer: all-gather of the logits over the row, (Pc-1) rb d_L u
+                  combination: all-gather of T (rb x d_l blocks) over the row, (Pc-1) rb d_l u
+                  (a rank keeps the columns W[:, block y] and b[block y], replicated down the
+                  column, so Q = T W needs nothing more; the loss is sharded over the class
+                  columns and its row maxima and sums are uncounted scalars)
         backward  gather: all-reduce of (D_l+1) d_{l+1} over the column, 2 (Pr-1) ceil(./Pr) u;
                   combination: reduce-scatter of dT over the row, (Pc-1) rb d_l u;
                   aggregation and adjacency as forward, with A^T pieces
@@ -46,7 +48,7 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
     a reduce-scatter over the fibre (Pl ranks, stride Pr Pc). Per layer::
 
         forward   aggregation (Pr-1) rf d_l u + (Pl-1) rf d_l u; adjacency (Pc-1) sum of pieces;
-                  combination (Pc-1) rf d_l u (+ logits (Pc-1) rf d_L u at the last layer)
+                  combination (Pc-1) rf d_l u
         backward  gather 2 (Pr-1) ceil(X / Pr) u + 2 (Pl-1) ceil(X / Pl) u, X = (D_l+1) d_{l+1};
                   combination (Pc-1) rf d_l u; aggregation and adjacency as forward (A^T)
 
@@ -265,10 +267,6 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
                     calls.append(CommCall(f"layer {layer} all-gather T over the row", "all_gather", "combination",
                                           direction, 1, pc, 1, pc * rf * d_in * u, pc * rf, 1,
                                           full((pc - 1) * rf * d_in * u)))
-                    if layer == layers - 1:
-                        calls.append(CommCall(f"layer {layer} all-gather logits over the row", "all_gather",
-                                              "combination", direction, 1, pc, 1, pc * rf * d_out * u, pc * rf, 1,
-                                              full((pc - 1) * rf * d_out * u)))
     return calls
 
 
