@@ -16,6 +16,7 @@ def test_stats_cadence_does_not_change_the_numbers():
     results = launch_local(rank_main, 2, args=(g, configs, "cpu"), timeout_s=300, threads_per_rank=1,
                            preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
     first = results[0]
+    assert first["optimizer"] == "adamw-fused"
     assert len(first["losses"]) == 5 and all(len(v) == 5 for v in first["accuracy"].values())
     assert all(0.0 <= a <= 1.0 for a in first["accuracy"]["train"])
     for other in results[1:]:
@@ -33,7 +34,7 @@ def test_adamw_is_fused_where_offered_and_steps_like_the_loop():
     mine = [torch.nn.Parameter(p.detach().clone()) for p in ref]
     loop = torch.optim.AdamW(ref, lr=0.01, weight_decay=0.01, foreach=False)
     opt, kind = make_adamw(mine, lr=0.01, weight_decay=0.01)
-    assert kind == "fused"  # torch >= 2.4 fuses AdamW on CPU too
+    assert kind == "adamw-fused"  # torch >= 2.4 fuses AdamW on CPU too
     for _ in range(3):
         for a, b in zip(ref, mine):
             g = torch.randn_like(a)

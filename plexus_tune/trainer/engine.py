@@ -42,7 +42,9 @@ from plexus_tune.graph.shards import (
 from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
+from plexus_tune.model.other import trainer_optimizer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
+from plexus_tune.trainer.optimizer import build_optimizer
 from plexus_tune.trainer.progress import EpochProgress
 
 FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
@@ -558,15 +560,17 @@ def is_shard_directory(source) -> bool:
         return False
 
 
-def make_adamw(params, *, lr: float, weight_decay: float):
-    """AdamW over ``params`` and the name of its implementation: ``fused`` (one kernel pass
-    over every tensor: reads the parameter, gradient and both moments, writes the
-    parameter and both moments, 7 u bytes per element) where the device and torch offer
-    it, CPU included (measured fastest there, docs/trainer.md); ``foreach`` otherwise."""
+def make_adamw(params, *, lr: float, weight_decay: float, device_type: str = "cpu"):
+    """The trainer's AdamW (:func:`plexus_tune.model.other.trainer_optimizer`: fused on CUDA
+    and CPU, one pass that reads the parameter, gradient and both moments and writes the
+    parameter and both moments) and its name; ``adamw-foreach`` where this torch or
+    device lacks the fused kernel (docs/trainer.md)."""
+    name = trainer_optimizer(device_type)
+    params = list(params)
     try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True), "fused"
+        return build_optimizer(name, params, lr=lr, weight_decay=weight_decay), name
     except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True), "foreach"
+        return build_optimizer("adamw-foreach", params, lr=lr, weight_decay=weight_decay), "adamw-foreach"
 
 
 class RankTrainer:
@@ -647,7 +651,8 @@ class RankTrainer:
             all_labels=torch.tensor(labels, device=self.device), split=torch.tensor(codes, device=self.device))
         self.loss_shard.prepare(last.out_cols.size)
         params = [self.features] + self.params_w + self.params_b
-        self.optimizer, self.optimizer_kind = make_adamw(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer, self.optimizer_name = make_adamw(params, lr=config.lr, weight_decay=config.weight_decay,
+                                                         device_type=self.device.type)
         # parameters, gradients and two AdamW moments
         self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
         self.persistent_bytes += self.loss_shard.labels.numel() * 8
@@ -831,6 +836,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "shard_nnz": [g["shard_nnz"] for g in gathered],
                 "comm_bytes": [g["comm_bytes"] for g in gathered],
                 "accuracy": trainer.accuracy,
+                "optimizer": trainer.optimizer_name,
                 "split": split_text,
                 "split_sizes": split_sizes(split),
                 "split_codes": split if (config.check or config.collect_outputs) else None,
