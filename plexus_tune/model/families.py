@@ -23,7 +23,8 @@ Parts, per rank (the busiest one where ranks differ):
 - SpMM: the machine's per-SpMM model on each local product, floored at the memory
   traffic bound (as for Plexus);
 - GEMM: 6 rows D_in D_out flops per layer at ``gemm_tflops``;
-- other: 5 u rows D_out per layer plus AdamW over the parameters a rank updates;
+- other: :func:`plexus_tune.model.other.other_ms` (elementwise passes, optimizer, syncs) on
+  the rank's rows, weight columns and input-feature block;
 - memory: adjacency, weights (value, gradient, two moments), trainable input
   features, activations, receive buffers, labels (docs/model.md).
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from plexus_tune.comm_precision_model import (
 from plexus_tune.errors import UserError
 from plexus_tune.model.collectives import Network
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 from plexus_tune.model.volumes import (
@@ -61,7 +64,8 @@ FAMILIES = ("cagnet-1d", "cagnet-1.5d", "cagnet-2d", "cagnet-3d", "supergcn")
 #: Comm split by operation for these families (adds up to comm_ms).
 FAMILY_OP_KEYS = ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "broadcast_ms", "point_to_point_ms")
 _AXIS_KEYS = ("comm_x_ms", "comm_y_ms", "comm_z_ms")
-_TIME_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", *_AXIS_KEYS, *FAMILY_OP_KEYS, "quant_ms", "other_ms")
+_TIME_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", *_AXIS_KEYS, *FAMILY_OP_KEYS, "quant_ms", "other_ms",
+              *OTHER_PARTS)
 #: Parts of total_ms.
 TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
 #: Memory parts, as :func:`plexus_tune.model.memory.memory_breakdown`.
@@ -197,15 +201,27 @@ def _spmm(machine, nnz, rows, common, cols, u, calls=1):
     return t, traffic
 
 
-def _adam_bytes(u, elements):
-    return 7.0 * u * elements
-
-
 def _weights_elements(widths, cols_of=lambda d: d):
     return sum((int(widths[i]) + 1) * cols_of(int(widths[i + 1])) for i in range(len(widths) - 1))
 
 
-def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, other_bytes, memory, volume, estimated):
+class _Shape(NamedTuple):
+    """A layer's local sizes as :func:`plexus_tune.model.other.other_ms` reads them."""
+
+    layer: int
+    r_d: float  # rows of the layer's output on the rank
+    c_o: float  # its columns
+    w_rows: float  # rows of W_i the rank updates
+    c_i: float  # columns of the input features (layer 0)
+    feature_rows: float  # rows of the input features the rank updates
+
+
+def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
+    return [_Shape(i, float(rows), float(cols_of(int(widths[i + 1]))), float(widths[i]), float(cols_of(int(widths[0]))),
+                   float(feature_rows)) for i in range(len(widths) - 1)]
+
+
+def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -216,7 +232,10 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, ot
     out["spmm_floored"] = floor > spmm_ms
     out["spmm_clipped"] = spmm_ms < 0
     out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
-    out["other_ms"] = other_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else 0.0
+    other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
+                     sync_us=machine.sync_us, optimizer=machine.optimizer)
+    for key in ("other_ms", *OTHER_PARTS):
+        out[key] = float(other[key])
     gpus = int(np.prod(grid))
     stretch = float(oversubscription(machine, np.asarray([gpus]))[0])
     for key in _TIME_KEYS:
@@ -254,7 +273,7 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
     calls = cagnet_15d_schedule(n, widths, gpus, c, u)
     times = schedule_times(machine, calls, choice, u)
     z_stage = nnz / (r * r)
-    spmm = floor = flops = other = 0.0
+    spmm = floor = flops = 0.0
     act = 0.0
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
@@ -263,10 +282,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
             spmm += t
             floor += f
         flops += 6.0 * b * d_in * d_out
-        other += 5.0 * u * b * d_out
         act += (2.0 * b * d_in + 2.0 * b * d_out) * u
     params = _weights_elements(widths)
-    other += _adam_bytes(u, params) + _adam_bytes(u, b * widths[0])
     z_rank = nnz * stages / (r * r)
     ib = csr_index_bytes(z_rank, b, n)
     memory = {
@@ -277,7 +294,7 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         "gathered": float(max(widths[:-1])) * b * u if r > 1 else 0.0,
         "labels": 8.0 * b,
     }
-    return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, other, memory,
+    return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
                    _max_volume(calls, gpus), False)
 
 
@@ -299,7 +316,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     else:
         z_piece = nnz / (pr * pl * q)
         z_rank = nnz / gpus
-    spmm = floor = flops = other = act = 0.0
+    spmm = floor = flops = act = 0.0
     gathered = 0.0
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
@@ -309,11 +326,9 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
             spmm += t
             floor += f
         flops += 6.0 * rf * pc * d_in * d_out
-        other += 5.0 * u * rf * d_out
         act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
         gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
     params = _weights_elements(widths, lambda d: ceil_div(d, pc))
-    other += _adam_bytes(u, params) + _adam_bytes(u, rf * ceil_div(widths[0], pc))
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z_rank, rb * (q // pc), u, csr_index_bytes(z_rank, rb, n), q // pc)),
         "weights": 4.0 * params * u,
@@ -322,7 +337,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         "gathered": gathered if gpus > 1 else 0.0,
         "labels": 8.0 * rf,
     }
-    return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops, other, memory,
+    return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
+                   _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
                    _max_volume(calls, gpus), a_pieces is None and pc > 1)
 
 
@@ -379,8 +395,6 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
     n_max = float(nodes_p.max())
     flops = sum(6.0 * n_max * widths[i] * widths[i + 1] for i in range(workload.layers))
     params = _weights_elements(widths)
-    other = sum(5.0 * u * n_max * widths[i + 1] for i in range(workload.layers))
-    other += _adam_bytes(u, params) + _adam_bytes(u, n_max * widths[0])
     z = float(local_nnz.max())
     halo = float((recv + sent).max())
     memory = {
@@ -392,7 +406,7 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   other, memory, _max_volume(calls, gpus), plan is None)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None)
 
 
 # ----------------------------------------------------------------------------- registry entries
