@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import COMM_CLASSES, check_backend, parse_comm_precision
+from plexus_tune.comm_precision_model import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
@@ -212,7 +212,8 @@ def comm_bytes_fields(per_rank_epochs) -> dict:
     if not per_rank_epochs or not all(per_rank_epochs):
         return {}
     last = [epochs[-1] for epochs in per_rank_epochs]
-    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in COMM_CLASSES}
+    names = [n for n in COUNTED_CLASSES if n in COMM_CLASSES or any(r.get(n) for r in last)]
+    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in names}
     return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
 
 
