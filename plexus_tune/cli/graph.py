@@ -10,6 +10,7 @@ import contextlib
 from plexus_tune.errors import UserError
 from plexus_tune.graph import (
     GENERATORS,
+    PERMUTE_MODES,
     balance_report,
     generate,
     load_graph,
@@ -75,12 +76,12 @@ def register(subparsers) -> None:
         help="sizes, degrees and the 2D load-balance report (max/mean nonzeros per block)",
         description="Statistics of a graph (file, directory or synthetic spec such as grid2d:nodes=65536) "
         "and max/mean nonzeros of A+I over an R x C block grid after no, one (single) or two (double) "
-        "random permutations. On a shard directory: the per-block nonzeros of a target grid that "
+        "random permutations, or the double one kept in node order inside each block (local). On a shard directory: the per-block nonzeros of a target grid that "
         "divides the file grid.",
     )
     stats.add_argument("path", metavar="PATH", help="graph path, synthetic spec, or shard directory")
     stats.add_argument("--blocks", default="8x8", help="block grid RxC (default 8x8)")
-    stats.add_argument("--permute", choices=("none", "single", "double", "all"), default="all",
+    stats.add_argument("--permute", choices=PERMUTE_MODES + ("all",), default="all",
                        help="permutation(s) to report (default all)")
     stats.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
     stats.add_argument("--format", choices=("table", "json"), default="table", help="output format")
@@ -98,7 +99,7 @@ def register(subparsers) -> None:
     shard.add_argument("path", metavar="PATH", help="graph path or synthetic spec")
     shard.add_argument("--blocks", default="8x8", help="file grid RxC (default 8x8)")
     shard.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist)")
-    shard.add_argument("--permute", choices=("none", "single", "double"), default="double",
+    shard.add_argument("--permute", choices=PERMUTE_MODES, default="double",
                        help="permutation (default double)")
     shard.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
     shard.add_argument("--no-node-data", action="store_true", help="do not copy features and labels")
@@ -246,7 +247,7 @@ def run_stats(args) -> int:
         _print_shard_table(stats)
         return 0
     graph = _open_graph(args.path, args)
-    modes = ("none", "single", "double") if args.permute == "all" else (args.permute,)
+    modes = PERMUTE_MODES if args.permute == "all" else (args.permute,)
     with _progress("balance report"):
         stats = _graph_stats(graph, blocks, modes, args.seed)
     if args.format == "json":

@@ -47,8 +47,9 @@ def register(subparsers) -> None:
     parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
     parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default gloo")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="random permutation of the adjacency for load balance: double (default; rows and columns), "
+                             "single, none, or local (double kept in node order inside each block of the grid)")
     parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
     add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")

@@ -42,8 +42,9 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
     parser.add_argument("--block-rows", type=int, metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
     parser.add_argument("--overlap", action="store_true", help="overlap each block's all-reduce with the next block's SpMM")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="node permutation for load balance (default double)")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="node permutation for load balance (default double; local: the double one "
+                             "kept in node order inside each block, the same balance with the gathers' locality)")
     parser.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate (default 0.01)")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and permutations")
