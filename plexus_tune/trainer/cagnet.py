@@ -83,14 +83,13 @@ class Cagnet15dLayer(torch.autograd.Function):
 
 
 class Cagnet15dTrainer(FamilyTrainer):
-    """One rank of CAGNET's 1.5D algorithm (replication c = ``config.replication``; c = 1 is 1D)."""
+    """One rank of CAGNET's 1.5D algorithm on the (R, c, 1) grid ``config.grid`` (c = 1 is 1D)."""
 
     def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None, split=None):
         self._setup(data, config, rank, device)
-        c = int(config.replication or 1)
-        if world_size % c or c * c > world_size:
-            raise ValueError(f"1.5D needs c | G and c * c <= G, got c = {c}, G = {world_size}")
-        r = world_size // c
+        r, c = int(config.grid[0]), int(config.grid[1])
+        if r * c != world_size or c * c > world_size:
+            raise ValueError(f"1.5D grid {r}x{c} needs R c = G and c c <= G, G = {world_size}")
         self.i, self.j = divmod(rank, c)
         n = data.nodes
         b = -(-n // r)

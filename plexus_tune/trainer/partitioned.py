@@ -1,13 +1,13 @@
 """The partitioned GCN trainer (SuperGCN's scheme) on torch.distributed.
 
-The graph's nodes are split into G parts (:func:`plexus_tune.graph.partition.partition_nodes`);
+The graph's nodes are split into G parts (:func:`plexus_tune.graph.partition.partition_graph`);
 rank p owns part p's rows of A_hat, of the features and of every activation, and W, b
 are replicated. A cut edge u -> v (u in part q, v in part p, A_hat[v, u] != 0) is either
 *post*-aggregated (q sends the row H_u, p adds A_hat[v, u] H_u after receiving it) or
 *pre*-aggregated (q sends the partial sum sum_u A_hat[v, u] H_u over its u, p adds it).
-:func:`plexus_tune.graph.partition.exchange_plan` classifies the edges of each ordered
-pair of parts: all post, all pre, or hybrid (sources in a minimum vertex cover of the
-pair's bipartite cut graph post, the rest pre).
+:class:`plexus_tune.graph.partition.ExchangePlan` classifies the cut edges of each
+ordered pair of parts: all post, all pre, or hybrid (sources in a minimum vertex cover
+of the pair's bipartite cut graph post, the rest pre).
 
 Layer l on rank p: T_p = A_pp H_p + sum_q B_qp M_qp, where M_qp = [H_q[post rows];
 P_qp H_q] is the message q sent to p (point-to-point) and B_qp scatters it into p's rows
@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from plexus_tune.graph.partition import exchange_plan, partition_nodes
+from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.trainer.engine import csr_bytes, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
 from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
@@ -85,13 +85,15 @@ class PartitionedLayer(torch.autograd.Function):
 class RankPlan:
     """Rank p's matrices of the exchange: local block, messages to send and to receive.
 
-    ``sends[peer] = (post_idx, P)``: local rows sent raw and the (pre rows x n_p)
-    pre-aggregation matrix (None without pre rows); ``receives[peer] = (rows, B)``: the
-    message's row count and its (n_p x rows) scatter matrix. ``*_t``: the transposes
-    the backward uses.
+    ``sends[peer] = (post_idx, P)``: local rows sent as they are and the (pre rows x
+    n_p) pre-aggregation matrix (None without pre rows); ``receives[peer] = (rows, B)``:
+    the message's row count and its (n_p x rows) scatter matrix. ``*_t``: the
+    transposes the backward uses. A message holds the raw rows (sources in node order)
+    then the partial sums (destinations in node order).
     """
 
-    def __init__(self, adjacency: sp.csr_matrix, membership: np.ndarray, plan: dict, part: int, dtype, device):
+    def __init__(self, adjacency: sp.csr_matrix, plan, mode: str, part: int, dtype, device):
+        membership = plan.part
         order = np.argsort(membership, kind="stable")
         mine = order[membership[order] == part]
         self.nodes = mine
@@ -104,35 +106,40 @@ class RankPlan:
         self.local_t = torch_csr(local.T.tocsr(), dtype, device)
         self.bytes = csr_bytes(self.local) + csr_bytes(self.local_t)
         self.sends, self.sends_t, self.receives, self.receives_t = {}, {}, {}, {}
-        for (src, dst), pair in sorted(plan.items()):
-            if src == part:
-                post_idx = torch.as_tensor(local_index[pair.post_rows], dtype=torch.int64, device=device)
-                pre = pre_t = None
-                if pair.pre_rows.size:
-                    where = {v: k for k, v in enumerate(pair.pre_rows.tolist())}
-                    rows = np.array([where[v] for v in pair.pre_edges[0].tolist()], dtype=np.int64)
-                    cols = local_index[pair.pre_edges[1]]
-                    vals = np.asarray(adjacency[pair.pre_edges[0], pair.pre_edges[1]]).ravel()
-                    mat = sp.csr_matrix((vals, (rows, cols)), shape=(pair.pre_rows.size, n_p))
-                    pre, pre_t = torch_csr(mat, dtype, device), torch_csr(mat.T.tocsr(), dtype, device)
+        post_edge = {"post": np.ones(plan.src.size, dtype=bool), "pre": np.zeros(plan.src.size, dtype=bool),
+                     "hybrid": plan.post_edge}[mode]
+        weight = np.asarray(adjacency[plan.dst, plan.src]).ravel() if plan.src.size else np.zeros(0)
+        src_part, dst_part = membership[plan.src], membership[plan.dst]
+        for peer in range(plan.parts):
+            if peer == part:
+                continue
+            for sender, receiver in ((part, peer), (peer, part)):
+                pair = (src_part == sender) & (dst_part == receiver)
+                post, pre = pair & post_edge, pair & ~post_edge
+                post_rows = np.unique(plan.src[post])
+                pre_rows = np.unique(plan.dst[pre])
+                n_post, n_pre = post_rows.size, pre_rows.size
+                if sender == part:
+                    post_idx = torch.as_tensor(local_index[post_rows], dtype=torch.int64, device=device)
+                    pre_mat = pre_t = None
+                    if n_pre:
+                        rows = np.searchsorted(pre_rows, plan.dst[pre])
+                        mat = sp.csr_matrix((weight[pre], (rows, local_index[plan.src[pre]])), shape=(n_pre, n_p))
+                        pre_mat, pre_t = torch_csr(mat, dtype, device), torch_csr(mat.T.tocsr(), dtype, device)
+                        self.nnz += int(mat.nnz)
+                        self.bytes += csr_bytes(pre_mat) + csr_bytes(pre_t)
+                    if n_post or n_pre:
+                        self.sends[peer] = (post_idx, pre_mat)
+                        self.sends_t[peer] = (post_idx, pre_t)
+                elif n_post or n_pre:
+                    rows = np.concatenate([local_index[plan.dst[post]], local_index[pre_rows]])
+                    cols = np.concatenate([np.searchsorted(post_rows, plan.src[post]), n_post + np.arange(n_pre)])
+                    vals = np.concatenate([weight[post], np.ones(n_pre)])
+                    mat = sp.csr_matrix((vals, (rows, cols)), shape=(n_p, n_post + n_pre))
+                    self.receives[peer] = (n_post + n_pre, torch_csr(mat, dtype, device))
+                    self.receives_t[peer] = torch_csr(mat.T.tocsr(), dtype, device)
                     self.nnz += int(mat.nnz)
-                    self.bytes += csr_bytes(pre) + csr_bytes(pre_t)
-                self.sends[dst] = (post_idx, pre)
-                self.sends_t[dst] = (post_idx, pre_t)
-            elif dst == part:
-                n_post, n_pre = pair.post_rows.size, pair.pre_rows.size
-                where_u = {u: k for k, u in enumerate(pair.post_rows.tolist())}
-                where_v = {v: n_post + k for k, v in enumerate(pair.pre_rows.tolist())}
-                v_post, u_post = pair.post_edges
-                rows = np.concatenate([local_index[v_post], local_index[pair.pre_rows]])
-                cols = np.concatenate([np.array([where_u[u] for u in u_post.tolist()], dtype=np.int64),
-                                       np.array([where_v[v] for v in pair.pre_rows.tolist()], dtype=np.int64)])
-                vals = np.concatenate([np.asarray(adjacency[v_post, u_post]).ravel(), np.ones(n_pre)])
-                mat = sp.csr_matrix((vals, (rows, cols)), shape=(n_p, n_post + n_pre))
-                self.receives[src] = (n_post + n_pre, torch_csr(mat, dtype, device))
-                self.receives_t[src] = torch_csr(mat.T.tocsr(), dtype, device)
-                self.nnz += int(mat.nnz)
-                self.bytes += csr_bytes(self.receives[src][1]) + csr_bytes(self.receives_t[src])
+                    self.bytes += csr_bytes(self.receives[peer][1]) + csr_bytes(self.receives_t[peer])
 
 
 class PartitionedTrainer(FamilyTrainer):
@@ -141,11 +148,12 @@ class PartitionedTrainer(FamilyTrainer):
     def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None, split=None):
         self._setup(data, config, rank, device)
         adjacency = data.pg.adjacency
-        membership = partition_nodes(adjacency, world_size, seed=config.seed)
-        plan = exchange_plan(adjacency, membership, config.aggregation or "hybrid")
+        plan = partition_exchange(adjacency, world_size, seed=config.seed)
+        membership = plan.part
         self.comm = comm or ExchangeComm((world_size, 1, 1), rank, self.timer, precision=config.comm_precision,
                                          seed=config.seed, dtype=self.dtype, device=self.device)
-        rank_plan = RankPlan(adjacency, membership, plan, rank, self.dtype, self.device)
+        rank_plan = RankPlan(adjacency, plan, check_aggregation(config.aggregation or "hybrid"), rank, self.dtype,
+                             self.device)
         self.persistent_bytes += rank_plan.bytes
         params_w, params_b = [], []
         for layer, w in enumerate(self.weights):
