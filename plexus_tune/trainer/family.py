@@ -46,12 +46,13 @@ class FamilyShard:
 
 
 def fused_gradient_reduce(comm, dw: torch.Tensor, db: torch.Tensor, axis: int):
-    """dW and db summed over ``axis`` in one all-reduce of the ``gather`` class (one buffer)."""
+    """dW and db summed over ``axis`` in one all-reduce of the ``gather`` class: one buffer of
+    (D_l + 1) rows, W's rows then b's."""
     if comm.grid[axis] == 1:
         return dw, db
-    buf = torch.cat([dw.reshape(-1), db.reshape(-1)])
+    buf = torch.cat([dw, db.unsqueeze(0)], dim=0)
     comm.all_reduce(buf, axis, comm_class="gather")
-    return buf[: dw.numel()].view_as(dw), buf[dw.numel():].view_as(db)
+    return buf[:-1], buf[-1]
 
 
 class FamilyTrainer(RankTrainer):

@@ -56,6 +56,9 @@ def graph_source(config: TrainConfig):
         from plexus_tune.trainer.engine import is_shard_directory
 
         if is_shard_directory(path):
+            if config.algorithm not in (None, "plexus-3d"):
+                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
+                                "give the graph file")
             _check_shards(path, config)
         return str(path)
     return config.graph
@@ -237,7 +240,8 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm))
+                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
+                         replication=config.replication, aggregation=config.aggregation)
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -248,6 +252,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "placement_ok": placement_ok,
         "slurm": slurm,
         "comm_precision": _precision_text(config),
+        "algorithm": config.algorithm,
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -369,8 +374,10 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
+    from plexus_tune.trainer.algorithms import normalize_config
     from plexus_tune.trainer.engine import rank_main
 
+    config = normalize_config(config)
     env = detect_environment()
     if env is None:
         launcher = launcher or Launcher()
