@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, predict_families, selected_algorithms
 from plexus_tune.cli.output import make_console
 
 import argparse
@@ -11,6 +12,7 @@ import numpy as np
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.workload import Workload, get_dataset
@@ -88,14 +90,18 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
+                        "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
+    add_algorithm_argument(parser)
     parser.set_defaults(handler=run)
 
 
 def add_precision_arguments(parser) -> None:
     """``--comm-precision`` (fixed, per class, or auto) and ``--allow-precisions`` (predict, search)."""
-    parser.add_argument("--comm-precision", default="fp32", metavar="P",
-                        help="precision of the layer's collectives: fp32 (default), bf16, fp16, int8, int4, int2, "
+    parser.add_argument("--comm-precision", default=None, metavar="P",
+                        help="precision of the layer's collectives: fp32 (default; with --algorithm all every "
+                             "precision of --allow-precisions), bf16, fp16, int8, int4, int2, "
                              "per class (aggregation=int8,gather=bf16), or auto: the fastest of --allow-precisions "
                              "(docs/comm-precision.md)")
     parser.add_argument("--allow-precisions", default="fp32,bf16,int8", metavar="LIST",
@@ -104,11 +110,11 @@ def add_precision_arguments(parser) -> None:
 
 def precision_choices(args) -> tuple[list[str], bool]:
     """(precisions to evaluate, whether auto picks among them); UserError naming the flag."""
-    text = str(args.comm_precision).strip().lower()
+    text = str(args.comm_precision or "fp32").strip().lower()
     try:
         if text == "auto":
             return list(parse_allowed(args.allow_precisions)), True
-        return [str(parse_comm_precision(args.comm_precision))], False
+        return [str(parse_comm_precision(args.comm_precision or "fp32"))], False
     except UserError as exc:
         flag = "--allow-precisions" if text == "auto" else "--comm-precision"
         raise UserError(f"{flag}: {exc}") from None
@@ -180,11 +186,22 @@ def run(args) -> int:
     bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
               for a in "xyz"}
     precisions, auto = precision_choices(args)
+    optimizer = None
+    if args.optimizer is not None:
+        try:
+            optimizer = check_optimizer(args.optimizer.strip())
+        except UserError as exc:
+            raise UserError(f"--optimizer: {exc}") from None
+    algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
+    if algorithms != ("plexus-3d",):
+        return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
+                                graph=load_graph_argument(getattr(args, "graph", None)))
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    by_precision = {p: predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p)
+    by_precision = {p: predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                      optimizer=optimizer)
                     for p in precisions}
     best_of = {}
     for p, candidate in by_precision.items():
@@ -233,6 +250,8 @@ def run(args) -> int:
         print(
             f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
             f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+            + (f" (elementwise {best['other_elementwise_ms']:.1f}, optimizer {best['other_optimizer_ms']:.1f} "
+               f"{optimizer or machine.optimizer}, sync {best['other_sync_ms']:.2f})" if best["other_ms"] else "")
             + (" (SpMM floored)" if best["spmm_floored"] else "")
             + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
             + "; "
