@@ -18,6 +18,13 @@ from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer.algorithms import (
+    AGGREGATION_MODES,
+    TRAINED_ALGORITHMS,
+    check_algorithm,
+    normalize_config,
+    process_grid,
+)
 
 
 def register(subparsers) -> None:
@@ -75,8 +82,6 @@ def register(subparsers) -> None:
 
 def add_algorithm_arguments(parser) -> None:
     """``--algorithm``, ``--replication`` and ``--aggregation`` (train, measure, run)."""
-    from plexus_tune.trainer.algorithms import AGGREGATION_MODES, TRAINED_ALGORITHMS
-
     parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME",
                         help=f"parallel algorithm: {', '.join(TRAINED_ALGORITHMS)} (default plexus-3d; "
                              "docs/algorithms.md)")
@@ -105,8 +110,6 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 
 def _config(args: argparse.Namespace):
-    from plexus_tune.trainer.algorithms import check_algorithm, normalize_config, process_grid
-
     algorithm = check_algorithm(args.algorithm)
     if args.grid is None and algorithm in ("plexus-3d", "cagnet-2d"):
         raise UserError(f"{algorithm} needs --grid ({'GXxGYxGZ' if algorithm == 'plexus-3d' else 'PRxPCx1'})")

@@ -9,8 +9,11 @@ launchers, records and run identities treat every family alike.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import AGGREGATION_MODES, check_aggregation
+from plexus_tune.model.volumes import check_replication
 
 DEFAULT_ALGORITHM = "plexus-3d"
 #: Families with a trainer, in the planner's names.
@@ -33,8 +36,6 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
     ``replication`` c (c | G, c c <= G) or from a grid of that form; ``cagnet-2d``: the
     grid (Pr, Pc, 1); ``supergcn``: (G, 1, 1); ``plexus-3d``: the grid as given.
     """
-    from plexus_tune.model.volumes import check_replication
-
     algorithm = check_algorithm(algorithm)
     if grid is not None:
         grid = tuple(int(g) for g in grid)
@@ -103,8 +104,6 @@ def normalize_config(config):
     """``config`` with its family's settings filled in: the process grid checked, no permutation
     for the other families (they keep the graph's order), supergcn's aggregation mode
     (default hybrid) and cagnet-1.5d's replication factor (the grid's Gy)."""
-    from dataclasses import replace
-
     algorithm = check_algorithm(config.algorithm)
     check_family_options(config)
     given = tuple(int(g) for g in config.grid) if config.grid is not None else None

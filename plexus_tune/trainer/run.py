@@ -30,6 +30,7 @@ from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
+from plexus_tune.trainer.algorithms import normalize_config
 from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
@@ -374,7 +375,6 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
     False).
     """
-    from plexus_tune.trainer.algorithms import normalize_config
     from plexus_tune.trainer.engine import rank_main
 
     config = normalize_config(config)
