@@ -19,7 +19,8 @@ from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 #: the local work of reduced-precision collectives (casts, quantize, dequantize, FP32
 #: sums of received chunks), kept out of ``comm_ms``.
 BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "epoch_ms")
+                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "broadcast_ms", "point_to_point_ms",
+                  "quant_ms", "other_ms", "epoch_ms")
 #: Extra per-epoch phases recorded beside the shared keys.
 PHASE_KEYS = ("fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
 #: Exclusive phases that make up a rank's epoch: ``other_ms`` is the epoch less the others
