@@ -812,7 +812,8 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed, config.grid)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed,
+                                                                      config.extra.get("permute_grid", config.grid))
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
         from plexus_tune.trainer.algorithms import trainer_class
