@@ -21,15 +21,39 @@ COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), (
 
 
 def add_algorithm_argument(parser) -> None:
+    """``--algorithm`` and the families' own filters ``--replication``, ``--aggregation``."""
     parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME", help=ALGORITHM_HELP)
+    parser.add_argument("--replication", metavar="C",
+                        help="cagnet-1.5d: only the replication factor C (C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--aggregation", metavar="MODE",
+                        help="supergcn: only the aggregation mode pre, post or hybrid (default: all three)")
+
+
+def family_filters(args, algorithms) -> dict:
+    """The planner's ``replication`` and ``aggregation`` from the flags (UserError naming the flag)."""
+    from plexus_tune.errors import whole_number
+
+    out = {}
+    if getattr(args, "replication", None) is not None:
+        if "cagnet-1.5d" not in algorithms:
+            raise UserError("--replication applies to --algorithm cagnet-1.5d (or all)")
+        out["replication"] = whole_number(args.replication, "--replication", minimum=1)
+    if getattr(args, "aggregation", None) is not None:
+        if "supergcn" not in algorithms:
+            raise UserError("--aggregation applies to --algorithm supergcn (or all)")
+        out["aggregation"] = str(args.aggregation)
+    return out
 
 
 def selected_algorithms(args) -> tuple[str, ...]:
-    """The families ``--algorithm`` names (UserError naming the flag)."""
+    """The families ``--algorithm`` names (UserError naming the flag; also when a family's
+    own flag is given for a family that does not take it)."""
     try:
-        return parse_algorithms(getattr(args, "algorithm", None))
+        algorithms = parse_algorithms(getattr(args, "algorithm", None))
     except UserError as exc:
         raise UserError(f"--algorithm: {exc}") from None
+    family_filters(args, algorithms)
+    return algorithms
 
 
 def family_precisions(args, algorithms) -> list[str]:
@@ -157,6 +181,18 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             raise UserError(f"--{flag.replace('_', '-')} filters plexus-3d grids only; leave it out with --algorithm "
                             + getattr(args, "algorithm", ALL))
     precisions = family_precisions(args, algorithms)
-    ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph)
+    filters = family_filters(args, algorithms)
+    from plexus_tune.graph.partition import check_aggregation
+    from plexus_tune.model.volumes import check_replication
+
+    for key, flag, check in (("replication", "--replication", lambda c: check_replication(gpus, c)),
+                             ("aggregation", "--aggregation", check_aggregation)):
+        if key in filters:
+            try:
+                check(filters[key])
+            except UserError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
+                            **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
