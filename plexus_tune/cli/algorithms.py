@@ -7,9 +7,13 @@ import sys
 
 from plexus_tune.cli.output import make_console
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.planner import ALGORITHM_NAMES, ALL, joint_ranking, parse_algorithms
+from plexus_tune.model.volumes import check_replication
+from plexus_tune.search.families import search_ranking
 from plexus_tune.search.space import objective_unit
 
 ALGORITHM_HELP = (f"algorithm family: {', '.join(ALGORITHM_NAMES)}, or {ALL} (one ranking over every family, "
@@ -32,8 +36,6 @@ def add_algorithm_argument(parser) -> None:
 
 def family_filters(args, algorithms) -> dict:
     """The planner's ``replication`` and ``aggregation`` from the flags (UserError naming the flag)."""
-    from plexus_tune.errors import whole_number
-
     out = {}
     if getattr(args, "replication", None) is not None:
         if "cagnet-1.5d" not in algorithms:
@@ -178,8 +180,6 @@ def load_graph_argument(text):
     """The Graph of a --graph file or synthetic spec (None without one)."""
     if not text:
         return None
-    from plexus_tune.measure.campaign import load_graph_source
-
     return load_graph_source(str(text))
 
 
@@ -194,9 +194,6 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
                             + getattr(args, "algorithm", ALL))
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
-    from plexus_tune.graph.partition import check_aggregation
-    from plexus_tune.model.volumes import check_replication
-
     for key, flag, check in (("replication", "--replication", lambda c: check_replication(gpus, c)),
                              ("aggregation", "--aggregation", check_aggregation)):
         if key in filters:
@@ -212,8 +209,6 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
 
 def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
     """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
-    from plexus_tune.search.families import search_ranking
-
     if getattr(args, "measured", False):
         raise UserError("--measured trains plexus-3d grids; the other families are searched by the model: "
                         "leave out --measured or use --algorithm plexus-3d")

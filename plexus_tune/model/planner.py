@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.comm_precision_model import parse_comm_precision
-from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.families import FAMILIES, FAMILY_MODELS
@@ -169,8 +169,6 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     start = time.perf_counter()
     plan = None
     if graph is not None and "supergcn" in algorithms:
-        from plexus_tune.graph.partition import partition_exchange
-
         adjacency = getattr(graph, "adjacency", graph)
         if adjacency.shape[0] != workload.nodes:
             raise UserError(f"the graph has {adjacency.shape[0]} nodes but the workload {workload.nodes}; "
