@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.comm_precision_model import parse_comm_precision
+from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.families import FAMILIES, FAMILY_MODELS, MEMORY_PARTS
+from plexus_tune.model.families import FAMILIES, FAMILY_MODELS
 from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format_grid
 from plexus_tune.model.machine import Machine, load_machine
-from plexus_tune.model.memory import memory_breakdown
+from plexus_tune.model.volumes import check_replication
 
 #: Every family the planner knows, in report order.
 ALGORITHM_NAMES = ("plexus-3d", *FAMILIES)
@@ -122,7 +123,9 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
     out = []
     for k in range(len(pred["total_ms"])):
         grid = (int(pred["gx"][k]), int(pred["gy"][k]), int(pred["gz"][k]))
-        rec = {"algorithm": family, "config": config_label(family, grid, mode), "grid": format_grid(grid),
+        rec = {"algorithm": family, "gpus": int(np.prod(grid)), "config": config_label(family, grid, mode),
+               "grid": format_grid(grid),
+               "gx": grid[0], "gy": grid[1], "gz": grid[2],
                "aggregation": mode, "replication": int(grid[1]) if family == "cagnet-1.5d" else None,
                "comm_precision": precision}
         for key in RECORD_TIME_KEYS:
@@ -138,24 +141,34 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
 
 
 def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, precisions=("fp32",),
-                  graph=None, seed: int = 0) -> Ranking:
+                  graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None) -> Ranking:
     """Every configuration of every family in ``algorithms`` at every precision, ranked.
 
     ``graph`` (a :class:`plexus_tune.graph.core.Graph` or its adjacency) supplies the
     partition-dependent figures: SuperGCN's boundary rows from its METIS partition into G
     parts (``seed``) and the 2D/3D sparse pieces; without it those families use the
-    documented estimates and their records say ``estimated``.
+    documented estimates and their records say ``estimated``. ``replication`` keeps the
+    1.5D configurations of that c (it must divide G, c c <= G), ``aggregation`` the
+    supergcn mode.
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     gpus = check_gpus(gpus)
+    algorithms = tuple(algorithms)
+    if replication is not None:
+        if "cagnet-1.5d" not in algorithms:
+            raise UserError("a replication factor applies to cagnet-1.5d only")
+        check_replication(gpus, replication)
+    modes = SUPERGCN_MODES
+    if aggregation is not None:
+        if "supergcn" not in algorithms:
+            raise UserError("an aggregation mode applies to supergcn only")
+        modes = (check_aggregation(aggregation),)
     precisions = tuple(str(parse_comm_precision(p)) for p in precisions)
     if not precisions:
         raise UserError("give at least one communication precision")
     start = time.perf_counter()
     plan = None
     if graph is not None and "supergcn" in algorithms:
-        from plexus_tune.graph.partition import partition_exchange
-
         adjacency = getattr(graph, "adjacency", graph)
         if adjacency.shape[0] != workload.nodes:
             raise UserError(f"the graph has {adjacency.shape[0]} nodes but the workload {workload.nodes}; "
@@ -165,13 +178,15 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     estimated = set()
     for family in algorithms:
         grids = family_grids(family, gpus)
+        if family == "cagnet-1.5d" and replication is not None:
+            grids = grids[grids[:, 1] == int(replication)] if replication > 1 else grids[:0]
         if len(grids) == 0:
             continue
         for precision in precisions:
             if family == "plexus-3d":
                 records += _records(family, predict_grids(workload, machine, grids, comm_precision=precision), precision)
             elif family == "supergcn":
-                for mode in SUPERGCN_MODES:
+                for mode in modes:
                     options = {"aggregation": mode} if plan is None else {"aggregation": mode, "plan": plan}
                     pred = FAMILY_MODELS[family](workload, machine, grids, comm_precision=precision, options=options)
                     records += _records(family, pred, precision, mode)
@@ -189,8 +204,3 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     return Ranking(ranked, gpus, precisions, tuple(algorithms), time.perf_counter() - start,
                    tuple(f for f in algorithms if f in estimated))
 
-
-def plexus_memory_parts(workload, grid) -> dict[str, float]:
-    """Memory parts of a Plexus 3D grid (for listing beside the families' parts)."""
-    parts = memory_breakdown(workload, np.asarray([grid]))
-    return {key: float(parts[key][0]) for key in MEMORY_PARTS}
