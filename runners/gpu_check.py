@@ -177,9 +177,10 @@ def on_device(args) -> list[dict]:
     _row(rows, f"memory peak / model ({run.get('memory_source')})", mem, "in [0.85, 1]",
          TARGETS["memory_low"] <= mem <= 1.0 if run.get("memory_source") == "cuda_allocator" else None)
     if args.profile:
-        pred = _predict_run(run, load_machine(args.profile))
+        machine = load_machine(args.profile)
+        pred = _predict_run(run, machine)
         err = pred["total_ms"] / run["epoch_ms"] - 1
-        _row(rows, f"predicted epoch ({args.profile})", pred["total_ms"], "within 15 % of the trainer's",
+        _row(rows, f"predicted epoch ({machine.name})", pred["total_ms"], "within 15 % of the trainer's",
              abs(err) <= TARGETS["prediction_error"] if not args.tiny else None, f"{err:+.1%} (other {pred['other_ms']:.2f} ms)")
     shard_recs = _records(out / "spmm-shards.jsonl", "spmm")
     _row(rows, f"graph shards timed (G = {size['shard_gpus']})", len(shard_recs), "forward + backward per grid and layer",
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
             directory = Path(args.from_data)
             if not (directory / "trainer-runs.jsonl").is_file():
                 raise UserError(f"--from-data: {directory} holds no trainer-runs.jsonl")
-            print_table(from_data(directory, args.profile), f"{args.profile} against {directory}")
+            print_table(from_data(directory, args.profile), f"{load_machine(args.profile).name} against {directory}")
             return 0
         if not args.out:
             raise UserError("--out: give a directory for the logs")

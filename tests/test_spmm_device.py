@@ -31,6 +31,23 @@ def test_device_shards_match_the_host_shards():
     assert all(0 < s["touched_column_fraction"] <= 1 and 0 < s["top1pct_column_share"] <= 1 for s in stats)
 
 
+def test_device_shard_is_the_host_shard_in_both_layouts():
+    from plexus_tune.graph.permute import double_permute
+    from plexus_tune.measure.microbench import shard
+    from plexus_tune.measure.spmm_device import largest_shard_on, layout_on
+
+    g = load_graph_source("rmat:nodes=300,edges=2000,features=4,classes=2")
+    permuted, _, _ = double_permute(g.normalized_adjacency(), seed=0)
+    r_d, r_o, g_d, g_o = 100, 150, 3, 2
+    for matrix in (permuted, permuted.T):  # the transpose layout comes in column order from scipy
+        A, At, counts, (a, b), _ = largest_shard_on(layout_on(matrix, torch.device("cpu")), r_d, r_o, g_d, g_o)
+        ref = shard(matrix.tocsr(), r_d, r_o, a, b).toarray()
+        assert int(counts.max()) == int((ref != 0).sum())
+        assert np.allclose(A.to_dense().numpy(), ref) and np.allclose(At.to_dense().numpy(), ref.T)
+        x = torch.rand(r_o, 5)
+        assert torch.allclose(torch.sparse.mm(A, x), torch.from_numpy(ref).float() @ x, atol=1e-5)
+
+
 def test_device_csr_and_sweep():
     gen = torch.Generator().manual_seed(0)
     A = random_csr_on(torch.device("cpu"), 50, 40, 300, gen)

@@ -88,6 +88,36 @@ def _structure(torch, rows_idx, cols_idx, rows: int, cols: int) -> dict:
             "touched_column_fraction": float((counts > 0).double().mean())}
 
 
+def layout_on(matrix, device):
+    """(row, column, value) tensors on ``device`` of a sparse matrix, sorted by (row, column)."""
+    import torch
+
+    csr = matrix.tocsr()
+    csr.sort_indices()
+    coo = csr.tocoo()
+    return tuple(torch.from_numpy(np.asarray(a, dtype=dt)).to(device)
+                 for a, dt in ((coo.row, np.int64), (coo.col, np.int64), (coo.data, np.float32)))
+
+
+def largest_shard_on(layout, r_d: int, r_o: int, g_d: int, g_o: int):
+    """The shard with the most nonzeros of a layout cut into r_d x r_o blocks (g_d x g_o of them):
+    (A and A^T as CSR on the layout's device, nonzeros per block, (depth, outer) of the shard,
+    (its local rows, columns))."""
+    import torch
+
+    row, col, val = layout
+    block = (row // r_d) * g_o + col // r_o
+    counts = torch.bincount(block, minlength=g_d * g_o)
+    best = int(torch.argmax(counts))
+    mask = block == best
+    a, b = divmod(best, g_o)
+    rr, cc, vv = row[mask] - a * r_d, col[mask] - b * r_o, val[mask]  # still sorted by (row, column)
+    A = _csr(torch, rr, cc, vv, (r_d, r_o))
+    order = torch.argsort(cc * r_d + rr)
+    At = _csr(torch, cc[order], rr[order], vv[order], (r_o, r_d))
+    return A, At, counts, (a, b), (rr, cc)
+
+
 def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, seed: int = 0, permute: str = "double",
                         graph_name: str = "graph", min_samples: int = 10, min_time_s: float = 0.2, progress=None) -> list[dict]:
     """Time the largest shard's SpMMs (forward A F, backward A^T dH) and the GEMMs of every grid and layer on ``device``.
@@ -106,12 +136,7 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
     parts = sorted({p for grid in grids for p in grid_parts(grid)})
     permuted, _, _ = double_permute(adjacency, seed=seed, mode=permute, parts=parts)
     n = permuted.shape[0]
-    layouts = []
-    for matrix in (permuted, permuted.T):
-        coo = matrix.tocoo()
-        layouts.append(tuple(torch.from_numpy(np.asarray(a, dtype=dt)).to(device)
-                             for a, dt in ((coo.row, np.int64), (coo.col, np.int64), (coo.data, np.float32))))
-        del coo
+    layouts = [layout_on(matrix, device) for matrix in (permuted, permuted.T)]
     info = _info(device)
     stamp = now_utc()
     timing = dict(min_samples=min_samples, min_time_s=min_time_s)
@@ -124,23 +149,14 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
             r_d, r_o, c_i, c_o, g_d, g_o = (int(v) for v in (s.r_d, s.r_o, s.c_i, s.c_o, s.g_d, s.g_o))
             key = (s.layer % 2, g_d, g_o, c_i)
             if key not in shard_cache:
-                row, col, val = layouts[s.layer % 2]
-                block = (row // r_d) * g_o + col // r_o
-                counts = torch.bincount(block, minlength=g_d * g_o)
-                best = int(torch.argmax(counts))
-                mask = block == best
-                a, b = divmod(best, g_o)
-                rr, cc, vv = row[mask] - a * r_d, col[mask] - b * r_o, val[mask]  # sorted by (row, column)
-                A = _csr(torch, rr, cc, vv, (r_d, r_o))
-                order = torch.argsort(cc * r_d + rr)
-                At = _csr(torch, cc[order], rr[order], vv[order], (r_o, r_d))
+                A, At, counts, (a, b), (rr, cc) = largest_shard_on(layouts[s.layer % 2], r_d, r_o, g_d, g_o)
                 F = torch.rand(r_o, c_i, device=device)
                 dH = torch.rand(r_d, c_i, device=device)
                 fwd = time_on_device(lambda: torch.sparse.mm(A, F), device, **timing)
                 bwd = time_on_device(lambda: torch.sparse.mm(At, dH), device, **timing)
                 imbalance = float(counts.max()) / max(float(counts.double().mean()), 1e-12)
-                shard_cache[key] = (int(mask.sum()), [a, b], imbalance, fwd, bwd, _structure(torch, rr, cc, r_d, r_o))
-                del A, At, F, dH, rr, cc, vv, mask, block
+                shard_cache[key] = (int(rr.numel()), [a, b], imbalance, fwd, bwd, _structure(torch, rr, cc, r_d, r_o))
+                del A, At, F, dH, rr, cc
             nnz, shard, imbalance, fwd, bwd, structure = shard_cache[key]
             base = {"graph": graph_name, "graph_nodes": n, "grid": format_grid(grid), "gx": grid[0], "gy": grid[1], "gz": grid[2],
                     "gpus": int(gpus), "layer": s.layer, "threads": torch.get_num_threads(), "measured_at": stamp,
