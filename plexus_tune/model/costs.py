@@ -113,6 +113,7 @@ from plexus_tune.comm_precision_model import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
@@ -120,18 +121,11 @@ from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 
 #: Keys of every prediction, in report order.
-PREDICTION_KEYS = (
-    "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "overhead_ms", "total_ms",
-    "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
-)
-
-#: The parts of ``total_ms``: they add up to it for every grid.
-TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+PREDICTION_KEYS = ("gx", "gy", "gz", *BREAKDOWN_KEYS, "overhead_ms", "total_ms",
+                   "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible")
 
 #: Time components that the oversubscription factor stretches.
-_STRETCHED_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
+_STRETCHED_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms")
 
 
 def _as_grids(grids) -> np.ndarray:
