@@ -6,6 +6,7 @@ shows progress on stderr, prints the scores and writes the profile.
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count, real
 from plexus_tune import fit as fitting
 from plexus_tune.errors import UserError
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
@@ -28,28 +29,30 @@ def register(subparsers) -> None:
     parser.add_argument("--runs", nargs="+", metavar="FILE", help="trainer run logs (measure) for the epoch-level fit")
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
-    parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json); "
+                        "never one of the input logs")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument("--kind", default="auto", help="SpMM model kind to fit (default auto: the lowest held-out MAPE); every kind "
                         "the data supports is scored beside it, and an unknown name lists them")
-    parser.add_argument("--splits", type=int, default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
-    parser.add_argument("--r2-sem", type=float, default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
+    parser.add_argument("--splits", type=count(1), default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--r2-sem", type=real(minimum=0), default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
-    parser.add_argument("--jobs", type=int, default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
+    parser.add_argument("--jobs", type=count(0), default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
                         "1: none); the scores do not depend on it")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random splits and of the stochastic models (default 0)")
+    parser.add_argument("--seed", type=count(0), default=0, help="seed of the random splits and of the stochastic models (default 0)")
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
                         help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
     parser.add_argument("--collective-sharing", default="auto", choices=("auto", "on", "off"),
                         help="NIC sharing by concurrent groups across nodes (beta_inter / min(n, p)): auto (default) scores "
                              "each form with and without it, on or off fixes it")
-    parser.add_argument("--host-cores", type=int, default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
+    parser.add_argument("--host-cores", type=count(0), default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
                         "gloo collective logs; none for NCCL); 0: do not model time-sharing. Collective timings are divided by the "
                         "oversubscription they ran under and predictions multiply it back")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
-    parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
-    parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
-    parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
+    parser.add_argument("--gpus-per-node", type=count(1), default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
+    parser.add_argument("--device-memory-gib", type=real(above=0), default=None, help="default: host memory / gpus per node")
+    parser.add_argument("--gemm-tflops", type=real(above=0), default=None, help="GEMM rate when no GEMM measurements are given")
+    parser.add_argument("--elementwise-gbps", type=real(above=0), default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
     parser.add_argument("--description", default=None, help="one-line description stored in the profile (default: the host, backend and date of the fit)")
     parser.set_defaults(handler=run)
 
@@ -74,7 +77,10 @@ def run(args) -> int:
         raise UserError("--jobs must be >= 0 (0: one per CPU)")
     if args.host_cores is not None and args.host_cores < 0:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
-    check_output_file("--out", args.out)
+    if not args.machine_name.strip():
+        raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
+    check_output_file("--out", args.out, overwrite=False, force=args.force,
+                      inputs=[*args.spmm, *args.collectives, *(args.runs or ()), *(args.gemm or ())])
     console = make_console()
     progress = ProgressReporter(command="fit")
     try:

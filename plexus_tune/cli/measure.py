@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch, slurm
 from plexus_tune.measure.campaign import (
@@ -39,23 +41,24 @@ def register(subparsers) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--graph", help="graph file, or a synthetic spec such as rmat:nodes=16384,edges=262144,features=64,classes=8")
     src.add_argument("--synthetic", metavar="SPEC", help="synthetic graph spec (same as --graph SPEC)")
-    parser.add_argument("--gpus", type=int, required=True, metavar="G", help="ranks per run")
+    parser.add_argument("--gpus", type=count(1), required=True, metavar="G", help="ranks per run")
     parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2")
-    parser.add_argument("--trials", type=int, default=3, help="runs per grid (default 3)")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs per run, warm-up included (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up epochs left out of the timing (default 2)")
-    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    parser.add_argument("--trials", type=count(1), default=3, help="runs per grid (default 3)")
+    parser.add_argument("--epochs", type=count(1), default=10, help="epochs per run, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=count(0), default=2, help="warm-up epochs left out of the timing (default 2)")
+    parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default gloo")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
-    parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="random permutation of the adjacency for load balance: double (default; rows and columns), "
+                             "single, none, or local (double kept in node order inside each block of the grid)")
+    parser.add_argument("--block-rows", type=count(1), default=None, help="blocked aggregation: rows per SpMM block")
     add_comm_precision_argument(parser)
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
     add_launcher_arguments(parser)
-    parser.add_argument("--batch", type=int, default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
+    parser.add_argument("--batch", type=count(1), default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
     parser.add_argument("--redo", action="store_true", help="run again what the log already holds")
     parser.add_argument("--retry-failed", action="store_true", help="run again the logged failures")
     parser.set_defaults(handler=run)
@@ -75,7 +78,7 @@ def run(args) -> int:
     machine = None
     if args.machine:
         machine = load_machine(args.machine)
-    check_log("--log", args.log)
+    check_log("--log", args.log, kinds=RUN_LOG, inputs=[graph, args.machine])
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.measure.campaign import campaign_config, config_settings, logged_trials
@@ -25,21 +27,21 @@ from plexus_tune.comm_precision_model import check_backend
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help=HELP, description=HELP)
     p.add_argument("--graph", required=True, help="graph file or synthetic spec (e.g. rmat:nodes=4096,edges=65536,features=32,classes=8)")
-    p.add_argument("--gpus", required=True, type=int, help="number of ranks G")
+    p.add_argument("--gpus", required=True, type=count(1), help="number of ranks G")
     p.add_argument("--machine", default="perlmutter", help="profile of the machine the run happens on (default perlmutter)")
     p.add_argument("--grid", help="train this grid instead of the recommended one (still predicted and compared)")
-    p.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
-    p.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
-    p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    p.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    p.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
+    p.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
+    p.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
-    p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    p.add_argument("--block-rows", type=count(1), metavar="N", help="blocked aggregation with N rows per block")
     add_comm_precision_argument(p)
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
+    p.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
     p.add_argument("--log", metavar="FILE", help="run log to append to (default runs.jsonl in the data directory: "
                    "$PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else ~/.local/share/plexus-tune)")
-    p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
+    p.add_argument("--top", type=count(1), default=5, help="predicted grids to list (default 5)")
     p.set_defaults(handler=run)
 
 
@@ -69,7 +71,7 @@ def run(args) -> int:
         grid = tuple(int(v) for v in parse_grid(args.grid))
         if int(np.prod(grid)) != args.gpus:
             raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
-    log = str(check_log("--log", args.log if args.log else default_run_log()))
+    log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import functools
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
@@ -63,33 +65,33 @@ def register(subparsers) -> None:
     src = p.add_argument_group("what to train")
     src.add_argument("--dataset", help="catalog dataset (see plexus-tune datasets)")
     src.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...); required with --measured")
-    src.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    src.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    src.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    src.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     p.add_argument("--machine", default="perlmutter", help="machine profile name or JSON path (default perlmutter)")
     p.add_argument("--gpus", required=True, help="G, a range A..B (every count; A..B:pow2 for powers of two) or a list 8,16,64")
     p.add_argument("--objective", default="epoch", help="epoch (default) or gpu-hours")
     p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
-    p.add_argument("--trials", type=int, default=60, help="total trials of the study (default 60)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--trials", type=count(1), default=60, help="total trials of the study (default 60)")
+    p.add_argument("--seed", type=count(0), default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, see below)")
     p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
-    p.add_argument("--snap", type=int, default=128, metavar="K",
+    p.add_argument("--snap", type=count(1), default=128, metavar="K",
                    help="model-driven: each trial is the best predicted of the K allowed grids nearest the sampled point (default 128; 1 = nearest only)")
-    p.add_argument("--starts", type=int, default=5, metavar="N",
+    p.add_argument("--starts", type=count(0), default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
-    p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
-    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--top", type=count(1), default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=real(minimum=0), default=None, metavar="SECONDS",
                    help="model-driven: enumerate the whole space when estimated to take at most this long "
                    "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
-    m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
+    m.add_argument("--warm-start", type=count(0), default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
     m.add_argument("--log", metavar="FILE", help="run log to read known runs from and append to (default: runs.jsonl in the data directory)")
-    m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
-    m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    m.add_argument("--epochs", type=count(1), default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
+    m.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
-    m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
-    m.add_argument("--workers", type=int, default=1, metavar="K",
+    m.add_argument("--timeout", type=real(above=0), default=600.0, help="seconds per measured run before it counts as failed")
+    m.add_argument("--workers", type=count(1), default=1, metavar="K",
                    help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
                         "sharing the study (default 1)")
     add_launcher_arguments(p)
@@ -150,7 +152,7 @@ def run(args) -> int:
             raise UserError(f"--timeout must be positive, got {args.timeout}")
         if not 0 <= args.warmup < args.epochs:
             raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
-        args.log = str(check_log("--log", args.log or default_run_log()))
+        args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     if args.snap < 1 or args.starts < 0 or args.top < 1:
         raise UserError("--snap and --top must be at least 1, --starts at least 0")
     if not args.measured and (args.launcher or args.cluster or args.hosts):

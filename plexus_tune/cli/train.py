@@ -7,9 +7,11 @@ import os
 import sys
 import numpy as np
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph
 from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
@@ -35,27 +37,28 @@ def register(subparsers) -> None:
     source.add_argument("--synthetic", metavar="SPEC",
                         help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
     parser.add_argument("--grid", required=True, metavar="GXxGYxGZ", help="process grid, e.g. 2x2x2")
-    parser.add_argument("--gpus", type=int, help="number of ranks; must equal the grid's product")
-    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    parser.add_argument("--gpus", type=count(1), help="number of ranks; must equal the grid's product")
+    parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
+    parser.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
-    parser.add_argument("--block-rows", type=int, metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
+    parser.add_argument("--block-rows", type=count(1), metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
     parser.add_argument("--overlap", action="store_true", help="overlap each block's all-reduce with the next block's SpMM")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="node permutation for load balance (default double)")
-    parser.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate (default 0.01)")
-    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and permutations")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="node permutation for load balance (default double; local: the double one "
+                             "kept in node order inside each block, the same balance with the gathers' locality)")
+    parser.add_argument("--lr", type=real(above=0), default=0.01, help="AdamW learning rate (default 0.01)")
+    parser.add_argument("--weight-decay", type=real(minimum=0), default=0.01, help="AdamW weight decay (default 0.01)")
+    parser.add_argument("--seed", type=count(0), default=0, help="seed of the weights and permutations")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="floating-point type of the adjacency, features and weights, hence of the "
                              "communicated blocks (default float32)")
     add_comm_precision_argument(parser)
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
     parser.add_argument("--machine", help="machine name for the log (default: host name)")
     parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     environment = detect_environment()
     if args.log:
-        check_log("--log", args.log)
+        check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
     if environment is None:
         launcher = launcher_from_args(args, [int(np.prod(config.grid))])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts

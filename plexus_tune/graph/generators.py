@@ -17,7 +17,7 @@ import re
 import numpy as np
 import scipy.sparse as sp
 
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count  # noqa: F401  (parse_count: part of this module's API)
 from plexus_tune.graph.core import Graph
 
 GRAPH500_PROBS = (0.57, 0.19, 0.19, 0.05)
@@ -277,7 +277,6 @@ def random_features(n: int, width: int, seed: int = 0) -> np.ndarray:
 
 # --- spec strings ------------------------------------------------------------------
 
-_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9}
 _INT_KEYS = {"nodes", "edges", "features", "classes", "seed", "neighbors"}
 _FLOAT_KEYS = {"a", "b", "c", "d", "noise", "drop", "long"}
 _BOOL_KEYS = {"scramble"}
@@ -286,22 +285,6 @@ _KIND_KEYS = {
     "grid2d": {"nodes", "features", "classes", "seed", "neighbors", "drop", "long"},
 }
 GENERATORS = tuple(_KIND_KEYS)
-
-
-def parse_count(text: str, what: str = "value") -> int:
-    """Parse ``4096``, ``65_536``, ``1e6``, ``16M``, ``4k`` (k/M/G are powers of ten)."""
-    t = str(text).strip().replace("_", "")
-    mult = 1
-    if t and t[-1].lower() in _SUFFIX:
-        mult = _SUFFIX[t[-1].lower()]
-        t = t[:-1]
-    try:
-        value = float(t) * mult
-    except ValueError:
-        raise UserError(f"{what} must be a whole number such as 4096, 1e6 or 16M, got {text!r}") from None
-    if not math.isfinite(value) or value != int(value):
-        raise UserError(f"{what} must be a whole number, got {text!r}")
-    return int(value)
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:

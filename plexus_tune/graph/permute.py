@@ -7,7 +7,13 @@ columns: ``B @ X[col_perm] = (A @ X)[row_perm]``, and ``unpermute_rows`` undoes 
 permutation of a result.
 
 Modes: ``none`` (identity), ``single`` (the same permutation on rows and columns, seed
-``seed``) and ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``).
+``seed``), ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``) and
+``local``: the double permutation with every segment between the split points of a grid
+(``k ceil(n/g)`` for each part count g) sorted back into ascending node id. A block of
+any split along those part counts then holds exactly the nodes of the double
+permutation's block (the same nonzeros, the same balance) in their original relative
+order, which keeps the locality of the gathers (docs/model.md, Permutations). With a
+single part (a 1x1x1 grid) nothing needs balancing and ``local`` is the identity.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 
-PERMUTE_MODES = ("none", "single", "double")
+PERMUTE_MODES = ("none", "single", "double", "local")
+#: Modes whose row and column permutations differ (the alternate layout of a layer is
+#: ``A[col_perm][:, row_perm]``, the transpose of the stored one only for symmetric A).
+TWO_SIDED_MODES = ("double", "local")
 
 
 def make_permutation(n: int, seed: int) -> np.ndarray:
@@ -35,13 +44,54 @@ def invert_permutation(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def permutations_for(mode: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(row_perm, col_perm)`` for a mode in ``none | single | double``."""
+def grid_parts(grid) -> tuple[int, ...]:
+    """The part counts a grid splits the node ids into: its distinct dimensions, ascending
+    (``(1,)`` for a 1x1x1 grid)."""
+    parts = sorted({int(g) for g in grid})
+    if not parts or parts[0] < 1:
+        raise ValueError(f"bad grid {tuple(grid)}: every dimension must be >= 1")
+    return tuple(parts)
+
+
+def segment_bounds(n: int, parts) -> np.ndarray:
+    """Sorted split points in ``[0, n]`` of every part count g in ``parts``: the union of
+    ``min(k ceil(n/g), n)`` for k = 0..g (the trainer's blocks, docs/model.md)."""
+    n = int(n)
+    cuts = {0, n}
+    for g in parts:
+        g = int(g)
+        if g < 1:
+            raise ValueError(f"bad part count {g}: must be >= 1")
+        step = max(1, -(-n // g))
+        cuts.update(min(k * step, n) for k in range(g + 1))
+    return np.array(sorted(cuts), dtype=np.int64)
+
+
+def local_permutation(n: int, seed: int, parts) -> np.ndarray:
+    """The random permutation of ``seed`` with each segment of :func:`segment_bounds`
+    sorted ascending: the same node set per segment, original order inside."""
+    perm = make_permutation(n, seed)
+    bounds = segment_bounds(n, parts)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        perm[lo:hi].sort()
+    return perm
+
+
+def permutations_for(mode: str, n: int, seed: int = 0, *, parts=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_perm, col_perm)`` for a mode in ``none | single | double | local``.
+
+    ``parts`` (``local`` only): the part counts whose blocks must keep the double
+    permutation's balance, :func:`grid_parts` of the grid or ``(R, C)`` of a block grid.
+    """
     if mode not in PERMUTE_MODES:
         raise UserError(f"unknown permutation mode {mode!r}; use one of {', '.join(PERMUTE_MODES)}")
     if mode == "none":
         ident = np.arange(n, dtype=np.int64)
         return ident, ident
+    if mode == "local":
+        if parts is None:
+            raise ValueError("the local permutation needs the part counts of the grid (parts=grid_parts(grid))")
+        return local_permutation(n, seed, parts), local_permutation(n, seed + 1, parts)
     row = make_permutation(n, seed)
     if mode == "single":
         return row, row
@@ -70,15 +120,15 @@ def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None
     return out
 
 
-def double_permute(adj, seed: int = 0, mode: str = "double"):
+def double_permute(adj, seed: int = 0, mode: str = "double", *, parts=None):
     """Permute ``adj`` for load balance: ``(B, row_perm, col_perm)`` with
-    ``B = A[row_perm][:, col_perm]`` (see :func:`permutations_for` for the seeds).
+    ``B = A[row_perm][:, col_perm]`` (see :func:`permutations_for` for the seeds and ``parts``).
 
     For a normalized adjacency ``A_hat``, a layer computes ``B @ X[col_perm]`` which equals
     ``(A_hat @ X)[row_perm]``; the next layer uses ``A_hat[col_perm][:, row_perm]``.
     """
     n = adj.shape[0]
-    row_perm, col_perm = permutations_for(mode, n, seed)
+    row_perm, col_perm = permutations_for(mode, n, seed, parts=parts)
     if mode == "none":
         return sp.csr_matrix(adj), row_perm, col_perm
     return permute_matrix(adj, row_perm, col_perm), row_perm, col_perm
@@ -143,11 +193,12 @@ def balance_report(adj, blocks=(8, 8), mode: str = "double", seed: int = 0, *, s
     """Load balance of a 2D block split: ``max/mean`` nonzeros over an R x C grid.
 
     The counted matrix is the pattern of ``A + I`` (``self_loops=True``, what GCN
-    normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``.
+    normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``. The ``local``
+    mode keeps the balance of the R x C split (``parts = (R, C)``).
     """
     rb, cb = blocks
     pattern = with_self_loops_pattern(adj) if self_loops else sp.csr_matrix(adj)
-    permuted, _, _ = double_permute(pattern, seed=seed, mode=mode)
+    permuted, _, _ = double_permute(pattern, seed=seed, mode=mode, parts=(rb, cb))
     counts = block_nnz(permuted, rb, cb)
     total = int(counts.sum())
     mean = total / (rb * cb)

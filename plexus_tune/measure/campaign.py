@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
-from plexus_tune.measure.store import append_records, check_log, read_records
+from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import enumerate_grids, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -247,7 +247,7 @@ def run_campaign(
         else:
             check_graph(graph)
     if log is not None:
-        check_log(log)
+        check_log(log, kinds=RUN_LOG, inputs=[graph])
     workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
     pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
                            hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,

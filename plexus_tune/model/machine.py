@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -211,9 +212,15 @@ def _build_machine(data, source: str) -> Machine:
     )
 
 
+#: the largest profile file read (a profile with a bandwidth table is well under 1 MiB)
+PROFILE_MAX_BYTES = 64 << 20
+
+
 def read_machine_file(path) -> Machine:
     """Load and validate one profile file."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        check_input_file(path, "machine profile", max_bytes=PROFILE_MAX_BYTES)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
 from plexus_tune.model.grid import enumerate_grids
 
 
@@ -43,7 +43,7 @@ def objective_unit(objective: str) -> str:
     return "ms" if objective == "epoch" else f"GPU-h/{GPU_HOURS_EPOCHS} epochs"
 
 
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:\.\.|-|:)\s*(\d+)\s*(?::\s*(pow2|2\^k))?\s*$")
+_RANGE_RE = re.compile(r"^\s*(\d[\d_]*(?:[eE]\+?\d+)?[kKmMgGtT]?)\s*(?:\.\.|-|:)\s*(\d[\d_]*(?:[eE]\+?\d+)?[kKmMgGtT]?)\s*(?::\s*(pow2|2\^k))?\s*$")
 
 
 def parse_gpus(text: str | int | Sequence[int]) -> tuple[int, ...]:
@@ -57,16 +57,22 @@ def parse_gpus(text: str | int | Sequence[int]) -> tuple[int, ...]:
         s = text.strip()
         m = _RANGE_RE.match(s)
         if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
+            lo, hi = parse_count(m.group(1), "GPU count"), parse_count(m.group(2), "GPU count")
             if hi < lo:
                 raise UserError(f"empty GPU range {text!r}: the upper end is below the lower end; write e.g. 8..4096")
-            values = list(range(lo, hi + 1))
+            if lo < 1:
+                raise UserError(f"GPU counts must be positive, got {lo} in {text!r}")
             if m.group(3):
-                values = [g for g in values if g & (g - 1) == 0]
+                values = [1 << k for k in range(max(0, (lo - 1).bit_length()), hi.bit_length()) if lo <= 1 << k <= hi]
+            else:
+                return range(lo, hi + 1)  # a range stays a range: 1..10^12 is not materialised
         else:
+            parts = [part.strip() for part in s.split(",")]
+            if any(not part for part in parts):
+                raise UserError(f"empty item in the GPU counts {text!r}; write a count (8), a range (8..4096) or a list (8,16,64)")
             try:
-                values = [int(part) for part in s.split(",") if part.strip()]
-            except ValueError:
+                values = [parse_count(part, "GPU count") for part in parts]
+            except UserError:
                 raise UserError(
                     f"cannot read GPU counts {text!r}; write a count (8), a range (8..4096, 8..4096:pow2) or a list (8,16,64)"
                 ) from None

@@ -25,8 +25,12 @@ def default_storage_url(directory: str | None = None) -> str:
     return "sqlite:///" + os.path.abspath(path)
 
 
-def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180):
+def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180,
+                 create: bool = True):
     """An Optuna RDB storage for ``url`` (default: :func:`default_storage_url`).
+
+    ``create=False`` (a reader such as ``plot history``): a SQLite file that does not exist
+    is a UserError, not a new empty database.
 
     A heartbeat marks trials of killed processes as failed after ``grace_period`` s,
     so a resumed study does not wait on them. Any failure to reach the database is a
@@ -34,10 +38,14 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
     """
     import optuna
 
+    if not url and not create:  # a reader: no data directory made
+        url = "sqlite:///" + os.path.abspath(default_studies_path())
     url = url or default_storage_url()
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         directory = os.path.dirname(path) or "."
+        if not create and path and not path.startswith(":memory:") and not os.path.exists(path):
+            raise UserError(f"study storage {path} does not exist: no search saved a study there; give the storage a search used")
         if path and not path.startswith(":memory:") and not os.path.isdir(directory):
             raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
         if os.path.isdir(path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PERMUTE_CHOICES = ("double", "single", "none")
+PERMUTE_CHOICES = ("double", "single", "none", "local")
 DTYPE_CHOICES = ("float32", "float64")
 BACKEND_CHOICES = ("gloo", "nccl")
 

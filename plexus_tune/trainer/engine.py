@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from plexus_tune.graph import gcn_normalize, permutations_for, permute_matrix
+from plexus_tune.graph import TWO_SIDED_MODES, gcn_normalize, grid_parts, permutations_for, permute_matrix
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, node_split, random_split, split_sizes
 from plexus_tune.graph.shards import (
@@ -397,13 +397,14 @@ def _pad_rows(part: sp.csr_matrix, rows: int, cols: int) -> sp.csr_matrix:
 class MemoryData:
     """Blocks of the permuted graph from a whole graph held by every rank."""
 
-    def __init__(self, pg: PreparedGraph, permute: str, seed: int):
+    def __init__(self, pg: PreparedGraph, permute: str, seed: int, grid=(1, 1, 1)):
+        """``grid``: the splits the ``local`` permutation keeps balanced (graph/permute)."""
         self.pg = pg
         self.nodes, self.num_classes, self.name = pg.nodes, pg.num_classes, pg.name
         self.num_features = int(pg.features.shape[1])
         self.nnz, self.raw_nnz = int(pg.adjacency.nnz), pg.raw_nnz
         self.permute = permute
-        self.perms = permutations_for(permute, self.nodes, seed)
+        self.perms = permutations_for(permute, self.nodes, seed, parts=grid_parts(grid))
         perm_r, perm_c = self.perms
         self.permuted = {0: permute_matrix(pg.adjacency, perm_r, perm_c)}
         self.permuted[1] = self.permuted[0] if permute == "none" else permute_matrix(pg.adjacency, perm_c, perm_r)
@@ -449,8 +450,8 @@ class ShardData:
         self.name = str(m.get("name", "shards"))
         self.permute = m["permutation"]["mode"]
         self.symmetric = bool(m.get("symmetric"))
-        if self.permute == "double" and not self.symmetric:
-            raise ValueError(f"{directory}: double-permuted shards of a directed graph lack the alternate "
+        if self.permute in TWO_SIDED_MODES and not self.symmetric:
+            raise ValueError(f"{directory}: {self.permute}-permuted shards of a directed graph lack the alternate "
                              "layout; shard it with a single permutation or none")
         self.perms = load_permutations(directory)
 
@@ -461,7 +462,7 @@ class ShardData:
         return _pad_rows(part, rows.size, cols.size)
 
     def adjacency_block(self, parity: int, rows, cols) -> sp.csr_matrix:
-        if parity == 0 or self.permute != "double":
+        if parity == 0 or self.permute not in TWO_SIDED_MODES:
             return self._range(rows, cols)
         return self._range(cols, rows).T.tocsr()
 
@@ -690,7 +691,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed, config.grid)
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
         trainer = RankTrainer(data, config, rank, world_size, device=device, split=split)
