@@ -25,7 +25,15 @@ def register(subparsers) -> None:
         "scale factors and overhead; write the profile with provenance and scores. Progress goes to stderr.",
     )
     parser.add_argument("--spmm", required=True, nargs="+", metavar="FILE", help="SpMM logs (calibrate spmm) or CSV with nnz,rows,common,dense_cols,time_ms")
-    parser.add_argument("--collectives", required=True, nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--collectives", nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
+    source.add_argument("--collectives-from", metavar="PROFILE", help="copy the collectives (and gpus per node) of this profile instead "
+                        "of fitting them, for a machine whose network was not measured; the provenance says so")
+    parser.add_argument("--bandwidth", nargs="+", metavar="FILE", help="bandwidth logs (calibrate bandwidth): elementwise_gbps, "
+                        "optimizer_gbps and sync_us of the epoch's other part")
+    parser.add_argument("--optimizer-runs", nargs="+", metavar="FILE", help="trainer run logs whose optimizer phase gives optimizer_gbps "
+                        "(when no bandwidth log times the optimizer)")
+    parser.add_argument("--optimizer", default=None, help="the optimizer the trainer runs on this machine (default: the trainer's, adamw-fused)")
     parser.add_argument("--runs", nargs="+", metavar="FILE", help="trainer run logs (measure) for the epoch-level fit")
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
@@ -93,6 +101,8 @@ def run(args) -> int:
                 collective_sharing={"auto": None, "on": True, "off": False}[args.collective_sharing], host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
                 device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
                 elementwise_gbps=args.elementwise_gbps, description=args.description, source=args.out, progress=progress,
+                collectives_profile=args.collectives_from, bandwidth=args.bandwidth, optimizer_runs=args.optimizer_runs,
+                optimizer=args.optimizer,
             )
     except UserError as exc:
         flag = _GIVEN.get(getattr(exc, "parameter", None))
@@ -121,31 +131,39 @@ def run(args) -> int:
     sharing = report["time_sharing"]
     if sharing:
         console.print(f"collective timings divided by the oversubscription they ran under ({sharing['host_cores']} cores): x{sharing['min']:.3g} to x{sharing['max']:.3g}")
-    coll = report["collectives"]
-    ctable = Table(title=f"collective models on {coll['samples']} measurements: up to {args.splits} random 70/30 splits and each "
+    coll = report["collectives"] or {}
+    if not coll:
+        console.print(f"collectives copied from {args.collectives_from} (not measured here)")
+    ctable = Table(title=f"collective models on {coll.get('samples')} measurements: up to {args.splits} random 70/30 splits and each "
                    f"message size left out (means; * chosen)")
     on_runs = coll.get("epoch_scores") or {}
     for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %") + (("runs epoch-fit MAPE %",) if on_runs else ()):
         ctable.add_column(col, justify="left" if col == "model" else "right")
-    for name, sc in coll["scores"].items():
+    for name, sc in (coll.get("scores") or {}).items():
         runs_cell = (_fmt(on_runs[name].get("test_mape"), True) if name in on_runs else "-",) if on_runs else ()
         ctable.add_row(name + (" *" if name == coll["chosen"] else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
                        _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True), *runs_cell)
-    console.print(ctable)
+    if coll:
+        console.print(ctable)
     if coll.get("selected_by"):
         console.print(f"collective form chosen by the lowest {coll['selected_by']}")
-    alpha, beta = coll["alpha_us"], coll["beta_gbps"]
-    console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
-                  f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"
-                  + (f"; {coll['table_entries']} table entries" if coll["table_entries"] else "")
-                  + (f"; {coll['per_span_entries']} per-span entries" if coll["per_span_entries"] else ""))
-    if coll["placement_mismatches"]:
+    if coll:
+        alpha, beta = coll["alpha_us"], coll["beta_gbps"]
+        console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
+                      f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"
+                      + (f"; {coll['table_entries']} table entries" if coll["table_entries"] else "")
+                      + (f"; {coll['per_span_entries']} per-span entries" if coll["per_span_entries"] else ""))
+    if coll.get("placement_mismatches"):
         console.print(f"warning: {coll['placement_mismatches']} collective timings span other node counts than groups of their "
                       f"stride on nodes of {profile['gpus_per_node']} GPUs; the model places them as predictions do")
 
     gemm = report["gemm"]
     if gemm:
         console.print(f"GEMM: {gemm['tflops']:.4f} TFLOP/s + {gemm['overhead_ms']:.4f} ms per call on {gemm['samples']} measurements (test MAPE {gemm['scores'].get('test_mape', float('nan')):.1f} %)")
+    rates = profile["fit"].get("bandwidth") or {}
+    console.print(f"other: elementwise {profile['elementwise_gbps']:.4g} GB/s, optimizer {profile['optimizer']} "
+                  f"{profile.get('optimizer_gbps', profile['elementwise_gbps']):.4g} GB/s, sync {profile.get('sync_us', 0.0):.3g} us"
+                  + (f" ({rates['samples']} bandwidth records)" if rates.get("samples") else ""))
     epoch = report["epoch"]
     if epoch:
         s = epoch["scores"]

@@ -11,6 +11,7 @@ import numpy as np
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.costs import prediction_records, rank_order
+from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import predict_run_grids
@@ -89,6 +90,8 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
+                        "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -181,11 +184,18 @@ def run(args) -> int:
     bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
               for a in "xyz"}
     precisions, auto = precision_choices(args)
+    optimizer = None
+    if args.optimizer is not None:
+        try:
+            optimizer = check_optimizer(args.optimizer.strip())
+        except UserError as exc:
+            raise UserError(f"--optimizer: {exc}") from None
     machine = load_machine(args.machine)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p)
+    by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                         optimizer=optimizer)
                     for p in precisions}
     best_of = {}
     for p, candidate in by_precision.items():
@@ -234,6 +244,8 @@ def run(args) -> int:
         print(
             f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
             f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+            + (f" (elementwise {best['other_elementwise_ms']:.1f}, optimizer {best['other_optimizer_ms']:.1f} "
+               f"{optimizer or machine.optimizer}, sync {best['other_sync_ms']:.2f})" if best["other_ms"] else "")
             + (" (SpMM floored)" if best["spmm_floored"] else "")
             + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
             + "; "

@@ -39,7 +39,7 @@ from plexus_tune.model.workload import Workload, model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
-SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1}
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1, "bandwidth": 1}
 FAILURE_STATUSES = ("failed", "oom", "timeout", "cancelled")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
@@ -54,6 +54,7 @@ SPMM_SCHEMA = schema_name("spmm")
 GEMM_SCHEMA = schema_name("gemm")
 COLLECTIVE_SCHEMA = schema_name("collective")
 QUANT_SCHEMA = schema_name("quant")
+BANDWIDTH_SCHEMA = schema_name("bandwidth")
 
 #: (type, version) -> {old field: new field}: the renames from that version to the next.
 RENAMES: dict[tuple[str, int], dict[str, str]] = {
@@ -439,7 +440,29 @@ class QuantRecord(_Record):
     machine_info: dict | None = _f(None, doc="environment of the host")
 
 
-SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord)}
+@dataclass(kw_only=True)
+class BandwidthRecord(_Record):
+    """One timed memory-bound step of the epoch's ``other`` part (docs/model.md, Other)."""
+
+    KIND: ClassVar[str] = "bandwidth"
+    op: str | None = _f(None, doc="copy, bias, relu, relu_backward (elementwise), optimizer, or sync")
+    optimizer: str | None = _f(None, doc="op optimizer: the optimizer stepped (adamw-fused, adamw-foreach, adamw-for-loop)")
+    elements: int | None = _f(None, "elements", "elements of each array the op touches (optimizer: trainable elements)")
+    accesses: int | None = _f(None, "arrays", "array reads plus writes per element")
+    bytes: int | None = _f(None, "bytes", "element size x accesses x elements: the bytes the op must move")
+    time_ms: float | None = _f(None, "ms", "min over samples")
+    time_min_ms: float | None = _f(None, "ms", "min over samples")
+    time_median_ms: float | None = _f(None, "ms", "median over samples")
+    gbps: float | None = _f(None, "GB/s", "bytes / time_ms (sync: 0)")
+    repeats: int | None = _f(None, doc="timed samples")
+    statistic: str | None = _f(None, doc="how time_ms was reduced from samples, and the timer")
+    device: str | None = _f(None, doc="cpu, or the CUDA device name")
+    threads: int | None = _f(None, "threads", "torch CPU threads")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host and device")
+
+
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord, BandwidthRecord)}
 
 
 def flatten_record(record: Mapping, *, sep: str = ".") -> dict:

@@ -8,7 +8,7 @@ validates or plots a prediction of a run calls it, so a logged prediction is wha
 ``plexus-tune predict`` gives for the same settings (docs/model.md, Epoch time).
 
 Algorithm families (:data:`ALGORITHMS`) map a family name to its vectorized model,
-``fn(workload, machine, grids, *, block_rows, comm_precision, options) -> dict`` of
+``fn(workload, machine, grids, *, block_rows, comm_precision, optimizer, options) -> dict`` of
 arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`; the Plexus 3D
 grid (:data:`DEFAULT_ALGORITHM`) is :func:`plexus_tune.model.costs.predict_grids`.
 
@@ -36,10 +36,11 @@ __all__ = ["ALGORITHMS", "BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_
 DEFAULT_ALGORITHM = "plexus-3d"
 
 
-def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
+def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
     if options:
         raise UserError(f"the {DEFAULT_ALGORITHM} algorithm takes no options, got {', '.join(sorted(options))}")
-    return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=comm_precision)
+    return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=comm_precision,
+                         optimizer=optimizer)
 
 
 #: Algorithm family -> its vectorized model (see the module docstring).
@@ -61,7 +62,7 @@ def algorithm_model(name: str | None) -> Callable[..., dict]:
 
 def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None, overlap: bool = False,
                       comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
-                      options: Mapping | None = None) -> dict[str, np.ndarray]:
+                      optimizer: str | None = None, options: Mapping | None = None) -> dict[str, np.ndarray]:
     """The predictions of runs that differ only in their grid: the family's model at the run's settings.
 
     Arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`, one entry per
@@ -73,12 +74,12 @@ def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
     del overlap  # part of the identity; not credited by the model (module docstring)
     return model(workload, machine, grids, block_rows=int(block_rows) if block_rows else None,
-                 comm_precision=choice, options=dict(options or {}))
+                 comm_precision=choice, optimizer=optimizer, options=dict(options or {}))
 
 
 def predict_run(workload, machine, grid, *, block_rows: int | None = None, overlap: bool = False,
                 comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
-                options: Mapping | None = None) -> dict:
+                optimizer: str | None = None, options: Mapping | None = None) -> dict:
     """The prediction of one run, plain Python values (JSON-ready).
 
     Keys: :data:`PREDICTED_TIME_KEYS` (floats, ms per epoch; the parts in
@@ -86,14 +87,15 @@ def predict_run(workload, machine, grid, *, block_rows: int | None = None, overl
     ``feasible`` (bool: fits the machine's usable memory), ``machine`` (the profile's
     name) and ``algorithm``. ``grid`` is (Gx, Gy, Gz); ``block_rows`` None or 0 means
     one block; ``comm_precision`` is the per-class choice of
-    :func:`plexus_tune.comm_precision_model.parse_comm_precision`; ``options`` are the
-    family's own settings (none for Plexus 3D). ``overlap`` does not change the
-    prediction (module docstring).
+    :func:`plexus_tune.comm_precision_model.parse_comm_precision`; ``optimizer`` names the
+    optimizer step (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default the
+    machine's); ``options`` are the family's own settings (none for Plexus 3D).
+    ``overlap`` does not change the prediction (module docstring).
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     grids = np.asarray([tuple(int(g) for g in grid)], dtype=np.int64)
     pred = predict_run_grids(workload, machine, grids, block_rows=block_rows, overlap=overlap,
-                             comm_precision=comm_precision, algorithm=algorithm, options=options)
+                             comm_precision=comm_precision, algorithm=algorithm, optimizer=optimizer, options=options)
     return prediction_of(pred, 0, machine=machine.name, algorithm=algorithm or DEFAULT_ALGORITHM)
 
 
