@@ -59,8 +59,10 @@ def register(subparsers) -> None:
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
     add_launcher_arguments(parser)
     parser.add_argument("--batch", type=count(1), default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
-    parser.add_argument("--redo", action="store_true", help="run again what the log already holds")
-    parser.add_argument("--retry-failed", action="store_true", help="run again the logged failures")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--redo", action="store_true", help="run again what the log already holds")
+    again.add_argument("--retry-failed", action="store_true", help="run again the logged failures (not with --redo, "
+                       "which runs everything again)")
     parser.set_defaults(handler=run)
 
 

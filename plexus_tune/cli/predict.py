@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, predict_families, selected_algorithms
 from plexus_tune.cli.output import make_console
 
 import argparse
@@ -93,13 +94,15 @@ def register(subparsers) -> None:
     parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
                         "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
+    add_algorithm_argument(parser)
     parser.set_defaults(handler=run)
 
 
 def add_precision_arguments(parser) -> None:
     """``--comm-precision`` (fixed, per class, or auto) and ``--allow-precisions`` (predict, search)."""
-    parser.add_argument("--comm-precision", default="fp32", metavar="P",
-                        help="precision of the layer's collectives: fp32 (default), bf16, fp16, int8, int4, int2, "
+    parser.add_argument("--comm-precision", default=None, metavar="P",
+                        help="precision of the layer's collectives: fp32 (default; with --algorithm all every "
+                             "precision of --allow-precisions), bf16, fp16, int8, int4, int2, "
                              "per class (aggregation=int8,gather=bf16), or auto: the fastest of --allow-precisions "
                              "(docs/comm-precision.md)")
     parser.add_argument("--allow-precisions", default="fp32,bf16,int8", metavar="LIST",
@@ -108,11 +111,11 @@ def add_precision_arguments(parser) -> None:
 
 def precision_choices(args) -> tuple[list[str], bool]:
     """(precisions to evaluate, whether auto picks among them); UserError naming the flag."""
-    text = str(args.comm_precision).strip().lower()
+    text = str(args.comm_precision or "fp32").strip().lower()
     try:
         if text == "auto":
             return list(parse_allowed(args.allow_precisions)), True
-        return [str(parse_comm_precision(args.comm_precision))], False
+        return [str(parse_comm_precision(args.comm_precision or "fp32"))], False
     except UserError as exc:
         flag = "--allow-precisions" if text == "auto" else "--comm-precision"
         raise UserError(f"{flag}: {exc}") from None
@@ -190,7 +193,11 @@ def run(args) -> int:
             optimizer = check_optimizer(args.optimizer.strip())
         except UserError as exc:
             raise UserError(f"--optimizer: {exc}") from None
+    algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
+    if algorithms != ("plexus-3d",):
+        return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
+                                graph=load_graph_argument(getattr(args, "graph", None)))
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

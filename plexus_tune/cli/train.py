@@ -1,4 +1,4 @@
-"""``plexus-tune train``: run the bundled 3D-parallel GCN trainer on one grid."""
+"""``plexus-tune train``: run a bundled parallel GCN trainer on one configuration."""
 
 from __future__ import annotations
 
@@ -16,17 +16,25 @@ from plexus_tune.measure.campaign import check_graph
 from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
-from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer.algorithms import (
+    AGGREGATION_MODES,
+    TRAINED_ALGORITHMS,
+    check_algorithm,
+    normalize_config,
+    process_grid,
+)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a GCN with the 3D-parallel trainer on one Gx x Gy x Gz grid and log the run",
+        help="train a GCN with a bundled parallel trainer (Plexus 3D grid, CAGNET, partitioned) and log the run",
         description=(
-            "Train a GCN with the bundled 3D-parallel (Plexus) trainer. Run by hand it starts one "
+            "Train a GCN with a bundled parallel trainer: the 3D-parallel (Plexus) grid by default, CAGNET's "
+            "1D, 1.5D and 2D algorithms or the partitioned (SuperGCN) one with --algorithm. Run by hand it starts one "
             "local process per grid rank; under torchrun or srun it joins their process set. "
             "Prints the epoch time, its breakdown and the losses; --log appends one JSON record."
         ),
@@ -36,8 +44,11 @@ def register(subparsers) -> None:
                              "(each rank reads only the files it needs; their permutation is used)")
     source.add_argument("--synthetic", metavar="SPEC",
                         help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
-    parser.add_argument("--grid", required=True, metavar="GXxGYxGZ", help="process grid, e.g. 2x2x2")
+    parser.add_argument("--grid", metavar="GXxGYxGZ",
+                        help="process grid, e.g. 2x2x2 (plexus-3d), PrxPcx1 (cagnet-2d); the other families "
+                             "follow from --gpus")
     parser.add_argument("--gpus", type=count(1), help="number of ranks; must equal the grid's product")
+    add_algorithm_arguments(parser)
     parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
     parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
@@ -70,6 +81,18 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def add_algorithm_arguments(parser) -> None:
+    """``--algorithm``, ``--replication`` and ``--aggregation`` (train, measure, run)."""
+    parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME",
+                        help=f"parallel algorithm: {', '.join(TRAINED_ALGORITHMS)} (default plexus-3d; "
+                             "docs/algorithms.md)")
+    parser.add_argument("--replication", type=count(1), metavar="C",
+                        help="cagnet-1.5d: replication factor c of the block rows (c divides G, c*c <= G)")
+    parser.add_argument("--aggregation", metavar="MODE",
+                        help=f"supergcn: aggregation of the cut edges, one of {', '.join(AGGREGATION_MODES)} "
+                             "(default hybrid)")
+
+
 def add_comm_precision_argument(parser) -> None:
     """``--comm-precision``: the precision of the 3D layer's collectives (train, measure, run)."""
     parser.add_argument("--comm-precision", default="fp32", metavar="P",
@@ -88,7 +111,13 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 
 def _config(args: argparse.Namespace):
-    grid = parse_grid(args.grid)
+    algorithm = check_algorithm(args.algorithm)
+    if args.grid is None and algorithm in ("plexus-3d", "cagnet-2d"):
+        raise UserError(f"{algorithm} needs --grid ({'GXxGYxGZ' if algorithm == 'plexus-3d' else 'PRxPCx1'})")
+    if args.grid is None and args.gpus is None:
+        raise UserError(f"{algorithm} needs --gpus (or --grid)")
+    grid = process_grid(algorithm, grid=parse_grid(args.grid) if args.grid else None, gpus=args.gpus,
+                        replication=args.replication)
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
     for name in ("layers", "hidden", "epochs"):
@@ -98,25 +127,39 @@ def _config(args: argparse.Namespace):
         raise UserError("--threads must be at least 1")
     if args.timeout <= 0:
         raise UserError("--timeout must be positive")
-    return TrainConfig(
+    config = TrainConfig(
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
         backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
-        timeout_s=args.timeout, threads_per_rank=args.threads,
+        timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
+        aggregation=args.aggregation,
     )
+    return normalize_config(config)
 
 
 def _mib(value: float) -> str:
     return f"{value / 2**20:.1f} MiB"
 
 
+def _algorithm_text(record: dict) -> str:
+    """The algorithm and its family option, e.g. ``cagnet-1.5d (c = 2)`` or ``supergcn (hybrid)``."""
+    options = record.get("options") or {}
+    text = record.get("algorithm", "plexus-3d")
+    if options.get("replication"):
+        text += f" (c = {options['replication']})"
+    if options.get("aggregation"):
+        text += f" ({options['aggregation']})"
+    return text
+
+
 def summary_lines(record: dict) -> list[str]:
-    keys = BREAKDOWN_KEYS
+    keys = [k for k in BREAKDOWN_KEYS if k not in FAMILY_COMM_OP_KEYS or record.get(k)]
     lines = [
         f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",
-        f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
+        f"{_algorithm_text(record)} grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, "
+        f"{record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
         f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
         f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "

@@ -17,6 +17,7 @@ import re
 import numpy as np
 import scipy.sparse as sp
 
+from plexus_tune.resources import check_memory
 from plexus_tune.errors import UserError, parse_count  # noqa: F401  (parse_count: part of this module's API)
 from plexus_tune.graph.core import Graph
 
@@ -332,6 +333,22 @@ def check_params(kind: str, params: dict) -> None:
     for key, default in (("features", DEFAULT_FEATURES), ("classes", DEFAULT_CLASSES)):
         if int(params.get(key, default)) < 1:
             raise UserError(f"{key} must be >= 1, got {params[key]}")
+    if int(params.get("classes", DEFAULT_CLASSES)) > nodes:
+        raise UserError(f"classes {int(params.get('classes', DEFAULT_CLASSES))} exceeds the {nodes} nodes: some classes "
+                        f"would have no node; use at most {nodes} classes")
+
+
+#: peak bytes per edge of generation (samples, keys, both directions, CSR) and per node
+#: besides the features (labels, degrees, permutation): an upper estimate
+_BYTES_PER_EDGE = 64
+_BYTES_PER_NODE = 48
+
+
+def generation_bytes(kind: str, nodes: int, edges: int, features: int, neighbors: int = 4) -> int:
+    """Estimated peak memory of :func:`generate`: features (float32) + nodes x 48 + edges x 64 bytes."""
+    if kind != "rmat":
+        edges = nodes * neighbors // 2
+    return 4 * nodes * features + _BYTES_PER_NODE * nodes + _BYTES_PER_EDGE * edges
 
 
 def generate(kind: str, *, progress=None, **params) -> Graph:
@@ -348,6 +365,8 @@ def generate(kind: str, *, progress=None, **params) -> Graph:
     seed = int(params.get("seed", 0))
     features = int(params.get("features", DEFAULT_FEATURES))
     classes = int(params.get("classes", DEFAULT_CLASSES))
+    check_memory(generation_bytes(kind, nodes, int(params.get("edges", 16 * nodes)), features,
+                                  int(params.get("neighbors", 4))), f"a {kind} graph of {nodes:,} nodes")
     if kind == "rmat":
         edges = int(params.get("edges", 16 * nodes))
         probs = tuple(params.get(k, d) for k, d in zip("abcd", GRAPH500_PROBS))

@@ -197,6 +197,9 @@ def balance_report(adj, blocks=(8, 8), mode: str = "double", seed: int = 0, *, s
     mode keeps the balance of the R x C split (``parts = (R, C)``).
     """
     rb, cb = blocks
+    if max(rb, cb) > adj.shape[0]:
+        raise UserError(f"a {rb}x{cb} block grid has more blocks per side than the {adj.shape[0]} nodes; "
+                        f"use at most {adj.shape[0]} per side")
     pattern = with_self_loops_pattern(adj) if self_loops else sp.csr_matrix(adj)
     permuted, _, _ = double_permute(pattern, seed=seed, mode=mode, parts=(rb, cb))
     counts = block_nnz(permuted, rb, cb)

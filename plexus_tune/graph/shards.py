@@ -73,6 +73,9 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
     n = adj.shape[0]
     if adj.shape != (n, n):
         raise UserError(f"adjacency must be square, got {adj.shape}")
+    if max(rb, cb) > n:
+        raise UserError(f"a {rb}x{cb} file grid cuts {n} nodes into blocks with no row or column ({rb * cb:,} files); "
+                        f"use at most {n} blocks per side")
     n_pad = padded_size(n, rb, cb)
     br, bc = n_pad // rb, n_pad // cb
     row_perm, col_perm = permutations_for(mode, n, seed, parts=(rb, cb))

@@ -38,6 +38,7 @@ import numpy as np
 
 from plexus_tune.comm_precision_model import PRECISION_BITS, check_backend, is_quantized, parse_precision
 from plexus_tune.errors import UserError
+from plexus_tune.resources import check_memory
 from plexus_tune.graph import double_permute
 from plexus_tune.launch import RankFailure, default_threads_per_rank
 from plexus_tune.launch.launchers import Launcher
@@ -572,6 +573,12 @@ def calibrate_graph_shards(
     perm, _, _ = double_permute(adjacency, seed=seed)
     layouts = [perm.tocsr(), perm.T.tocsr()]
     grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    widest = max(grids, key=lambda g: int(np.prod(sorted(int(v) for v in g)[1:])))
+    longest = max(grids, key=lambda g: int(max(g)))
+    if int(max(longest)) > n:
+        raise UserError(f"grid {'x'.join(map(str, longest))} of G={gpus:,} has more ranks along an axis than the graph's "
+                        f"{n:,} nodes: its shards would be empty; give a G whose grids fit the graph")
+    check_memory(8 * int(np.prod(sorted(int(v) for v in widest)[1:])), f"the shard counts of grid {'x'.join(map(str, widest))}")
     stamp = now_utc()
     records: list[dict] = []
     for grid in grids:

@@ -67,6 +67,8 @@ RENAMES: dict[tuple[str, int], dict[str, str]] = {
 #: Where and how a measurement ran (run and collective records); the defaults are
 #: what every record written before these fields existed means.
 CONTEXT_DEFAULTS = {"launcher": "local", "cluster": None, "rank_nodes": None, "hosts": None, "comm_precision": "fp32"}
+#: What a run record written before the algorithm families existed ran.
+RUN_DEFAULTS = {"algorithm": "plexus-3d"}
 #: Bytes of one element of each trainer dtype.
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
@@ -138,6 +140,9 @@ def upgrade(record: Mapping, kind: str | None = None) -> dict:
             out = _run_machine_v1(out)
     if kind in ("run", "collective"):
         for key, default in CONTEXT_DEFAULTS.items():
+            out.setdefault(key, default)
+    if kind == "run":
+        for key, default in RUN_DEFAULTS.items():
             out.setdefault(key, default)
     out["schema"] = schema_name(kind)
     return out
@@ -218,6 +223,8 @@ class RunOptions:
     seed: int = _f(0, doc="seed of weights, permutation and synthetic graphs")
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank (None: the launcher's default)")
     layer_norm: bool = _f(False, doc="LayerNorm (no scale and shift) before each layer")
+    replication: int | None = _f(None, "ranks", "cagnet-1.5d: replication factor c of the block rows (None: other families)")
+    aggregation: str | None = _f(None, doc="supergcn: pre, post or hybrid aggregation of the cut edges (None: other families)")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -244,6 +251,7 @@ class RunRecord(_Record):
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
+    algorithm: str = _f("plexus-3d", doc="algorithm family: plexus-3d, cagnet-1d, cagnet-1.5d, cagnet-2d or supergcn; the grid is its process grid (docs/algorithms.md)")
     slurm: dict | None = _f(None, doc="Slurm runs: job_id and step_id; for a failed step also its state, exit_code and reason")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")
@@ -282,6 +290,8 @@ class RunRecord(_Record):
     all_reduce_ms: float | None = _f(None, "ms", "all-reduce time")
     all_gather_ms: float | None = _f(None, "ms", "all-gather time")
     reduce_scatter_ms: float | None = _f(None, "ms", "reduce-scatter time")
+    broadcast_ms: float | None = _f(None, "ms", "broadcast time (CAGNET families)")
+    point_to_point_ms: float | None = _f(None, "ms", "point-to-point exchange time (supergcn)")
     quant_ms: float | None = _f(None, "ms", "local work of reduced-precision collectives: casts, quantize, dequantize, sums of received chunks (docs/comm-precision.md)")
     other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm - quant, at least 0")
     fwd_ms: float | None = _f(None, "ms", "forward pass")
@@ -529,6 +539,9 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
     IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
+    IdentityField("algorithm", ("algorithm",), "plexus-3d", str),
+    IdentityField("replication", ("options", "replication"), 0, int),
+    IdentityField("aggregation", ("options", "aggregation"), "", str),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 #: Collective time by grid axis (X, Y, Z); adds up to ``comm_ms``.
 COMM_AXIS_KEYS = ("comm_x_ms", "comm_y_ms", "comm_z_ms")
-#: Collective time by operation; adds up to ``comm_ms``.
-COMM_OP_KEYS = ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms")
+#: Communication of the other algorithm families only (CAGNET's broadcasts, SuperGCN's
+#: point-to-point exchange); 0 for the Plexus 3D grid.
+FAMILY_COMM_OP_KEYS = ("broadcast_ms", "point_to_point_ms")
+#: Communication time by operation; adds up to ``comm_ms``.
+COMM_OP_KEYS = ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", *FAMILY_COMM_OP_KEYS)
 #: Exclusive parts of an epoch, predicted and timed alike.
 EPOCH_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms")
 #: Every timed part of an epoch, in report order: the exclusive parts and comm's splits.

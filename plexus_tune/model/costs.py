@@ -115,7 +115,7 @@ from plexus_tune.comm_precision_model import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
-from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
@@ -199,7 +199,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
                           block_rows=block_rows)
     zeros = lambda: np.zeros(k, dtype=np.float64)  # noqa: E731
     comm_axis = [zeros(), zeros(), zeros()]
-    comm_kind = {"all_reduce": zeros(), "all_gather": zeros(), "reduce_scatter": zeros()}
+    comm_kind = {key[:-3]: zeros() for key in COMM_OP_KEYS}  # no broadcast or point-to-point on the 3D grid
     strides = [axis_stride(a, grids) for a in range(3)]
     gemm_flops = zeros()
     spmm_kind = machine.spmm.get("kind")

@@ -86,8 +86,9 @@ class CommCall:
     2 Z), ``calls`` sequential calls per epoch on the busiest group, each of
     ``message_bytes`` (the collective's full buffer; a broadcast's message) made of
     ``rows`` rows; ``sent_bytes``: what each rank sends in the epoch (P,), by the module's
-    convention. A point-to-point exchange gives ``pair_bytes`` (P, P), bytes p sends q in
-    the epoch, and ``pair_rows``. ``direction`` is forward or backward.
+    convention. A point-to-point exchange gives ``pair_rows``, the rows p sends q (a (P, P)
+    array or a :class:`UniformExchange`), each of ``row_bytes``. ``direction`` is forward
+    or backward.
     """
 
     name: str
@@ -101,8 +102,23 @@ class CommCall:
     rows: float
     calls: float
     sent_bytes: np.ndarray
-    pair_bytes: np.ndarray | None = field(default=None, repr=False)
-    pair_rows: np.ndarray | None = field(default=None, repr=False)
+    pair_rows: object = field(default=None, repr=False)
+    row_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class UniformExchange:
+    """An exchange where every rank sends every other rank ``rows`` rows (an estimate)."""
+
+    parts: int
+    rows: float
+
+    @property
+    def T(self) -> "UniformExchange":  # noqa: N802 - mirrors ndarray.T
+        return self
+
+    def sent(self) -> np.ndarray:
+        return np.full(self.parts, self.rows * (self.parts - 1), dtype=np.float64)
 
 
 def _allreduce_sent(elements, g) -> int:
@@ -176,15 +192,17 @@ def summa_sizes(nodes: int, pr: int, pc: int, pl: int = 1) -> dict:
     return {"q": q, "n_pad": n_pad, "rb": rb, "rf": rb // pl, "piece": n_pad // (pl * q)}
 
 
-def uniform_pieces(nnz: int, pr: int, pc: int, pl: int = 1) -> np.ndarray:
-    """Nonzeros of every A piece (Pl, Pr, q) when they are spread evenly: NNZ / (Pr Pl q)."""
+def uniform_pieces(nnz: int, pr: int, pc: int, pl: int = 1) -> float:
+    """Nonzeros of every A piece when they are spread evenly: NNZ / (Pr Pl q)."""
     q = math.lcm(int(pr), int(pc))
-    return np.full((pl, pr, q), float(nnz) / (pr * pl * q))
+    return float(nnz) / (pr * pl * q)
 
 
 def _check_pieces(pieces, pr, pc, pl):
     q = math.lcm(int(pr), int(pc))
     arr = np.asarray(pieces, dtype=np.float64)
+    if arr.ndim == 0:
+        return float(arr)
     if arr.ndim == 2:
         arr = arr.reshape(1, *arr.shape)
     if arr.shape != (pl, pr, q):
@@ -203,12 +221,17 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
                               m, piece, q, np.full(gpus, (pr - 1) * rows_owned * d_cols * u, dtype=np.float64)))
     if pc > 1:
         per_col = q // pc
-        piece_bytes = csr_piece_bytes(pieces, rb, u)  # (pl, pr, q)
-        own = piece_bytes.reshape(pl, pr, pc, per_col).sum(axis=3)  # (pl, pr, pc)
-        sent = ((pc - 1) * own).reshape(-1)  # rank = k Pr Pc + i Pc + j
-        busiest_row = piece_bytes.sum(axis=2).max()
+        if isinstance(pieces, float):  # every piece holds the same nonzeros
+            piece_bytes = float(csr_piece_bytes(pieces, rb, u))
+            sent = np.full(gpus, (pc - 1) * per_col * piece_bytes)
+            busiest_row = q * piece_bytes
+        else:
+            piece_bytes = csr_piece_bytes(pieces, rb, u)  # (pl, pr, q)
+            own = piece_bytes.reshape(pl, pr, pc, per_col).sum(axis=3)  # (pl, pr, pc)
+            sent = ((pc - 1) * own).reshape(-1)  # rank = k Pr Pc + i Pc + j
+            busiest_row = float(piece_bytes.sum(axis=2).max())
         calls.append(CommCall(f"layer {layer} broadcast {'A' if what in ('F',) else 'A^T'} pieces", "broadcast",
-                              "adjacency", direction, 1, pc, 1, float(busiest_row) / q, 0, q, sent.astype(np.float64)))
+                              "adjacency", direction, 1, pc, 1, busiest_row / q, 0, q, np.asarray(sent, dtype=np.float64)))
     return calls
 
 
@@ -217,8 +240,8 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
     """The epoch's communication of CAGNET 2D (``pl`` = 1) or split-3D on Pr x Pc x Pl ranks.
 
     ``a_pieces`` / ``at_pieces``: nonzeros of every piece of A and A^T, shape (Pl, Pr, q)
-    (:func:`plexus_tune.graph.partition.summa_piece_nnz`); without them ``nnz`` spread
-    evenly (:func:`uniform_pieces`).
+    (:func:`plexus_tune.graph.partition.summa_piece_nnz`), or one number for every piece;
+    without them ``nnz`` spread evenly (:func:`uniform_pieces`).
     """
     pr, pc, pl = int(pr), int(pc), int(pl)
     gpus = pr * pc * pl
@@ -275,24 +298,33 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
 
 def supergcn_schedule(widths, rows, bytes_per_element: int = 4) -> list[CommCall]:
     """The epoch's communication of the partitioned GCN: ``rows`` (P, P) boundary rows p sends q
-    per forward aggregation (:meth:`plexus_tune.graph.partition.ExchangePlan.forward_rows`)."""
-    rows = np.asarray(rows, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[0] != rows.shape[1]:
-        raise UserError(f"boundary rows must be a square (P, P) matrix, got shape {rows.shape}")
-    if np.any(rows < 0) or not np.all(np.isfinite(rows)):
-        raise UserError("boundary rows must be finite and not negative")
-    gpus = rows.shape[0]
+    per forward aggregation (:meth:`plexus_tune.graph.partition.ExchangePlan.forward_rows`),
+    or a :class:`UniformExchange`."""
+    if isinstance(rows, UniformExchange):
+        gpus = rows.parts
+        fwd, bwd = rows, rows
+        fwd_sent = bwd_sent = rows.sent()
+        busiest_rows = float(fwd_sent.max()) if gpus > 1 else 0.0
+    else:
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[0] != rows.shape[1]:
+            raise UserError(f"boundary rows must be a square (P, P) matrix, got shape {rows.shape}")
+        if np.any(rows < 0) or not np.all(np.isfinite(rows)):
+            raise UserError("boundary rows must be finite and not negative")
+        gpus = rows.shape[0]
+        fwd = rows.copy()
+        np.fill_diagonal(fwd, 0.0)
+        bwd = fwd.T
+        fwd_sent, bwd_sent = fwd.sum(axis=1), bwd.sum(axis=1)
+        busiest_rows = float(max(fwd_sent.max(), bwd_sent.max())) if gpus > 1 else 0.0
     u = int(bytes_per_element)
-    rows = rows * (1 - np.eye(gpus))
     calls: list[CommCall] = []
     for layer in range(len(widths) - 1):
         d_in, d_out = int(widths[layer]), int(widths[layer + 1])
-        for direction, mat in (("forward", rows), ("backward", rows.T)):
-            pair = mat * d_in * u
-            busiest = pair.sum(axis=1).max() if gpus > 1 else 0.0
+        for direction, mat, sent in (("forward", fwd, fwd_sent), ("backward", bwd, bwd_sent)):
             calls.append(CommCall(f"layer {layer} boundary exchange", "point_to_point", "aggregation", direction, 0,
-                                  gpus, 1, float(busiest), float(mat.sum(axis=1).max()) if gpus > 1 else 0.0, 1,
-                                  pair.sum(axis=1), pair_bytes=pair, pair_rows=mat))
+                                  gpus, 1, busiest_rows * d_in * u, busiest_rows, 1, sent * d_in * u,
+                                  pair_rows=mat, row_bytes=float(d_in * u)))
         if gpus > 1:
             x = (d_in + 1) * d_out
             calls.append(CommCall(f"layer {layer} all-reduce dW, db", "all_reduce", "gather", "backward", 0, gpus, 1,

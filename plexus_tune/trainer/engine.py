@@ -769,6 +769,11 @@ class RankTrainer:
             return None
         return (last.a_rows, last.out_cols, self.last_logits.cpu().numpy())
 
+    def record_shapes(self) -> dict:
+        """Padded node count, padded widths and which layers split W over depth (for the record)."""
+        return {"n_pad": self.layout.padded_nodes, "padded_widths": list(self.layout.padded_widths),
+                "w_split": [lay.w_split for lay in self.layout.layers]}
+
     def close(self) -> None:
         self.comm.close()
 
@@ -807,10 +812,13 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed, config.grid)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed,
+                                                                      config.extra.get("permute_grid", config.grid))
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
-        trainer = RankTrainer(data, config, rank, world_size, device=device, split=split)
+        from plexus_tune.trainer.algorithms import trainer_class
+
+        trainer = trainer_class(config.algorithm)(data, config, rank, world_size, device=device, split=split)
         setup_s = time.perf_counter() - t_setup
         try:
             losses = trainer.train(int(config.epochs))
@@ -850,9 +858,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "graph_name": data.name,
                 "permute": data.permute,
                 "widths": trainer.widths,
-                "n_pad": trainer.layout.padded_nodes,
-                "padded_widths": list(trainer.layout.padded_widths),
-                "w_split": [lay.w_split for lay in trainer.layout.layers],
+                **trainer.record_shapes(),
                 "outputs": None,
             }
             if config.collect_outputs or config.check:

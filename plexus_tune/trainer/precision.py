@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from plexus_tune.comm_precision_model import (
     COMM_CLASSES,
+    COUNTED_CLASSES,
     COMM_PRECISIONS,
     PRECISION_BITS,
     QUANTIZED_PRECISIONS,
@@ -251,6 +252,7 @@ class CommCounter:
         self.reset()
 
     def reset(self) -> None:
+        # the precision classes always; the adjacency class once something is counted in it
         self.bytes: dict[str, int] = dict.fromkeys(COMM_CLASSES, 0)
         self.calls: dict[str, int] = dict.fromkeys(COMM_CLASSES, 0)
         self.comm_ms: dict[str, float] = dict.fromkeys(COMM_CLASSES, 0.0)
@@ -261,10 +263,11 @@ class CommCounter:
         return sum(self.bytes.values())
 
     def add(self, comm_class: str, nbytes: int, ms: float = 0.0, calls: int = 1) -> None:
-        check_comm_class(comm_class)
-        self.bytes[comm_class] += int(nbytes)
-        self.calls[comm_class] += int(calls)
-        self.comm_ms[comm_class] += float(ms)
+        if comm_class not in COUNTED_CLASSES:
+            check_comm_class(comm_class)
+        self.bytes[comm_class] = self.bytes.get(comm_class, 0) + int(nbytes)
+        self.calls[comm_class] = self.calls.get(comm_class, 0) + int(calls)
+        self.comm_ms[comm_class] = self.comm_ms.get(comm_class, 0.0) + float(ms)
 
     def as_dict(self) -> dict[str, float]:
         """Flat record for logs: ``<cls>_bytes``, ``<cls>_calls``, ``<cls>_comm_ms``, ``quant_ms``."""

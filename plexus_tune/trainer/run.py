@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import COMM_CLASSES, check_backend, parse_comm_precision
+from plexus_tune.comm_precision_model import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
@@ -30,6 +30,7 @@ from plexus_tune.launch.launchers import Launcher, check_placement
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
+from plexus_tune.trainer.algorithms import normalize_config
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
@@ -56,6 +57,9 @@ def graph_source(config: TrainConfig):
         from plexus_tune.trainer.engine import is_shard_directory
 
         if is_shard_directory(path):
+            if config.algorithm not in (None, "plexus-3d"):
+                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
+                                "give the graph file")
             _check_shards(path, config)
         return str(path)
     return config.graph
@@ -212,7 +216,8 @@ def comm_bytes_fields(per_rank_epochs) -> dict:
     if not per_rank_epochs or not all(per_rank_epochs):
         return {}
     last = [epochs[-1] for epochs in per_rank_epochs]
-    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in COMM_CLASSES}
+    names = [n for n in COUNTED_CLASSES if n in COMM_CLASSES or any(r.get(n) for r in last)]
+    per_rank = {name: [int(r.get(name, 0)) for r in last] for name in names}
     return {"comm_bytes": {name: int(sum(v)) for name, v in per_rank.items()}, "comm_bytes_per_rank": per_rank}
 
 
@@ -236,7 +241,8 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm))
+                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
+                         replication=config.replication, aggregation=config.aggregation)
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -247,6 +253,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "placement_ok": placement_ok,
         "slurm": slurm,
         "comm_precision": _precision_text(config),
+        "algorithm": config.algorithm,
         "graph_source": describe_source(config),
         "grid": "x".join(map(str, grid)),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
@@ -370,6 +377,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     """
     from plexus_tune.trainer.engine import rank_main
 
+    config = normalize_config(config)
     env = detect_environment()
     if env is None:
         launcher = launcher or Launcher()
