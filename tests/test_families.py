@@ -247,3 +247,12 @@ def test_run_prediction_of_a_family_run_is_the_family_model():
     assert run["total_ms"] == pytest.approx(FAMILY_MODELS["cagnet-1.5d"](w, "perlmutter", [(2, 2, 1)])["total_ms"][0])
     with pytest.raises(UserError):
         predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 4})
+
+
+def test_supergcn_estimate_hand_derived():
+    from plexus_tune.model.families import estimated_boundary_rows
+
+    est = estimated_boundary_rows(100, 500, 4)
+    # 400 off-diagonal nonzeros, 25 per ordered pair, hitting 25 possible sources: 25 (1 - e^-1)
+    assert est.rows == pytest.approx(25 * (1 - math.exp(-1)))
+    assert est.sent().tolist() == pytest.approx([3 * 25 * (1 - math.exp(-1))] * 4)
