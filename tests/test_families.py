@@ -206,3 +206,29 @@ def test_predict_bad_family_inputs_one_line_exit_2(extra):
     assert out.returncode == 2
     assert out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_search_all_over_counts_with_a_graph_is_exact_and_not_estimated():
+    out = cli("search", "--algorithm", "all", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "4,8",
+              "--machine", "perlmutter", "--comm-precision", "fp32", "--top", "3")
+    assert out.returncode == 0, out.stderr
+    assert "estimated" not in out.stdout and "partition-dependent figures from graph" in out.stdout
+    assert "best of each family" in out.stdout and "4,8 GPUs" in out.stdout
+
+
+def test_search_families_refuses_measured_and_block_rows():
+    for extra in (["--measured"], ["--block-rows", "64..128"]):
+        out = cli("search", "--algorithm", "cagnet-2d", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "4",
+                  *extra)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_search_ranking_objective_gpu_hours():
+    from plexus_tune.search.families import search_ranking
+
+    w = workload_from_dataset("ogbn-products")
+    r = search_ranking(w, "perlmutter", [8, 16], objective="gpu-hours", algorithms=("cagnet-1.5d", "cagnet-2d"))
+    values = [rec["objective_value"] for rec in r.records if rec["feasible"]]
+    assert values == sorted(values)
+    for rec in r.records:
+        assert rec["objective_value"] == pytest.approx(rec["total_ms"] * rec["gpus"] * 100 / 3.6e6)

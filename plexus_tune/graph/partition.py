@@ -23,12 +23,14 @@ aggregation A^T dH runs the same edges the other way: q sends p the same number 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.permute import with_self_loops_pattern
 
 #: Aggregation modes of a partitioned exchange.
 AGGREGATION_MODES = ("pre", "post", "hybrid")
@@ -219,10 +221,6 @@ def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool
     piece s of mesh layer k the columns [(k q + s) p, (k q + s + 1) p) with p = N' / (Pl q)
     (:func:`plexus_tune.model.volumes.summa_sizes`); rows and columns past N are padding.
     """
-    import math
-
-    from plexus_tune.graph.permute import with_self_loops_pattern
-
     pr, pc, pl = int(pr), int(pc), int(pl)
     pattern = with_self_loops_pattern(adjacency)
     if transpose:

@@ -45,6 +45,7 @@ from plexus_tune.comm_precision_model import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
+from plexus_tune.graph.partition import check_aggregation, partition_exchange, summa_piece_nnz
 from plexus_tune.model.collectives import Network
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
@@ -361,8 +362,6 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
 def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
-    from plexus_tune.graph.partition import check_aggregation
-
     mode = check_aggregation(mode)
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     if plan is not None:
@@ -451,8 +450,6 @@ def _summa_pieces(options, pr, pc, pl):
     graph = options.get("graph")
     if graph is None:
         return None
-    from plexus_tune.graph.partition import summa_piece_nnz
-
     adjacency = getattr(graph, "adjacency", graph)
     return (summa_piece_nnz(adjacency, pr, pc, pl), summa_piece_nnz(adjacency, pr, pc, pl, transpose=True))
 
@@ -529,8 +526,6 @@ def predict_supergcn(workload, machine, grids, *, block_rows=None, comm_precisio
             raise UserError(f"supergcn runs on G x 1 x 1 (one part per GPU), not {gx}x{gy}x{gz}")
         plan = options.get("plan")
         if plan is None and options.get("graph") is not None:
-            from plexus_tune.graph.partition import partition_exchange
-
             graph = options["graph"]
             plan = partition_exchange(getattr(graph, "adjacency", graph), int(gx), seed=int(options.get("seed", 0)))
         out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan))

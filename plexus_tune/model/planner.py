@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.comm_precision_model import parse_comm_precision
-from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.families import FAMILIES, FAMILY_MODELS, MEMORY_PARTS
+from plexus_tune.model.families import FAMILIES, FAMILY_MODELS
 from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format_grid
 from plexus_tune.model.machine import Machine, load_machine
-from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.volumes import check_replication
 
 #: Every family the planner knows, in report order.
@@ -124,7 +123,8 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
     out = []
     for k in range(len(pred["total_ms"])):
         grid = (int(pred["gx"][k]), int(pred["gy"][k]), int(pred["gz"][k]))
-        rec = {"algorithm": family, "config": config_label(family, grid, mode), "grid": format_grid(grid),
+        rec = {"algorithm": family, "gpus": int(np.prod(grid)), "config": config_label(family, grid, mode),
+               "grid": format_grid(grid),
                "gx": grid[0], "gy": grid[1], "gz": grid[2],
                "aggregation": mode, "replication": int(grid[1]) if family == "cagnet-1.5d" else None,
                "comm_precision": precision}
@@ -169,8 +169,6 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     start = time.perf_counter()
     plan = None
     if graph is not None and "supergcn" in algorithms:
-        from plexus_tune.graph.partition import partition_exchange
-
         adjacency = getattr(graph, "adjacency", graph)
         if adjacency.shape[0] != workload.nodes:
             raise UserError(f"the graph has {adjacency.shape[0]} nodes but the workload {workload.nodes}; "
@@ -206,8 +204,3 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     return Ranking(ranked, gpus, precisions, tuple(algorithms), time.perf_counter() - start,
                    tuple(f for f in algorithms if f in estimated))
 
-
-def plexus_memory_parts(workload, grid) -> dict[str, float]:
-    """Memory parts of a Plexus 3D grid (for listing beside the families' parts)."""
-    parts = memory_breakdown(workload, np.asarray([grid]))
-    return {key: float(parts[key][0]) for key in MEMORY_PARTS}

@@ -31,7 +31,7 @@ from plexus_tune.launch.worker import rank_placement
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.comm import BREAKDOWN_KEYS, PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, WAITING_KEYS
+from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
@@ -165,7 +165,7 @@ def partition_epoch(rank_rows) -> dict:
 
 def summarize_timers(timers, warmup: int) -> dict:
     """Per-epoch max and mean over ranks -> record fields (see module docstring)."""
-    keys = BREAKDOWN_KEYS + PHASE_KEYS
+    keys = TIMER_KEYS + PHASE_KEYS
     ranks = len(timers)
     epochs = len(timers[0])
     table = np.array([[[timers[r][e].get(k, 0.0) for k in keys] for e in range(epochs)] for r in range(ranks)])
