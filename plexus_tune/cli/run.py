@@ -94,14 +94,16 @@ def run(args) -> int:
     console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
                   f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
     table = Table(title="predicted (ms per epoch)")
-    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "memory GiB", "fits"):
+    parts = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")  # they add up to total_ms
+    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "quant", "other", "overhead", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
     for rank, i in enumerate(order[: max(1, args.top)]):
         style = "bold" if i == pick else None
-        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]), _fmt(pred["spmm_ms"][i]),
-                      _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), f"{pred['memory_gib'][i]:.2f}",
+        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]),
+                      *(_fmt(pred[key][i]) for key in parts), f"{pred['memory_gib'][i]:.2f}",
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
+    console.print("total = spmm + gemm + comm + quant + other + overhead (ms per epoch)", style="dim")
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
@@ -128,7 +130,8 @@ def run(args) -> int:
     for col in ("part", "predicted", "observed", "observed/predicted"):
         cmp.add_column(col, justify="left" if col == "part" else "right")
     for key, label in (("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"),
-                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("other_ms", "other"), ("epoch", "epoch")):
+                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("quant_ms", "quant"), ("other_ms", "other"),
+                       ("overhead_ms", "overhead"), ("epoch", "epoch")):
         p = float(pred["total_ms"][pick]) if key == "epoch" else float(pred[key][pick])
         o = record.get("epoch_ms" if key == "epoch" else key)
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
