@@ -11,10 +11,9 @@ import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import exchange_plan
+from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.families import (
     FAMILY_MODELS,
-    FAMILY_OP_KEYS,
-    TOTAL_PARTS,
     exchange_stats,
     point_to_point_ms,
     schedule_times,
@@ -91,7 +90,7 @@ def test_parts_add_up(family, grid):
     for precision in ("fp32", "int8"):
         pred = FAMILY_MODELS[family](w, load_machine("perlmutter"), [grid], comm_precision=precision)
         assert pred["total_ms"][0] == pytest.approx(sum(pred[k][0] for k in TOTAL_PARTS))
-        assert pred["comm_ms"][0] == pytest.approx(sum(pred[k][0] for k in FAMILY_OP_KEYS))
+        assert pred["comm_ms"][0] == pytest.approx(sum(pred[k][0] for k in COMM_OP_KEYS))
         assert pred["comm_ms"][0] == pytest.approx(pred["comm_x_ms"][0] + pred["comm_y_ms"][0] + pred["comm_z_ms"][0])
         assert pred["comm_ms"][0] > 0 and pred["spmm_ms"][0] > 0
 
@@ -232,3 +231,28 @@ def test_search_ranking_objective_gpu_hours():
     assert values == sorted(values)
     for rec in r.records:
         assert rec["objective_value"] == pytest.approx(rec["total_ms"] * rec["gpus"] * 100 / 3.6e6)
+
+
+def test_run_prediction_of_a_family_run_is_the_family_model():
+    from plexus_tune.model.prediction import ALGORITHMS, predict_run
+
+    assert set(ALGORITHMS) == set(ALGORITHM_NAMES)
+    w = Workload("ring", 64, 64 * 3, (4, 2))
+    g = ring_graph()
+    run = predict_run(w, "perlmutter", (4, 1, 1), algorithm="supergcn", options={"aggregation": "pre", "graph": g})
+    own = FAMILY_MODELS["supergcn"](w, load_machine("perlmutter"), [(4, 1, 1)],
+                                    options={"aggregation": "pre", "graph": g})
+    assert run["total_ms"] == pytest.approx(own["total_ms"][0]) and run["algorithm"] == "supergcn"
+    run = predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 2})
+    assert run["total_ms"] == pytest.approx(FAMILY_MODELS["cagnet-1.5d"](w, "perlmutter", [(2, 2, 1)])["total_ms"][0])
+    with pytest.raises(UserError):
+        predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 4})
+
+
+def test_supergcn_estimate_hand_derived():
+    from plexus_tune.model.families import estimated_boundary_rows
+
+    est = estimated_boundary_rows(100, 500, 4)
+    # 400 off-diagonal nonzeros, 25 per ordered pair, hitting 25 possible sources: 25 (1 - e^-1)
+    assert est.rows == pytest.approx(25 * (1 - math.exp(-1)))
+    assert est.sent().tolist() == pytest.approx([3 * 25 * (1 - math.exp(-1))] * 4)

@@ -382,7 +382,7 @@ def fit_profile(
         raise UserError(f"no bandwidth records in {', '.join(map(str, _as_list(bandwidth)))}; "
                         "time them with 'plexus-tune calibrate bandwidth'")
     if optimizer_runs and "optimizer_gbps" not in rates:
-        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs))
+        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs), gpu=not cores)
     profile = {
         "schema": PROFILE_SCHEMA,
         "name": name,
@@ -400,7 +400,7 @@ def fit_profile(
     if "sync_us" in rates:
         profile["sync_us"] = float(rates["sync_us"])
     if optimizer_runs and not runs:
-        profile["epoch_overhead_ms"], _ = epoch_latency_from_runs(_run_records(optimizer_runs), profile)
+        profile["epoch_overhead_ms"], rates["latency_runs"] = epoch_latency_from_runs(_run_records(optimizer_runs), profile, gpu=not cores)
     if cores:
         profile["host_cores"] = int(cores)
         profile["threads_per_rank"] = 1
@@ -427,10 +427,12 @@ def fit_profile(
     if "optimizer_gbps" in rates:
         provenance["optimizer_gbps"] = (
             f"fit_bandwidths: bytes / time of {optimizer} at {rates['optimizer_elements']} elements" if "optimizer_elements" in rates
-            else f"optimizer_gbps_from_runs: median over {rates['optimizer_runs']} trainer runs of the bytes of each run's "
+            else f"optimizer_gbps_from_runs: median over {rates['optimizer_runs']} trainer runs on "
+                 f"{'CPUs' if cores else 'GPUs'} of the bytes of each run's "
                  "optimizer step (its optimizer's accesses, docs/model.md, Other) / the run's optimizer phase")
     if "epoch_overhead_ms" in profile:
-        provenance["epoch_overhead_ms"] = (f"epoch_latency_from_runs: median over {rates['optimizer_runs']} trainer runs of the "
+        provenance["epoch_overhead_ms"] = (f"epoch_latency_from_runs: median over {rates['latency_runs']} trainer runs on "
+                                           f"{'CPUs' if cores else 'GPUs'} of the "
                                            "observed other_ms less the predicted other parts (each run's optimizer): the host's "
                                            "launch and synchronisation latency per epoch")
     if "sync_us" in rates:
@@ -443,7 +445,7 @@ def fit_profile(
         "environment": env,
         "inputs": {
             "spmm": input_info(spmm),
-            "collectives": input_info(collectives) if copied is None else [{"profile": copied.path or copied.name}],
+            "collectives": input_info(collectives) if copied is None else [{"profile": copied.name}],
             "bandwidth": input_info(bandwidth),
             "optimizer_runs": input_info(optimizer_runs),
             "runs": input_info(runs),

@@ -25,10 +25,11 @@ import numpy as np
 from plexus_tune.comm_precision_model import parse_comm_precision
 from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
-from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.families import FAMILIES, FAMILY_MODELS
+from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
+from plexus_tune.model.families import FAMILIES
 from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format_grid
 from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.volumes import check_replication
 
 #: Every family the planner knows, in report order.
@@ -37,8 +38,8 @@ ALGORITHM_NAMES = ("plexus-3d", *FAMILIES)
 ALL = "all"
 #: Aggregation modes of the partitioned family.
 SUPERGCN_MODES = ("pre", "post", "hybrid")
-#: Keys of a ranked record's time breakdown (ms per epoch); the first six add up to total_ms.
-RECORD_TIME_KEYS = ("total_ms", "spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+#: Keys of a ranked record's time breakdown (ms per epoch): total_ms and its parts.
+RECORD_TIME_KEYS = ("total_ms", *TOTAL_PARTS)
 
 
 def parse_algorithms(text: str | None) -> tuple[str, ...]:
@@ -130,12 +131,12 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
                "comm_precision": precision}
         for key in RECORD_TIME_KEYS:
             rec[key] = float(pred[key][k])
-        for key in ("broadcast_ms", "point_to_point_ms", "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"):
-            rec[key] = float(pred[key][k]) if key in pred else 0.0
+        for key in COMM_OP_KEYS:
+            rec[key] = float(pred[key][k])
         rec["memory_bytes"] = int(round(float(pred["memory_bytes"][k])))
         rec["memory_gib"] = float(pred["memory_gib"][k])
         rec["feasible"] = bool(pred["feasible"][k])
-        rec["estimated"] = bool(pred["estimated"][k]) if "estimated" in pred else False
+        rec["estimated"] = bool(pred["estimated"][k]) if "estimated" in pred else False  # plexus-3d: no partition
         out.append(rec)
     return out
 
@@ -183,17 +184,17 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
         if len(grids) == 0:
             continue
         for precision in precisions:
-            if family == "plexus-3d":
-                records += _records(family, predict_grids(workload, machine, grids, comm_precision=precision), precision)
-            elif family == "supergcn":
+            if family == "supergcn":
                 for mode in modes:
                     options = {"aggregation": mode} if plan is None else {"aggregation": mode, "plan": plan}
-                    pred = FAMILY_MODELS[family](workload, machine, grids, comm_precision=precision, options=options)
+                    pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
+                                             options=options)
                     records += _records(family, pred, precision, mode)
             else:
-                options = {} if graph is None or family == "cagnet-1d" or family == "cagnet-1.5d" else {"graph": graph}
-                records += _records(family, FAMILY_MODELS[family](workload, machine, grids, comm_precision=precision,
-                                                                  options=options), precision)
+                options = {"graph": graph} if graph is not None and family in ("cagnet-2d", "cagnet-3d") else None
+                pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
+                                         options=options)
+                records += _records(family, pred, precision)
     for rec in records:
         if rec["estimated"]:
             estimated.add(rec["algorithm"])

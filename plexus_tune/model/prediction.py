@@ -27,6 +27,7 @@ from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
 from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.families import FAMILY_MODELS
 from plexus_tune.model.machine import Machine, load_machine
 
 __all__ = ["ALGORITHMS", "BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_KEYS", "TOTAL_PARTS",
@@ -44,7 +45,7 @@ def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None
 
 
 #: Algorithm family -> its vectorized model (see the module docstring).
-ALGORITHMS: dict[str, Callable[..., dict]] = {DEFAULT_ALGORITHM: _plexus_3d}
+ALGORITHMS: dict[str, Callable[..., dict]] = {DEFAULT_ALGORITHM: _plexus_3d, **FAMILY_MODELS}
 
 #: The times of a run's prediction, in report order (ms per epoch): its parts, the
 #: fixed overhead, and their sum ``total_ms``.
