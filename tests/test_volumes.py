@@ -170,3 +170,18 @@ def test_metis_partition_is_seeded_and_hybrid_never_exceeds_pre_or_post():
 def test_partition_rejects_more_parts_than_nodes():
     with pytest.raises(UserError):
         partition_graph(sp.eye(3, format="csr"), 4)
+
+
+def test_table5_runner_tiny_prints_ratios_of_at_least_one():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "runners/supergcn_volumes.py", "--tiny"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("rmat:", "grid2d:"))]
+    assert len(rows) == 4
+    for row in rows:
+        pre, post, hybrid = (int(v.replace(",", "")) for v in row[3:6])
+        assert hybrid <= min(pre, post) and float(row[8]) == pytest.approx(pre / hybrid, abs=1e-3)
+    assert "1.524" in out.stdout

@@ -7,9 +7,14 @@ import sys
 
 from plexus_tune.cli.output import make_console
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.planner import ALGORITHM_NAMES, ALL, joint_ranking, parse_algorithms
+from plexus_tune.model.volumes import check_replication
+from plexus_tune.search.families import search_ranking
+from plexus_tune.search.space import objective_unit
 
 ALGORITHM_HELP = (f"algorithm family: {', '.join(ALGORITHM_NAMES)}, or {ALL} (one ranking over every family, "
                   "configuration and communication precision; default plexus-3d; docs/model.md, Planner)")
@@ -21,15 +26,37 @@ COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), (
 
 
 def add_algorithm_argument(parser) -> None:
+    """``--algorithm`` and the families' own filters ``--replication``, ``--aggregation``."""
     parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME", help=ALGORITHM_HELP)
+    parser.add_argument("--replication", metavar="C",
+                        help="cagnet-1.5d: only the replication factor C (C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--aggregation", metavar="MODE",
+                        help="supergcn: only the aggregation mode pre, post or hybrid (default: all three)")
+
+
+def family_filters(args, algorithms) -> dict:
+    """The planner's ``replication`` and ``aggregation`` from the flags (UserError naming the flag)."""
+    out = {}
+    if getattr(args, "replication", None) is not None:
+        if "cagnet-1.5d" not in algorithms:
+            raise UserError("--replication applies to --algorithm cagnet-1.5d (or all)")
+        out["replication"] = whole_number(args.replication, "--replication", minimum=1)
+    if getattr(args, "aggregation", None) is not None:
+        if "supergcn" not in algorithms:
+            raise UserError("--aggregation applies to --algorithm supergcn (or all)")
+        out["aggregation"] = str(args.aggregation)
+    return out
 
 
 def selected_algorithms(args) -> tuple[str, ...]:
-    """The families ``--algorithm`` names (UserError naming the flag)."""
+    """The families ``--algorithm`` names (UserError naming the flag; also when a family's
+    own flag is given for a family that does not take it)."""
     try:
-        return parse_algorithms(getattr(args, "algorithm", None))
+        algorithms = parse_algorithms(getattr(args, "algorithm", None))
     except UserError as exc:
         raise UserError(f"--algorithm: {exc}") from None
+    family_filters(args, algorithms)
+    return algorithms
 
 
 def family_precisions(args, algorithms) -> list[str]:
@@ -61,9 +88,12 @@ def _label(rec) -> str:
     return rec["algorithm"] + (ESTIMATE_MARK if rec["estimated"] else "")
 
 
-def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "table", graph_name: str | None = None) -> int:
+def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "table", graph_name: str | None = None,
+                  objective: str = "epoch") -> int:
     """Print the planner's ranking (table, json or csv); UserError when nothing fits."""
     records = ranking.records
+    several = isinstance(ranking.gpus, tuple)
+    counts = ",".join(str(g) for g in ranking.gpus) if several else str(ranking.gpus)
     shown = records[:top] if top else records
     best = ranking.best_per_family()
     if fmt == "json":
@@ -84,33 +114,40 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         console = make_console()
         widths = "-".join(str(w) for w in workload.widths)
         console.print(f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
-                      f"{ranking.gpus} GPUs on {machine.name}: {len(records)} configurations "
+                      f"{counts} GPUs on {machine.name}: {len(records)} configurations "
                       f"({', '.join(ranking.algorithms)} x precision {', '.join(ranking.precisions)}), "
                       f"{len(ranking.feasible)} fit in memory; evaluated exactly in {ranking.seconds:.2f} s", highlight=False)
         table = Table(title="joint ranking")
-        for name in ("rank", "algorithm", "configuration", "precision"):
-            table.add_column(name, justify="right" if name == "rank" else "left")
+        lead = ("rank",) + (("GPUs",) if several else ()) + ("algorithm", "configuration", "precision")
+        for name in lead:
+            table.add_column(name, justify="right" if name in ("rank", "GPUs") else "left")
+        if objective != "epoch":
+            table.add_column(objective_unit(objective), justify="right")
         for _, label in COLUMNS:
             table.add_column(label, justify="right")
         table.add_column("mem GiB", justify="right")
         table.add_column("fits")
         for rec in shown:
-            table.add_row(str(rec["rank"]), _label(rec), rec["config"], rec["comm_precision"],
-                          *(_fmt(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+            cells = [str(rec["rank"])] + ([str(rec["gpus"])] if several else [])
+            cells += [_label(rec), rec["config"], rec["comm_precision"]]
+            if objective != "epoch":
+                cells.append(f"{rec['objective_value']:.4g}")
+            table.add_row(*cells, *(_fmt(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
                           "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
         console.print(table)
         fam = Table(title="best of each family")
-        for name in ("algorithm", "configuration", "precision", "total ms", "mem GiB", "joint rank"):
-            fam.add_column(name, justify="right" if name in ("total ms", "mem GiB", "joint rank") else "left")
+        for name in ("algorithm",) + (("GPUs",) if several else ()) + ("configuration", "precision", "total ms",
+                                                                        "mem GiB", "joint rank"):
+            fam.add_column(name, justify="right" if name in ("GPUs", "total ms", "mem GiB", "joint rank") else "left")
         for family in ranking.algorithms:
             rec = best[family]
             if rec is None:
                 smallest = min((r for r in records if r["algorithm"] == family), key=lambda r: r["memory_bytes"], default=None)
                 need = f"{smallest['memory_gib']:.2f}" if smallest else "-"
-                fam.add_row(family, "none fits", "-", "-", need, "-", style="red")
+                fam.add_row(family, *(["-"] if several else []), "none fits", "-", "-", need, "-", style="red")
             else:
-                fam.add_row(_label(rec), rec["config"], rec["comm_precision"], _fmt(rec["total_ms"]),
-                            f"{rec['memory_gib']:.2f}", str(rec["rank"]))
+                fam.add_row(_label(rec), *([str(rec["gpus"])] if several else []), rec["config"], rec["comm_precision"],
+                            _fmt(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
@@ -123,13 +160,14 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
             console.print(f"partition-dependent figures from graph {graph_name}", highlight=False)
     if not ranking.feasible:
         smallest = min(records, key=lambda r: r["memory_bytes"])
-        raise UserError(f"no configuration of {ranking.gpus} GPUs fits: the smallest estimate is "
+        raise UserError(f"no configuration of {counts} GPUs fits: the smallest estimate is "
                         f"{smallest['memory_gib']:.1f} GiB per GPU ({smallest['algorithm']} {smallest['config']}) but "
                         f"{machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs or a machine "
                         "with more device memory")
     if fmt == "table":
         first = ranking.feasible[0]
-        print(f"Recommended: {first['algorithm']} {first['config']} at {first['comm_precision']} "
+        print(f"Recommended: {first['algorithm']} {first['config']}" + (f" on {first['gpus']} GPUs" if several else "")
+              + f" at {first['comm_precision']} "
               f"({first['total_ms']:.1f} ms/epoch: SpMM {first['spmm_ms']:.1f}, comm {first['comm_ms']:.1f}, "
               f"GEMM {first['gemm_ms']:.1f}; {first['memory_gib']:.2f} GiB per GPU)")
         if first["comm_precision"] != "fp32":
@@ -142,8 +180,6 @@ def load_graph_argument(text):
     """The Graph of a --graph file or synthetic spec (None without one)."""
     if not text:
         return None
-    from plexus_tune.measure.campaign import load_graph_source
-
     return load_graph_source(str(text))
 
 
@@ -157,6 +193,30 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             raise UserError(f"--{flag.replace('_', '-')} filters plexus-3d grids only; leave it out with --algorithm "
                             + getattr(args, "algorithm", ALL))
     precisions = family_precisions(args, algorithms)
-    ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph)
+    filters = family_filters(args, algorithms)
+    for key, flag, check in (("replication", "--replication", lambda c: check_replication(gpus, c)),
+                             ("aggregation", "--aggregation", check_aggregation)):
+        if key in filters:
+            try:
+                check(filters[key])
+            except UserError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
+                            **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
+
+
+def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
+    """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
+    if getattr(args, "measured", False):
+        raise UserError("--measured trains plexus-3d grids; the other families are searched by the model: "
+                        "leave out --measured or use --algorithm plexus-3d")
+    if getattr(args, "block_rows", None):
+        raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm " + args.algorithm)
+    precisions = family_precisions(args, algorithms)
+    filters = family_filters(args, algorithms)
+    ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
+                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
+    return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
+                         objective=args.objective)

@@ -10,17 +10,12 @@ from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.comm_precision_model import check_backend, parse_allowed, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.measure.microbench import (
-    COLLECTIVE_MODES,
-    calibrate_collectives,
-    calibrate_graph_shards,
-    collective_shapes,
-    parse_sizes,
-    run_quant_benchmark,
-    spmm_sweep,
-    sweep_shapes,
-)
-from plexus_tune.measure.store import COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
+from plexus_tune.measure.codec import run_quant_benchmark
+from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
+from plexus_tune.measure.spmm import calibrate_graph_shards, spmm_sweep, sweep_shapes
+from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
+from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
+from plexus_tune.model.other import OPTIMIZER_ACCESSES
 from plexus_tune.model.collectives import COLLECTIVE_OPS
 from plexus_tune.model.grid import enumerate_grids
 
@@ -86,8 +81,26 @@ def register(subparsers) -> None:
     spmm.add_argument("--passes", type=count(1), default=1, help="with --sweep: interleaved passes over all shapes, each in a fresh random order (default 1; 10 or more on a host whose speed drifts)")
     spmm.add_argument("--statistic", choices=("min", "median"), default="min", help="with --sweep: a shape's time_ms over its passes (both are recorded; default min)")
     spmm.add_argument("--seed", type=count(0), default=0, help="random seed (shapes, matrices, permutation)")
+    spmm.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: on a GPU the operands are built on the device "
+                      "and each call is timed with CUDA events (min and median of >= 10 samples after 2 warm-ups)")
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
+
+    bandwidth = sub.add_parser(
+        "bandwidth",
+        help="elementwise passes, the optimizer step and a synchronisation: the epoch's other part",
+        description="Time the memory-bound steps of an epoch on one device: copy, bias add, ReLU forward and "
+        "backward, one step of each AdamW form over one parameter, and a device synchronisation; each record "
+        "has the bytes the step must move. 'plexus-tune fit --bandwidth' turns them into elementwise_gbps, "
+        "optimizer_gbps and sync_us (docs/model.md, Other).",
+    )
+    bandwidth.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N] (CUDA events)")
+    bandwidth.add_argument("--sizes", default="1M,64M", help="elements per array, comma-separated (default 1M,64M; "
+                           "the largest gives the profile's rates)")
+    bandwidth.add_argument("--optimizers", default=",".join(OPTIMIZER_ACCESSES), help="AdamW forms to step (default all)")
+    bandwidth.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1, as one rank)")
+    bandwidth.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    bandwidth.set_defaults(handler=run_bandwidth)
 
     quant = sub.add_parser(
         "quant",
@@ -103,6 +116,48 @@ def register(subparsers) -> None:
     quant.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1, as one rank)")
     quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     quant.set_defaults(handler=run_quant)
+
+
+def _device(name: str):
+    """The torch device of --device; one line and exit 2 when it is not there."""
+    from plexus_tune.measure.device import resolve_device
+
+    try:
+        return resolve_device(name)
+    except UserError as exc:
+        raise UserError(f"--device: {exc}") from None
+
+
+def run_bandwidth(args) -> int:
+    from plexus_tune.errors import parse_count
+    from plexus_tune.measure.bandwidth import bandwidth_benchmark
+
+    sizes = [parse_count(v, "--sizes") for v in args.sizes.split(",") if v.strip()]
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"--sizes: expected positive element counts such as 1M,64M, got {args.sizes!r}")
+    optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    for name in optimizers or [args.optimizers]:
+        if name not in OPTIMIZER_ACCESSES:
+            raise UserError(f"--optimizers: unknown optimizer {name!r}; choose from {', '.join(OPTIMIZER_ACCESSES)}")
+    check_log("--out", args.out, kinds=BANDWIDTH_LOG)
+    device = _device(args.device)
+    _quiet_torch_warnings()
+    progress = ProgressReporter(command="calibrate bandwidth")
+    total = len(sizes) * (4 + len(optimizers)) + 1
+    try:
+        records = bandwidth_benchmark(device, sizes=sizes, optimizers=optimizers, threads=args.threads,
+                                      progress=_counter(progress, "bandwidth", total))
+    finally:
+        progress.close()
+    append_records(args.out, records)
+    for r in records:
+        what = r["op"] + (f" {r['optimizer']}" if r.get("optimizer") else "")
+        if r["op"] == "sync":
+            print(f"{what:<24} {r['time_ms'] * 1e3:10.2f} us")
+        else:
+            print(f"{what:<24} {r['elements']:>11,} elements {r['time_ms']:9.4f} ms {r['gbps']:9.1f} GB/s")
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
 
 
 def run_quant(args) -> int:
@@ -274,7 +329,10 @@ def run_spmm(args) -> int:
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
+    if args.all_shards and args.device.strip().lower() != "cpu":
+        raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
     check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])
+    device = _device(args.device)
     configure_compute_process(threads)
     env = environment_info()
     progress = ProgressReporter(command="calibrate spmm")
@@ -288,28 +346,38 @@ def run_spmm(args) -> int:
                 dense_cols=(1, limits["--max-cols"]),
                 max_nnz=limits["--max-nnz"],
             )
-            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
-                                 statistic=args.statistic,
-                                 progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
+            if device.type != "cpu":
+                records = device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),
+                                            progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes)))
+            else:
+                records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
+                                     statistic=args.statistic,
+                                     progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
         else:
             graph = load_graph_source(args.graph)
             widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
             grids = enumerate_grids(gpus)
-            records = calibrate_graph_shards(
-                graph.normalized_adjacency(),
-                widths,
-                gpus,
-                grids=grids,
-                seed=args.seed,
-                repeats=repeats,
-                all_shards=args.all_shards,
-                graph_name=graph.name,
-                progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
-            )
+            if device.type != "cpu":
+                records = device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,
+                                              graph_name=graph.name, min_samples=max(10, repeats),
+                                              progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers",
+                                                                len(grids) * layers))
+            else:
+                records = calibrate_graph_shards(
+                    graph.normalized_adjacency(),
+                    widths,
+                    gpus,
+                    grids=grids,
+                    seed=args.seed,
+                    repeats=repeats,
+                    all_shards=args.all_shards,
+                    graph_name=graph.name,
+                    progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
+                )
     finally:
         progress.close()
     for r in records:
-        r["machine_info"] = env
+        r["machine_info"] = {**env, **r.get("machine_info", {})}
     append_records(args.out, records)
     spmm = [r for r in records if record_type(r) == "spmm"]
     gemm = len(records) - len(spmm)

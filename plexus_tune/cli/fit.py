@@ -9,6 +9,7 @@ from __future__ import annotations
 from plexus_tune.cli.options import count, real
 from plexus_tune import fit as fitting
 from plexus_tune.errors import UserError
+from plexus_tune.model.machine import FIELDS
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
@@ -33,6 +34,8 @@ def register(subparsers) -> None:
                         "optimizer_gbps and sync_us of the epoch's other part")
     parser.add_argument("--optimizer-runs", nargs="+", metavar="FILE", help="trainer run logs whose optimizer phase gives optimizer_gbps "
                         "(when no bandwidth log times the optimizer)")
+    parser.add_argument("--provenance", nargs="+", default=[], metavar="FIELD=TEXT", help="add TEXT to the provenance of a "
+                        "profile field, e.g. where a given number was measured: elementwise_gbps='copy rate measured in env.json'")
     parser.add_argument("--optimizer", default=None, help="the optimizer the trainer runs on this machine (default: the trainer's, adamw-fused)")
     parser.add_argument("--runs", nargs="+", metavar="FILE", help="trainer run logs (measure) for the epoch-level fit")
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
@@ -87,8 +90,17 @@ def run(args) -> int:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
     if not args.machine_name.strip():
         raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
+    notes = {}
+    for item in args.provenance:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or not text.strip():
+            raise UserError(f"--provenance: expected FIELD=TEXT, got {item!r}")
+        if key.strip() not in FIELDS or key.strip() in ("provenance", "schema"):
+            raise UserError(f"--provenance: {key.strip()!r} is not a profile field (docs/profiles.md lists them)")
+        notes[key.strip()] = text.strip()
     check_output_file("--out", args.out, overwrite=False, force=args.force,
-                      inputs=[*args.spmm, *args.collectives, *(args.runs or ()), *(args.gemm or ())])
+                      inputs=[*args.spmm, *(args.collectives or ()), *(args.runs or ()), *(args.gemm or ()),
+                              *(args.bandwidth or ()), *(args.optimizer_runs or ())])
     console = make_console()
     progress = ProgressReporter(command="fit")
     try:
@@ -115,6 +127,8 @@ def run(args) -> int:
     for key, flag in _GIVEN.items():  # the library says "given": name the flag
         if str(profile["provenance"].get(key, "")).startswith("given"):
             profile["provenance"][key] = flag
+    for key, text in notes.items():
+        profile["provenance"][key] = "; ".join(p for p in (profile["provenance"].get(key), text) if p)
 
     spmm = report["spmm"]
     table = Table(title=f"SpMM models on {spmm['samples']} measurements, up to {args.splits} random 70/30 splits (means; * chosen)")

@@ -14,15 +14,15 @@ from plexus_tune.measure.campaign import (
     campaign_config,
     choose_grids,
     config_identity,
+    config_settings,
     launcher_options,
     load_stats,
     logged_trials,
     pending_runs,
-    predicted_fields,
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.records import predict_record, run_setting, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
 from plexus_tune.trainer.run import base_record
@@ -84,12 +84,14 @@ def run(args) -> int:
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
-    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine)
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision}
+    settings = config_settings(campaign_config(graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings)
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
@@ -177,7 +179,7 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
                           reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})",
                           campaign={"gpus": args.gpus, "trials": args.trials, "grids": ["x".join(map(str, g)) for g in grids]})
             if workload is not None:
-                record["predicted"] = predicted_fields(workload, machine, grid)
+                record["predicted"] = predict_record(record, machine, workload=workload)
             append_records(args.log, [record])
             new.append(record)
             reporter.line(dispatch.describe_run(record))

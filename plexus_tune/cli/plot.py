@@ -6,7 +6,8 @@ from plexus_tune.cli.options import count
 from plexus_tune.cli.output import check_output_dir
 from plexus_tune import plotting
 from plexus_tune.errors import UserError
-from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.costs import rank_order
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
@@ -99,7 +100,7 @@ def make_figure(args):
 
             workload = workload_from_dataset(args.dataset)
             grids = enumerate_grids(args.gpus)
-            pred = predict_grids(workload, machine, grids)
+            pred = predict_run_grids(workload, machine, grids)
             frame = plotting.predicted_frame(pred, rank_order(pred)[: max(1, args.top)])
             fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
             return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"

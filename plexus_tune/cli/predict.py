@@ -11,10 +11,11 @@ import numpy as np
 
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
-from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload, get_dataset
 
 FORMATS = ("table", "json", "csv")
@@ -200,8 +201,8 @@ def run(args) -> int:
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    by_precision = {p: predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
-                                      optimizer=optimizer)
+    by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                         optimizer=optimizer)
                     for p in precisions}
     best_of = {}
     for p, candidate in by_precision.items():

@@ -8,14 +8,11 @@ from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import (
-    campaign_config,
-    logged_trials,
-    predicted_fields,
-)
-from plexus_tune.measure.records import run_identity, runs_table
+from plexus_tune.measure.campaign import campaign_config, config_settings, logged_trials
+from plexus_tune.measure.records import predict_record, run_identity, runs_table
 from plexus_tune.measure.store import append_records, read_runs
-from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.costs import rank_order
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import default_run_log
@@ -78,8 +75,12 @@ def run(args) -> int:
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
+    options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision}
     grids = enumerate_grids(args.gpus)
-    pred = predict_grids(workload, machine, grids, **({"block_rows": args.block_rows} if args.block_rows else {}))
+    settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    pred = predict_run_grids(workload, machine, grids, **settings)
     order = rank_order(pred)
     feasible = np.asarray(pred["feasible"], dtype=bool)
     if grid is not None:
@@ -106,15 +107,13 @@ def run(args) -> int:
     console.print("total = spmm + gemm + comm + quant + other + overhead (ms per epoch)", style="dim")
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                             warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
-                                                          "timeout_s": args.timeout,
-                                                          "comm_precision": comm_precision})
+                             warmup=args.warmup, options=options)
     if submits(launcher):
         return _submit(args, launcher, grid, console)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
-    record["predicted"] = predicted_fields(workload, machine, grid)
+    record["predicted"] = predicted = predict_record(record, machine, workload=workload)
     # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)
     logged = {t for (ident, t) in logged_trials(log) if ident == identity}
@@ -132,13 +131,13 @@ def run(args) -> int:
     for key, label in (("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"),
                        ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("quant_ms", "quant"), ("other_ms", "other"),
                        ("overhead_ms", "overhead"), ("epoch", "epoch")):
-        p = float(pred["total_ms"][pick]) if key == "epoch" else float(pred[key][pick])
+        p = predicted["total_ms" if key == "epoch" else key]
         o = record.get("epoch_ms" if key == "epoch" else key)
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
-                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {log} (trial {trial})")
+                  f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {trial})")
     table = runs_table(read_runs(log, warn=False))
     mine = table[[ident == identity for ident in table["identity"]]]
     if len(mine) and int(mine["trials"].iloc[0]) > 1:

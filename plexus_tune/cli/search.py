@@ -9,6 +9,7 @@ from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
 from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
@@ -100,6 +101,7 @@ def register(subparsers) -> None:
                         "sharing the study (default 1)")
     add_launcher_arguments(p)
     add_precision_arguments(p)
+    add_algorithm_argument(p)
     p.set_defaults(handler=run)
 
 
@@ -138,7 +140,10 @@ def run(args) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     precisions, auto = precision_choices(args)
+    algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
+    if algorithms != ("plexus-3d",):
+        return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")

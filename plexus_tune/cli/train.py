@@ -16,6 +16,7 @@ from plexus_tune.measure.campaign import check_graph
 from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
@@ -153,9 +154,7 @@ def _algorithm_text(record: dict) -> str:
 
 
 def summary_lines(record: dict) -> list[str]:
-    keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms",
-            *(k for k in ("broadcast_ms", "point_to_point_ms") if record.get(k)), "quant_ms", "other_ms")
+    keys = [k for k in BREAKDOWN_KEYS if k not in FAMILY_COMM_OP_KEYS or record.get(k)]
     lines = [
         f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",

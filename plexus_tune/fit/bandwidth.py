@@ -1,7 +1,7 @@
 """The rates of the epoch's ``other`` part from bandwidth records and trainer runs (docs/profiles.md).
 
-- ``elementwise_gbps``: the median over the elementwise ops (copy, bias, relu,
-  relu_backward) of bytes / time at the largest size timed (the size the epoch's
+- ``elementwise_gbps``: the median over the elementwise ops (copy, relu,
+  relu_backward, column_sum) of bytes / time at the largest size timed (the size the epoch's
   arrays have; small arrays fit in caches).
 - ``optimizer_gbps``: bytes / time of the profile's optimizer at the largest size; or,
   from trainer runs, the median over runs of optimizer bytes / the optimizer phase
@@ -19,10 +19,17 @@ from collections.abc import Mapping
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import DTYPE_BYTES
-from plexus_tune.model.other import LEGACY_OPTIMIZERS, OPTIMIZER_ACCESSES, other_ms, trainable_elements
+from plexus_tune.model.other import (
+    LEGACY_OPTIMIZERS,
+    LEGACY_PASSES,
+    OPTIMIZER_ACCESSES,
+    TRAINER_PASSES,
+    other_ms,
+    trainable_elements,
+)
 from plexus_tune.model.shapes import layer_shapes
 
-ELEMENTWISE_OP_NAMES = ("copy", "bias", "relu", "relu_backward")
+ELEMENTWISE_OP_NAMES = ("copy", "relu", "relu_backward", "column_sum")
 
 
 def fit_bandwidths(records, optimizer: str) -> dict:
@@ -56,8 +63,13 @@ def run_optimizer(record: Mapping) -> str:
         if name not in OPTIMIZER_ACCESSES:
             raise UserError(f"trainer run: unknown optimizer {name!r}; known: {', '.join(OPTIMIZER_ACCESSES)}")
         return str(name)
-    on_gpu = str(record.get("backend")) == "nccl" or str(record.get("device", "cpu")) not in ("cpu", "None")
-    return LEGACY_OPTIMIZERS["cuda" if on_gpu else "cpu"]
+    return LEGACY_OPTIMIZERS["cuda" if run_on_gpu(record) else "cpu"]
+
+
+def run_passes(record: Mapping):
+    """The elementwise passes of the trainer that made a run: the earlier trainer's for a record
+    without an ``optimizer`` field (:data:`plexus_tune.model.other.LEGACY_PASSES`)."""
+    return TRAINER_PASSES if record.get("optimizer") else LEGACY_PASSES
 
 
 def run_optimizer_bytes(record: Mapping) -> float:
@@ -72,33 +84,40 @@ def _run_shapes(record: Mapping):
     return layer_shapes(int(record["graph_nodes"]), [int(w) for w in record["widths"]], grid), u
 
 
-def _timed_runs(records) -> list[dict]:
+def run_on_gpu(record: Mapping) -> bool:
+    """Whether a trainer run ran on GPUs (nccl, or a CUDA device named in the record)."""
+    return str(record.get("backend")) == "nccl" or str(record.get("device") or "cpu") not in ("cpu", "None")
+
+
+def _timed_runs(records, gpu: bool | None = None) -> list[dict]:
+    """Successful runs with an optimizer phase (on GPUs only, or on CPUs only, when ``gpu`` says)."""
     return [r for r in records if r.get("status", "ok") == "ok" and r.get("optimizer_ms") and r.get("widths")
-            and r.get("other_ms") is not None]
+            and r.get("other_ms") is not None and (gpu is None or run_on_gpu(r) == gpu)]
 
 
-def epoch_latency_from_runs(records, profile: Mapping) -> tuple[float, int]:
+def epoch_latency_from_runs(records, profile: Mapping, gpu: bool | None = None) -> tuple[float, int]:
     """(median over runs of observed other_ms less the predicted other parts, runs used), at least 0.
 
-    Each run's other parts are predicted with the profile's rates and the run's own
-    optimizer (:func:`run_optimizer`): what remains is the host's per-epoch latency
+    Each run's other parts are predicted with the profile's rates, the run's own
+    optimizer (:func:`run_optimizer`) and its trainer's passes (:func:`run_passes`): what remains is the host's per-epoch latency
     (kernel launches, synchronisations), which no byte count describes.
     """
     residuals = []
-    for r in _timed_runs(records):
+    for r in _timed_runs(records, gpu):
         shapes, u = _run_shapes(r)
         parts = other_ms(shapes, u, elementwise_gbps=profile.get("elementwise_gbps"), optimizer_gbps=profile.get("optimizer_gbps"),
-                         sync_us=profile.get("sync_us") or 0.0, optimizer=run_optimizer(r))
+                         sync_us=profile.get("sync_us") or 0.0, optimizer=run_optimizer(r), passes=run_passes(r))
         residuals.append(float(r["other_ms"]) - float(parts["other_ms"]))
     if not residuals:
         raise UserError("no trainer run with an optimizer phase to take the epoch latency from")
     return max(0.0, float(statistics.median(residuals))), len(residuals)
 
 
-def optimizer_gbps_from_runs(records, optimizer: str | None = None) -> tuple[float, int]:
-    """(median over successful runs of optimizer bytes / optimizer_ms, runs used); runs of ``optimizer`` only when given."""
+def optimizer_gbps_from_runs(records, optimizer: str | None = None, gpu: bool | None = None) -> tuple[float, int]:
+    """(median over successful runs of optimizer bytes / optimizer_ms, runs used); runs of ``optimizer``
+    only when given, on GPUs only (``gpu`` True) or CPUs only (False) when given."""
     rates = []
-    for r in _timed_runs(records):
+    for r in _timed_runs(records, gpu):
         if optimizer is not None and run_optimizer(r) != optimizer:
             continue
         rates.append(run_optimizer_bytes(r) / (float(r["optimizer_ms"]) * 1e-3) / 1e9)

@@ -33,8 +33,8 @@ from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
-from plexus_tune.fit.validation import predict_runs
-from plexus_tune.measure.records import runs_table
+from plexus_tune.comm_precision_model import QUANT_CALL_KEY, QUANT_RATE_KEYS
+from plexus_tune.measure.records import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
@@ -59,7 +59,8 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     """Fold epoch-level scale factors into a profile's rates; the overhead goes to ``epoch_overhead_ms``.
 
     spmm times x s_spmm; gemm_tflops / s_gemm; collective alphas x s_comm and every beta
-    / s_comm (tiers, bandwidth_table, per_span); elementwise_gbps and optimizer_gbps / s_other,
+    / s_comm (tiers, bandwidth_table, per_span); each precision's codec rates of ``quant``
+    / s_quant and its call_ms x s_quant; elementwise_gbps and optimizer_gbps / s_other,
     sync_us x s_other. Scales
     below :data:`MIN_SCALE` are raised to it.
     """
@@ -71,6 +72,11 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
         out["gemm_tflops"] = float(out["gemm_tflops"]) / s["gemm_ms"]
     if "comm_ms" in s:
         out["collectives"] = scale_collectives(out["collectives"], s["comm_ms"])
+    if "quant_ms" in s and out.get("quant"):
+        out["quant"] = {precision: {k: (float(v) * s["quant_ms"] if k == QUANT_CALL_KEY else
+                                        float(v) / s["quant_ms"] if k in QUANT_RATE_KEYS else v)
+                                    for k, v in entry.items()} if isinstance(entry, Mapping) else entry
+                        for precision, entry in out["quant"].items()}
     if "other_ms" in s and out.get("elementwise_gbps"):
         out["elementwise_gbps"] = float(out["elementwise_gbps"]) / s["other_ms"]
         if out.get("optimizer_gbps"):
@@ -376,7 +382,7 @@ def fit_profile(
         raise UserError(f"no bandwidth records in {', '.join(map(str, _as_list(bandwidth)))}; "
                         "time them with 'plexus-tune calibrate bandwidth'")
     if optimizer_runs and "optimizer_gbps" not in rates:
-        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs))
+        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs), gpu=not cores)
     profile = {
         "schema": PROFILE_SCHEMA,
         "name": name,
@@ -394,7 +400,7 @@ def fit_profile(
     if "sync_us" in rates:
         profile["sync_us"] = float(rates["sync_us"])
     if optimizer_runs and not runs:
-        profile["epoch_overhead_ms"], _ = epoch_latency_from_runs(_run_records(optimizer_runs), profile)
+        profile["epoch_overhead_ms"], rates["latency_runs"] = epoch_latency_from_runs(_run_records(optimizer_runs), profile, gpu=not cores)
     if cores:
         profile["host_cores"] = int(cores)
         profile["threads_per_rank"] = 1
@@ -421,10 +427,12 @@ def fit_profile(
     if "optimizer_gbps" in rates:
         provenance["optimizer_gbps"] = (
             f"fit_bandwidths: bytes / time of {optimizer} at {rates['optimizer_elements']} elements" if "optimizer_elements" in rates
-            else f"optimizer_gbps_from_runs: median over {rates['optimizer_runs']} trainer runs of the bytes of each run's "
+            else f"optimizer_gbps_from_runs: median over {rates['optimizer_runs']} trainer runs on "
+                 f"{'CPUs' if cores else 'GPUs'} of the bytes of each run's "
                  "optimizer step (its optimizer's accesses, docs/model.md, Other) / the run's optimizer phase")
     if "epoch_overhead_ms" in profile:
-        provenance["epoch_overhead_ms"] = (f"epoch_latency_from_runs: median over {rates['optimizer_runs']} trainer runs of the "
+        provenance["epoch_overhead_ms"] = (f"epoch_latency_from_runs: median over {rates['latency_runs']} trainer runs on "
+                                           f"{'CPUs' if cores else 'GPUs'} of the "
                                            "observed other_ms less the predicted other parts (each run's optimizer): the host's "
                                            "launch and synchronisation latency per epoch")
     if "sync_us" in rates:
@@ -437,7 +445,7 @@ def fit_profile(
         "environment": env,
         "inputs": {
             "spmm": input_info(spmm),
-            "collectives": input_info(collectives) if copied is None else [{"profile": copied.path or copied.name}],
+            "collectives": input_info(collectives) if copied is None else [{"profile": copied.name}],
             "bandwidth": input_info(bandwidth),
             "optimizer_runs": input_info(optimizer_runs),
             "runs": input_info(runs),
@@ -457,19 +465,7 @@ def fit_profile(
     }
     Machine.from_dict(profile, source=source)  # validates before any epoch fit
 
-    epoch = None
-    report_epoch = None
-    if runs:
-        started = time.perf_counter()
-        epoch, report_epoch = _fit_epoch(profile, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
-        profile = apply_epoch_fit(profile, epoch)
-        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
-        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
-            provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
-        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
-                             "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
-        timings["epoch"] = time.perf_counter() - started
-    quant_records = _quant_records([quant, spmm, collectives or []])
+    quant_records = _quant_records([quant, spmm, [] if collectives is None else collectives])
     if quant_records:
         profile["quant"] = fit_quant_rates(quant_records)
         provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
@@ -480,6 +476,20 @@ def fit_profile(
         provenance["quant"] = ((provenance.get("quant", "") + "; ") if quant_records else "") + (
             f"call_ms by fit_call_ms on {len(reduced_df)} reduced-precision collective timings paired with FP32 ones "
             "(plexus-tune calibrate collectives --comm-precision; median per call)")
+    epoch = None
+    report_epoch = None
+    if runs:
+        started = time.perf_counter()
+        epoch, report_epoch = _fit_epoch(profile, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
+        profile = apply_epoch_fit(profile, epoch)
+        provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
+        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("quant", "quant_ms"),
+                          ("elementwise_gbps", "other_ms")):
+            if key in provenance:
+                provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
+        fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
+                             "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
+        timings["epoch"] = time.perf_counter() - started
     profile["provenance"] = provenance
     profile["fit"] = fit_info
     Machine.from_dict(profile, source=source)

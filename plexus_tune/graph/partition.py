@@ -23,12 +23,14 @@ aggregation A^T dH runs the same edges the other way: q sends p the same number 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.permute import with_self_loops_pattern
 
 #: Aggregation modes of a partitioned exchange.
 AGGREGATION_MODES = ("pre", "post", "hybrid")
@@ -219,10 +221,6 @@ def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool
     piece s of mesh layer k the columns [(k q + s) p, (k q + s + 1) p) with p = N' / (Pl q)
     (:func:`plexus_tune.model.volumes.summa_sizes`); rows and columns past N are padding.
     """
-    import math
-
-    from plexus_tune.graph.permute import with_self_loops_pattern
-
     pr, pc, pl = int(pr), int(pc), int(pl)
     pattern = with_self_loops_pattern(adjacency)
     if transpose:
@@ -235,3 +233,23 @@ def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool
     counts = np.zeros((pr, pl * q), dtype=np.int64)
     np.add.at(counts, (coo.row // rb, coo.col // piece), 1)
     return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
+
+
+#: SuperGCN's Table 5 (ogb-lsc-mag240M, 2048 processes, one GCN layer): communication
+#: volume in GB of pre, post and hybrid (pre-post) aggregation.
+PUBLISHED_TABLE5_GB = {"pre": 1934.8559, "post": 1934.8559, "hybrid": 1269.5784}
+
+
+def exchange_summary(plan: ExchangePlan, width: int = 1, bytes_per_element: int = 4) -> dict:
+    """Totals of a plan: cut edges, rows per mode (all pairs), bytes of one forward
+    aggregation of ``width`` columns, the busiest sender's rows, and pre/hybrid, post/hybrid."""
+    out = {"parts": plan.parts, "cut_edges": int(plan.src.size)}
+    for mode in AGGREGATION_MODES:
+        rows = plan.forward_rows(mode)
+        out[f"{mode}_rows"] = int(rows.sum())
+        out[f"{mode}_bytes"] = int(rows.sum()) * int(width) * int(bytes_per_element)
+        out[f"{mode}_max_rank_rows"] = int(rows.sum(axis=1).max()) if plan.parts > 1 else 0
+    hybrid = out["hybrid_rows"]
+    out["pre_over_hybrid"] = out["pre_rows"] / hybrid if hybrid else float("nan")
+    out["post_over_hybrid"] = out["post_rows"] / hybrid if hybrid else float("nan")
+    return out

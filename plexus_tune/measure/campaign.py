@@ -30,18 +30,19 @@ from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
-from plexus_tune.measure.records import RunIdentity, run_identity
+from plexus_tune.measure.placement import placement_fields
+from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
-from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import enumerate_grids, parse_grid
 from plexus_tune.model.machine import load_machine
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig, run_training
 from plexus_tune.trainer.run import (
     build_record,
     config_fields,
     graph_source,
-    placement_fields,
     validate,
 )
 
@@ -107,8 +108,9 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
     return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
 
 
-def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[tuple[int, int, int]]:
-    """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine``) or a list ``2x2x2,1x4x2``."""
+def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None) -> list[tuple[int, int, int]]:
+    """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
+    runs' :func:`~plexus_tune.measure.records.prediction_settings`) or a list ``2x2x2,1x4x2``."""
     spec = (spec or "all").strip()
     grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
     if spec == "all":
@@ -123,7 +125,7 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
         if machine is None or workload is None:
             raise UserError("grids top:K need a machine profile to rank the grids", parameter="machine")
 
-        pred = predict_grids(workload, machine, np.array(grids))
+        pred = predict_run_grids(workload, machine, np.array(grids), **dict(settings or {}))
         return [grids[i] for i in rank_order(pred)[:k]]
     out = []
     for text in spec.split(","):
@@ -152,6 +154,11 @@ def config_identity(config) -> RunIdentity:
     return run_identity(config_fields(config))
 
 
+def config_settings(config) -> dict:
+    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.records.prediction_settings`)."""
+    return prediction_settings({"identity": config_identity(config)})
+
+
 def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
     """(identity, trial) -> status of the runs in a log (the last record of each wins)."""
     done: dict[tuple[RunIdentity, int], str] = {}
@@ -160,14 +167,6 @@ def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
         for r in records:
             done[(run_identity(r), int(r.get("trial") or 0))] = r.get("status", "ok")
     return done
-
-
-def predicted_fields(workload, machine, grid) -> dict:
-    pred = predict_grids(workload, machine, np.array([grid]))
-    out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "overhead_ms", "total_ms")}
-    out["feasible"] = bool(pred["feasible"][0])
-    out["machine"] = machine.name
-    return out
 
 
 def launcher_options(train_options: dict | None, launcher) -> dict:
@@ -260,7 +259,7 @@ def run_campaign(
         record["trial"] = trial
         record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
         if workload is not None:
-            record["predicted"] = predicted_fields(workload, machine, grid)
+            record["predicted"] = predict_record(record, machine, workload=workload)
         append_records(log, [record])
         new.append(record)
         if on_result is not None:

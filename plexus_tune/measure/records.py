@@ -28,11 +28,14 @@ import math
 import re
 from collections import namedtuple
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.workload import model_widths
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.prediction import DEFAULT_ALGORITHM, predict_run, predict_run_grids, prediction_of
+from plexus_tune.model.workload import Workload, model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -592,6 +595,59 @@ def run_identity(record: Mapping) -> RunIdentity:
     return ident
 
 
+def prediction_settings(record: Mapping) -> dict:
+    """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
+    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``).
+
+    ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
+    """
+    ident = record.get("identity")
+    if not isinstance(ident, RunIdentity):
+        ident = run_identity(record)
+    return {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
+            "comm_precision": ident.comm_precision,
+            "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
+
+
+def run_workload(record: Mapping) -> Workload:
+    """The workload a run trained: N, NNZ, widths and element size as logged (run record or runs-table row)."""
+    rec = record if isinstance(record.get("identity"), RunIdentity) else upgrade(record, kind="run")
+    widths = _widths(rec)
+    missing = [k for k in ("graph_nodes", "nnz") if rec.get(k) is None] + (["widths"] if widths is None else [])
+    if missing:
+        raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure, run or train)?")
+    elem = rec.get("bytes_per_element")
+    if elem is None:
+        dtype = rec.get("dtype") or (rec.get("options") or {}).get("dtype") or "float32"
+        elem = DTYPE_BYTES.get(dtype, 4)
+    return Workload(name=str(rec.get("graph_name") or rec.get("graph") or "graph"), nodes=int(rec["graph_nodes"]),
+                    nnz=int(rec["nnz"]), widths=tuple(widths), bytes_per_element=int(elem))
+
+
+def prediction_inputs(record: Mapping, *, workload: Workload | None = None) -> tuple[Workload, tuple, dict]:
+    """(workload, grid, settings) that predict a run (record, runs-table row or the fields of a run not yet made).
+
+    The workload is ``workload`` (else :func:`run_workload`) with the element size of the
+    identity's dtype; the grid and :func:`prediction_settings` come from the identity.
+    """
+    ident = record.get("identity")
+    if not isinstance(ident, RunIdentity):
+        ident = run_identity(record)
+    workload = workload if workload is not None else run_workload(record)
+    workload = replace(workload, bytes_per_element=DTYPE_BYTES.get(ident.dtype, 4))
+    return workload, (ident.gx, ident.gy, ident.gz), prediction_settings({"identity": ident, "algorithm": record.get("algorithm")})
+
+
+def predict_record(record: Mapping, machine, *, workload: Workload | None = None) -> dict:
+    """The prediction of a run at every setting of its identity (:func:`prediction_inputs`).
+
+    :func:`plexus_tune.model.prediction.predict_run`, so a logged prediction is what
+    ``plexus-tune predict`` gives for the same settings.
+    """
+    workload, grid, settings = prediction_inputs(record, workload=workload)
+    return predict_run(workload, machine, grid, **settings)
+
+
 def run_setting(identity: RunIdentity) -> tuple:
     """The identity without the grid (:data:`SETTING_NAMES`)."""
     return tuple(getattr(identity, n) for n in SETTING_NAMES)
@@ -610,15 +666,12 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 # --------------------------------------------------------------------------- runs table
 
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
-OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms",
-                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
+OBSERVED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
 #: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
 #: a phase a newer trainer adds appears as its own column.
 PARTITION_COLUMNS_PREFIX = "obs_part_"
 #: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
-PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
+PREDICTED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "overhead_ms")
 #: Graph statistics of the runs (as logged), not part of the identity.
 GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "widths")
 #: Run record fields the runs table needs from a successful run.
@@ -766,6 +819,36 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         table["failed"] = table["failed"].astype(int)
     table.attrs["failed_trials"] = sum(len(f) for f in failures.values())
     return table
+
+
+def predict_runs(table, machine):
+    """The runs table (successful runs) with ``machine``'s predictions instead of the logged ones.
+
+    Every row is predicted at every setting of its identity (:func:`prediction_inputs`;
+    rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
+    ``pred_feasible``, ``pred_machine``. The values equal :func:`predict_record` of each row.
+    """
+    if table is None or len(table) == 0 or "trials" not in table or not (table["trials"] > 0).any():
+        raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
+    machine = load_machine(machine)
+    df = table[table["trials"] > 0].copy()
+    groups: dict = {}
+    for index, row in df.iterrows():
+        workload, grid, settings = prediction_inputs(row)
+        groups.setdefault((workload, tuple(sorted(settings.items()))), []).append((index, grid))
+    values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
+    for (workload, settings), members in groups.items():
+        pred = predict_run_grids(workload, machine, [grid for _, grid in members], **dict(settings))
+        for j, (index, _) in enumerate(members):
+            one = prediction_of(pred, j, machine=machine.name, algorithm=dict(settings)["algorithm"])
+            for key in PREDICTED_KEYS:
+                values[key][index] = one["total_ms" if key == "epoch_ms" else key]
+            values["feasible"][index] = one["feasible"]
+    for key in PREDICTED_KEYS:
+        df[f"pred_{key}"] = df.index.map(values[key]).astype(float)
+    df["pred_feasible"] = df.index.map(values["feasible"]).astype(bool)
+    df["pred_machine"] = machine.name
+    return df
 
 
 def _failure_text(record: Mapping) -> str:

@@ -182,6 +182,7 @@ RUN_LOG = ("run",)
 SPMM_LOG = ("spmm", "gemm")
 COLLECTIVE_LOG = ("collective",)
 QUANT_LOG = ("quant",)
+BANDWIDTH_LOG = ("bandwidth",)
 
 
 def check_log(path, *, kinds=None, inputs=()) -> Path:

@@ -115,6 +115,7 @@ from plexus_tune.comm_precision_model import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
@@ -123,18 +124,11 @@ from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 
 #: Keys of every prediction, in report order.
-PREDICTION_KEYS = (
-    "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "overhead_ms", "total_ms",
-    *OTHER_PARTS, "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
-)
-
-#: The parts of ``total_ms``: they add up to it for every grid.
-TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+PREDICTION_KEYS = ("gx", "gy", "gz", *BREAKDOWN_KEYS, "overhead_ms", "total_ms", *OTHER_PARTS,
+                   "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible")
 
 #: Time components that the oversubscription factor stretches.
-_STRETCHED_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", *OTHER_PARTS)
+_STRETCHED_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
 
 
 def _as_grids(grids) -> np.ndarray:
@@ -205,7 +199,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
                           block_rows=block_rows)
     zeros = lambda: np.zeros(k, dtype=np.float64)  # noqa: E731
     comm_axis = [zeros(), zeros(), zeros()]
-    comm_kind = {"all_reduce": zeros(), "all_gather": zeros(), "reduce_scatter": zeros()}
+    comm_kind = {key[:-3]: zeros() for key in COMM_OP_KEYS}  # no broadcast or point-to-point on the 3D grid
     strides = [axis_stride(a, grids) for a in range(3)]
     gemm_flops = zeros()
     spmm_kind = machine.spmm.get("kind")

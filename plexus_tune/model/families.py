@@ -45,6 +45,8 @@ from plexus_tune.comm_precision_model import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
+from plexus_tune.graph.partition import check_aggregation, partition_exchange, summa_piece_nnz
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.collectives import Network
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
@@ -61,13 +63,8 @@ from plexus_tune.model.volumes import (
 
 #: The families this module models, in report order.
 FAMILIES = ("cagnet-1d", "cagnet-1.5d", "cagnet-2d", "cagnet-3d", "supergcn")
-#: Comm split by operation for these families (adds up to comm_ms).
-FAMILY_OP_KEYS = ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "broadcast_ms", "point_to_point_ms")
-_AXIS_KEYS = ("comm_x_ms", "comm_y_ms", "comm_z_ms")
-_TIME_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", *_AXIS_KEYS, *FAMILY_OP_KEYS, "quant_ms", "other_ms",
-              *OTHER_PARTS)
-#: Parts of total_ms.
-TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+#: Times the oversubscription factor stretches.
+_TIME_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
 #: Memory parts, as :func:`plexus_tune.model.memory.memory_breakdown`.
 MEMORY_PARTS = ("adjacency", "weights", "features", "activations", "gathered", "labels")
 
@@ -140,7 +137,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     Collectives of one operation are timed in one vectorized call of the network model;
     a broadcast of M bytes on g ranks is the ring all-gather of a g M / (g-1) buffer,
     (g-1) alpha + M / beta."""
-    out = dict.fromkeys(("comm_ms", *_AXIS_KEYS, *FAMILY_OP_KEYS, "quant_ms"), 0.0)
+    out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
     quant = machine.raw.get("quant")
     net = _network(machine)
     batches: dict[str, list] = {}
@@ -165,7 +162,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
                 q = _codec_ms(quant_rates(quant, precision), sent[worst] * scale, stats["recv_rows"][worst] * scale,
                               stats["intra_msgs"][worst] + stats["inter_msgs"][worst])
             out["comm_ms"] += t
-            out[_AXIS_KEYS[call.axis]] += t
+            out[COMM_AXIS_KEYS[call.axis]] += t
             out["point_to_point_ms"] += t
             out["quant_ms"] += q
             continue
@@ -185,7 +182,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
         times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size), dtype=np.float64) * count
         for t, a, o in zip(times.tolist(), axis.tolist(), op.tolist()):
             out["comm_ms"] += t
-            out[_AXIS_KEYS[a]] += t
+            out[COMM_AXIS_KEYS[a]] += t
             out[f"{o}_ms"] += t
     return out
 
@@ -221,7 +218,8 @@ def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
                    float(feature_rows)) for i in range(len(widths) - 1)]
 
 
-def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated):
+def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
+            optimizer=None):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -233,7 +231,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
     out["spmm_clipped"] = spmm_ms < 0
     out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
-                     sync_us=machine.sync_us, optimizer=machine.optimizer)
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
     for key in ("other_ms", *OTHER_PARTS):
         out[key] = float(other[key])
     gpus = int(np.prod(grid))
@@ -263,7 +261,7 @@ def _max_volume(calls, gpus):
     return float(per_rank.max()) if gpus else 0.0
 
 
-def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision) -> dict:
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None) -> dict:
     """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks."""
     c = check_replication(gpus, c)
     r = gpus // c
@@ -295,10 +293,11 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         "labels": 8.0 * b,
     }
     return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
-                   _max_volume(calls, gpus), False)
+                   _max_volume(calls, gpus), False, optimizer)
 
 
-def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None) -> dict:
+def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
+                        optimizer=None) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
     piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
     NNZ spread evenly."""
@@ -339,7 +338,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     }
     return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
                    _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
-                   _max_volume(calls, gpus), a_pieces is None and pc > 1)
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer)
 
 
 def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
@@ -358,11 +357,9 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
     return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
 
 
-def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None) -> dict:
+def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
-    from plexus_tune.graph.partition import check_aggregation
-
     mode = check_aggregation(mode)
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     if plan is not None:
@@ -406,7 +403,7 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer)
 
 
 # ----------------------------------------------------------------------------- registry entries
@@ -451,89 +448,79 @@ def _summa_pieces(options, pr, pc, pl):
     graph = options.get("graph")
     if graph is None:
         return None
-    from plexus_tune.graph.partition import summa_piece_nnz
-
     adjacency = getattr(graph, "adjacency", graph)
     return (summa_piece_nnz(adjacency, pr, pc, pl), summa_piece_nnz(adjacency, pr, pc, pl, transpose=True))
 
 
-def predict_cagnet_1d(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
+def _prepare(name, machine, block_rows, comm_precision, options, allowed):
+    machine = machine if isinstance(machine, Machine) else load_machine(machine)
+    _no_blocks(name, block_rows)
+    return machine, _precision(comm_precision), _check_options(name, options, allowed)
+
+
+def predict_cagnet_1d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
     """CAGNET 1D on (G, 1, 1) rows."""
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks("cagnet-1d", block_rows)
-    _check_options("cagnet-1d", options, ("graph",))
-    choice = _precision(comm_precision)
+    machine, choice, options = _prepare("cagnet-1d", machine, block_rows, comm_precision, options, ("graph", "replication"))
     out = []
     for gx, gy, gz in _grids(grids):
-        if gy != 1 or gz != 1:
-            raise UserError(f"cagnet-1d runs on G x 1 x 1, not {gx}x{gy}x{gz}")
-        out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice))
+        if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
+            raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {gx}x{gy}x{gz}")
+        out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer))
     return _stack(out)
 
 
-def predict_cagnet_15d(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
-    """CAGNET 1.5D on (G/c, c, 1) rows."""
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks("cagnet-1.5d", block_rows)
-    _check_options("cagnet-1.5d", options, ("graph",))
-    choice = _precision(comm_precision)
+def predict_cagnet_15d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
+    """CAGNET 1.5D on (G/c, c, 1) rows; ``options["replication"]``, when given, must be the rows' c."""
+    machine, choice, options = _prepare("cagnet-1.5d", machine, block_rows, comm_precision, options,
+                                        ("graph", "replication"))
     out = []
     for gx, gy, gz in _grids(grids):
-        if gz != 1:
-            raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1, not {gx}x{gy}x{gz}")
-        out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice))
+        if gz != 1 or ("replication" in options and int(options["replication"]) != gy):
+            raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {gx}x{gy}x{gz}"
+                            + (f" with replication {options['replication']}" if "replication" in options else ""))
+        out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer))
     return _stack(out)
 
 
-def predict_cagnet_2d(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
+def predict_cagnet_2d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
     """CAGNET 2D (SUMMA) on (Pr, Pc, 1) rows; ``options["graph"]`` gives the A pieces."""
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks("cagnet-2d", block_rows)
-    options = _check_options("cagnet-2d", options, ("graph",))
-    choice = _precision(comm_precision)
+    machine, choice, options = _prepare("cagnet-2d", machine, block_rows, comm_precision, options, ("graph",))
     out = []
     for gx, gy, gz in _grids(grids):
         if gz != 1:
             raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {gx}x{gy}x{gz}")
         out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), 1, choice,
-                                       _summa_pieces(options, int(gx), int(gy), 1)))
+                                       _summa_pieces(options, int(gx), int(gy), 1), optimizer))
     return _stack(out)
 
 
-def predict_cagnet_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
+def predict_cagnet_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
     """CAGNET split-3D on (Pr, Pc, Pl) rows, Pl >= 2."""
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks("cagnet-3d", block_rows)
-    options = _check_options("cagnet-3d", options, ("graph",))
-    choice = _precision(comm_precision)
+    machine, choice, options = _prepare("cagnet-3d", machine, block_rows, comm_precision, options, ("graph",))
     out = []
     for gx, gy, gz in _grids(grids):
         if gz < 2:
             raise UserError(f"cagnet-3d needs Pl >= 2 mesh layers (Pr x Pc x Pl), not {gx}x{gy}x{gz}; use cagnet-2d")
         out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), int(gz), choice,
-                                       _summa_pieces(options, int(gx), int(gy), int(gz))))
+                                       _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer))
     return _stack(out)
 
 
-def predict_supergcn(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None):
+def predict_supergcn(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
     """The partitioned GCN on (G, 1, 1) rows. Options: ``aggregation`` (pre, post, hybrid; default
     hybrid), ``plan`` (an ExchangePlan of G parts) or ``graph`` (partitioned here, ``seed``)."""
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks("supergcn", block_rows)
-    options = _check_options("supergcn", options, ("aggregation", "plan", "graph", "seed"))
-    choice = _precision(comm_precision)
-    mode = options.get("aggregation", "hybrid")
+    machine, choice, options = _prepare("supergcn", machine, block_rows, comm_precision, options,
+                                        ("aggregation", "plan", "graph", "seed"))
+    mode = check_aggregation(options.get("aggregation", "hybrid"))
     out = []
     for gx, gy, gz in _grids(grids):
         if gy != 1 or gz != 1:
             raise UserError(f"supergcn runs on G x 1 x 1 (one part per GPU), not {gx}x{gy}x{gz}")
         plan = options.get("plan")
         if plan is None and options.get("graph") is not None:
-            from plexus_tune.graph.partition import partition_exchange
-
             graph = options["graph"]
             plan = partition_exchange(getattr(graph, "adjacency", graph), int(gx), seed=int(options.get("seed", 0)))
-        out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan))
+        out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer))
     return _stack(out)
 
 

@@ -6,19 +6,22 @@ one rank, u the element size, with the local shapes of
 :func:`plexus_tune.model.shapes.layer_shapes` (r_d rows and c_o columns of Q_i, w rows of
 W_i, f rows of the input features)::
 
-    elementwise_bytes = u sum_i r_d c_o (BIAS + [i < L-1] (ACT_FWD + ACT_BWD) + [i = L-1] LOSS)
-                      + u P GRAD
+    elementwise_bytes = u sum_i r_d c_o ([i < L-1] HIDDEN + [i = L-1] (LAST + LOSS)) + u P GRADIENT
     optimizer_bytes   = u P ACCESSES[optimizer]
     P = f c_0 + sum_i (w c_o + c_o)          trainable elements: input features, W_i, b_i
 
     other_ms = elementwise_bytes / elementwise_gbps + optimizer_bytes / optimizer_gbps
              + SYNCS_PER_EPOCH sync_us / 1000
 
-The pass counts are array accesses (one read or one write of a whole array) of what
-the bundled trainer runs; they are the one place that says so, and change with it.
+The pass counts (:data:`TRAINER_PASSES`) are array accesses (one read or one write of a
+whole array) of what the bundled trainer runs; they are the one place that says so, and
+change with it. :data:`LEGACY_PASSES` describe the earlier trainer, whose runs the fits
+still read.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,18 +39,34 @@ TRAINER_OPTIMIZERS = {"cuda": "adamw-fused", "cpu": "adamw-fused"}
 #: The optimizer of trainer runs logged without an ``optimizer`` field (torch's default AdamW).
 LEGACY_OPTIMIZERS = {"cuda": "adamw-foreach", "cpu": "adamw-for-loop"}
 
-#: Accesses of the r_d x c_o output of a layer: the bias add (read Q, write Q + b).
-BIAS_ACCESSES = 2
-#: The activation of a hidden layer: forward reads and writes, backward reads the
-#: gradient and the output and writes the input gradient.
-ACTIVATION_FORWARD_ACCESSES = 2
-ACTIVATION_BACKWARD_ACCESSES = 3
-#: The sharded softmax cross-entropy on the last layer's logits: forward (mask, row
-#: max, shift, exp, row sum: 8), backward (normalize, mask, scale: 6).
-LOSS_ACCESSES = 14
-#: Gradient bookkeeping per trainable element: zeroing (1 write) and accumulating the
-#: new gradient into it (read both, write one).
-GRADIENT_ACCESSES = 4
+@dataclass(frozen=True)
+class ElementwisePasses:
+    """Array accesses of a trainer's elementwise work (docs/trainer.md, One epoch).
+
+    ``hidden``: per element of a hidden layer's r_d x c_o output (bias add, activation
+    forward, its backward and the bias gradient); ``last``: the same for the last layer
+    (the logits); ``loss``: the loss forward and backward on the logits; ``gradient``:
+    per trainable element (zeroing and accumulating gradients).
+    """
+
+    hidden: int
+    last: int
+    loss: int
+    gradient: int
+
+
+#: What the bundled trainer runs: the bias enters the GEMM (addmm), ReLU in place (2),
+#: the masked backward (read dQ and Q, write: 3) and the bias gradient (1); the last
+#: layer only its bias gradient (1); the loss: row max (1), exp(z - max) (2), row sums
+#: (1), one backward pass (2); gradients released after each step, so none is cleared
+#: or accumulated.
+TRAINER_PASSES = ElementwisePasses(hidden=6, last=1, loss=6, gradient=0)
+#: The earlier trainer (run records without an ``optimizer`` field): a separate bias add
+#: (2), ReLU out of place (2) and its backward (3) per hidden layer; the bias add on the
+#: logits (2); an unfused loss (forward 8, backward 6); gradients zeroed (1) and
+#: accumulated (3) every step.
+LEGACY_PASSES = ElementwisePasses(hidden=7, last=2, loss=14, gradient=4)
+
 #: Device synchronisations per epoch of the trainer (its phase times are read once, at
 #: the end of the epoch).
 SYNCS_PER_EPOCH = 1
@@ -78,15 +97,14 @@ def trainable_elements(shapes) -> np.ndarray:
     return np.asarray(total, dtype=np.float64)
 
 
-def elementwise_bytes(shapes, u: float) -> np.ndarray:
+def elementwise_bytes(shapes, u: float, passes: ElementwisePasses = TRAINER_PASSES) -> np.ndarray:
     """Bytes of the elementwise passes of one epoch on one rank (module docstring)."""
     last = len(shapes) - 1
     total = 0.0
     for s in shapes:
         out = np.asarray(s.r_d, dtype=np.float64) * s.c_o
-        passes = BIAS_ACCESSES + (LOSS_ACCESSES if s.layer == last else ACTIVATION_FORWARD_ACCESSES + ACTIVATION_BACKWARD_ACCESSES)
-        total = total + passes * out
-    return u * (np.asarray(total, dtype=np.float64) + GRADIENT_ACCESSES * trainable_elements(shapes))
+        total = total + (passes.last + passes.loss if s.layer == last else passes.hidden) * out
+    return u * (np.asarray(total, dtype=np.float64) + passes.gradient * trainable_elements(shapes))
 
 
 def optimizer_bytes(shapes, u: float, optimizer: str) -> np.ndarray:
@@ -95,13 +113,13 @@ def optimizer_bytes(shapes, u: float, optimizer: str) -> np.ndarray:
 
 
 def other_ms(shapes, u: float, *, elementwise_gbps, optimizer_gbps=None, sync_us: float = 0.0,
-             optimizer: str = "adamw-fused") -> dict[str, np.ndarray]:
+             optimizer: str = "adamw-fused", passes: ElementwisePasses = TRAINER_PASSES) -> dict[str, np.ndarray]:
     """The parts of ``other_ms`` (:data:`OTHER_PARTS`) and their sum ``other_ms``, per grid.
 
     Without ``elementwise_gbps`` the elementwise and optimizer parts are 0 (not modelled);
     ``optimizer_gbps`` defaults to ``elementwise_gbps``.
     """
-    elem = elementwise_bytes(shapes, u)
+    elem = elementwise_bytes(shapes, u, passes)
     zeros = np.zeros_like(elem)
     if elementwise_gbps:
         elementwise = elem / (float(elementwise_gbps) * 1e9) * 1e3

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.comm_precision_model import parse_comm_precision
+from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
-from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.families import FAMILIES, FAMILY_MODELS, MEMORY_PARTS
+from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
+from plexus_tune.model.families import FAMILIES
 from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format_grid
 from plexus_tune.model.machine import Machine, load_machine
-from plexus_tune.model.memory import memory_breakdown
+from plexus_tune.model.prediction import predict_run_grids
+from plexus_tune.model.volumes import check_replication
 
 #: Every family the planner knows, in report order.
 ALGORITHM_NAMES = ("plexus-3d", *FAMILIES)
@@ -36,8 +38,8 @@ ALGORITHM_NAMES = ("plexus-3d", *FAMILIES)
 ALL = "all"
 #: Aggregation modes of the partitioned family.
 SUPERGCN_MODES = ("pre", "post", "hybrid")
-#: Keys of a ranked record's time breakdown (ms per epoch); the first six add up to total_ms.
-RECORD_TIME_KEYS = ("total_ms", "spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+#: Keys of a ranked record's time breakdown (ms per epoch): total_ms and its parts.
+RECORD_TIME_KEYS = ("total_ms", *TOTAL_PARTS)
 
 
 def parse_algorithms(text: str | None) -> tuple[str, ...]:
@@ -122,40 +124,52 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
     out = []
     for k in range(len(pred["total_ms"])):
         grid = (int(pred["gx"][k]), int(pred["gy"][k]), int(pred["gz"][k]))
-        rec = {"algorithm": family, "config": config_label(family, grid, mode), "grid": format_grid(grid),
+        rec = {"algorithm": family, "gpus": int(np.prod(grid)), "config": config_label(family, grid, mode),
+               "grid": format_grid(grid),
+               "gx": grid[0], "gy": grid[1], "gz": grid[2],
                "aggregation": mode, "replication": int(grid[1]) if family == "cagnet-1.5d" else None,
                "comm_precision": precision}
         for key in RECORD_TIME_KEYS:
             rec[key] = float(pred[key][k])
-        for key in ("broadcast_ms", "point_to_point_ms", "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"):
-            rec[key] = float(pred[key][k]) if key in pred else 0.0
+        for key in COMM_OP_KEYS:
+            rec[key] = float(pred[key][k])
         rec["memory_bytes"] = int(round(float(pred["memory_bytes"][k])))
         rec["memory_gib"] = float(pred["memory_gib"][k])
         rec["feasible"] = bool(pred["feasible"][k])
-        rec["estimated"] = bool(pred["estimated"][k]) if "estimated" in pred else False
+        rec["estimated"] = bool(pred["estimated"][k]) if "estimated" in pred else False  # plexus-3d: no partition
         out.append(rec)
     return out
 
 
 def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, precisions=("fp32",),
-                  graph=None, seed: int = 0) -> Ranking:
+                  graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None) -> Ranking:
     """Every configuration of every family in ``algorithms`` at every precision, ranked.
 
     ``graph`` (a :class:`plexus_tune.graph.core.Graph` or its adjacency) supplies the
     partition-dependent figures: SuperGCN's boundary rows from its METIS partition into G
     parts (``seed``) and the 2D/3D sparse pieces; without it those families use the
-    documented estimates and their records say ``estimated``.
+    documented estimates and their records say ``estimated``. ``replication`` keeps the
+    1.5D configurations of that c (it must divide G, c c <= G), ``aggregation`` the
+    supergcn mode.
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     gpus = check_gpus(gpus)
+    algorithms = tuple(algorithms)
+    if replication is not None:
+        if "cagnet-1.5d" not in algorithms:
+            raise UserError("a replication factor applies to cagnet-1.5d only")
+        check_replication(gpus, replication)
+    modes = SUPERGCN_MODES
+    if aggregation is not None:
+        if "supergcn" not in algorithms:
+            raise UserError("an aggregation mode applies to supergcn only")
+        modes = (check_aggregation(aggregation),)
     precisions = tuple(str(parse_comm_precision(p)) for p in precisions)
     if not precisions:
         raise UserError("give at least one communication precision")
     start = time.perf_counter()
     plan = None
     if graph is not None and "supergcn" in algorithms:
-        from plexus_tune.graph.partition import partition_exchange
-
         adjacency = getattr(graph, "adjacency", graph)
         if adjacency.shape[0] != workload.nodes:
             raise UserError(f"the graph has {adjacency.shape[0]} nodes but the workload {workload.nodes}; "
@@ -165,20 +179,22 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     estimated = set()
     for family in algorithms:
         grids = family_grids(family, gpus)
+        if family == "cagnet-1.5d" and replication is not None:
+            grids = grids[grids[:, 1] == int(replication)] if replication > 1 else grids[:0]
         if len(grids) == 0:
             continue
         for precision in precisions:
-            if family == "plexus-3d":
-                records += _records(family, predict_grids(workload, machine, grids, comm_precision=precision), precision)
-            elif family == "supergcn":
-                for mode in SUPERGCN_MODES:
+            if family == "supergcn":
+                for mode in modes:
                     options = {"aggregation": mode} if plan is None else {"aggregation": mode, "plan": plan}
-                    pred = FAMILY_MODELS[family](workload, machine, grids, comm_precision=precision, options=options)
+                    pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
+                                             options=options)
                     records += _records(family, pred, precision, mode)
             else:
-                options = {} if graph is None or family == "cagnet-1d" or family == "cagnet-1.5d" else {"graph": graph}
-                records += _records(family, FAMILY_MODELS[family](workload, machine, grids, comm_precision=precision,
-                                                                  options=options), precision)
+                options = {"graph": graph} if graph is not None and family in ("cagnet-2d", "cagnet-3d") else None
+                pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
+                                         options=options)
+                records += _records(family, pred, precision)
     for rec in records:
         if rec["estimated"]:
             estimated.add(rec["algorithm"])
@@ -189,8 +205,3 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     return Ranking(ranked, gpus, precisions, tuple(algorithms), time.perf_counter() - start,
                    tuple(f for f in algorithms if f in estimated))
 
-
-def plexus_memory_parts(workload, grid) -> dict[str, float]:
-    """Memory parts of a Plexus 3D grid (for listing beside the families' parts)."""
-    parts = memory_breakdown(workload, np.asarray([grid]))
-    return {key: float(parts[key][0]) for key in MEMORY_PARTS}

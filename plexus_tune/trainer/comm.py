@@ -13,24 +13,23 @@ import time
 from collections import defaultdict
 
 from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, PART_SPLITS
 from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
-#: Shared breakdown keys (ms per epoch) that every rank accumulates. ``quant_ms`` is
-#: the local work of reduced-precision collectives (casts, quantize, dequantize, FP32
-#: sums of received chunks), kept out of ``comm_ms``.
-BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "broadcast_ms", "point_to_point_ms",
-                  "quant_ms", "other_ms", "epoch_ms")
+#: What every rank's timer accumulates (ms per epoch): the shared breakdown keys
+#: (:data:`plexus_tune.model.breakdown.BREAKDOWN_KEYS`; ``quant_ms`` is the local work of
+#: reduced-precision collectives, kept out of ``comm_ms``) and the epoch.
+TIMER_KEYS = (*BREAKDOWN_KEYS, "epoch_ms")
 #: Extra per-epoch phases recorded beside the shared keys.
 PHASE_KEYS = ("fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
 #: Exclusive phases that make up a rank's epoch: ``other_ms`` is the epoch less the others
-#: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins here.
-PARTITION_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms")
+#: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins
+#: :data:`plexus_tune.model.breakdown.EPOCH_PARTS`.
+PARTITION_KEYS = EPOCH_PARTS
 #: Partition phases in which a rank can block on other ranks (collectives).
 WAITING_KEYS = ("comm_ms",)
 #: Splits of a partition phase: keys that add up to it on every rank.
-PARTITION_SPLITS = {"comm_ms": (("comm_x_ms", "comm_y_ms", "comm_z_ms"),
-                                ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"))}
+PARTITION_SPLITS = PART_SPLITS
 
 
 class PhaseTimer:
@@ -141,7 +140,7 @@ class PhaseTimer:
 
     @staticmethod
     def _row(values, epoch_ms: float) -> dict[str, float]:
-        row = {key: float(values.get(key, 0.0)) for key in BREAKDOWN_KEYS + PHASE_KEYS}
+        row = {key: float(values.get(key, 0.0)) for key in TIMER_KEYS + PHASE_KEYS}
         row.update({key: float(v) for key, v in values.items() if key not in row})  # per-layer SpMMs
         row["epoch_ms"] = float(epoch_ms)
         timed = sum(row.get(key, 0.0) for key in PARTITION_KEYS if key != "other_ms")

@@ -124,8 +124,11 @@ class LayerShard:
     saved_bytes: list = field(default_factory=list)
 
     def spmm(self, a, dense, direction: str = "fwd"):
+        """``a @ dense`` written straight into a fresh output (``addmm`` with beta 0: no zero
+        fill and no copy of the result, which ``torch.sparse.mm`` adds on CPU)."""
         t0 = self.timer.now()
-        out = torch.sparse.mm(a, dense)
+        out = torch.empty((a.shape[0], dense.shape[1]), dtype=dense.dtype, device=dense.device)
+        torch.addmm(out, a, dense, beta=0, out=out)
         self.timer.add(t0, "spmm_ms", f"spmm_{direction}_{self.layout.index}_ms")
         return out
 
@@ -348,7 +351,8 @@ def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
 
 
 class ShardedCrossEntropy(torch.autograd.Function):
-    """mean_v [log sum_c exp(z_vc) - z_v,y_v] over sharded logits.
+    """mean_v [log sum_c exp(z_vc) - z_v,y_v] over sharded logits (log-softmax where the
+    class axis is not split).
 
     The row max and the sum of exponentials are reduced over the axis that splits the
     classes, the per-row losses summed over the axis that splits the rows; padded rows
@@ -361,6 +365,15 @@ class ShardedCrossEntropy(torch.autograd.Function):
         rows, cols = z.shape
         if shard.cols != cols:
             shard.prepare(cols)
+        if comm.grid[shard.class_axis] == 1:  # every class is local: torch's fused log-softmax
+            t0 = shard.timer.now()
+            logp = torch.log_softmax(shard.masked_logits(z), dim=1)
+            total = -logp[shard.target_rows, shard.target_cols].sum().reshape(1)
+            shard.timer.add(t0, "loss_ms")
+            comm.all_reduce(total, shard.row_axis)
+            ctx.save_for_backward(logp, None)
+            ctx.shard = shard
+            return (total / shard.nodes).reshape(())
         t0 = shard.timer.now()
         zm = shard.masked_logits(z)
         if shard.any_col:
@@ -388,12 +401,15 @@ class ShardedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        exp, sumexp = ctx.saved_tensors
+        first, sumexp = ctx.saved_tensors
         shard: LossShard = ctx.shard
         t0 = shard.timer.now()
         # dz = (softmax - onehot) on valid rows, times grad / N: one pass over the logits
-        scale = torch.where(shard.row_valid, grad / shard.nodes, 0.0).to(exp.dtype)
-        dz = exp * (scale / sumexp).unsqueeze(1)
+        scale = torch.where(shard.row_valid, grad / shard.nodes, 0.0).to(first.dtype)
+        if sumexp is None:  # first = log-softmax
+            dz = torch.exp(first).mul_(scale.unsqueeze(1))
+        else:  # first = exp(z - max)
+            dz = first * (scale / sumexp).unsqueeze(1)
         dz[shard.target_rows, shard.target_cols] -= scale[shard.target_rows]
         shard.timer.add(t0, "loss_ms")
         return dz, None
@@ -812,7 +828,8 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed, config.grid)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed,
+                                                                      config.extra.get("permute_grid", config.grid))
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
         from plexus_tune.trainer.algorithms import trainer_class

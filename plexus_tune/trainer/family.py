@@ -19,7 +19,7 @@ import torch
 from plexus_tune.graph.splits import TRAIN, random_split
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import PhaseTimer
-from plexus_tune.trainer.engine import LossShard, RankTrainer, glorot_weights
+from plexus_tune.trainer.engine import LossShard, RankTrainer, glorot_weights, make_adamw
 from plexus_tune.trainer.layout import Block
 
 
@@ -97,7 +97,10 @@ class FamilyTrainer(RankTrainer):
             nodes=max(1, int((split == TRAIN).sum())), class_axis=class_axis, row_axis=row_axis, comm=self.comm,
             timer=self.timer, all_labels=torch.tensor(labels, device=self.device),
             split=torch.tensor(codes, device=self.device))
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.loss_shard.prepare(cols.size)
+        self.optimizer, self.optimizer_name = make_adamw(params, lr=self.config.lr,
+                                                         weight_decay=self.config.weight_decay,
+                                                         device_type=self.device.type)
         self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
         self.persistent_bytes += self.loss_shard.labels.numel() * 8
 
