@@ -106,6 +106,9 @@ def run(args) -> int:
 
         def on_skip(grid, trial):
             progress.advance(task)
+            progress.console.print(f"{'x'.join(map(str, grid)):>9} trial {trial}: already in {args.log} (a logged run with "
+                                   f"these settings, from measure, train or run, counts as this trial; --redo runs it again)",
+                                   highlight=False)
 
         def on_result(record, grid):
             progress.advance(task)

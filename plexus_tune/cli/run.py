@@ -101,15 +101,16 @@ def run(args) -> int:
     console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
                   f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
     table = Table(title="predicted (ms per epoch)")
-    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "quant", "memory GiB", "fits"):
+    parts = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")  # they add up to total_ms
+    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "quant", "other", "overhead", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
     for rank, i in enumerate(order[: max(1, args.top)]):
         style = "bold" if i == pick else None
-        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]), _fmt(pred["spmm_ms"][i]),
-                      _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), _fmt(pred["quant_ms"][i]),
-                      f"{pred['memory_gib'][i]:.2f}",
+        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]),
+                      *(_fmt(pred[key][i]) for key in parts), f"{pred['memory_gib'][i]:.2f}",
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
+    console.print("total = spmm + gemm + comm + quant + other + overhead (ms per epoch)", style="dim")
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options=options)

@@ -30,6 +30,7 @@ from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
+from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
@@ -44,7 +45,6 @@ from plexus_tune.trainer.run import (
     build_record,
     config_fields,
     graph_source,
-    placement_fields,
     validate,
 )
 
