@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.measure.microbench import calibrate_graph_shards, sweep_shapes
+from plexus_tune.measure.spmm import calibrate_graph_shards, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep, random_csr_on
 
 
@@ -33,7 +33,7 @@ def test_device_shards_match_the_host_shards():
 
 def test_device_shard_is_the_host_shard_in_both_layouts():
     from plexus_tune.graph.permute import double_permute
-    from plexus_tune.measure.microbench import shard
+    from plexus_tune.measure.spmm import shard
     from plexus_tune.measure.spmm_device import largest_shard_on, layout_on
 
     g = load_graph_source("rmat:nodes=300,edges=2000,features=4,classes=2")

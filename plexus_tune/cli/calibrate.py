@@ -10,16 +10,9 @@ from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.comm_precision_model import check_backend, parse_allowed, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.measure.microbench import (
-    COLLECTIVE_MODES,
-    calibrate_collectives,
-    calibrate_graph_shards,
-    collective_shapes,
-    parse_sizes,
-    run_quant_benchmark,
-    spmm_sweep,
-    sweep_shapes,
-)
+from plexus_tune.measure.codec import run_quant_benchmark
+from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
+from plexus_tune.measure.spmm import calibrate_graph_shards, spmm_sweep, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
 from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
 from plexus_tune.model.other import OPTIMIZER_ACCESSES

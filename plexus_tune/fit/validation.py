@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.errors import UserError
 from plexus_tune.fit.epoch import EPOCH_COMPONENTS, epoch_parameters, fit_epoch
 from plexus_tune.fit.scoring import min_rows
 from plexus_tune.measure.records import SETTING_NAMES, predict_runs, setting_labels

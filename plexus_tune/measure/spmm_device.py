@@ -7,7 +7,7 @@ GPU. Every call is timed by :func:`plexus_tune.measure.device.time_on_device` (C
 events after warm-up, several samples; min in ``time_ms``, median in
 ``time_median_ms``), and every record carries the device, driver, CUDA, torch and PyG
 versions (``machine_info``). Record fields are those of the host-built benchmarks of
-:mod:`plexus_tune.measure.microbench` (docs/records.md) plus, for each timed shard, its
+:mod:`plexus_tune.measure.spmm` (docs/records.md) plus, for each timed shard, its
 structure statistics (``structure``: ``row_length_cv``, ``top1pct_column_share``,
 ``touched_column_fraction``).
 """
@@ -122,7 +122,7 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
                         graph_name: str = "graph", min_samples: int = 10, min_time_s: float = 0.2, progress=None) -> list[dict]:
     """Time the largest shard's SpMMs (forward A F, backward A^T dH) and the GEMMs of every grid and layer on ``device``.
 
-    As :func:`plexus_tune.measure.microbench.calibrate_graph_shards` (layer i uses the
+    As :func:`plexus_tune.measure.spmm.calibrate_graph_shards` (layer i uses the
     permuted layout for even i, its transpose layout for odd i; shard sizes from
     :func:`plexus_tune.model.shapes.layer_shapes`), with the permuted adjacency held on
     the device as COO and each distinct (layout, g_d, g_o) shard cut, built and timed

@@ -26,8 +26,9 @@ from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.graph.shards import read_manifest
 from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
-from plexus_tune.launch.launchers import Launcher, check_placement
+from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
+from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.trainer.algorithms import normalize_config
@@ -238,6 +239,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     ``run_identity(config_fields(config))`` is the identity the run's record will have
     (docs/records.md); campaigns use it to find what a log already holds.
     """
+    config = normalize_config(config)
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
@@ -321,23 +323,6 @@ def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, 
         wall_s=float(wall_s),
     )
     return record.to_dict()
-
-
-def placement_fields(placement: list[dict], ranks_per_node: int | None) -> dict:
-    """``rank_nodes``, ``hosts`` (per node index) and ``placement_ok`` of a launch's ranks.
-
-    ``placement`` holds one report per rank (:func:`plexus_tune.launch.worker.rank_placement`).
-    """
-    checked = check_placement(placement, ranks_per_node or len(placement))
-    hosts: dict = {}
-    for node, host in zip(checked["rank_nodes"], checked["rank_hosts"]):
-        hosts.setdefault(node, host)
-    fields = {"rank_nodes": checked["rank_nodes"], "hosts": [hosts[k] for k in sorted(hosts, key=str)],
-              "placement_ok": checked["placement_ok"]}
-    first = placement[0] if placement else {}
-    if first.get("slurm_job_id"):
-        fields["slurm"] = {"job_id": first["slurm_job_id"], "step_id": first.get("slurm_step_id")}
-    return fields
 
 
 def shared_node_count(placement: list[dict]) -> int:
