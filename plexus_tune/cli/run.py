@@ -21,7 +21,7 @@ from plexus_tune.trainer import run_training
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.model.comm_precision import check_backend
 
 
 def register(subparsers) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
