@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from plexus_tune.model.comm_precision import ADJACENCY_CLASS, PRECISION_BITS
+from plexus_tune.model.comm_precision import ADJACENCY_CLASS, PRECISION_BITS, block_bytes
 from plexus_tune.model.grid import rank_of
 from plexus_tune.trainer.comm import GridComm
 
@@ -62,8 +62,6 @@ class ExchangeComm(GridComm):
         return out
 
     def _wire_buffer(self, shape, precision: str) -> torch.Tensor:
-        from plexus_tune.model.comm_precision import block_bytes
-
         if precision in _LOW_DTYPES:
             return torch.empty(shape, dtype=_LOW_DTYPES[precision], device=self.device)
         rows, cols = int(shape[0]), int(shape[1])

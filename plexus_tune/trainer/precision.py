@@ -226,8 +226,9 @@ def _encode_chunks(h: torch.Tensor, chunks: int, bits: int, generator) -> torch.
 
 def _decode_chunks(buf: torch.Tensor, chunks: int, c: int, cols: int, bits: int) -> torch.Tensor:
     """uint8 (chunks, chunk_bytes) -> FP32 (chunks, c, cols)."""
-    zero = buf[:, :4 * c].contiguous().view(torch.float32).reshape(-1)
-    scale = buf[:, 4 * c:8 * c].contiguous().view(torch.float32).reshape(-1)
+    # flattened first: a single chunk's slice keeps the row stride, which need not be a multiple of 4
+    zero = buf[:, :4 * c].reshape(-1).contiguous().view(torch.float32)
+    scale = buf[:, 4 * c:8 * c].reshape(-1).contiguous().view(torch.float32)
     data = buf[:, 8 * c:].reshape(chunks * c, -1)
     return _dequantize_rows(data, zero, scale, cols, bits).view(chunks, c, cols)
 
