@@ -79,9 +79,28 @@ def floor_report(graph, grid=(1, 1, 1), *, hidden: int = 64, layers: int = 3, ep
     shapes = layer_shapes(result["nodes"], result["widths"], grid)
     comm = result["comm_bytes"][rank][warmup:]
     comm_bytes = float(np.mean([sum(e.values()) for e in comm])) if comm else 0.0
-    work = floor_work(shapes, result["shard_nnz"][rank], classes_local=int(shapes[-1].c_o), comm_bytes=comm_bytes)
+    from plexus_tune.model.other import OPTIMIZER_ACCESSES
+
+    work = floor_work(shapes, result["shard_nnz"][rank], classes_local=int(shapes[-1].c_o), comm_bytes=comm_bytes,
+                      optimizer_passes=OPTIMIZER_ACCESSES[result.get("optimizer") or "adamw-fused"])
     return {"rows": floor_table(parts, work, ceilings), "parts": parts, "ceilings": ceilings, "result": result,
-            "rank": rank, "grid": grid, "device": device}
+            "rank": rank, "grid": grid, "device": device, "memory": memory_against_model(result, grid, permute),
+            # a dense row per nonzero (forward A F and backward A^T dH of every layer): no cache reuse
+            "spmm_gather_bytes": sum(2.0 * 4 * z * float(s.c_i) for z, s in zip(result["shard_nnz"][rank], shapes))}
+
+
+def memory_against_model(result: dict, grid, permute: str = "double") -> dict:
+    """Each rank's peak memory beside the model's (:func:`plexus_tune.model.memory.memory_breakdown`):
+    the CUDA allocator's peak on a GPU, else the tensor bytes the trainer tracks."""
+    from plexus_tune.model.memory import memory_breakdown
+    from plexus_tune.model.workload import Workload
+
+    work = Workload(name="bench", nodes=result["nodes"], nnz=result["nnz"], widths=tuple(result["widths"]))
+    model = float(memory_breakdown(work, [tuple(grid)], double_permutation=permute != "none")["total"][0])
+    per_rank = [m.get("cuda_max_allocated_bytes", m["tracked_bytes"]) for m in result["memory"]]
+    measured = float(max(per_rank))
+    kind = "cuda_max_allocated_bytes" if "cuda_max_allocated_bytes" in result["memory"][0] else "tracked_bytes"
+    return {"measured_bytes": measured, "model_bytes": model, "ratio": measured / model, "measured": kind}
 
 
 def other_share(report: dict) -> float:
@@ -200,6 +219,12 @@ def print_floor(report: dict) -> None:
               f"{basis[row['basis']]}")
     total = sum(r["ms"] for r in report["rows"])
     print(f"{'sum':>12} {total:9.2f} {sum(r['floor_ms'] for r in report['rows']):9.2f}  (epoch {epoch:.2f} ms)")
+    spmm = next(r for r in report["rows"] if r["part"] == "spmm")
+    print(f"SpMM if every nonzero's dense row missed the cache: "
+          f"{(spmm['bytes'] + report['spmm_gather_bytes']) / c['copy_gbps'] / 1e6:.2f} ms")
+    m = report["memory"]
+    print(f"memory: peak {m['measured_bytes'] / 2**20:.1f} MiB ({m['measured']}) against the model's "
+          f"{m['model_bytes'] / 2**20:.1f} MiB: {m['ratio']:.2f}")
 
 
 def _graph_from_args(args):

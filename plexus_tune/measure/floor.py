@@ -15,23 +15,23 @@ nonzeros, C the local logit columns of the last layer)::
     elementwise u sum_i r_d c_o (hidden layers: ACT_PASSES, last: DB_PASSES) / B
     sync        0: the rest of other_ms (framework overhead, idle device time)
 
-The pass counts are those of the passes the trainer runs (docs/trainer.md).
+The pass counts are those of the passes the trainer runs, from their one home
+(:data:`plexus_tune.model.other.TRAINER_PASSES`: ACT_PASSES = hidden, DB_PASSES = last,
+LOSS_PASSES = loss; OPTIMIZER_PASSES = accesses of the fused AdamW; docs/trainer.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.model.other import OPTIMIZER_ACCESSES, TRAINER_PASSES
+
 #: Parts of the floor report, in print order.
 FLOOR_PARTS = ("spmm", "gemm", "comm", "loss", "optimizer", "elementwise", "sync")
-#: Array passes over the r_d x C logits: forward max (1), exp (2), row sums (1); backward (2).
-LOSS_PASSES = 6
-#: Fused AdamW: read parameter, gradient, both moments; write parameter and both moments.
-OPTIMIZER_PASSES = 7
-#: A hidden layer's elementwise passes over Q: ReLU in place (2), masked backward (3), db sum (1).
-ACT_PASSES = 6
-#: The last layer: the db sum only (the bias is added inside the GEMM).
-DB_PASSES = 1
+LOSS_PASSES = TRAINER_PASSES.loss
+OPTIMIZER_PASSES = OPTIMIZER_ACCESSES["adamw-fused"]
+ACT_PASSES = TRAINER_PASSES.hidden
+DB_PASSES = TRAINER_PASSES.last
 
 
 def measure_ceilings(device="cpu", *, copy_elements: int = 1 << 25, gemm_size: int = 2048,
@@ -62,12 +62,12 @@ def measure_ceilings(device="cpu", *, copy_elements: int = 1 << 25, gemm_size: i
 
 
 def floor_work(shapes, shard_nnz, *, classes_local: int, element_bytes: int = 4, index_bytes: int = 4,
-               comm_bytes: float = 0.0) -> dict:
+               comm_bytes: float = 0.0, optimizer_passes: int = OPTIMIZER_PASSES) -> dict:
     """Per part: ``{"bytes": ..., "flops": ...}`` of one rank's epoch (module docstring).
 
     ``shapes``: the rank's :class:`LayerShapes` on one grid (scalars), ``shard_nnz``: its
     nonzeros per layer, ``classes_local``: C, ``comm_bytes``: bytes per epoch it hands to
-    the process groups."""
+    the process groups, ``optimizer_passes``: accesses per parameter of the optimizer run."""
     from plexus_tune.model.spmm import spmm_traffic_bytes
 
     u = float(element_bytes)
@@ -91,7 +91,7 @@ def floor_work(shapes, shard_nnz, *, classes_local: int, element_bytes: int = 4,
         "gemm": {"bytes": gemm_bytes, "flops": gemm_flops},
         "comm": {"bytes": float(comm_bytes), "flops": 0.0},
         "loss": {"bytes": u * r_last * classes_local * LOSS_PASSES, "flops": 0.0},
-        "optimizer": {"bytes": u * params * OPTIMIZER_PASSES, "flops": 0.0},
+        "optimizer": {"bytes": u * params * optimizer_passes, "flops": 0.0},
         "elementwise": {"bytes": elementwise, "flops": 0.0},
         "sync": {"bytes": 0.0, "flops": 0.0},
     }

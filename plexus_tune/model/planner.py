@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import parse_comm_precision
 from plexus_tune.graph.partition import PiecePattern, check_aggregation, partition_exchange
+from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.families import FAMILIES
