@@ -102,3 +102,19 @@ def test_balance_report_local_on_lattice():
     assert local["max_over_mean"] == pytest.approx(double["max_over_mean"]) and local["max_over_mean"] < 1.15
     assert local["nnz"] == double["nnz"]
     assert sp.issparse(adj)
+
+
+@pytest.mark.parametrize("mode", ["double", "local"])
+def test_two_sided_shards_of_a_directed_graph_are_refused_before_training(tmp_path, mode):
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import Graph, synthetic
+    from plexus_tune.graph.shards import write_shards
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.trainer.run import graph_source
+
+    g = synthetic("rmat:nodes=30,edges=90,features=3,classes=2,seed=1")
+    directed = Graph(adjacency=sp.triu(g.adjacency, k=1, format="csr"), features=g.features, labels=g.labels,
+                     num_classes=2, name="directed30")
+    write_shards(directed, tmp_path / "s", blocks=(2, 2), mode=mode, seed=0)
+    with pytest.raises(UserError, match=f"{mode}-permuted shards of a directed graph"):
+        graph_source(TrainConfig(graph=str(tmp_path / "s"), grid=(1, 1, 1), epochs=2, warmup=1))
