@@ -9,7 +9,7 @@ import argparse
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
@@ -155,10 +155,10 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
+    starred = any(rec["spmm_floored"] for rec in records)
     console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant (quantize/dequantize) + other + overhead "
-                  "(fixed per epoch); "
-                  f"comm X/Y/Z split the communication by grid axis; {FLOOR_MARK}: SpMM floored at its memory-traffic "
-                  "bound", style="dim")
+                  "(fixed per epoch); comm X/Y/Z split the communication by grid axis"
+                  + (f"; {FLOOR_MARK}: SpMM floored at its memory-traffic bound" if starred else ""), style="dim")
 
 
 def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
@@ -229,7 +229,7 @@ def run(args) -> int:
 
     n_clipped = int(pred["spmm_clipped"].sum())
     n_floored = int(pred["spmm_floored"].sum())
-    if machine.memory_bandwidth_gbps:
+    if machine.memory_bandwidth_gbps and n_floored:
         print(f"{n_floored} of {len(grids)} grids floored: SpMM at its memory-traffic bound "
               f"({machine.memory_bandwidth_gbps:g} GB/s) where {machine.name}'s SpMM model predicts less"
               + (f" ({n_clipped} of them negative)" if n_clipped else ""), file=sys.stderr)

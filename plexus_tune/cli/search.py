@@ -7,11 +7,11 @@ import functools
 
 from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
-from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids
@@ -61,6 +61,9 @@ submits a job array of K tasks, one worker each, every run an srun step of its t
 """
 
 
+#: trials of a study when --trials is not given
+DEFAULT_TRIALS = 60
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("search", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("what to train")
@@ -72,7 +75,8 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", required=True, help="G, a range A..B (every count; A..B:pow2 for powers of two) or a list 8,16,64")
     p.add_argument("--objective", default="epoch", help="epoch (default) or gpu-hours")
     p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
-    p.add_argument("--trials", type=count(1), default=60, help="total trials of the study (default 60)")
+    p.add_argument("--trials", type=count(1), default=None, help="total trials of the study (default 60); given, a "
+                   "model-driven search runs a TPE study of that many trials instead of enumerating")
     p.add_argument("--seed", type=count(0), default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, see below)")
     p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
@@ -115,8 +119,6 @@ def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
-    if args.trials < 1:
-        raise UserError(f"--trials must be at least 1, got {args.trials}")
     if (args.dataset is None) == (args.graph is None):
         raise UserError("give exactly one of --dataset NAME or --graph FILE|SPEC")
     machine = load_machine(args.machine)
@@ -158,8 +160,6 @@ def run(args) -> int:
         if not 0 <= args.warmup < args.epochs:
             raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
         args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
-    if args.snap < 1 or args.starts < 0 or args.top < 1:
-        raise UserError("--snap and --top must be at least 1, --starts at least 0")
     if not args.measured and (args.launcher or args.cluster or args.hosts):
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
     if args.workers < 1:
@@ -168,7 +168,11 @@ def run(args) -> int:
     if args.workers > 1 and not submits(launcher):
         raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
                         "command in several processes with one --storage")
-    budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    if args.trials is not None and args.exact_budget is None:
+        budget = 0.0  # --trials asks for a study of that many trials: honoured, not ignored
+    else:
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     if budget != budget or budget < 0:
         raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
     console = make_console()
@@ -208,7 +212,8 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     if precision != "fp32":
         study_name += f"-comm-{precision}"
-    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured),
+    gpus_attr = list(space.gpus) if len(space.gpus) <= 4096 else f"{space.gpus[0]}..{space.gpus[-1]}"
+    attrs = {"dataset": name, "machine": machine.name, "gpus": gpus_attr, "measured": bool(args.measured),
              "comm_precision": precision}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
     if args.measured:
@@ -229,7 +234,12 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
         with launcher:
             ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
     else:
-        ran = run_search(study, objective, args.trials)
+        progress = ProgressReporter(command="search")
+        try:
+            ran = run_search(study, objective, args.trials, callbacks=[
+                lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)])
+        finally:
+            progress.close()
     console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "

@@ -13,7 +13,7 @@ from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph
-from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
@@ -177,18 +177,32 @@ def summary_lines(record: dict) -> list[str]:
                      + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
         ref = record.get("reference_accuracy") or {}
-        if record.get("comm_precision", "fp32") == "fp32":
-            lines.append(f"check against serial PyG: max relative difference of losses "
-                         f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
-                         f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        verdict = check_result(record)
+        if verdict is not None:
+            lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
+                         f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
+                         f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
+                         f"{'PASSED' if verdict['passed'] else 'FAILED'}; PyG epoch {record['reference_epoch_ms']:.2f} ms")
         else:
-            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding): "
-                         f"losses differ by up to {record['check_loss_rel_diff']:.2e}, outputs by "
-                         f"{record['check_output_rel_diff']:.2e}")
+            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
+                         f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
+                         f"outputs by {record['check_output_rel_diff']:.2e}")
         if ref and final:
-            lines.append("accuracy against the FP32 run: " + ", ".join(
+            lines.append("accuracy against serial PyG: " + ", ".join(
                 f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
+
+
+def check_result(record: dict) -> dict | None:
+    """The pass/fail of a run's ``--check`` (:func:`plexus_tune.trainer.reference.check_verdict`); None
+    without a check or at a reduced communication precision (not expected to agree to rounding)."""
+    if "check_loss_rel_diff" not in record or record.get("comm_precision", "fp32") != "fp32":
+        return None
+    from plexus_tune.trainer.reference import check_verdict
+
+    dtype = record.get("dtype") or (record.get("options") or {}).get("dtype") or "float32"
+    return check_verdict(record["check_loss_rel_diff"], record["check_output_rel_diff"], dtype=dtype,
+                         device=record.get("device", "cpu"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -221,11 +235,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if record is None:  # a non-zero rank under torchrun/srun
         return 0
+    verdict = check_result(record)
     if args.json:
-        print(json.dumps(record, default=str))
+        print(json.dumps({**record, **({"check": verdict} if verdict else {})}, default=str))
     else:
         for line in summary_lines(record):
             print(line)
         if args.log:
             print(f"record appended to {args.log}")
+    if verdict is not None and not verdict["passed"]:
+        print("plexus-tune: error: the check against serial PyG failed: the trainer and the reference differ beyond "
+              "the tolerance of this dtype and device (docs/trainer.md)", file=sys.stderr)
+        return 1
     return 0

@@ -130,7 +130,12 @@ def encode_grid(grid: Sequence[int]) -> tuple[float, float]:
 
 
 def snap_gpus(allowed: Sequence[int], log2_value: float) -> int:
-    """The allowed GPU count nearest ``2**log2_value`` in log scale."""
+    """The allowed GPU count nearest ``2**log2_value`` in log scale (a ``range`` is not materialised)."""
+    if isinstance(allowed, range) and allowed.step == 1:
+        target = 2.0 ** float(log2_value)
+        low = min(max(int(math.floor(target)), allowed.start), allowed[-1])
+        high = min(low + 1, allowed[-1])
+        return low if abs(math.log2(low) - log2_value) <= abs(math.log2(high) - log2_value) else high
     arr = np.asarray(allowed, dtype=np.float64)
     return int(arr[int(np.argmin(np.abs(np.log2(arr) - float(log2_value))))])
 
@@ -139,6 +144,9 @@ def snap_gpus(allowed: Sequence[int], log2_value: float) -> int:
 # Configurations and the search space
 
 SIZE_PARAMS = ("log2_gx", "log2_gy", "log2_gz")
+#: at most this many GPU counts get the "sizes" encoding (a table of all their grids); a larger
+#: range (1..10^12 is a range, never a list) is searched with the "uv" encoding
+TABLE_GPU_COUNTS = 4096
 _GRID_TABLES: dict = {}
 
 
@@ -192,6 +200,9 @@ class SearchSpace:
             raise UserError("the search space has no GPU count")
         if self.encoding not in ENCODINGS:
             raise UserError(f"unknown encoding {self.encoding!r}; choose one of {', '.join(ENCODINGS)}")
+        if self.encoding == "sizes" and len(self.gpus) > TABLE_GPU_COUNTS:
+            # the sizes encoding needs a table of every grid of every G: sample G instead
+            object.__setattr__(self, "encoding", "uv")
         if self.block_rows_range is not None:
             lo, hi = self.block_rows_range
             if lo < 1 or hi < lo:

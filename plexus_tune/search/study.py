@@ -10,7 +10,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.paths import default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
-from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
+from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value, snap_gpus
 
 
 # --------------------------------------------------------------------------------------
@@ -293,11 +293,11 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     if n <= 0:
         return []
 
-    gpus = np.asarray(space.gpus, dtype=np.float64)
-    targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])
+    first, last = float(space.gpus[0]), float(space.gpus[-1])
+    targets = np.geomspace(first, last, n) if n > 1 else np.array([math.sqrt(first * last)])
     out: list[Config] = []
     for t in targets:
-        g = int(gpus[int(np.argmin(np.abs(np.log(gpus) - math.log(t))))])
+        g = snap_gpus(space.gpus, math.log2(t))  # a range of counts is not materialised
         logs = np.log2(np.asarray(enumerate_grids(g), dtype=np.float64))
         spread = ((logs - logs.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
         gx, gy, gz = (int(2 ** a + 0.5) for a in logs[int(np.argmin(spread))])

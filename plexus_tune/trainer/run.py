@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
@@ -240,6 +240,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     ``run_identity(config_fields(config))`` is the identity the run's record will have
     (docs/records.md); campaigns use it to find what a log already holds.
     """
+    config = normalize_config(config)
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
