@@ -245,6 +245,10 @@ def main(argv=None) -> int:
     rows = on_device(args)
     print_table(rows, f"GPU check on {args.device}{' (tiny)' if args.tiny else ''}: logs in {args.out}, "
                       f"{time.perf_counter() - started:.0f} s")
+    out = Path(args.out)
+    print(f"a profile of this device from these logs (collectives copied, not measured):\n"
+          f"  plexus-tune fit --machine-name NAME --out NAME.json --spmm {out}/spmm-sweep.jsonl {out}/spmm-shards.jsonl "
+          f"--bandwidth {out}/bandwidth.jsonl --optimizer-runs {out}/runs.jsonl --collectives-from perlmutter")
     return 0
 
 

@@ -22,7 +22,7 @@ from plexus_tune.model.machine import Machine, load_machine
 from plexus_tune.model.planner import ALGORITHM_NAMES, family_grids, joint_ranking, joint_space_size
 from plexus_tune.model.volumes import CommCall, UniformExchange
 from plexus_tune.model.workload import Workload, workload_from_dataset
-from plexus_tune.comm_precision_model import parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
 
 
 def tiny_machine(**collectives):

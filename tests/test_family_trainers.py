@@ -203,3 +203,63 @@ def test_family_checks_refuse_bad_settings():
     assert ok.grid == (4, 2, 1) and ok.permute == "none"
     assert normalize_config(TrainConfig(algorithm="supergcn", gpus=3)).aggregation == "hybrid"
     assert normalize_config(TrainConfig(algorithm="cagnet-1.5d", grid=(3, 2, 1))).replication == 2
+
+
+def wire_volumes(calls, gpus: int, precision: str) -> dict:
+    """Per-rank bytes per class of a schedule sent at ``precision`` (adjacency as stored): every
+    dense block at :func:`plexus_tune.model.comm_precision.wire_bytes` / ``block_bytes``."""
+    from plexus_tune.model.comm_precision import block_bytes, wire_bytes
+
+    out = {name: np.zeros(gpus) for name in VOLUME_CLASSES}
+    for call in calls:
+        sent = np.asarray(call.sent_bytes, dtype=np.float64)
+        if call.comm_class == "adjacency":
+            out["adjacency"] += sent
+        elif call.op == "point_to_point":
+            width = int(call.row_bytes) // 4
+            per = [[block_bytes(int(r), width, precision) if r else 0 for r in rr] for rr in np.asarray(call.pair_rows)]
+            out[call.comm_class] += np.asarray(per, dtype=np.float64).sum(axis=1)
+        elif call.op == "broadcast":
+            rows = int(call.rows)
+            cols = int(call.message_bytes) // (4 * rows)
+            blocks = sent / ((call.group_size - 1) * call.message_bytes)
+            out[call.comm_class] += blocks * (call.group_size - 1) * block_bytes(rows, cols, precision)
+        else:
+            wire = wire_bytes(call.op, call.group_size, int(call.message_bytes), precision, int(call.rows)).bytes
+            out[call.comm_class] += np.where(sent > 0, wire, 0)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precision_bytes_follow_the_wire_convention(graph, reference, precision):
+    """At bf16 every dense class sends half its FP32 bytes; at int8 each block as packed codes
+    plus its rows' zero points and scales; adjacency pieces as stored. Training stays close."""
+    from plexus_tune.model.volumes import cagnet_15d_schedule
+
+    common = dict(COMMON, comm_precision=precision)
+    configs = [normalize_config(TrainConfig(algorithm="cagnet-1.5d", gpus=4, replication=2, **common)),
+               normalize_config(TrainConfig(algorithm="cagnet-2d", grid=(2, 2, 1), **common)),
+               normalize_config(TrainConfig(algorithm="cagnet-2d", grid=(1, 4, 1), **common)),
+               normalize_config(TrainConfig(algorithm="supergcn", gpus=4, aggregation="hybrid", **common))]
+    results = train(graph, 4, configs)
+    widths = model_widths(FEATURES, CLASSES, 3, HIDDEN)
+    for config, result in zip(configs, results):
+        what = f"{config.algorithm} {config.grid} {precision}"
+        if config.algorithm == "cagnet-1.5d":
+            calls = cagnet_15d_schedule(NODES, widths, 4, 2)
+        elif config.algorithm == "cagnet-2d":
+            pr, pc = config.grid[:2]
+            calls = cagnet_summa_schedule(NODES, widths, pr, pc, a_pieces=summa_piece_nnz(graph.adjacency, pr, pc),
+                                          at_pieces=summa_piece_nnz(graph.adjacency, pr, pc, transpose=True))
+        else:
+            plan = partition_exchange(gcn_normalize(graph.adjacency), 4, seed=config.seed)
+            calls = supergcn_schedule(widths, plan.forward_rows("hybrid"))
+        got, want = logged_volumes(result), wire_volumes(calls, 4, precision)
+        fp32 = rank_volumes(calls, 4)
+        for name in VOLUME_CLASSES:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{what}: {name}")
+        if precision == "bf16":
+            for name in ("aggregation", "combination", "gather"):
+                np.testing.assert_array_equal(got[name], fp32[name] / 2, err_msg=what)
+        assert max_relative_difference(result["losses"], reference["losses"]) < 1e-2, what
+        assert any(row["quant_ms"] > 0 for per_rank in result["timers"] for row in per_rank), what

@@ -6,7 +6,7 @@ import json
 import sys
 
 from plexus_tune.cli.output import make_console
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.measure.campaign import load_graph_source

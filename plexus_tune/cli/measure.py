@@ -26,8 +26,9 @@ from plexus_tune.measure.records import predict_record, run_setting, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
 from plexus_tune.trainer.run import base_record
-from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.trainer.algorithms import check_algorithm
 
 
 def register(subparsers) -> None:
@@ -42,7 +43,9 @@ def register(subparsers) -> None:
     src.add_argument("--graph", help="graph file, or a synthetic spec such as rmat:nodes=16384,edges=262144,features=64,classes=8")
     src.add_argument("--synthetic", metavar="SPEC", help="synthetic graph spec (same as --graph SPEC)")
     parser.add_argument("--gpus", type=count(1), required=True, metavar="G", help="ranks per run")
-    parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2")
+    parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2 "
+                        "(process grids of --algorithm: every configuration of the family with all)")
+    add_algorithm_arguments(parser)
     parser.add_argument("--trials", type=count(1), default=3, help="runs per grid (default 3)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs per run, warm-up included (default 10)")
     parser.add_argument("--warmup", type=count(0), default=2, help="warm-up epochs left out of the timing (default 2)")
@@ -85,10 +88,12 @@ def run(args) -> int:
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision}
+               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
+               "aggregation": args.aggregation}
     settings = config_settings(campaign_config(graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
-    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings)
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
+                         replication=args.replication)
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials

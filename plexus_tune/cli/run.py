@@ -8,20 +8,21 @@ from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import campaign_config, config_settings, logged_trials
+from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, logged_trials
 from plexus_tune.measure.records import predict_record, run_identity, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.prediction import predict_run_grids
-from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
+from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
 from plexus_tune.trainer import run_training
+from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
-from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.model.comm_precision import check_backend
 
 
 def register(subparsers) -> None:
@@ -30,6 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", required=True, type=count(1), help="number of ranks G")
     p.add_argument("--machine", default="perlmutter", help="profile of the machine the run happens on (default perlmutter)")
     p.add_argument("--grid", help="train this grid instead of the recommended one (still predicted and compared)")
+    add_algorithm_arguments(p)
     p.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
     p.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     p.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
@@ -76,10 +78,14 @@ def run(args) -> int:
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
     options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision}
-    grids = enumerate_grids(args.gpus)
+               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
+               "aggregation": args.aggregation}
     settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
+    grids = np.asarray(choose_grids(args.gpus, "all", settings=settings, replication=args.replication), dtype=np.int64)
+    if grid is not None and not (grids == np.array(grid)).all(axis=1).any():
+        raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
+                        f"choose from {', '.join(format_grid(g) for g in grids)}")
     pred = predict_run_grids(workload, machine, grids, **settings)
     order = rank_order(pred)
     feasible = np.asarray(pred["feasible"], dtype=bool)

@@ -13,7 +13,7 @@ from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph
-from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.launch import detect_environment

@@ -34,11 +34,13 @@ from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
-from plexus_tune.model.grid import enumerate_grids, parse_grid
+from plexus_tune.model.grid import parse_grid
 from plexus_tune.model.machine import load_machine
+from plexus_tune.model.planner import family_grids
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig, run_training
+from plexus_tune.trainer.algorithms import process_grid
 from plexus_tune.trainer.run import (
     build_record,
     config_fields,
@@ -108,11 +110,23 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
     return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
 
 
-def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None) -> list[tuple[int, int, int]]:
+def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
+                 replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :func:`~plexus_tune.measure.records.prediction_settings`) or a list ``2x2x2,1x4x2``."""
+    runs' :func:`~plexus_tune.measure.records.prediction_settings`) or a list ``2x2x2,1x4x2``.
+
+    The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
+    every configuration of the family on ``gpus`` ranks (:func:`plexus_tune.model.planner.family_grids`);
+    ``replication`` keeps cagnet-1.5d's grids of that c.
+    """
     spec = (spec or "all").strip()
-    grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
+    algorithm = (settings or {}).get("algorithm") or "plexus-3d"
+    grids = [tuple(int(v) for v in g) for g in family_grids(algorithm, gpus)]
+    if replication is not None:
+        if algorithm != "cagnet-1.5d":
+            raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {algorithm}",
+                            parameter="replication")
+        grids = [process_grid(algorithm, gpus=gpus, replication=replication)]
     if spec == "all":
         return grids
     if spec.startswith("top:"):
@@ -132,6 +146,9 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
         grid = tuple(int(v) for v in parse_grid(text.strip()))
         if int(np.prod(grid)) != gpus:
             raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not the GPU count {gpus}", parameter="grids")
+        if grid not in grids:
+            raise UserError(f"grid {text.strip()} is not a configuration of {algorithm} on {gpus} GPUs; "
+                            f"choose from {', '.join('x'.join(map(str, g)) for g in grids)}", parameter="grids")
         out.append(grid)
     return out
 

@@ -597,16 +597,20 @@ def run_identity(record: Mapping) -> RunIdentity:
 
 def prediction_settings(record: Mapping) -> dict:
     """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
-    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``).
+    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options`` where the
+    family has its own: supergcn's ``aggregation``).
 
     ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
     """
     ident = record.get("identity")
     if not isinstance(ident, RunIdentity):
         ident = run_identity(record)
-    return {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
-            "comm_precision": ident.comm_precision,
-            "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
+    settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
+                "comm_precision": ident.comm_precision,
+                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
+    if getattr(ident, "aggregation", ""):  # the family's own setting (supergcn)
+        settings["options"] = {"aggregation": ident.aggregation}
+    return settings
 
 
 def run_workload(record: Mapping) -> Workload:

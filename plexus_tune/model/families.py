@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     CommPrecision,
     parse_comm_precision,
     quant_rates,

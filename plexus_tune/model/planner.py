@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS

@@ -24,6 +24,9 @@ DEFAULT_AGGREGATION = "hybrid"
 def check_algorithm(name) -> str:
     """The canonical name of a trained algorithm family, else UserError."""
     text = str(name if name is not None else DEFAULT_ALGORITHM).strip().lower()
+    if text == "cagnet-3d":
+        raise UserError("cagnet-3d has a cost model ('plexus-tune predict --algorithm cagnet-3d') but no trainer; "
+                        f"the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
     if text not in TRAINED_ALGORITHMS:
         raise UserError(f"unknown algorithm {str(name).strip()!r}; the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
     return text

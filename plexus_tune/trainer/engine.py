@@ -41,6 +41,7 @@ from plexus_tune.graph.shards import (
 )
 from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.model.workload import model_widths
+from plexus_tune.trainer.algorithms import trainer_class
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.model.other import trainer_optimizer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
@@ -832,8 +833,6 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                                                                       config.extra.get("permute_grid", config.grid))
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
-        from plexus_tune.trainer.algorithms import trainer_class
-
         trainer = trainer_class(config.algorithm)(data, config, rank, world_size, device=device, split=split)
         setup_s = time.perf_counter() - t_setup
         try:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import resolve_graph
+from plexus_tune.graph.permute import TWO_SIDED_MODES
 from plexus_tune.graph.shards import read_manifest
 from plexus_tune.launch import RankFailure, detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
@@ -67,12 +68,12 @@ def graph_source(config: TrainConfig):
 
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
-    """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
+    """A shard directory must carry node data and (double or local permutation) a symmetric graph; no --check."""
     manifest = read_manifest(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
-    if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
-        raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
+    if manifest["permutation"]["mode"] in TWO_SIDED_MODES and not manifest.get("symmetric"):
+        raise UserError(f"{path}: {manifest['permutation']['mode']}-permuted shards of a directed graph lack the alternate layout; "
                         "re-shard it with a single permutation or none")
     if config.check:
         raise UserError("the check against the serial reference needs the whole graph; give the graph file, not its shards",
@@ -239,6 +240,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     ``run_identity(config_fields(config))`` is the identity the run's record will have
     (docs/records.md); campaigns use it to find what a log already holds.
     """
+    config = normalize_config(config)
     grid = [int(g) for g in config.grid]
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
