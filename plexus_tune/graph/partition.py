@@ -214,25 +214,37 @@ def partition_exchange(adjacency, parts: int, *, seed: int = 0) -> ExchangePlan:
     return exchange_plan(adjacency, partition_graph(adjacency, parts, seed=seed))
 
 
+class PiecePattern:
+    """The nonzero pattern of A + I (what GCN normalization stores), kept to count the
+    SUMMA pieces of many grids (:meth:`pieces`) without rebuilding it."""
+
+    def __init__(self, adjacency):
+        coo = with_self_loops_pattern(adjacency).tocoo()
+        self.nodes = int(coo.shape[0])
+        self.rows = coo.row.astype(np.int64)
+        self.cols = coo.col.astype(np.int64)
+
+    def pieces(self, pr: int, pc: int, pl: int = 1, *, transpose: bool = False) -> np.ndarray:
+        """Nonzeros in every SUMMA piece, shape (Pl, Pr, q) (:func:`summa_piece_nnz`)."""
+        pr, pc, pl = int(pr), int(pc), int(pl)
+        q = math.lcm(pr, pc)
+        n_pad = pl * q * -(-self.nodes // (pl * q))
+        rb, piece = n_pad // pr, n_pad // (pl * q)
+        rows, cols = (self.cols, self.rows) if transpose else (self.rows, self.cols)
+        counts = np.bincount((rows // rb) * (pl * q) + cols // piece, minlength=pr * pl * q)
+        return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
+
+
 def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool = False) -> np.ndarray:
     """Nonzeros of A + I (or its transpose) in every SUMMA piece, shape (Pl, Pr, q).
 
     q = lcm(Pr, Pc), N' = Pl q ceil(N / (Pl q)): block row i holds rows [i N'/Pr, (i+1) N'/Pr),
     piece s of mesh layer k the columns [(k q + s) p, (k q + s + 1) p) with p = N' / (Pl q)
     (:func:`plexus_tune.model.volumes.summa_sizes`); rows and columns past N are padding.
+    ``adjacency`` may be a :class:`PiecePattern`.
     """
-    pr, pc, pl = int(pr), int(pc), int(pl)
-    pattern = with_self_loops_pattern(adjacency)
-    if transpose:
-        pattern = pattern.T.tocsr()
-    n = pattern.shape[0]
-    q = math.lcm(pr, pc)
-    n_pad = pl * q * -(-n // (pl * q))
-    rb, piece = n_pad // pr, n_pad // (pl * q)
-    coo = pattern.tocoo()
-    counts = np.zeros((pr, pl * q), dtype=np.int64)
-    np.add.at(counts, (coo.row // rb, coo.col // piece), 1)
-    return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
+    pattern = adjacency if isinstance(adjacency, PiecePattern) else PiecePattern(adjacency)
+    return pattern.pieces(pr, pc, pl, transpose=transpose)
 
 
 #: SuperGCN's Table 5 (ogb-lsc-mag240M, 2048 processes, one GCN layer): communication
