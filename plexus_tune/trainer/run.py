@@ -19,6 +19,7 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.permute import TWO_SIDED_MODES
 from plexus_tune.graph.shards import read_manifest
 from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
@@ -72,12 +73,12 @@ def graph_source(config: TrainConfig):
 
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
-    """A shard directory must carry node data and (double permutation) a symmetric graph; no --check."""
+    """A shard directory must carry node data and (double or local permutation) a symmetric graph; no --check."""
     manifest = read_manifest(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
-    if manifest["permutation"]["mode"] == "double" and not manifest.get("symmetric"):
-        raise UserError(f"{path}: double-permuted shards of a directed graph lack the alternate layout; "
+    if manifest["permutation"]["mode"] in TWO_SIDED_MODES and not manifest.get("symmetric"):
+        raise UserError(f"{path}: {manifest['permutation']['mode']}-permuted shards of a directed graph lack the alternate layout; "
                         "re-shard it with a single permutation or none")
     if config.check:
         raise UserError("the check against the serial reference needs the whole graph; give the graph file, not its shards",
