@@ -18,12 +18,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit.validation import predict_runs
-from plexus_tune.measure.records import runs_table, setting_labels
+from plexus_tune.measure.records import predict_runs, runs_table, setting_labels
 from plexus_tune.measure.store import read_runs
-from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.grid import enumerate_grids
-from plexus_tune.model.workload import Workload, workload_from_dataset
+from plexus_tune.model.prediction import predict_run_grids
+from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.search import trials_frame
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
@@ -33,6 +32,7 @@ BREAKDOWN_PARTS = (
     ("comm_x_ms", "comm X", "#c44e52"),
     ("comm_y_ms", "comm Y", "#dd8452"),
     ("comm_z_ms", "comm Z", "#8172b2"),
+    ("quant_ms", "quant (codec of reduced precision)", "#64b5cd"),
     ("other_ms", "other", "#937860"),
     ("overhead_ms", "overhead (fixed per epoch)", "#8c8c8c"),  # predicted only
     ("wait_ms", "imbalance/wait", "#da8bc3"),  # observed only (docs/records.md, Observed breakdown)
@@ -162,13 +162,6 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     return sub.reset_index(drop=True), str(graph), int(gpus)
 
 
-def workload_of_runs(runs):
-    """The workload the runs trained (graph statistics, widths and element size of the first row)."""
-    r = runs.iloc[0]
-    return Workload(name=str(r["graph_name"]), nodes=int(r["graph_nodes"]), nnz=int(r["nnz"]), widths=tuple(r["widths"]),
-                    bytes_per_element=int(r["bytes_per_element"]))
-
-
 def pred_obs_frame(runs, machine=None):
     """One row per grid (and setting) of runs-table rows: the observed medians and the prediction.
 
@@ -204,7 +197,7 @@ def pred_obs_frame(runs, machine=None):
 
 
 def predicted_frame(pred, order=None):
-    """A breakdown frame of cost-model predictions (:func:`plexus_tune.model.costs.predict_grids`):
+    """A breakdown frame of cost-model predictions (:func:`plexus_tune.model.prediction.predict_run_grids`):
     ``grid``, ``pred_epoch_ms`` (the total) and ``pred_<key>`` of every :data:`BREAKDOWN_PARTS`
     key the model predicts, rows in ``order`` (default: all)."""
     import pandas as pd
@@ -226,7 +219,7 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
     for name in datasets:
         workload = workload_from_dataset(name, layers=layers, hidden=hidden)
         grids = np.concatenate([np.asarray(enumerate_grids(g), dtype=np.int64).reshape(-1, 3) for g in gpus])
-        pred = predict_grids(workload, machine, grids)
+        pred = predict_run_grids(workload, machine, grids)
         total = np.where(pred["feasible"], np.asarray(pred["total_ms"], dtype=float), np.inf)
         per_g = grids.prod(axis=1)
         for g in gpus:

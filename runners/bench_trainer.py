@@ -1,16 +1,23 @@
-"""Trainer benchmark: 1x1x1 against serial PyG, every grid of G, memory against the model.
+"""Trainer benchmark: the epoch against its floor, the fair PyG baseline, the lattice permutations, every grid.
 
-    .venv/bin/python runners/bench_trainer.py [--nodes 262144 --edges 2100000 --gpus 4 ...]
+    python runners/bench_trainer.py floor   [--nodes 262144 --edges 2100000 --hidden 64 --grid 1x1x1 --device cpu]
+    python runners/bench_trainer.py pyg     [--nodes ... --hidden ...]          trainer 1x1x1 against fair PyG
+    python runners/bench_trainer.py lattice [--nodes 1000000 --hidden 64]       SpMM phase per permutation
+    python runners/bench_trainer.py grids   [--gpus 4 ...]                      every grid, memory against the model
 
-On an R-MAT graph (default 262,144 nodes, 2.1M undirected edges = 4.46M nonzeros with
-self-loops) it prints
-1. the epoch time of the 3D trainer on a 1x1x1 grid against the serial PyTorch
-   Geometric GCN (same graph, model, optimizer and CPU threads);
-2. the epoch time and breakdown (max over ranks, mean of the epochs after warm-up) of
-   every grid of ``--gpus`` ranks;
-3. the measured peak memory per rank (tensor bytes the trainer tracks, and RSS growth
-   during training + persistent state) against ``plexus_tune.model.memory`` (the cost model's
-   memory term) for the same workload and grid.
+``floor`` prints each part of the 1x1x1 (or ``--grid``) epoch on CPU or CUDA (SpMM,
+GEMM, communication, loss, optimizer, elementwise, synchronisation and the rest) beside
+its floor: compulsory bytes over the measured copy rate, or flops over the measured GEMM
+rate (:mod:`plexus_tune.measure.floor`), and the ratio. ``pyg`` compares the trainer with
+PyG's GCNConv (normalize=False) on a CSR ``adj_t`` with trainable input features, the
+fair comparison (the trainer trains its input features too). ``lattice`` runs the
+trainer on a road-like lattice at 1x1x1 with no, double and local permutation (local as
+1x1x1 uses it, the identity, and as a grid splitting the ids 8 ways would) and prints
+each SpMM phase against natural order. ``grids`` runs every grid of ``--gpus`` ranks
+and sets each rank's peak memory beside the model's.
+
+The functions (``floor_report``, ``pyg_fair_epoch``, ``trainer_vs_pyg``,
+``other_share``, ``lattice_permutations``) are importable for other runners.
 Timings on a shared machine are noisy: the load average is printed beside them.
 """
 
@@ -31,7 +38,262 @@ def load_average() -> str:
         return "n/a"
 
 
+def _launch(graph, configs, device: str, world: int):
+    from plexus_tune.launch import launch_local
+    from plexus_tune.trainer.engine import rank_main
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    return launch_local(rank_main, world, args=(graph, configs, device), backend=backend, timeout_s=3600,
+                        preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+
+
+def run_trainer(graph, grid=(1, 1, 1), *, hidden: int = 64, layers: int = 3, epochs: int = 6, warmup: int = 2,
+                permute: str = "double", device: str = "cpu", extra: dict | None = None) -> dict:
+    """One trainer run (rank 0's result of :func:`plexus_tune.trainer.engine.rank_main`)."""
+    from plexus_tune.trainer import TrainConfig
+
+    grid = tuple(int(g) for g in grid)
+    config = TrainConfig(grid=grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup, permute=permute,
+                         backend="nccl" if device == "cuda" else "gloo", extra=dict(extra or {}))
+    return _launch(graph, [config], device, grid[0] * grid[1] * grid[2])[0]
+
+
+def floor_report(graph, grid=(1, 1, 1), *, hidden: int = 64, layers: int = 3, epochs: int = 6, warmup: int = 2,
+                 permute: str = "double", device: str = "cpu", ceilings: dict | None = None) -> dict:
+    """Each part of the critical rank's epoch beside its floor (:mod:`plexus_tune.measure.floor`).
+
+    Returns {"rows": [{part, ms, floor_ms, ratio, basis, bytes, flops}], "parts": {part: ms},
+    "ceilings": {...}, "result": the run's result, "rank": the critical rank}."""
+    import numpy as np
+
+    from plexus_tune.measure.floor import floor_table, floor_work, measure_ceilings, measured_parts
+    from plexus_tune.model.shapes import layer_shapes
+
+    grid = tuple(int(g) for g in grid)
+    result = run_trainer(graph, grid, hidden=hidden, layers=layers, epochs=epochs, warmup=warmup, permute=permute,
+                         device=device)
+    ceilings = ceilings or measure_ceilings(device)
+    timers = result["timers"]
+    rank = int(np.argmax([np.mean([r["epoch_ms"] for r in t[warmup:]]) for t in timers]))
+    parts = measured_parts(timers[rank][warmup:])
+    shapes = layer_shapes(result["nodes"], result["widths"], grid)
+    comm = result["comm_bytes"][rank][warmup:]
+    comm_bytes = float(np.mean([sum(e.values()) for e in comm])) if comm else 0.0
+    from plexus_tune.model.other import OPTIMIZER_ACCESSES
+
+    work = floor_work(shapes, result["shard_nnz"][rank], classes_local=int(shapes[-1].c_o), comm_bytes=comm_bytes,
+                      optimizer_passes=OPTIMIZER_ACCESSES[result.get("optimizer") or "adamw-fused"])
+    return {"rows": floor_table(parts, work, ceilings), "parts": parts, "ceilings": ceilings, "result": result,
+            "rank": rank, "grid": grid, "device": device, "memory": memory_against_model(result, grid, permute),
+            # a dense row per nonzero (forward A F and backward A^T dH of every layer): no cache reuse
+            "spmm_gather_bytes": sum(2.0 * 4 * z * float(s.c_i) for z, s in zip(result["shard_nnz"][rank], shapes))}
+
+
+def memory_against_model(result: dict, grid, permute: str = "double") -> dict:
+    """Each rank's peak memory beside the model's (:func:`plexus_tune.model.memory.memory_breakdown`):
+    the CUDA allocator's peak on a GPU, else the tensor bytes the trainer tracks."""
+    from plexus_tune.model.memory import memory_breakdown
+    from plexus_tune.model.workload import Workload
+
+    work = Workload(name="bench", nodes=result["nodes"], nnz=result["nnz"], widths=tuple(result["widths"]))
+    model = float(memory_breakdown(work, [tuple(grid)], double_permutation=permute != "none")["total"][0])
+    per_rank = [m.get("cuda_max_allocated_bytes", m["tracked_bytes"]) for m in result["memory"]]
+    measured = float(max(per_rank))
+    kind = "cuda_max_allocated_bytes" if "cuda_max_allocated_bytes" in result["memory"][0] else "tracked_bytes"
+    return {"measured_bytes": measured, "model_bytes": model, "ratio": measured / model, "measured": kind}
+
+
+def other_share(report: dict) -> float:
+    """``other_ms`` (loss, optimizer, elementwise, the rest) as a share of the epoch."""
+    p = report["parts"]
+    return (p["loss"] + p["optimizer"] + p["elementwise"] + p["sync"]) / p["epoch"]
+
+
+def pyg_fair_epoch(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 6, warmup: int = 2,
+                   device: str = "cpu", fused: bool = False, seed: int = 0) -> dict:
+    """PyG GCNConv(normalize=False) on the normalized adjacency as a CSR ``adj_t``, ReLU
+    between layers, trainable input features, cross-entropy over the training nodes,
+    AdamW (torch's default implementation, or ``fused``). Epoch times (ms), the device
+    synchronised at the end of each epoch."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    from plexus_tune.graph import gcn_normalize
+    from plexus_tune.graph.splits import random_split
+    from plexus_tune.model.workload import model_widths
+
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    dev = torch.device(device)
+    a = gcn_normalize(graph.adjacency)
+    adj_t = torch.sparse_csr_tensor(torch.from_numpy(a.indptr.astype(np.int64)),
+                                    torch.from_numpy(a.indices.astype(np.int64)),
+                                    torch.from_numpy(a.data.astype(np.float32)), size=a.shape).to(dev)
+    widths = model_widths(graph.features.shape[1], graph.num_classes, layers, hidden)
+    torch.manual_seed(seed)
+    convs = torch.nn.ModuleList([GCNConv(widths[i], widths[i + 1], normalize=False) for i in range(layers)]).to(dev)
+    x0 = torch.nn.Parameter(torch.tensor(np.asarray(graph.features, dtype=np.float32), device=dev))
+    labels = torch.as_tensor(np.asarray(graph.labels, dtype=np.int64), device=dev)
+    train = torch.as_tensor(random_split(labels.shape[0], seed) == 0, device=dev)
+    opt = torch.optim.AdamW([x0, *convs.parameters()], lr=0.01, weight_decay=0.01, **({"fused": True} if fused else {}))
+    times = []
+    for _ in range(int(epochs)):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        x = x0
+        for i, conv in enumerate(convs):
+            x = conv(x, adj_t)
+            if i < layers - 1:
+                x = torch.relu(x)
+        loss = F.cross_entropy(x[train], labels[train])
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"epoch_ms": times, "mean_ms": float(np.mean(times[warmup:])), "fused": bool(fused)}
+
+
+def trainer_vs_pyg(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 6, warmup: int = 2,
+                   device: str = "cpu", fused_pyg: bool = False) -> dict:
+    """The 1x1x1 trainer's epoch over the fair PyG baseline's (goal on a GPU: 0.45 or less at products size)."""
+    import numpy as np
+
+    from plexus_tune.allocator import configure_compute_process
+    from plexus_tune.launch import default_threads_per_rank
+
+    result = run_trainer(graph, (1, 1, 1), hidden=hidden, layers=layers, epochs=epochs, warmup=warmup, device=device)
+    trainer_ms = float(np.mean([r["epoch_ms"] for r in result["timers"][0][warmup:]]))
+    configure_compute_process(default_threads_per_rank(1))  # as the rank runs
+    pyg = pyg_fair_epoch(graph, hidden=hidden, layers=layers, epochs=epochs, warmup=warmup, device=device,
+                         fused=fused_pyg)
+    return {"trainer_ms": trainer_ms, "pyg_ms": pyg["mean_ms"], "ratio": trainer_ms / pyg["mean_ms"],
+            "pyg_fused": bool(fused_pyg), "losses": result["losses"]}
+
+
+def lattice_permutations(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 4, warmup: int = 1,
+                         device: str = "cpu", split_grids=((8, 1, 1), (8, 8, 1))) -> dict:
+    """The trainer's SpMM phase at 1x1x1 per permutation, and its ratio to natural order:
+    ``none``, ``double``, ``local`` (as 1x1x1 applies it: the identity) and
+    ``local@<grid>`` for each of ``split_grids`` (the permutation a grid of those
+    dimensions applies, trained at 1x1x1)."""
+    import numpy as np
+
+    from plexus_tune.trainer import TrainConfig
+
+    common = dict(grid=(1, 1, 1), layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
+                  backend="nccl" if device == "cuda" else "gloo")
+    variants = {"none": TrainConfig(permute="none", **common), "double": TrainConfig(permute="double", **common),
+                "local": TrainConfig(permute="local", **common)}
+    for split in split_grids:
+        name = "local@" + "x".join(str(int(g)) for g in split)
+        variants[name] = TrainConfig(permute="local", extra={"permute_grid": tuple(int(g) for g in split)}, **common)
+    results = _launch(graph, list(variants.values()), device, 1)
+    out = {}
+    for name, res in zip(variants, results):
+        rows = res["timers"][0][warmup:]
+        out[name] = {"spmm_ms": float(np.mean([r["spmm_ms"] for r in rows])),
+                     "epoch_ms": float(np.mean([r["epoch_ms"] for r in rows]))}
+    for name in out:
+        out[name]["spmm_vs_none"] = out[name]["spmm_ms"] / out["none"]["spmm_ms"]
+    return out
+
+
+def print_floor(report: dict) -> None:
+    c = report["ceilings"]
+    print(f"ceilings on {report['device']}: copy {c['copy_gbps']:.1f} GB/s (read + write; median "
+          f"{c['copy_gbps_median']:.1f}), FP32 GEMM {c['gemm_gflops']:.1f} GFLOP/s ({c['gemm_size']}^3; median "
+          f"{c['gemm_gflops_median']:.1f})")
+    grid = "x".join(map(str, report["grid"]))
+    print(f"grid {grid}, critical rank {report['rank']}, epoch {report['parts']['epoch']:.1f} ms, optimizer "
+          f"{report['result'].get('optimizer')}")
+    print(f"{'part':>12} {'ms':>9} {'floor ms':>9} {'ratio':>7} {'share':>6}  floor from")
+    epoch = report["parts"]["epoch"]
+    for row in report["rows"]:
+        ratio = f"{row['ratio']:7.2f}" if row["ratio"] == row["ratio"] else f"{'-':>7}"
+        basis = {"bytes": f"{row['bytes'] / 1e6:.1f} MB", "flops": f"{row['flops'] / 1e9:.2f} GFLOP", "-": "none"}
+        print(f"{row['part']:>12} {row['ms']:9.2f} {row['floor_ms']:9.2f} {ratio} {row['ms'] / epoch:6.1%}  "
+              f"{basis[row['basis']]}")
+    total = sum(r["ms"] for r in report["rows"])
+    print(f"{'sum':>12} {total:9.2f} {sum(r['floor_ms'] for r in report['rows']):9.2f}  (epoch {epoch:.2f} ms)")
+    spmm = next(r for r in report["rows"] if r["part"] == "spmm")
+    print(f"SpMM if every nonzero's dense row missed the cache: "
+          f"{(spmm['bytes'] + report['spmm_gather_bytes']) / c['copy_gbps'] / 1e6:.2f} ms")
+    m = report["memory"]
+    print(f"memory: peak {m['measured_bytes'] / 2**20:.1f} MiB ({m['measured']}) against the model's "
+          f"{m['model_bytes'] / 2**20:.1f} MiB: {m['ratio']:.2f}")
+
+
+def _graph_from_args(args):
+    from plexus_tune.graph import synthetic
+
+    if args.mode == "lattice":
+        spec = f"grid2d:nodes={args.nodes},features={args.features},classes={args.classes},seed=0"
+    else:
+        spec = (f"rmat:nodes={args.nodes},edges={args.edges},features={args.features},"
+                f"classes={args.classes},seed=0")
+    t0 = time.perf_counter()
+    graph = synthetic(spec)
+    print(f"graph {spec}: {graph.num_nodes:,} nodes, {graph.nnz:,} nonzeros (generated in "
+          f"{time.perf_counter() - t0:.1f} s)", flush=True)
+    return graph
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("floor", "pyg", "lattice"):
+        return main_reports(argv)
+    if argv and argv[0] == "grids":
+        argv = argv[1:]
+    return main_grids(argv)
+
+
+def main_reports(argv) -> int:
+    from plexus_tune.model.grid import parse_grid
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("floor", "pyg", "lattice"))
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--edges", type=int, default=2_100_000)
+    parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--classes", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--grid", default="1x1x1")
+    parser.add_argument("--permute", default="double")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--fused-pyg", action="store_true", help="PyG with fused AdamW too")
+    args = parser.parse_args(argv)
+    if args.nodes is None:
+        args.nodes = 1_000_000 if args.mode == "lattice" else 262_144
+    print(f"load average {load_average()}", flush=True)
+    graph = _graph_from_args(args)
+    common = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs, warmup=args.warmup, device=args.device)
+    if args.mode == "floor":
+        report = floor_report(graph, tuple(parse_grid(args.grid)), permute=args.permute, **common)
+        print_floor(report)
+        print(f"other (loss + optimizer + elementwise + rest) {other_share(report):.1%} of the epoch")
+    elif args.mode == "pyg":
+        out = trainer_vs_pyg(graph, fused_pyg=args.fused_pyg, **common)
+        print(f"trainer 1x1x1 {out['trainer_ms']:.1f} ms/epoch, fair PyG ({'fused' if out['pyg_fused'] else 'default'} "
+              f"AdamW, trainable features) {out['pyg_ms']:.1f} ms/epoch: ratio {out['ratio']:.2f}")
+    else:
+        out = lattice_permutations(graph, **common)
+        for name, row in out.items():
+            print(f"{name:>12}: SpMM phase {row['spmm_ms']:9.1f} ms ({row['spmm_vs_none']:.2f}x natural), "
+                  f"epoch {row['epoch_ms']:9.1f} ms")
+    print(f"load average {load_average()}")
+    return 0
+
+
+def main_grids(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=262144)
     parser.add_argument("--edges", type=int, default=2_100_000, help="undirected edges (nonzeros = 2 edges + nodes)")
@@ -55,7 +317,8 @@ def main(argv=None) -> int:
     from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.launch import default_threads_per_rank
     from plexus_tune.model.memory import memory_breakdown
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
     from plexus_tune.allocator import configure_compute_process
     from plexus_tune.trainer.reference import reference_train
     from plexus_tune.model.workload import Workload

@@ -73,7 +73,8 @@ def measure(args) -> int:
     from plexus_tune.measure.records import run_identity
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.grid import enumerate_grids, parse_grid
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +108,7 @@ def measure(args) -> int:
                               f"quant {rec.get('quant_ms', float('nan')):.1f} ms, test accuracy {acc:.3f}", flush=True)
         if not args.no_collectives and not (out / "collectives.jsonl").exists():
             # the schemes beside FP32 on the same ranks: the per-call time of each precision
-            from plexus_tune.measure.microbench import calibrate_collectives, parse_sizes
+            from plexus_tune.measure.collectives import calibrate_collectives, parse_sizes
             from plexus_tune.measure.store import append_records
 
             world = int(np.prod(grids[0]))  # every grid has G ranks
@@ -117,7 +118,7 @@ def measure(args) -> int:
     if args.quant_from and not (out / "quant.jsonl").exists():
         shutil.copyfile(args.quant_from, out / "quant.jsonl")
     if not (out / "quant.jsonl").exists():
-        from plexus_tune.measure.microbench import run_quant_benchmark
+        from plexus_tune.measure.codec import run_quant_benchmark
 
         run_quant_benchmark(out / "quant.jsonl", rows=(4096, 16384), cols=(32, 128), repeats=5)
     return 0

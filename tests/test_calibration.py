@@ -2,18 +2,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from plexus_tune.measure.microbench import (
-    bandwidths_gbps,
-    calibrate_collectives,
-    calibrate_graph_shards,
-    collective_elements,
-    collective_shapes,
-    parse_sizes,
-    partition,
-    random_csr,
-    spmm_sweep,
-    sweep_shapes,
-)
+from plexus_tune.measure.collectives import calibrate_collectives, collective_shapes, parse_sizes, partition
+from plexus_tune.measure.spmm import calibrate_graph_shards, random_csr, spmm_sweep, sweep_shapes
+from plexus_tune.model.collectives import bandwidths_gbps, collective_elements
 from plexus_tune.cli import main
 from plexus_tune.model.collectives import nodes_spanned
 from plexus_tune.errors import UserError
@@ -131,7 +122,7 @@ def test_sweep_passes_time_the_same_matrices_and_keep_the_minimum():
 
 
 def test_sweep_passes_are_interleaved_and_reduced_per_shape(monkeypatch):
-    import plexus_tune.measure.microbench as calibration
+    import plexus_tune.measure.spmm as calibration
 
     shapes = sweep_shapes(4, seed=3, rows=(64, 128), common=(64, 128), dense_cols=(1, 4), max_nnz=500)
     visits = []  # (shape index, returned time)

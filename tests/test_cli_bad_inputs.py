@@ -182,7 +182,7 @@ CASES = [
     # plot
     (["plot", "pred-vs-obs", "--log", "{d}/runs.jsonl", "--gpus", "4", "--out", "{d}/existing.png"], "is a file"),
     (["plot", "breakdown", "--dataset", "reddit", "--gpus", "0", "--machine", "perlmutter", "--out", "{d}/plots"],
-     "--gpus must be >= 1, got 0"),
+     "--gpus: must be a whole number >= 1, got '0'"),
     (["plot", "breakdown", "--dataset", "nosuch", "--gpus", "8", "--machine", "perlmutter", "--out", "{d}/plots"], "nosuch"),
     (["plot", "pred-vs-obs", "--log", "{d}/garbage.txt", "--out", "{d}/plots"], "not a plexus-tune measurement log"),
     (["plot", "pred-vs-obs", "--log", "{d}/nosuch.jsonl", "--out", "{d}/plots"], "does not exist"),

@@ -83,7 +83,7 @@ def test_breakdown_with_zero_gpus_names_the_bad_value(run_cli, tmp_path):
     code, _, err = run_cli(["plot", "breakdown", "--dataset", "reddit", "--gpus", "0", "--machine", "perlmutter",
                             "--out", str(tmp_path)])
     err = _one_line_error(code, err)
-    assert "--gpus must be >= 1, got 0" in err and "needs --dataset" not in err
+    assert "--gpus: must be a whole number >= 1, got '0'" in err and "needs --dataset" not in err
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])

@@ -16,7 +16,7 @@ import pytest
 
 from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import fit_collectives, frame_placement, size_groups
-from plexus_tune.measure.microbench import collective_shapes, partition
+from plexus_tune.measure.collectives import collective_shapes, partition
 from plexus_tune.model import costs
 from plexus_tune.model.collectives import (
     COLLECTIVE_OPS,

@@ -54,5 +54,6 @@ def test_cli_adds_the_flag_of_the_command(run_cli, tmp_path):
     code, _, stderr = run_cli(["search", "--dataset", "no-such-graph", "--gpus", "4", "--machine", "perlmutter"])
     assert code == 2 and stderr.strip().endswith("(or give the graph's sizes)")
     # a sub-command's option, found in the sub-command's parser
-    code, _, stderr = run_cli(["calibrate", "collectives", "--gpus", "2", "--gpus-per-node", "0", "--out", str(tmp_path / "c.jsonl")])
-    assert code == 2 and stderr.strip().endswith("GPUs per node must be at least 1 (--gpus-per-node)")
+    (tmp_path / "g.npz").write_bytes(b"taken")
+    code, _, stderr = run_cli(["graph", "generate", "rmat", "--nodes", "256", "--out", str(tmp_path / "g.npz")])
+    assert code == 2 and stderr.strip().endswith("already exists; remove it or allow overwriting (--force)")

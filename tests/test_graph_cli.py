@@ -69,7 +69,7 @@ def test_generate_rmat_and_convert(tmp_path, run_cli):
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_output(tmp_path, capsys, argv, message, run_cli):
     (tmp_path / "bad.xyz").write_text("0 1\n")
-    (tmp_path / "e.txt").write_text("0 1\n1 2\n")
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 3\n3 4\n")  # 5 nodes: a 4x4 file grid has rows in every block
     np.savez(tmp_path / "oor.npz", edge_index=np.array([[0, 5], [1, 2]]), num_nodes=3)
     np.savez(tmp_path / "trunc.npz", edge_index=np.arange(2000).reshape(2, 1000))
     data = (tmp_path / "trunc.npz").read_bytes()

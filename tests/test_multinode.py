@@ -72,7 +72,7 @@ def test_namespace_prefix_is_checked_and_keeps_users_apart(monkeypatch):
 def test_group_layout_matches_the_model_placement():
     """Nodes spanned, ranks per node and NIC sharing of concurrent groups equal the model's
     k, r and s = min(n, p) for every shape of G = 8 on 2 x 4 and 4 x 2 nodes."""
-    from plexus_tune.measure.microbench import collective_shapes, group_layout, partition
+    from plexus_tune.measure.collectives import collective_shapes, group_layout, partition
 
     for nodes, n in ((2, 4), (4, 2)):
         rank_nodes = [r // n for r in range(8)]
@@ -112,7 +112,7 @@ def test_fit_reads_logged_sharing():
 
 
 def test_collective_records_carry_where_groups_ran():
-    from plexus_tune.measure.microbench import collective_records
+    from plexus_tune.measure.collectives import collective_records
 
     per_rank = [[(2, 2, "concurrent", "all_gather", 256, [0.002, 0.003, 0.004]),
                  (2, 2, "alone", "all_gather", 256, [0.001, 0.001, 0.001] if r in (0, 2) else None)] for r in range(4)]
@@ -153,7 +153,7 @@ def test_cross_node_all_gather_fits_the_link_rate(prefix, tmp_path):
     bus bandwidth of the all-gather is the tc rate within 25 %, and intra-node is >= 5x faster."""
     from plexus_tune.fit.collectives import fit_collectives
     from plexus_tune.launch.launchers import make_launcher
-    from plexus_tune.measure.microbench import calibrate_collectives
+    from plexus_tune.measure.collectives import calibrate_collectives
     from plexus_tune.measure.store import append_records
     from plexus_tune.fit.profile import load_tables
 

@@ -15,7 +15,7 @@ from plexus_tune.fit.validation import leave_one_group_out
 from plexus_tune.measure import records as R
 from plexus_tune.measure.campaign import campaign_config, config_identity
 from plexus_tune.measure.store import append_records, read_records, read_runs
-from plexus_tune.trainer.run import base_record
+from plexus_tune.measure.training import base_record
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = {
@@ -90,7 +90,7 @@ def test_writers_cannot_log_a_v1_name_under_a_v2_schema(tmp_path):
 
 def test_every_schema_field_is_documented():
     doc = (ROOT / "docs" / "records.md").read_text()
-    for cls in (R.RunRecord, R.RunOptions, R.SpmmRecord, R.GemmRecord, R.CollectiveRecord):
+    for cls in (R.RunRecord, R.RunOptions, R.SpmmRecord, R.GemmRecord, R.CollectiveRecord, R.QuantRecord, R.BandwidthRecord):
         for f in fields(cls):
             if f.name != "extra":
                 assert re.search(rf"^\| `{f.name}` \|", doc, re.M), f"{cls.__name__}.{f.name} is not in docs/records.md"

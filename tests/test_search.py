@@ -98,10 +98,13 @@ def test_every_grid_is_reachable_and_round_trips(g):
 
 def test_parse_gpus():
     assert parse_gpus("8") == (8,)
-    assert parse_gpus("8..12") == (8, 9, 10, 11, 12)
+    assert tuple(parse_gpus("8..12")) == (8, 9, 10, 11, 12)
+    huge = parse_gpus("1..1e12")  # a range, not a list of 10^12 counts
+    assert len(huge) == 10**12 and huge[-1] == 10**12 and isinstance(huge, range)
+    assert parse_gpus("1e3") == (1000,) and parse_gpus("1..1e12:pow2")[-1] == 2**39
     assert parse_gpus("8..64:pow2") == (8, 16, 32, 64)
     assert parse_gpus("64,8,16,8") == (8, 16, 64)
-    for bad in ("16..8", "x,y", "", "3..3:pow2", "0,4"):
+    for bad in ("16..8", "x,y", "", "3..3:pow2", "0,4", "8,,16", "0..4"):
         with pytest.raises(UserError):
             parse_gpus(bad)
 

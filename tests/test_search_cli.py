@@ -22,7 +22,7 @@ CMD = [sys.executable, "-m", "plexus_tune", "search"]
         (["--gpus", "8", "--exact-budget", "0", "--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
         (["--gpus", "8", "--exact-budget", "0", "--storage", "sqlite:////no/such/dir/s.db"], "cannot open storage"),
         (["--gpus", "8", "--exact-budget", "0", "--storage", "nosuchdialect://h/db"], "cannot open storage"),
-        (["--gpus", "8", "--exact-budget", "-1"], "--exact-budget must be"),
+        (["--gpus", "8", "--exact-budget", "-1"], "--exact-budget: must be a finite number >= 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, extra, message):

@@ -184,8 +184,8 @@ def record_calls(shard, log):
         log.append(("spmm_" + direction, shard.layout.index, tuple(a.shape), tuple(dense.shape), tuple(out.shape)))
         return out
 
-    def gemm_rec(x, y):
-        out = gemm(x, y)
+    def gemm_rec(x, y, bias=None):
+        out = gemm(x, y, bias)
         log.append(("gemm", shard.layout.index, tuple(x.shape), tuple(y.shape), tuple(out.shape)))
         return out
 

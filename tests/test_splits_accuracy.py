@@ -51,7 +51,8 @@ def _accuracy(logits, labels, codes):
 
 @pytest.mark.parametrize("grid, layer_norm", [((2, 1, 2), True), ((1, 2, 1), False)])
 def test_trainer_accuracy_and_layer_norm_match_pyg(tmp_path, grid, layer_norm):
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     graph = synthetic(SPEC)
     codes = random_split(graph.num_nodes, seed=11)
@@ -74,12 +75,13 @@ def test_trainer_accuracy_and_layer_norm_match_pyg(tmp_path, grid, layer_norm):
 
 def test_low_precision_check_reports_difference_and_fp32_accuracy():
     from plexus_tune.cli.train import summary_lines
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     config = TrainConfig(grid=(2, 1, 1), synthetic=SPEC, layers=2, hidden=8, epochs=3, warmup=1, check=True,
                          comm_precision="int2", threads_per_rank=1)
     rec = run_training(config)
     assert rec["comm_precision"] == "int2" and rec["check_loss_rel_diff"] > 1e-6  # quantized: not FP32's rounding
     text = "\n".join(summary_lines(rec))
-    assert "int2 against serial PyG at FP32" in text and "accuracy against the FP32 run" in text
+    assert "int2 against serial PyG at FP32" in text and "accuracy against serial PyG" in text
     assert set(rec["reference_accuracy"]) == {"train", "valid", "test"}

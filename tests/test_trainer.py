@@ -41,8 +41,8 @@ def tiny_graph() -> Graph:
 
 
 def configs_for(gpus: int) -> list[TrainConfig]:
-    """Every grid of ``gpus`` with double permutation, and again without permutation but with
-    blocked, overlapped aggregation; plus single permutation, blocking without overlap and
+    """Every grid of ``gpus`` with double permutation, again without permutation but with
+    blocked, overlapped aggregation, and again with the local permutation; plus single permutation, blocking without overlap and
     deeper or shallower models on a few grids."""
     common = dict(hidden=HIDDEN, epochs=EPOCHS, warmup=1, lr=0.01, seed=3, collect_outputs=True)
     out = []
@@ -50,6 +50,7 @@ def configs_for(gpus: int) -> list[TrainConfig]:
         grid = tuple(int(g) for g in grid)
         out.append(TrainConfig(grid=grid, layers=3, permute="double", **common))
         out.append(TrainConfig(grid=grid, layers=3, permute="none", block_rows=4, overlap=True, **common))
+        out.append(TrainConfig(grid=grid, layers=3, permute="local", **common))
     extras = {
         1: [((1, 1, 1), dict(layers=5, permute="single", block_rows=10))],
         2: [((1, 1, 2), dict(layers=4, permute="single"))],
@@ -159,7 +160,7 @@ def test_layout_chains_output_to_next_input(grid):
             assert b.parity != a.parity
 
 
-@pytest.mark.parametrize("mode", ["double", "single"])
+@pytest.mark.parametrize("mode", ["double", "single", "local"])
 def test_shard_files_train_like_the_whole_graph(tmp_path, mode):
     """Ranks read only their 2D shard files (files cut 2x3, grids that do not match the cut)."""
     from plexus_tune.graph import synthetic

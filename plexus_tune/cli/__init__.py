@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import signal
 import sys
 import warnings
 
@@ -83,6 +84,31 @@ def plain_skipped_lines():
         yield
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that every ``finally`` runs (the ranks a
+    command started are stopped there, :func:`plexus_tune.launch.local.launch_local`)."""
+
+
+@contextlib.contextmanager
+def terminate_as_exception():
+    """While a command runs, SIGTERM raises :class:`Terminated` (as Ctrl-C raises KeyboardInterrupt)
+    instead of ending the process at once and leaving its ranks behind."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
     """`` (--flag)`` for the input a UserError names (its ``parameter``), where the command has such an option.
 
@@ -114,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USER_ERROR
     try:
-        with plain_skipped_lines():
+        with plain_skipped_lines(), terminate_as_exception():
             code = args.handler(args)
+    except Terminated:
+        print("plexus-tune: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except UserError as exc:
         print(f"plexus-tune: error: {exc}{flag_hint(parser, args, exc.parameter)}", file=sys.stderr)
         return EXIT_USER_ERROR

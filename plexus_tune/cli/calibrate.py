@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
-from plexus_tune.comm_precision_model import check_backend, parse_allowed, parse_precision
+from plexus_tune.model.comm_precision import check_backend, parse_allowed, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.measure.microbench import (
-    COLLECTIVE_MODES,
-    calibrate_collectives,
-    calibrate_graph_shards,
-    collective_shapes,
-    parse_sizes,
-    run_quant_benchmark,
-    spmm_sweep,
-    sweep_shapes,
-)
-from plexus_tune.measure.store import append_records, environment_info, record_type
+from plexus_tune.measure.codec import run_quant_benchmark
+from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
+from plexus_tune.measure.spmm import calibrate_graph_shards, spmm_sweep, sweep_shapes
+from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
+from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
+from plexus_tune.model.other import OPTIMIZER_ACCESSES
 from plexus_tune.model.collectives import COLLECTIVE_OPS
 from plexus_tune.model.grid import enumerate_grids
 
@@ -43,21 +39,21 @@ def register(subparsers) -> None:
         "on all groups of the shape at once and, across nodes, on one group alone (--modes). Median of "
         "--repeats calls after --warmup calls; algbw and busbw follow nccl-tests.",
     )
-    coll.add_argument("--gpus", type=int, default=None, metavar="G", help="ranks to start (G; default: the ranks of --cluster)")
-    coll.add_argument("--gpus-per-node", type=int, default=None, metavar="N", help="ranks per node, to record how many nodes a group spans "
+    coll.add_argument("--gpus", type=count(1), default=None, metavar="G", help="ranks to start (G; default: the ranks of --cluster)")
+    coll.add_argument("--gpus-per-node", type=count(1), default=None, metavar="N", help="ranks per node, to record how many nodes a group spans "
                       "(default: the launcher's ranks per node, else G: one node)")
     coll.add_argument("--modes", default="auto", help="concurrent (all groups of a shape at once), alone (one group), both "
                       "comma-separated, or auto (default: both when the ranks span several nodes)")
     coll.add_argument("--sizes", default="1K:64M", help="message sizes: LOW:HIGH[:xFACTOR] (default 1K:64M, factor 4) or a list 4K,1M")
     coll.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", help="comma-separated collectives (default: all three)")
-    coll.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
-    coll.add_argument("--repeats", type=int, default=5, help="timed calls per size (default 5)")
+    coll.add_argument("--warmup", type=count(0), default=2, help="untimed calls per size (default 2)")
+    coll.add_argument("--repeats", type=count(1), default=5, help="timed calls per size (default 5)")
     coll.add_argument("--comm-precision", default="fp32", metavar="LIST",
                       help="precisions to time, comma-separated (default fp32): fp32 is the backend's collective, the "
                       "others the trainer's reduced-precision scheme with its quantize steps (docs/comm-precision.md)")
-    coll.add_argument("--cols", type=int, default=64, help="columns of the FP32 buffer a reduced precision encodes per row (default 64)")
+    coll.add_argument("--cols", type=count(1), default=64, help="columns of the FP32 buffer a reduced precision encodes per row (default 64)")
     coll.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with enough GPUs, else gloo")
-    coll.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop all ranks after S seconds (default 1800)")
+    coll.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="stop all ranks after S seconds (default 1800)")
     coll.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     add_launcher_arguments(coll)
     coll.set_defaults(handler=run_collectives)
@@ -72,21 +68,39 @@ def register(subparsers) -> None:
     mode = spmm.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sweep", action="store_true", help="random shard shapes")
     mode.add_argument("--graph", metavar="GRAPH", help="graph file or synthetic spec (e.g. rmat:nodes=16384,edges=262144,features=64,classes=8)")
-    spmm.add_argument("--gpus", type=int, metavar="G", help="with --graph: time the shards of every grid of G")
-    spmm.add_argument("--count", type=int, default=500, help="with --sweep: number of shapes (default 500)")
-    spmm.add_argument("--max-rows", type=int, default=65536, help="with --sweep: largest rows/common (default 65536)")
-    spmm.add_argument("--max-cols", type=int, default=256, help="with --sweep: largest dense columns (default 256)")
-    spmm.add_argument("--max-nnz", type=int, default=4_000_000, help="with --sweep: largest nnz (default 4e6)")
-    spmm.add_argument("--layers", type=int, default=3, help="with --graph: GCN layers (default 3)")
-    spmm.add_argument("--hidden", type=int, default=128, help="with --graph: hidden width (default 128)")
+    spmm.add_argument("--gpus", type=count(1), metavar="G", help="with --graph: time the shards of every grid of G")
+    spmm.add_argument("--count", type=count(1), default=500, help="with --sweep: number of shapes (default 500)")
+    spmm.add_argument("--max-rows", type=count(1), default=65536, help="with --sweep: largest rows/common (default 65536)")
+    spmm.add_argument("--max-cols", type=count(1), default=256, help="with --sweep: largest dense columns (default 256)")
+    spmm.add_argument("--max-nnz", type=count(1), default=4_000_000, help="with --sweep: largest nnz (default 4e6)")
+    spmm.add_argument("--layers", type=count(1), default=3, help="with --graph: GCN layers (default 3)")
+    spmm.add_argument("--hidden", type=count(1), default=128, help="with --graph: hidden width (default 128)")
     spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
-    spmm.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as one rank of a local run)")
-    spmm.add_argument("--repeats", type=int, default=5, help="timed samples (of >= 2 ms) per shape and pass; the minimum is kept (default 5)")
-    spmm.add_argument("--passes", type=int, default=1, help="with --sweep: interleaved passes over all shapes, each in a fresh random order (default 1; 10 or more on a host whose speed drifts)")
+    spmm.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1, as one rank of a local run)")
+    spmm.add_argument("--repeats", type=count(1), default=5, help="timed samples (of >= 2 ms) per shape and pass; the minimum is kept (default 5)")
+    spmm.add_argument("--passes", type=count(1), default=1, help="with --sweep: interleaved passes over all shapes, each in a fresh random order (default 1; 10 or more on a host whose speed drifts)")
     spmm.add_argument("--statistic", choices=("min", "median"), default="min", help="with --sweep: a shape's time_ms over its passes (both are recorded; default min)")
-    spmm.add_argument("--seed", type=int, default=0, help="random seed (shapes, matrices, permutation)")
+    spmm.add_argument("--seed", type=count(0), default=0, help="random seed (shapes, matrices, permutation)")
+    spmm.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: on a GPU the operands are built on the device "
+                      "and each call is timed with CUDA events (min and median of >= 10 samples after 2 warm-ups)")
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
+
+    bandwidth = sub.add_parser(
+        "bandwidth",
+        help="elementwise passes, the optimizer step and a synchronisation: the epoch's other part",
+        description="Time the memory-bound steps of an epoch on one device: copy, bias add, ReLU forward and "
+        "backward, one step of each AdamW form over one parameter, and a device synchronisation; each record "
+        "has the bytes the step must move. 'plexus-tune fit --bandwidth' turns them into elementwise_gbps, "
+        "optimizer_gbps and sync_us (docs/model.md, Other).",
+    )
+    bandwidth.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N] (CUDA events)")
+    bandwidth.add_argument("--sizes", default="1M,64M", help="elements per array, comma-separated (default 1M,64M; "
+                           "the largest gives the profile's rates)")
+    bandwidth.add_argument("--optimizers", default=",".join(OPTIMIZER_ACCESSES), help="AdamW forms to step (default all)")
+    bandwidth.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1, as one rank)")
+    bandwidth.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    bandwidth.set_defaults(handler=run_bandwidth)
 
     quant = sub.add_parser(
         "quant",
@@ -98,10 +112,52 @@ def register(subparsers) -> None:
     quant.add_argument("--precisions", default="bf16,fp16,int8,int4,int2", help="precisions to time (default all but fp32)")
     quant.add_argument("--rows", default="4096,16384", help="tensor rows (default 4096,16384)")
     quant.add_argument("--cols", default="32,128", help="tensor columns (default 32,128)")
-    quant.add_argument("--repeats", type=int, default=5, help="timed calls of each (default 5)")
-    quant.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one rank)")
+    quant.add_argument("--repeats", type=count(1), default=5, help="timed calls of each (default 5)")
+    quant.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1, as one rank)")
     quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     quant.set_defaults(handler=run_quant)
+
+
+def _device(name: str):
+    """The torch device of --device; one line and exit 2 when it is not there."""
+    from plexus_tune.measure.device import resolve_device
+
+    try:
+        return resolve_device(name)
+    except UserError as exc:
+        raise UserError(f"--device: {exc}") from None
+
+
+def run_bandwidth(args) -> int:
+    from plexus_tune.errors import parse_count
+    from plexus_tune.measure.bandwidth import bandwidth_benchmark
+
+    sizes = [parse_count(v, "--sizes") for v in args.sizes.split(",") if v.strip()]
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"--sizes: expected positive element counts such as 1M,64M, got {args.sizes!r}")
+    optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    for name in optimizers or [args.optimizers]:
+        if name not in OPTIMIZER_ACCESSES:
+            raise UserError(f"--optimizers: unknown optimizer {name!r}; choose from {', '.join(OPTIMIZER_ACCESSES)}")
+    check_log("--out", args.out, kinds=BANDWIDTH_LOG)
+    device = _device(args.device)
+    _quiet_torch_warnings()
+    progress = ProgressReporter(command="calibrate bandwidth")
+    total = len(sizes) * (4 + len(optimizers)) + 1
+    try:
+        records = bandwidth_benchmark(device, sizes=sizes, optimizers=optimizers, threads=args.threads,
+                                      progress=_counter(progress, "bandwidth", total))
+    finally:
+        progress.close()
+    append_records(args.out, records)
+    for r in records:
+        what = r["op"] + (f" {r['optimizer']}" if r.get("optimizer") else "")
+        if r["op"] == "sync":
+            print(f"{what:<24} {r['time_ms'] * 1e3:10.2f} us")
+        else:
+            print(f"{what:<24} {r['elements']:>11,} elements {r['time_ms']:9.4f} ms {r['gbps']:9.1f} GB/s")
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
 
 
 def run_quant(args) -> int:
@@ -121,6 +177,7 @@ def run_quant(args) -> int:
             raise UserError(f"{flag}: expected positive integers, got {text!r}")
     _positive(args.repeats, "--repeats")
     _positive(args.threads, "--threads")
+    check_log("--out", args.out, kinds=QUANT_LOG)
     records = run_quant_benchmark(args.out, precisions=precisions, rows=sizes["--rows"], cols=sizes["--cols"],
                                   repeats=args.repeats, threads=args.threads)
     for rec in records:
@@ -189,7 +246,7 @@ def run_collectives(args) -> int:
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes is not None and (not modes or any(m not in COLLECTIVE_MODES for m in modes)):
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
-    check_log("--out", args.out)
+    check_log("--out", args.out, kinds=COLLECTIVE_LOG)
     launcher = launcher_from_args(args, [gpus])
     if submits(launcher):
         raise UserError("calibrate runs its ranks as one job step inside a Slurm allocation: run it under salloc or "
@@ -272,7 +329,10 @@ def run_spmm(args) -> int:
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
-    check_log("--out", args.out)
+    if args.all_shards and args.device.strip().lower() != "cpu":
+        raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
+    check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])
+    device = _device(args.device)
     configure_compute_process(threads)
     env = environment_info()
     progress = ProgressReporter(command="calibrate spmm")
@@ -286,28 +346,38 @@ def run_spmm(args) -> int:
                 dense_cols=(1, limits["--max-cols"]),
                 max_nnz=limits["--max-nnz"],
             )
-            records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
-                                 statistic=args.statistic,
-                                 progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
+            if device.type != "cpu":
+                records = device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),
+                                            progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes)))
+            else:
+                records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
+                                     statistic=args.statistic,
+                                     progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
         else:
             graph = load_graph_source(args.graph)
             widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
             grids = enumerate_grids(gpus)
-            records = calibrate_graph_shards(
-                graph.normalized_adjacency(),
-                widths,
-                gpus,
-                grids=grids,
-                seed=args.seed,
-                repeats=repeats,
-                all_shards=args.all_shards,
-                graph_name=graph.name,
-                progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
-            )
+            if device.type != "cpu":
+                records = device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,
+                                              graph_name=graph.name, min_samples=max(10, repeats),
+                                              progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers",
+                                                                len(grids) * layers))
+            else:
+                records = calibrate_graph_shards(
+                    graph.normalized_adjacency(),
+                    widths,
+                    gpus,
+                    grids=grids,
+                    seed=args.seed,
+                    repeats=repeats,
+                    all_shards=args.all_shards,
+                    graph_name=graph.name,
+                    progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
+                )
     finally:
         progress.close()
     for r in records:
-        r["machine_info"] = env
+        r["machine_info"] = {**env, **r.get("machine_info", {})}
     append_records(args.out, records)
     spmm = [r for r in records if record_type(r) == "spmm"]
     gemm = len(records) - len(spmm)

@@ -6,8 +6,10 @@ shows progress on stderr, prints the scores and writes the profile.
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count, real
 from plexus_tune import fit as fitting
 from plexus_tune.errors import UserError
+from plexus_tune.model.machine import FIELDS
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
@@ -24,32 +26,45 @@ def register(subparsers) -> None:
         "scale factors and overhead; write the profile with provenance and scores. Progress goes to stderr.",
     )
     parser.add_argument("--spmm", required=True, nargs="+", metavar="FILE", help="SpMM logs (calibrate spmm) or CSV with nnz,rows,common,dense_cols,time_ms")
-    parser.add_argument("--collectives", required=True, nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--collectives", nargs="+", metavar="FILE", help="collective logs (calibrate collectives) or CSV with op,group_size,nodes,message_bytes,time_ms")
+    source.add_argument("--collectives-from", metavar="PROFILE", help="copy the collectives (and gpus per node) of this profile instead "
+                        "of fitting them, for a machine whose network was not measured; the provenance says so")
+    parser.add_argument("--bandwidth", nargs="+", metavar="FILE", help="bandwidth logs (calibrate bandwidth): elementwise_gbps, "
+                        "optimizer_gbps and sync_us of the epoch's other part")
+    parser.add_argument("--optimizer-runs", nargs="+", metavar="FILE", help="trainer run logs whose optimizer phase gives optimizer_gbps "
+                        "(when no bandwidth log times the optimizer) and whose other part, less its predicted bytes, gives the "
+                        "per-epoch latency epoch_overhead_ms (without --runs); runs on the profile's kind of device only")
+    parser.add_argument("--provenance", nargs="+", default=[], metavar="FIELD=TEXT", help="add TEXT to the provenance of a "
+                        "profile field, e.g. where a given number was measured: elementwise_gbps='copy rate measured in env.json'")
+    parser.add_argument("--optimizer", default=None, help="the optimizer the trainer runs on this machine (default: the trainer's, adamw-fused)")
     parser.add_argument("--runs", nargs="+", metavar="FILE", help="trainer run logs (measure) for the epoch-level fit")
     parser.add_argument("--gemm", nargs="+", metavar="FILE", help="GEMM logs (default: GEMM records found in the --spmm logs)")
     parser.add_argument("--machine-name", required=True, help="name of the profile")
-    parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write (e.g. models/NAME.json); "
+                        "never one of the input logs")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument("--kind", default="auto", help="SpMM model kind to fit (default auto: the lowest held-out MAPE); every kind "
                         "the data supports is scored beside it, and an unknown name lists them")
-    parser.add_argument("--splits", type=int, default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
-    parser.add_argument("--r2-sem", type=float, default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
+    parser.add_argument("--splits", type=count(1), default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--r2-sem", type=real(minimum=0), default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
-    parser.add_argument("--jobs", type=int, default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
+    parser.add_argument("--jobs", type=count(0), default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
                         "1: none); the scores do not depend on it")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random splits and of the stochastic models (default 0)")
+    parser.add_argument("--seed", type=count(0), default=0, help="seed of the random splits and of the stochastic models (default 0)")
     parser.add_argument("--no-table", action="store_true", help="no per-(op, stride, group) bandwidth table")
     parser.add_argument("--collective-form", default="auto", choices=("auto", "two-tier", "per-span", "hierarchical"),
                         help="collective network model form (default auto: the lowest leave-sizes-out MAPE)")
     parser.add_argument("--collective-sharing", default="auto", choices=("auto", "on", "off"),
                         help="NIC sharing by concurrent groups across nodes (beta_inter / min(n, p)): auto (default) scores "
                              "each form with and without it, on or off fixes it")
-    parser.add_argument("--host-cores", type=int, default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
+    parser.add_argument("--host-cores", type=count(0), default=None, help="CPU cores the ranks of a node share (default: the CPU count of "
                         "gloo collective logs; none for NCCL); 0: do not model time-sharing. Collective timings are divided by the "
                         "oversubscription they ran under and predictions multiply it back")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
-    parser.add_argument("--device-memory-gib", type=float, default=None, help="default: host memory / gpus per node")
-    parser.add_argument("--gemm-tflops", type=float, default=None, help="GEMM rate when no GEMM measurements are given")
-    parser.add_argument("--elementwise-gbps", type=float, default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
+    parser.add_argument("--gpus-per-node", type=count(1), default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
+    parser.add_argument("--device-memory-gib", type=real(above=0), default=None, help="default: host memory / gpus per node")
+    parser.add_argument("--gemm-tflops", type=real(above=0), default=None, help="GEMM rate when no GEMM measurements are given")
+    parser.add_argument("--elementwise-gbps", type=real(above=0), default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
     parser.add_argument("--description", default=None, help="one-line description stored in the profile (default: the host, backend and date of the fit)")
     parser.set_defaults(handler=run)
 
@@ -74,7 +89,26 @@ def run(args) -> int:
         raise UserError("--jobs must be >= 0 (0: one per CPU)")
     if args.host_cores is not None and args.host_cores < 0:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
-    check_output_file("--out", args.out)
+    if not args.machine_name.strip():
+        raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
+    if args.optimizer is not None:
+        from plexus_tune.model.other import check_optimizer
+
+        try:
+            check_optimizer(args.optimizer)
+        except UserError as exc:
+            raise UserError(f"--optimizer: {exc}") from None
+    notes = {}
+    for item in args.provenance:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or not text.strip():
+            raise UserError(f"--provenance: expected FIELD=TEXT, got {item!r}")
+        if key.strip() not in FIELDS or key.strip() in ("provenance", "schema"):
+            raise UserError(f"--provenance: {key.strip()!r} is not a profile field (docs/profiles.md lists them)")
+        notes[key.strip()] = text.strip()
+    check_output_file("--out", args.out, overwrite=False, force=args.force,
+                      inputs=[*args.spmm, *(args.collectives or ()), *(args.runs or ()), *(args.gemm or ()),
+                              *(args.bandwidth or ()), *(args.optimizer_runs or ())])
     console = make_console()
     progress = ProgressReporter(command="fit")
     try:
@@ -87,6 +121,8 @@ def run(args) -> int:
                 collective_sharing={"auto": None, "on": True, "off": False}[args.collective_sharing], host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
                 device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
                 elementwise_gbps=args.elementwise_gbps, description=args.description, source=args.out, progress=progress,
+                collectives_profile=args.collectives_from, bandwidth=args.bandwidth, optimizer_runs=args.optimizer_runs,
+                optimizer=args.optimizer,
             )
     except UserError as exc:
         flag = _GIVEN.get(getattr(exc, "parameter", None))
@@ -99,6 +135,8 @@ def run(args) -> int:
     for key, flag in _GIVEN.items():  # the library says "given": name the flag
         if str(profile["provenance"].get(key, "")).startswith("given"):
             profile["provenance"][key] = flag
+    for key, text in notes.items():
+        profile["provenance"][key] = "; ".join(p for p in (profile["provenance"].get(key), text) if p)
 
     spmm = report["spmm"]
     table = Table(title=f"SpMM models on {spmm['samples']} measurements, up to {args.splits} random 70/30 splits (means; * chosen)")
@@ -115,31 +153,39 @@ def run(args) -> int:
     sharing = report["time_sharing"]
     if sharing:
         console.print(f"collective timings divided by the oversubscription they ran under ({sharing['host_cores']} cores): x{sharing['min']:.3g} to x{sharing['max']:.3g}")
-    coll = report["collectives"]
-    ctable = Table(title=f"collective models on {coll['samples']} measurements: up to {args.splits} random 70/30 splits and each "
+    coll = report["collectives"] or {}
+    if not coll:
+        console.print(f"collectives copied from {args.collectives_from} (not measured here)")
+    ctable = Table(title=f"collective models on {coll.get('samples')} measurements: up to {args.splits} random 70/30 splits and each "
                    f"message size left out (means; * chosen)")
     on_runs = coll.get("epoch_scores") or {}
     for col in ("model", "test R^2", "test MAPE %", "sizes-out MAPE %", "worst size MAPE %") + (("runs epoch-fit MAPE %",) if on_runs else ()):
         ctable.add_column(col, justify="left" if col == "model" else "right")
-    for name, sc in coll["scores"].items():
+    for name, sc in (coll.get("scores") or {}).items():
         runs_cell = (_fmt(on_runs[name].get("test_mape"), True) if name in on_runs else "-",) if on_runs else ()
         ctable.add_row(name + (" *" if name == coll["chosen"] else ""), _fmt(sc.get("test_r2")), _fmt(sc.get("test_mape"), True),
                        _fmt(sc.get("sizes_out_mape"), True), _fmt(sc.get("sizes_out_worst_mape"), True), *runs_cell)
-    console.print(ctable)
+    if coll:
+        console.print(ctable)
     if coll.get("selected_by"):
         console.print(f"collective form chosen by the lowest {coll['selected_by']}")
-    alpha, beta = coll["alpha_us"], coll["beta_gbps"]
-    console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
-                  f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"
-                  + (f"; {coll['table_entries']} table entries" if coll["table_entries"] else "")
-                  + (f"; {coll['per_span_entries']} per-span entries" if coll["per_span_entries"] else ""))
-    if coll["placement_mismatches"]:
+    if coll:
+        alpha, beta = coll["alpha_us"], coll["beta_gbps"]
+        console.print(f"collectives: {coll['chosen']}; alpha {alpha['intra']:.4g} / {alpha['inter']:.4g} us, beta "
+                      f"{beta['intra']:.4g} / {beta['inter']:.4g} GB/s (intra / inter)"
+                      + (f"; {coll['table_entries']} table entries" if coll["table_entries"] else "")
+                      + (f"; {coll['per_span_entries']} per-span entries" if coll["per_span_entries"] else ""))
+    if coll.get("placement_mismatches"):
         console.print(f"warning: {coll['placement_mismatches']} collective timings span other node counts than groups of their "
                       f"stride on nodes of {profile['gpus_per_node']} GPUs; the model places them as predictions do")
 
     gemm = report["gemm"]
     if gemm:
         console.print(f"GEMM: {gemm['tflops']:.4f} TFLOP/s + {gemm['overhead_ms']:.4f} ms per call on {gemm['samples']} measurements (test MAPE {gemm['scores'].get('test_mape', float('nan')):.1f} %)")
+    rates = profile["fit"].get("bandwidth") or {}
+    console.print(f"other: elementwise {profile['elementwise_gbps']:.4g} GB/s, optimizer {profile['optimizer']} "
+                  f"{profile.get('optimizer_gbps', profile['elementwise_gbps']):.4g} GB/s, sync {profile.get('sync_us', 0.0):.3g} us"
+                  + (f" ({rates['samples']} bandwidth records)" if rates.get("samples") else ""))
     epoch = report["epoch"]
     if epoch:
         s = epoch["scores"]

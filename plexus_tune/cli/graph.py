@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count
 from plexus_tune.cli.output import make_console
 
 import argparse
@@ -10,6 +11,7 @@ import contextlib
 from plexus_tune.errors import UserError
 from plexus_tune.graph import (
     GENERATORS,
+    PERMUTE_MODES,
     balance_report,
     generate,
     load_graph,
@@ -50,7 +52,7 @@ def register(subparsers) -> None:
     gen.add_argument("--edges", default=None, help="rmat: undirected edges (default 16 x nodes)")
     gen.add_argument("--features", default="128", help="feature width (default 128)")
     gen.add_argument("--classes", default="32", help="label classes (default 32)")
-    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    gen.add_argument("--seed", type=count(0), default=0, help="random seed (default 0)")
     gen.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="generator option: rmat a,b,c,d,noise,scramble; grid2d neighbors,drop,long (repeatable)")
     gen.add_argument("--out", required=True, metavar="PATH", help="output path (directory, .npz, .mtx, .txt, .csv, .pt)")
@@ -75,14 +77,14 @@ def register(subparsers) -> None:
         help="sizes, degrees and the 2D load-balance report (max/mean nonzeros per block)",
         description="Statistics of a graph (file, directory or synthetic spec such as grid2d:nodes=65536) "
         "and max/mean nonzeros of A+I over an R x C block grid after no, one (single) or two (double) "
-        "random permutations. On a shard directory: the per-block nonzeros of a target grid that "
+        "random permutations, or the double one kept in node order inside each block (local). On a shard directory: the per-block nonzeros of a target grid that "
         "divides the file grid.",
     )
     stats.add_argument("path", metavar="PATH", help="graph path, synthetic spec, or shard directory")
     stats.add_argument("--blocks", default="8x8", help="block grid RxC (default 8x8)")
-    stats.add_argument("--permute", choices=("none", "single", "double", "all"), default="all",
+    stats.add_argument("--permute", choices=PERMUTE_MODES + ("all",), default="all",
                        help="permutation(s) to report (default all)")
-    stats.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
+    stats.add_argument("--seed", type=count(0), default=0, help="permutation seed (default 0)")
     stats.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     _add_load_options(stats)
     stats.set_defaults(handler=run_stats)
@@ -98,9 +100,9 @@ def register(subparsers) -> None:
     shard.add_argument("path", metavar="PATH", help="graph path or synthetic spec")
     shard.add_argument("--blocks", default="8x8", help="file grid RxC (default 8x8)")
     shard.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist)")
-    shard.add_argument("--permute", choices=("none", "single", "double"), default="double",
+    shard.add_argument("--permute", choices=PERMUTE_MODES, default="double",
                        help="permutation (default double)")
-    shard.add_argument("--seed", type=int, default=0, help="permutation seed (default 0)")
+    shard.add_argument("--seed", type=count(0), default=0, help="permutation seed (default 0)")
     shard.add_argument("--no-node-data", action="store_true", help="do not copy features and labels")
     shard.add_argument("--force", action="store_true", help="replace DIR if it exists")
     _add_load_options(shard)
@@ -110,9 +112,9 @@ def register(subparsers) -> None:
 def _add_load_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("reading formats without features or labels")
     group.add_argument("--directed", action="store_true", help="keep edge-list/OGB edges one-way (src -> dst)")
-    group.add_argument("--make-features", type=int, default=None, metavar="W",
+    group.add_argument("--make-features", type=count(1), default=None, metavar="W",
                        help="width of random features when the input has none (default 128)")
-    group.add_argument("--make-classes", type=int, default=None, metavar="C",
+    group.add_argument("--make-classes", type=count(1), default=None, metavar="C",
                        help="degree-label classes when the input has no labels (default 32)")
 
 
@@ -171,9 +173,9 @@ def run_convert(args) -> int:
     import os
 
     fmt = save_format_for(args.output)
-    check_output_path(args.output, args.force)
     if os.path.abspath(args.input) == os.path.abspath(args.output):
         raise UserError("IN and OUT are the same path; choose another output")
+    check_output_path(args.output, args.force, inputs=[args.input])
     graph = load_graph(args.input, directed=args.directed, features=args.make_features, classes=args.make_classes)
     with _progress("writing"):
         save_graph(graph, args.output, overwrite=args.force)
@@ -246,7 +248,7 @@ def run_stats(args) -> int:
         _print_shard_table(stats)
         return 0
     graph = _open_graph(args.path, args)
-    modes = ("none", "single", "double") if args.permute == "all" else (args.permute,)
+    modes = PERMUTE_MODES if args.permute == "all" else (args.permute,)
     with _progress("balance report"):
         stats = _graph_stats(graph, blocks, modes, args.seed)
     if args.format == "json":
@@ -298,7 +300,7 @@ def _print_shard_table(stats: dict) -> None:
 
 def run_shard(args) -> int:
     blocks = parse_blocks(args.blocks)
-    check_output_path(args.out, args.force)
+    check_output_path(args.out, args.force, inputs=[args.path])
     graph = _open_graph(args.path, args)
     with _progress(f"writing {blocks[0]}x{blocks[1]} shards") as update:
         manifest = write_shards(graph, args.out, blocks, mode=args.permute, seed=args.seed,

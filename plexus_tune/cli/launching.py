@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from plexus_tune.cli.options import count
 from plexus_tune.errors import UserError
 from plexus_tune.launch.launchers import LAUNCHERS, make_launcher
 
@@ -18,7 +19,9 @@ def add_launcher_arguments(parser) -> None:
                        help="emulated cluster, e.g. emulated:nodes=2,ranks_per_node=4,inter_gbps=0.5,"
                             "inter_latency_us=200 (GB/s and µs per node link; needs root); implies --launcher emulated")
     group.add_argument("--hosts", help="comma-separated node hosts for --launcher torchrun (the first hosts the rendezvous)")
-    group.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node for torchrun or slurm")
+    group.add_argument("--ranks-per-node", type=count(1), default=None, help="ranks per node for torchrun or slurm")
+    group.add_argument("--oversubscribe", action="store_true",
+                       help="start ranks on this host beyond its cores x 8 or its available memory (refused otherwise)")
     batch = parser.add_argument_group(
         "slurm outside an allocation",
         "with --launcher slurm on a login node the command submits one batch job that runs it inside the "
@@ -50,12 +53,18 @@ def launcher_from_args(args, world_sizes=()):
                           "extra": [a for arg in getattr(args, "sbatch_arg", None) or [] for a in shlex.split(arg)]}
         launcher = make_launcher(args.launcher, cluster=args.cluster, hosts=args.hosts,
                                  ranks_per_node=args.ranks_per_node, submit_options=submit_options)
-        for world in world_sizes:
+        launcher.oversubscribe = bool(getattr(args, "oversubscribe", False))
+        worlds = world_sizes if isinstance(world_sizes, range) else sorted(set(world_sizes))
+        if len(worlds):
+            launcher.check(int(worlds[-1]))  # the largest first: a size the host cannot hold is refused at once
+        for world in worlds:
             launcher.check(int(world))
         if asked and not submits(launcher):
             raise UserError(f"{', '.join(asked)}: only for --launcher slurm outside an allocation (the batch job it submits); "
                             f"here the ranks start as {launcher.name!r}" + (" inside the allocation (use salloc/sbatch options)" if launcher.name == "slurm" else ""))
     except UserError as exc:
+        if exc.parameter == "oversubscribe":  # the host's limits, not the launcher options
+            raise
         raise UserError(f"--launcher/--cluster: {exc}") from None
     return launcher
 

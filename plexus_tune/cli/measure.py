@@ -4,28 +4,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch, slurm
 from plexus_tune.measure.campaign import (
     campaign_config,
     choose_grids,
     config_identity,
+    config_settings,
     launcher_options,
     load_stats,
     logged_trials,
     pending_runs,
-    predicted_fields,
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.records import predict_record, run_setting, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
-from plexus_tune.trainer.run import base_record
-from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.measure.training import base_record
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.trainer.algorithms import check_algorithm
 
 
 def register(subparsers) -> None:
@@ -39,25 +42,30 @@ def register(subparsers) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--graph", help="graph file, or a synthetic spec such as rmat:nodes=16384,edges=262144,features=64,classes=8")
     src.add_argument("--synthetic", metavar="SPEC", help="synthetic graph spec (same as --graph SPEC)")
-    parser.add_argument("--gpus", type=int, required=True, metavar="G", help="ranks per run")
-    parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2")
-    parser.add_argument("--trials", type=int, default=3, help="runs per grid (default 3)")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs per run, warm-up included (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up epochs left out of the timing (default 2)")
-    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    parser.add_argument("--gpus", type=count(1), required=True, metavar="G", help="ranks per run")
+    parser.add_argument("--grids", default="all", help="all (default), top:K (best K predicted by --machine) or a list 2x2x2,1x4x2 "
+                        "(process grids of --algorithm: every configuration of the family with all)")
+    add_algorithm_arguments(parser)
+    parser.add_argument("--trials", type=count(1), default=3, help="runs per grid (default 3)")
+    parser.add_argument("--epochs", type=count(1), default=10, help="epochs per run, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=count(0), default=2, help="warm-up epochs left out of the timing (default 2)")
+    parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default gloo")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="random permutation of the adjacency for load balance: double (default; rows and columns), single or none")
-    parser.add_argument("--block-rows", type=int, default=None, help="blocked aggregation: rows per SpMM block")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="random permutation of the adjacency for load balance: double (default; rows and columns), "
+                             "single, none, or local (double kept in node order inside each block of the grid)")
+    parser.add_argument("--block-rows", type=count(1), default=None, help="blocked aggregation: rows per SpMM block")
     add_comm_precision_argument(parser)
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
     parser.add_argument("--log", required=True, metavar="FILE", help="JSON Lines run log to append to")
     add_launcher_arguments(parser)
-    parser.add_argument("--batch", type=int, default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
-    parser.add_argument("--redo", action="store_true", help="run again what the log already holds")
-    parser.add_argument("--retry-failed", action="store_true", help="run again the logged failures")
+    parser.add_argument("--batch", type=count(1), default=1, metavar="K", help="runs per process set (default 1: fresh processes per run; K > 1 saves start-up)")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--redo", action="store_true", help="run again what the log already holds")
+    again.add_argument("--retry-failed", action="store_true", help="run again the logged failures (not with --redo, "
+                       "which runs everything again)")
     parser.set_defaults(handler=run)
 
 
@@ -75,16 +83,20 @@ def run(args) -> int:
     machine = None
     if args.machine:
         machine = load_machine(args.machine)
-    check_log("--log", args.log)
+    check_log("--log", args.log, kinds=RUN_LOG, inputs=[graph, args.machine])
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
-    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine)
+    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
+               "aggregation": args.aggregation}
+    settings = config_settings(campaign_config(graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
+                         replication=args.replication)
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision}
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
@@ -94,6 +106,9 @@ def run(args) -> int:
 
         def on_skip(grid, trial):
             progress.advance(task)
+            progress.console.print(f"{'x'.join(map(str, grid)):>9} trial {trial}: already in {args.log} (a logged run with "
+                                   f"these settings, from measure, train or run, counts as this trial; --redo runs it again)",
+                                   highlight=False)
 
         def on_result(record, grid):
             progress.advance(task)
@@ -169,7 +184,7 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
                           reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})",
                           campaign={"gpus": args.gpus, "trials": args.trials, "grids": ["x".join(map(str, g)) for g in grids]})
             if workload is not None:
-                record["predicted"] = predicted_fields(workload, machine, grid)
+                record["predicted"] = predict_record(record, machine, workload=workload)
             append_records(args.log, [record])
             new.append(record)
             reporter.line(dispatch.describe_run(record))

@@ -44,7 +44,7 @@ def flag(name: str):
     try:
         yield
     except UserError as exc:
-        raise UserError(f"{name} {exc}") from None
+        raise UserError(f"{name} {exc}", parameter=exc.parameter) from None
 
 
 def check_output_file(name: str, path, **kwargs):
@@ -53,16 +53,16 @@ def check_output_file(name: str, path, **kwargs):
         return paths.check_output_file(path, **kwargs)
 
 
-def check_output_dir(name: str, path):
+def check_output_dir(name: str, path, **kwargs):
     """:func:`plexus_tune.paths.check_output_dir`, its error naming the flag ``name``."""
     with flag(name):
-        return paths.check_output_dir(path)
+        return paths.check_output_dir(path, **kwargs)
 
 
-def check_log(name: str, path):
-    """:func:`plexus_tune.measure.store.check_log` (a log to append to), its error naming ``name``."""
+def check_log(name: str, path, **kwargs):
+    """:func:`plexus_tune.measure.store.check_log` (a log to append to: ``kinds``, ``inputs``), its error naming ``name``."""
     with flag(name):
-        return store.check_log(path)
+        return store.check_log(path, **kwargs)
 
 
 class ProgressReporter:

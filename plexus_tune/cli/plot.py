@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count
 from plexus_tune.cli.output import check_output_dir
 from plexus_tune import plotting
 from plexus_tune.errors import UserError
-from plexus_tune.model.costs import predict_grids, rank_order
+from plexus_tune.model.costs import rank_order
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
@@ -34,11 +36,11 @@ def register(subparsers) -> None:
         p = sub.add_parser(kind, help=helptext, description=helptext)
         p.add_argument("--log", help=loghelp)
         p.add_argument("--graph", help="graph name or source in the log (needed if the log holds several)")
-        p.add_argument("--gpus", type=int, help="G (needed if the graph was run on several)")
+        p.add_argument("--gpus", type=count(1), help="G (needed if the graph was run on several)")
         p.add_argument("--machine", help="predict with this profile (default: the predictions logged with the runs)")
         if kind == "breakdown":
             p.add_argument("--dataset", help="catalog dataset: predicted breakdown of every grid of --gpus (no log)")
-            p.add_argument("--top", type=int, default=12, help="with --dataset: the K best predicted grids (default 12)")
+            p.add_argument("--top", type=count(1), default=12, help="with --dataset: the K best predicted grids (default 12)")
         common(p)
     helptext = "predicted best epoch time against G per dataset, observed where logged"
     p = sub.add_parser("scaling", help=helptext,
@@ -74,7 +76,7 @@ def _formats(text: str) -> list[str]:
 def _load_study(args):
     import optuna
 
-    storage = open_storage(args.storage, heartbeat_interval=None, grace_period=None)
+    storage = open_storage(args.storage, heartbeat_interval=None, grace_period=None, create=False)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=args.study, storage=storage)
@@ -98,7 +100,7 @@ def make_figure(args):
 
             workload = workload_from_dataset(args.dataset)
             grids = enumerate_grids(args.gpus)
-            pred = predict_grids(workload, machine, grids)
+            pred = predict_run_grids(workload, machine, grids)
             frame = plotting.predicted_frame(pred, rank_order(pred)[: max(1, args.top)])
             fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
             return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"
@@ -135,7 +137,7 @@ def run(args) -> int:
     formats = _formats(args.format)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a file; give a directory for the figures (default plots/)")
-    check_output_dir("--out", args.out)
+    check_output_dir("--out", args.out, inputs=[getattr(args, "log", None)])
     fig, stem = make_figure(args)
     for path in save_figure(fig, args.out, stem, formats):
         print(path)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
 from plexus_tune.cli.output import make_console
 
 import argparse
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
-from plexus_tune.model.costs import predict_grids, prediction_records, rank_order
+from plexus_tune.graph.core import gcn_normalize
+from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.costs import prediction_records, rank_order
+from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload, get_dataset
 
 FORMATS = ("table", "json", "csv")
@@ -28,8 +33,10 @@ FLOOR_MARK = "*"
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that describe a workload (shared with other sub-commands)."""
-    group = parser.add_argument_group("workload (a catalog dataset, or explicit statistics)")
+    group = parser.add_argument_group("workload (a catalog dataset, a graph, or explicit statistics)")
     group.add_argument("--dataset", help="catalog dataset name (see 'plexus-tune datasets'), case-insensitive")
+    group.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...): the workload's "
+                       "statistics, and the partition-dependent figures of the --algorithm families")
     group.add_argument("--nodes", help="explicit workload: number of graph nodes N")
     group.add_argument("--nnz", help="explicit workload: adjacency nonzeros NNZ, self-loops included")
     group.add_argument("--features", help="explicit workload (or override): input feature width D_0")
@@ -50,6 +57,15 @@ def workload_from_args(args):
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
     features = None if args.features is None else _int_option(args.features, "--features")
     classes = None if args.classes is None else _int_option(args.classes, "--classes")
+    if getattr(args, "graph", None):
+        if args.dataset or args.nodes is not None or args.nnz is not None:
+            raise UserError("give one of --dataset, --graph or explicit --nodes/--nnz, not several")
+        graph = load_graph_source(args.graph)
+        args.loaded_graph = graph
+        return Workload.from_graph_stats(
+            graph.name, graph.num_nodes, int(gcn_normalize(graph.adjacency).nnz), features or graph.num_features,
+            classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
+        )
     if args.dataset:
         if args.nodes is not None or args.nnz is not None:
             raise UserError("give either --dataset or explicit --nodes/--nnz, not both")
@@ -61,7 +77,7 @@ def workload_from_args(args):
     missing = [opt for opt, val in (("--nodes", args.nodes), ("--nnz", args.nnz), ("--features", features),
                                     ("--classes", classes)) if val is None]
     if missing:
-        raise UserError(f"give --dataset NAME, or an explicit workload (missing {' '.join(missing)})")
+        raise UserError(f"give --dataset NAME, --graph FILE|SPEC, or an explicit workload (missing {' '.join(missing)})")
     nodes = _int_option(args.nodes, "--nodes")
     nnz = _int_option(args.nnz, "--nnz")
     return Workload.from_graph_stats(
@@ -88,14 +104,18 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
+                        "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
+    add_algorithm_argument(parser)
     parser.set_defaults(handler=run)
 
 
 def add_precision_arguments(parser) -> None:
     """``--comm-precision`` (fixed, per class, or auto) and ``--allow-precisions`` (predict, search)."""
-    parser.add_argument("--comm-precision", default="fp32", metavar="P",
-                        help="precision of the layer's collectives: fp32 (default), bf16, fp16, int8, int4, int2, "
+    parser.add_argument("--comm-precision", default=None, metavar="P",
+                        help="precision of the layer's collectives: fp32 (default; with --algorithm all every "
+                             "precision of --allow-precisions), bf16, fp16, int8, int4, int2, "
                              "per class (aggregation=int8,gather=bf16), or auto: the fastest of --allow-precisions "
                              "(docs/comm-precision.md)")
     parser.add_argument("--allow-precisions", default="fp32,bf16,int8", metavar="LIST",
@@ -104,11 +124,11 @@ def add_precision_arguments(parser) -> None:
 
 def precision_choices(args) -> tuple[list[str], bool]:
     """(precisions to evaluate, whether auto picks among them); UserError naming the flag."""
-    text = str(args.comm_precision).strip().lower()
+    text = str(args.comm_precision or "fp32").strip().lower()
     try:
         if text == "auto":
             return list(parse_allowed(args.allow_precisions)), True
-        return [str(parse_comm_precision(args.comm_precision))], False
+        return [str(parse_comm_precision(args.comm_precision or "fp32"))], False
     except UserError as exc:
         flag = "--allow-precisions" if text == "auto" else "--comm-precision"
         raise UserError(f"{flag}: {exc}") from None
@@ -148,10 +168,10 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
+    starred = any(rec["spmm_floored"] for rec in records)
     console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant (quantize/dequantize) + other + overhead "
-                  "(fixed per epoch); "
-                  f"comm X/Y/Z split the communication by grid axis; {FLOOR_MARK}: SpMM floored at its memory-traffic "
-                  "bound", style="dim")
+                  "(fixed per epoch); comm X/Y/Z split the communication by grid axis"
+                  + (f"; {FLOOR_MARK}: SpMM floored at its memory-traffic bound" if starred else ""), style="dim")
 
 
 def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
@@ -173,18 +193,29 @@ def run(args) -> int:
     import json
     import sys
 
-    workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)
     top = _int_option(args.top, "--top", minimum=0)
     block_rows = None if args.block_rows is None else _int_option(args.block_rows, "--block-rows")
     bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
               for a in "xyz"}
     precisions, auto = precision_choices(args)
+    optimizer = None
+    if args.optimizer is not None:
+        try:
+            optimizer = check_optimizer(args.optimizer.strip())
+        except UserError as exc:
+            raise UserError(f"--optimizer: {exc}") from None
+    algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
+    workload = workload_from_args(args)  # last: --graph loads the graph
+    if algorithms != ("plexus-3d",):
+        return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    by_precision = {p: predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p)
+    by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                         optimizer=optimizer)
                     for p in precisions}
     best_of = {}
     for p, candidate in by_precision.items():
@@ -211,7 +242,7 @@ def run(args) -> int:
 
     n_clipped = int(pred["spmm_clipped"].sum())
     n_floored = int(pred["spmm_floored"].sum())
-    if machine.memory_bandwidth_gbps:
+    if machine.memory_bandwidth_gbps and n_floored:
         print(f"{n_floored} of {len(grids)} grids floored: SpMM at its memory-traffic bound "
               f"({machine.memory_bandwidth_gbps:g} GB/s) where {machine.name}'s SpMM model predicts less"
               + (f" ({n_clipped} of them negative)" if n_clipped else ""), file=sys.stderr)
@@ -233,6 +264,8 @@ def run(args) -> int:
         print(
             f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
             f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+            + (f" (elementwise {best['other_elementwise_ms']:.1f}, optimizer {best['other_optimizer_ms']:.1f} "
+               f"{optimizer or machine.optimizer}, sync {best['other_sync_ms']:.2f})" if best["other_ms"] else "")
             + (" (SpMM floored)" if best["spmm_floored"] else "")
             + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
             + "; "

@@ -2,47 +2,48 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import (
-    campaign_config,
-    logged_trials,
-    predicted_fields,
-)
-from plexus_tune.measure.records import run_identity, runs_table
+from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, logged_trials
+from plexus_tune.measure.records import predict_record, run_identity, runs_table
 from plexus_tune.measure.store import append_records, read_runs
-from plexus_tune.model.costs import predict_grids, rank_order
-from plexus_tune.model.grid import enumerate_grids, format_grid, parse_grid
+from plexus_tune.model.costs import rank_order
+from plexus_tune.model.prediction import predict_run_grids
+from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
-from plexus_tune.trainer import run_training
+from plexus_tune.measure.training import run_training
+from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
-from plexus_tune.cli.train import add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.model.comm_precision import check_backend
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help=HELP, description=HELP)
     p.add_argument("--graph", required=True, help="graph file or synthetic spec (e.g. rmat:nodes=4096,edges=65536,features=32,classes=8)")
-    p.add_argument("--gpus", required=True, type=int, help="number of ranks G")
+    p.add_argument("--gpus", required=True, type=count(1), help="number of ranks G")
     p.add_argument("--machine", default="perlmutter", help="profile of the machine the run happens on (default perlmutter)")
     p.add_argument("--grid", help="train this grid instead of the recommended one (still predicted and compared)")
-    p.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
-    p.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
-    p.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    add_algorithm_arguments(p)
+    p.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    p.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
+    p.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
+    p.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
-    p.add_argument("--block-rows", type=int, metavar="N", help="blocked aggregation with N rows per block")
+    p.add_argument("--block-rows", type=count(1), metavar="N", help="blocked aggregation with N rows per block")
     add_comm_precision_argument(p)
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds before the run counts as failed")
+    p.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="seconds before the run counts as failed")
     add_launcher_arguments(p)
     p.add_argument("--log", metavar="FILE", help="run log to append to (default runs.jsonl in the data directory: "
                    "$PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else ~/.local/share/plexus-tune)")
-    p.add_argument("--top", type=int, default=5, help="predicted grids to list (default 5)")
+    p.add_argument("--top", type=count(1), default=5, help="predicted grids to list (default 5)")
     p.set_defaults(handler=run)
 
 
@@ -72,12 +73,20 @@ def run(args) -> int:
         grid = tuple(int(v) for v in parse_grid(args.grid))
         if int(np.prod(grid)) != args.gpus:
             raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
-    log = str(check_log("--log", args.log if args.log else default_run_log()))
+    log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
-    grids = enumerate_grids(args.gpus)
-    pred = predict_grids(workload, machine, grids, **({"block_rows": args.block_rows} if args.block_rows else {}))
+    options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
+               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
+               "aggregation": args.aggregation}
+    settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    grids = np.asarray(choose_grids(args.gpus, "all", settings=settings, replication=args.replication), dtype=np.int64)
+    if grid is not None and not (grids == np.array(grid)).all(axis=1).any():
+        raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
+                        f"choose from {', '.join(format_grid(g) for g in grids)}")
+    pred = predict_run_grids(workload, machine, grids, **settings)
     order = rank_order(pred)
     feasible = np.asarray(pred["feasible"], dtype=bool)
     if grid is not None:
@@ -92,25 +101,25 @@ def run(args) -> int:
     console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
                   f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
     table = Table(title="predicted (ms per epoch)")
-    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "memory GiB", "fits"):
+    parts = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")  # they add up to total_ms
+    for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "quant", "other", "overhead", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
     for rank, i in enumerate(order[: max(1, args.top)]):
         style = "bold" if i == pick else None
-        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]), _fmt(pred["spmm_ms"][i]),
-                      _fmt(pred["gemm_ms"][i]), _fmt(pred["comm_ms"][i]), f"{pred['memory_gib'][i]:.2f}",
+        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]),
+                      *(_fmt(pred[key][i]) for key in parts), f"{pred['memory_gib'][i]:.2f}",
                       "yes" if feasible[i] else "no", style=style)
     console.print(table)
+    console.print("total = spmm + gemm + comm + quant + other + overhead (ms per epoch)", style="dim")
 
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                             warmup=args.warmup, options={"backend": args.backend, "block_rows": args.block_rows,
-                                                          "timeout_s": args.timeout,
-                                                          "comm_precision": comm_precision})
+                             warmup=args.warmup, options=options)
     if submits(launcher):
         return _submit(args, launcher, grid, console)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
-    record["predicted"] = predicted_fields(workload, machine, grid)
+    record["predicted"] = predicted = predict_record(record, machine, workload=workload)
     # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)
     logged = {t for (ident, t) in logged_trials(log) if ident == identity}
@@ -126,14 +135,15 @@ def run(args) -> int:
     for col in ("part", "predicted", "observed", "observed/predicted"):
         cmp.add_column(col, justify="left" if col == "part" else "right")
     for key, label in (("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"),
-                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("other_ms", "other"), ("epoch", "epoch")):
-        p = float(pred["total_ms"][pick]) if key == "epoch" else float(pred[key][pick])
+                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("quant_ms", "quant"), ("other_ms", "other"),
+                       ("overhead_ms", "overhead"), ("epoch", "epoch")):
+        p = predicted["total_ms" if key == "epoch" else key]
         o = record.get("epoch_ms" if key == "epoch" else key)
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
-                  f"{float(pred['total_ms'][pick]):.2f} ms predicted; logged to {log} (trial {trial})")
+                  f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {trial})")
     table = runs_table(read_runs(log, warn=False))
     mine = table[[ident == identity for ident in table["identity"]]]
     if len(mine) and int(mine["trials"].iloc[0]) > 1:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import functools
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
-from plexus_tune.cli.output import check_log, make_console
+from plexus_tune.cli.output import ProgressReporter, check_log, make_console
+from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids
@@ -58,42 +61,47 @@ submits a job array of K tasks, one worker each, every run an srun step of its t
 """
 
 
+#: trials of a study when --trials is not given
+DEFAULT_TRIALS = 60
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("search", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("what to train")
     src.add_argument("--dataset", help="catalog dataset (see plexus-tune datasets)")
     src.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...); required with --measured")
-    src.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    src.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
+    src.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    src.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     p.add_argument("--machine", default="perlmutter", help="machine profile name or JSON path (default perlmutter)")
     p.add_argument("--gpus", required=True, help="G, a range A..B (every count; A..B:pow2 for powers of two) or a list 8,16,64")
     p.add_argument("--objective", default="epoch", help="epoch (default) or gpu-hours")
     p.add_argument("--block-rows", metavar="A..B", help="also search blocked aggregation with block sizes in A..B rows")
-    p.add_argument("--trials", type=int, default=60, help="total trials of the study (default 60)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--trials", type=count(1), default=None, help="total trials of the study (default 60); given, a "
+                   "model-driven search runs a TPE study of that many trials instead of enumerating")
+    p.add_argument("--seed", type=count(0), default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="study database URL (default: studies.db in the data directory, see below)")
     p.add_argument("--study", help="study name (default derived from the inputs); an existing study is resumed")
-    p.add_argument("--snap", type=int, default=128, metavar="K",
+    p.add_argument("--snap", type=count(1), default=128, metavar="K",
                    help="model-driven: each trial is the best predicted of the K allowed grids nearest the sampled point (default 128; 1 = nearest only)")
-    p.add_argument("--starts", type=int, default=5, metavar="N",
+    p.add_argument("--starts", type=count(0), default=5, metavar="N",
                    help="model-driven: enqueue the most cubic grid of N GPU counts spread over the range first (default 5)")
-    p.add_argument("--top", type=int, default=5, help="rows of the final table (default 5)")
-    p.add_argument("--exact-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--top", type=count(1), default=5, help="rows of the final table (default 5)")
+    p.add_argument("--exact-budget", type=real(minimum=0), default=None, metavar="SECONDS",
                    help="model-driven: enumerate the whole space when estimated to take at most this long "
                    "(default 5 s; 0 = always TPE)")
     m = p.add_argument_group("measured search")
     m.add_argument("--measured", action="store_true", help="train every new configuration with the bundled trainer")
-    m.add_argument("--warm-start", type=int, default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
+    m.add_argument("--warm-start", type=count(0), default=3, metavar="K", help="enqueue the model's K best configurations first (default 3)")
     m.add_argument("--log", metavar="FILE", help="run log to read known runs from and append to (default: runs.jsonl in the data directory)")
-    m.add_argument("--epochs", type=int, default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
-    m.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    m.add_argument("--epochs", type=count(1), default=10, help="epochs per measured run (default 10; the first 2 are warm-up)")
+    m.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     m.add_argument("--backend", default="gloo", help="torch.distributed backend for measured runs (default gloo)")
-    m.add_argument("--timeout", type=float, default=600.0, help="seconds per measured run before it counts as failed")
-    m.add_argument("--workers", type=int, default=1, metavar="K",
+    m.add_argument("--timeout", type=real(above=0), default=600.0, help="seconds per measured run before it counts as failed")
+    m.add_argument("--workers", type=count(1), default=1, metavar="K",
                    help="with --launcher slurm outside an allocation: K search workers, one per task of a job array, "
                         "sharing the study (default 1)")
     add_launcher_arguments(p)
     add_precision_arguments(p)
+    add_algorithm_argument(p)
     p.set_defaults(handler=run)
 
 
@@ -111,8 +119,6 @@ def build_inputs(args):
     """Workload, machine, search space and evaluator from the common arguments."""
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
-    if args.trials < 1:
-        raise UserError(f"--trials must be at least 1, got {args.trials}")
     if (args.dataset is None) == (args.graph is None):
         raise UserError("give exactly one of --dataset NAME or --graph FILE|SPEC")
     machine = load_machine(args.machine)
@@ -134,7 +140,10 @@ def run(args) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     precisions, auto = precision_choices(args)
+    algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
+    if algorithms != ("plexus-3d",):
+        return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
@@ -150,9 +159,7 @@ def run(args) -> int:
             raise UserError(f"--timeout must be positive, got {args.timeout}")
         if not 0 <= args.warmup < args.epochs:
             raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
-        args.log = str(check_log("--log", args.log or default_run_log()))
-    if args.snap < 1 or args.starts < 0 or args.top < 1:
-        raise UserError("--snap and --top must be at least 1, --starts at least 0")
+        args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     if not args.measured and (args.launcher or args.cluster or args.hosts):
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
     if args.workers < 1:
@@ -161,7 +168,11 @@ def run(args) -> int:
     if args.workers > 1 and not submits(launcher):
         raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
                         "command in several processes with one --storage")
-    budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    if args.trials is not None and args.exact_budget is None:
+        budget = 0.0  # --trials asks for a study of that many trials: honoured, not ignored
+    else:
+        budget = EXACT_BUDGET_S if args.exact_budget is None else args.exact_budget
+    args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     if budget != budget or budget < 0:
         raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
     console = make_console()
@@ -201,7 +212,8 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
     if precision != "fp32":
         study_name += f"-comm-{precision}"
-    attrs = {"dataset": name, "machine": machine.name, "gpus": list(space.gpus), "measured": bool(args.measured),
+    gpus_attr = list(space.gpus) if len(space.gpus) <= 4096 else f"{space.gpus[0]}..{space.gpus[-1]}"
+    attrs = {"dataset": name, "machine": machine.name, "gpus": gpus_attr, "measured": bool(args.measured),
              "comm_precision": precision}
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
     if args.measured:
@@ -222,7 +234,12 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
         with launcher:
             ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
     else:
-        ran = run_search(study, objective, args.trials)
+        progress = ProgressReporter(command="search")
+        try:
+            ran = run_search(study, objective, args.trials, callbacks=[
+                lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)])
+        finally:
+            progress.close()
     console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
         f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "

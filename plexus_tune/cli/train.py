@@ -1,4 +1,4 @@
-"""``plexus-tune train``: run the bundled 3D-parallel GCN trainer on one grid."""
+"""``plexus-tune train``: run a bundled parallel GCN trainer on one configuration."""
 
 from __future__ import annotations
 
@@ -7,23 +7,36 @@ import os
 import sys
 import numpy as np
 
+from plexus_tune.cli.options import count, real
 from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log
+from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph
-from plexus_tune.comm_precision_model import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
 from plexus_tune.launch import detect_environment
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
-from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.training import TrainingFailed, run_training
+from plexus_tune.trainer.algorithms import (
+    AGGREGATION_MODES,
+    TRAINED_ALGORITHMS,
+    check_algorithm,
+    normalize_config,
+    process_grid,
+)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a GCN with the 3D-parallel trainer on one Gx x Gy x Gz grid and log the run",
+        help="train a GCN with a bundled parallel trainer (Plexus 3D grid, CAGNET, partitioned) and log the run",
         description=(
-            "Train a GCN with the bundled 3D-parallel (Plexus) trainer. Run by hand it starts one "
+            "Train a GCN with a bundled parallel trainer: the 3D-parallel (Plexus) grid by default, CAGNET's "
+            "1D, 1.5D and 2D algorithms or the partitioned (SuperGCN) one with --algorithm. Run by hand it starts one "
             "local process per grid rank; under torchrun or srun it joins their process set. "
             "Prints the epoch time, its breakdown and the losses; --log appends one JSON record."
         ),
@@ -33,28 +46,32 @@ def register(subparsers) -> None:
                              "(each rank reads only the files it needs; their permutation is used)")
     source.add_argument("--synthetic", metavar="SPEC",
                         help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
-    parser.add_argument("--grid", required=True, metavar="GXxGYxGZ", help="process grid, e.g. 2x2x2")
-    parser.add_argument("--gpus", type=int, help="number of ranks; must equal the grid's product")
-    parser.add_argument("--layers", type=int, default=3, help="GCN layers (default 3)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden width (default 128)")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs, warm-up included (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the timing (default 2)")
+    parser.add_argument("--grid", metavar="GXxGYxGZ",
+                        help="process grid, e.g. 2x2x2 (plexus-3d), PrxPcx1 (cagnet-2d); the other families "
+                             "follow from --gpus")
+    parser.add_argument("--gpus", type=count(1), help="number of ranks; must equal the grid's product")
+    add_algorithm_arguments(parser)
+    parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
+    parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
+    parser.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=count(0), default=2, help="epochs left out of the timing (default 2)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (CUDA)")
-    parser.add_argument("--block-rows", type=int, metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
+    parser.add_argument("--block-rows", type=count(1), metavar="N", help="aggregate in blocks of N rows, each with its own all-reduce")
     parser.add_argument("--overlap", action="store_true", help="overlap each block's all-reduce with the next block's SpMM")
-    parser.add_argument("--permute", choices=("double", "single", "none"), default="double",
-                        help="node permutation for load balance (default double)")
-    parser.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate (default 0.01)")
-    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and permutations")
+    parser.add_argument("--permute", choices=("double", "single", "none", "local"), default="double",
+                        help="node permutation for load balance (default double; local: the double one "
+                             "kept in node order inside each block, the same balance with the gathers' locality)")
+    parser.add_argument("--lr", type=real(above=0), default=0.01, help="AdamW learning rate (default 0.01)")
+    parser.add_argument("--weight-decay", type=real(minimum=0), default=0.01, help="AdamW weight decay (default 0.01)")
+    parser.add_argument("--seed", type=count(0), default=0, help="seed of the weights and permutations")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="floating-point type of the adjacency, features and weights, hence of the "
                              "communicated blocks (default float32)")
     add_comm_precision_argument(parser)
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default cores // ranks)")
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
     parser.add_argument("--machine", help="machine name for the log (default: host name)")
     parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
@@ -64,6 +81,18 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
     add_launcher_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_algorithm_arguments(parser) -> None:
+    """``--algorithm``, ``--replication`` and ``--aggregation`` (train, measure, run)."""
+    parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME",
+                        help=f"parallel algorithm: {', '.join(TRAINED_ALGORITHMS)} (default plexus-3d; "
+                             "docs/algorithms.md)")
+    parser.add_argument("--replication", type=count(1), metavar="C",
+                        help="cagnet-1.5d: replication factor c of the block rows (c divides G, c*c <= G)")
+    parser.add_argument("--aggregation", metavar="MODE",
+                        help=f"supergcn: aggregation of the cut edges, one of {', '.join(AGGREGATION_MODES)} "
+                             "(default hybrid)")
 
 
 def add_comm_precision_argument(parser) -> None:
@@ -84,7 +113,13 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 
 def _config(args: argparse.Namespace):
-    grid = parse_grid(args.grid)
+    algorithm = check_algorithm(args.algorithm)
+    if args.grid is None and algorithm in ("plexus-3d", "cagnet-2d"):
+        raise UserError(f"{algorithm} needs --grid ({'GXxGYxGZ' if algorithm == 'plexus-3d' else 'PRxPCx1'})")
+    if args.grid is None and args.gpus is None:
+        raise UserError(f"{algorithm} needs --gpus (or --grid)")
+    grid = process_grid(algorithm, grid=parse_grid(args.grid) if args.grid else None, gpus=args.gpus,
+                        replication=args.replication)
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
     for name in ("layers", "hidden", "epochs"):
@@ -94,26 +129,39 @@ def _config(args: argparse.Namespace):
         raise UserError("--threads must be at least 1")
     if args.timeout <= 0:
         raise UserError("--timeout must be positive")
-    return TrainConfig(
+    config = TrainConfig(
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
         backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
-        timeout_s=args.timeout, threads_per_rank=args.threads,
+        timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
+        aggregation=args.aggregation,
     )
+    return normalize_config(config)
 
 
 def _mib(value: float) -> str:
     return f"{value / 2**20:.1f} MiB"
 
 
+def _algorithm_text(record: dict) -> str:
+    """The algorithm and its family option, e.g. ``cagnet-1.5d (c = 2)`` or ``supergcn (hybrid)``."""
+    options = record.get("options") or {}
+    text = record.get("algorithm", "plexus-3d")
+    if options.get("replication"):
+        text += f" (c = {options['replication']})"
+    if options.get("aggregation"):
+        text += f" ({options['aggregation']})"
+    return text
+
+
 def summary_lines(record: dict) -> list[str]:
-    keys = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-            "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
+    keys = [k for k in BREAKDOWN_KEYS if k not in FAMILY_COMM_OP_KEYS or record.get(k)]
     lines = [
         f"graph {record['graph']}: {record['graph_nodes']:,} nodes, {record['nnz']:,} nonzeros (self-loops included), "
         f"widths {record['widths']}",
-        f"grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, {record['device']}), "
+        f"{_algorithm_text(record)} grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, "
+        f"{record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
         f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
         f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
@@ -131,18 +179,32 @@ def summary_lines(record: dict) -> list[str]:
                      + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
         ref = record.get("reference_accuracy") or {}
-        if record.get("comm_precision", "fp32") == "fp32":
-            lines.append(f"check against serial PyG: max relative difference of losses "
-                         f"{record['check_loss_rel_diff']:.2e}, of outputs {record['check_output_rel_diff']:.2e}; "
-                         f"PyG epoch {record['reference_epoch_ms']:.2f} ms")
+        verdict = check_result(record)
+        if verdict is not None:
+            lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
+                         f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
+                         f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
+                         f"{'PASSED' if verdict['passed'] else 'FAILED'}; PyG epoch {record['reference_epoch_ms']:.2f} ms")
         else:
-            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding): "
-                         f"losses differ by up to {record['check_loss_rel_diff']:.2e}, outputs by "
-                         f"{record['check_output_rel_diff']:.2e}")
+            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
+                         f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
+                         f"outputs by {record['check_output_rel_diff']:.2e}")
         if ref and final:
-            lines.append("accuracy against the FP32 run: " + ", ".join(
+            lines.append("accuracy against serial PyG: " + ", ".join(
                 f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
+
+
+def check_result(record: dict) -> dict | None:
+    """The pass/fail of a run's ``--check`` (:func:`plexus_tune.trainer.reference.check_verdict`); None
+    without a check or at a reduced communication precision (not expected to agree to rounding)."""
+    if "check_loss_rel_diff" not in record or record.get("comm_precision", "fp32") != "fp32":
+        return None
+    from plexus_tune.trainer.reference import check_verdict
+
+    dtype = record.get("dtype") or (record.get("options") or {}).get("dtype") or "float32"
+    return check_verdict(record["check_loss_rel_diff"], record["check_output_rel_diff"], dtype=dtype,
+                         device=record.get("device", "cpu"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,8 +216,10 @@ def run(args: argparse.Namespace) -> int:
 
     environment = detect_environment()
     if args.log:
-        check_log("--log", args.log)
+        check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
     if environment is None:
+        if args.synthetic:  # a bad or too large spec fails here, not in every rank
+            parse_spec(args.synthetic)
         launcher = launcher_from_args(args, [int(np.prod(config.grid))])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
             check_graph(args.graph)
@@ -175,11 +239,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if record is None:  # a non-zero rank under torchrun/srun
         return 0
+    verdict = check_result(record)
     if args.json:
-        print(json.dumps(record, default=str))
+        print(json.dumps({**record, **({"check": verdict} if verdict else {})}, default=str))
     else:
         for line in summary_lines(record):
             print(line)
         if args.log:
             print(f"record appended to {args.log}")
+    if verdict is not None and not verdict["passed"]:
+        print("plexus-tune: error: the check against serial PyG failed: the trainer and the reference differ beyond "
+              "the tolerance of this dtype and device (docs/trainer.md)", file=sys.stderr)
+        return 1
     return 0

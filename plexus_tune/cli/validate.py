@@ -7,6 +7,7 @@ from plexus_tune.fit.validation import leave_one_group_out
 from plexus_tune.measure.records import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.machine import load_machine
+from plexus_tune.paths import json_with_keys
 
 
 def register(subparsers) -> None:
@@ -21,7 +22,9 @@ def register(subparsers) -> None:
     parser.add_argument("--machine", required=True, help="profile name or JSON path")
     parser.add_argument("--runs", required=True, nargs="+", metavar="FILE", help="trainer run log(s) (JSON Lines)")
     parser.add_argument("--no-refit", action="store_true", help="score the profile as it is (no leave-one-out refit)")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON (never over an input; another "
+                        "command's file only with --force)")
+    parser.add_argument("--force", action="store_true", help="let --json replace a file that is not a validation JSON")
     parser.set_defaults(handler=run)
 
 
@@ -32,7 +35,8 @@ def run(args) -> int:
     from rich.table import Table
 
     if args.json:
-        check_output_file("--json", args.json)
+        check_output_file("--json", args.json, inputs=[*args.runs, args.machine], force=args.force,
+                          is_own=lambda path: json_with_keys(path, ("machine", "groups", "mean")), own_kind="a validation JSON")
     machine = load_machine(args.machine)
     console = make_console()
     df = runs_table(read_runs(args.runs))

@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import EPOCH_PARTS
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, min_rows, repeated_split_scores
 from plexus_tune.fit.solvers import nnls_relative
 from plexus_tune.fit.tables import check_frame, pd_numeric
@@ -12,7 +13,8 @@ from plexus_tune.fit.tables import check_frame, pd_numeric
 
 # --------------------------------------------------------------------------- epoch level
 
-EPOCH_COMPONENTS = ("spmm_ms", "gemm_ms", "comm_ms", "other_ms")
+#: The model's exclusive parts of an epoch, each with its own scale (the overhead is fitted apart).
+EPOCH_COMPONENTS = EPOCH_PARTS
 
 
 @dataclass
@@ -37,6 +39,12 @@ class EpochModel:
 
     def to_dict(self) -> dict:
         return {"scales": dict(self.scales), "overhead_ms": self.overhead_ms, "method": self.method}
+
+
+def epoch_parameters(df, components=EPOCH_COMPONENTS, predicted_prefix: str = "pred_") -> int:
+    """Coefficients :func:`fit_epoch` estimates from ``df``: one per component predicted nonzero somewhere, and the overhead."""
+    cols = [f"{predicted_prefix}{c}" for c in components if f"{predicted_prefix}{c}" in df.columns]
+    return 1 + sum(bool((pd_numeric(df[c], 0.0) != 0).any()) for c in cols)
 
 
 def fit_epoch(
@@ -69,7 +77,8 @@ def fit_epoch(
     if not comps:
         raise UserError(f"trainer runs: missing column {predicted_prefix + components[0]!r} (predicted breakdown)")
     pcols = tuple(f"{predicted_prefix}{c}" for c in comps)
-    check_frame(df, pcols + (observed,), positive=(observed,), min_count=min_rows(len(comps) + 1), what="trainer runs")
+    check_frame(df, pcols + (observed,), positive=(observed,), min_count=min_rows(epoch_parameters(df, comps, predicted_prefix)),
+                what="trainer runs")
     y = np.asarray(df[observed], dtype=np.float64)
     P = np.stack([np.asarray(df[c], dtype=np.float64) for c in pcols], axis=1)
     active = np.any(P != 0, axis=0)

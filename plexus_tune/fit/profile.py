@@ -33,8 +33,8 @@ from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
-from plexus_tune.fit.validation import predict_runs
-from plexus_tune.measure.records import runs_table
+from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
+from plexus_tune.measure.records import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
@@ -59,7 +59,9 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     """Fold epoch-level scale factors into a profile's rates; the overhead goes to ``epoch_overhead_ms``.
 
     spmm times x s_spmm; gemm_tflops / s_gemm; collective alphas x s_comm and every beta
-    / s_comm (tiers, bandwidth_table, per_span); elementwise_gbps / s_other. Scales
+    / s_comm (tiers, bandwidth_table, per_span); each precision's codec rates of ``quant``
+    / s_quant and its call_ms x s_quant; elementwise_gbps and optimizer_gbps / s_other,
+    sync_us x s_other. Scales
     below :data:`MIN_SCALE` are raised to it.
     """
     out = json_copy(profile)
@@ -70,8 +72,17 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
         out["gemm_tflops"] = float(out["gemm_tflops"]) / s["gemm_ms"]
     if "comm_ms" in s:
         out["collectives"] = scale_collectives(out["collectives"], s["comm_ms"])
+    if "quant_ms" in s and out.get("quant"):
+        out["quant"] = {precision: {k: (float(v) * s["quant_ms"] if k == QUANT_CALL_KEY else
+                                        float(v) / s["quant_ms"] if k in QUANT_RATE_KEYS else v)
+                                    for k, v in entry.items()} if isinstance(entry, Mapping) else entry
+                        for precision, entry in out["quant"].items()}
     if "other_ms" in s and out.get("elementwise_gbps"):
         out["elementwise_gbps"] = float(out["elementwise_gbps"]) / s["other_ms"]
+        if out.get("optimizer_gbps"):
+            out["optimizer_gbps"] = float(out["optimizer_gbps"]) / s["other_ms"]
+        if out.get("sync_us"):
+            out["sync_us"] = float(out["sync_us"]) * s["other_ms"]
     out["epoch_overhead_ms"] = float(epoch.overhead_ms)
     return out
 
@@ -217,6 +228,10 @@ def fit_profile(
     source: str = "<fitted profile>",
     progress: Progress | None = None,
     quant=None,
+    collectives_profile=None,
+    bandwidth=None,
+    optimizer_runs=None,
+    optimizer: str | None = None,
 ) -> FittedProfile:
     """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements.
 
@@ -238,6 +253,14 @@ def fit_profile(
     ``description`` go into the profile; ``source`` names it in validation errors.
     ``progress(stage, done, total)`` is called as work is done. Warnings name input
     lines that were skipped.
+
+    ``collectives_profile`` (a profile name or path) replaces the collective fit: its
+    ``collectives`` (and ``gpus_per_node`` unless given) are copied, with provenance
+    saying they were not measured here. ``bandwidth``: bandwidth logs (``calibrate
+    bandwidth``) giving ``elementwise_gbps``, ``optimizer_gbps`` and ``sync_us``
+    (:mod:`plexus_tune.fit.bandwidth`); ``optimizer_runs``: trainer runs whose optimizer
+    phase gives ``optimizer_gbps`` where no bandwidth log times the optimizer;
+    ``optimizer``: the profile's optimizer (default: the trainer's).
     """
     check_kind(kind)
     if collective_form not in COLLECTIVE_FORMS:
@@ -249,7 +272,16 @@ def fit_profile(
     timings: dict = {}
     started = time.perf_counter()
     spmm_df = load_tables(spmm, "spmm")
-    coll_df = load_tables(collectives, "collective")
+    copied = None
+    if collectives_profile is not None:
+        if collectives:
+            raise UserError("give collective logs or a profile to copy the collectives from, not both")
+        from plexus_tune.model.machine import load_machine
+
+        copied = load_machine(collectives_profile)
+        coll_df = None
+    else:
+        coll_df = load_tables(collectives, "collective")
     gemm_sources = spmm if gemm is None else gemm
     gemm_df = load_tables(gemm_sources, "gemm")
     if gemm is None and not set(GEMM_COLUMNS) <= set(gemm_df.columns):  # SpMM tables without GEMM records
@@ -258,7 +290,7 @@ def fit_profile(
         raise UserError(f"no SpMM measurements in {', '.join(map(_describe, _as_list(spmm))) or 'the SpMM inputs'}; "
                         "time some with 'plexus-tune calibrate spmm'")
     check_frame(spmm_df, SPMM_COLUMNS, positive=("rows", "common", "dense_cols", "time_ms"), what="SpMM measurements")  # before any fit
-    if not len(coll_df):
+    if copied is None and not len(coll_df):
         raise UserError(f"no collective measurements in {', '.join(map(_describe, _as_list(collectives))) or 'the collective inputs'}; "
                         "time them with 'plexus-tune calibrate collectives'")
     if not len(gemm_df) and not gemm_tflops:
@@ -269,8 +301,12 @@ def fit_profile(
     timings["load"] = time.perf_counter() - started
 
     # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
-    cores, cores_from = _host_cores(coll_df, host_cores)
-    stretch = collective_time_sharing(coll_df, cores)
+    if copied is not None:
+        cores, cores_from = (host_cores or None), ("given" if host_cores else None)
+        coll_df = _copied_collective_frame()
+    else:
+        cores, cores_from = _host_cores(coll_df, host_cores)
+    stretch = collective_time_sharing(coll_df, cores) if copied is None else np.ones(0)
     time_sharing = None
     if np.any(stretch > 1):
         coll_df = coll_df.copy()
@@ -279,14 +315,18 @@ def fit_profile(
 
     # the network is fitted on FP32 timings; reduced-precision ones give the quant entry's call_ms
     every_precision = coll_df
-    coll_df, reduced_df = split_precisions(every_precision)
-    if not len(coll_df):
+    coll_df, reduced_df = split_precisions(every_precision) if copied is None else (coll_df, None)
+    if copied is None and not len(coll_df):
         raise UserError("the collective logs hold only reduced-precision timings; time FP32 beside them "
                         "(plexus-tune calibrate collectives, with fp32 among the precisions)")
 
-    world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
-    logged_gpn = np.nanmax(pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
-    gpn = int(gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
+    if copied is not None:
+        world, logged_gpn = copied.gpus_per_node, np.nan
+        gpn = int(gpus_per_node or copied.gpus_per_node)
+    else:
+        world = int(np.nanmax(coll_df["world_size"])) if "world_size" in coll_df else int(np.nanmax(coll_df["group_size"]))
+        logged_gpn = np.nanmax(pd_numeric(coll_df["gpus_per_node"], np.nan)) if "gpus_per_node" in coll_df else np.nan
+        gpn = int(gpus_per_node or (logged_gpn if np.isfinite(logged_gpn) else world))
 
     def spmm_stage():
         started = time.perf_counter()
@@ -296,7 +336,14 @@ def fit_profile(
         timings["spmm"] = time.perf_counter() - started
         return fitted
 
-    if n_jobs > 1:
+    if copied is not None:
+        spmm_model = spmm_stage()
+        started_gemm = time.perf_counter()
+        with single_threaded_blas():
+            gemm_model = fit_gemm(gemm_df, n_splits=n_splits, seed=seed, progress=_stage(progress, "gemm")) if len(gemm_df) else None
+        timings["gemm"] = time.perf_counter() - started_gemm
+        coll, coll_report = None, None
+    elif n_jobs > 1:
         # the collective and GEMM fits in a process of their own, beside the SpMM scoring
         for stage in ("collectives", "gemm"):
             if progress:
@@ -324,7 +371,18 @@ def fit_profile(
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / gpn
     env = environment_info()
     stamp = now_utc()
-    backend = coll_df["backend"].iloc[0] if "backend" in coll_df else "gloo"
+    backend = coll_df["backend"].iloc[0] if "backend" in coll_df and len(coll_df) else ("nccl" if copied is not None else "gloo")
+    from plexus_tune.fit.bandwidth import epoch_latency_from_runs, fit_bandwidths, optimizer_gbps_from_runs
+    from plexus_tune.model.other import check_optimizer, trainer_optimizer
+
+    optimizer_given = optimizer is not None
+    optimizer = check_optimizer(optimizer or trainer_optimizer("cpu" if cores else "cuda"))
+    rates = fit_bandwidths(_bandwidth_records(bandwidth), optimizer) if bandwidth else {"samples": 0}
+    if bandwidth and not rates["samples"]:
+        raise UserError(f"no bandwidth records in {', '.join(map(str, _as_list(bandwidth)))}; "
+                        "time them with 'plexus-tune calibrate bandwidth'")
+    if optimizer_runs and "optimizer_gbps" not in rates:
+        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs), gpu=not cores)
     profile = {
         "schema": PROFILE_SCHEMA,
         "name": name,
@@ -332,33 +390,53 @@ def fit_profile(
         "gpus_per_node": gpn,
         "device_memory_gib": round(memory, 3),
         "gemm_tflops": rate,
-        "elementwise_gbps": float(elementwise_gbps),
+        "elementwise_gbps": float(rates.get("elementwise_gbps", elementwise_gbps)),
+        "optimizer": optimizer,
         "spmm": spmm_model.to_dict(),
-        "collectives": coll.to_dict(),
+        "collectives": coll.to_dict() if coll is not None else json_copy(copied.raw["collectives"]),
     }
+    if "optimizer_gbps" in rates:
+        profile["optimizer_gbps"] = float(rates["optimizer_gbps"])
+    if "sync_us" in rates:
+        profile["sync_us"] = float(rates["sync_us"])
+    if optimizer_runs and not runs:
+        profile["epoch_overhead_ms"], rates["latency_runs"] = epoch_latency_from_runs(_run_records(optimizer_runs), profile, gpu=not cores)
     if cores:
         profile["host_cores"] = int(cores)
         profile["threads_per_rank"] = 1
     runs_tbl = runs_table(_run_records(runs)) if runs else None
-    if runs_tbl is not None and collective_form == "auto" and len(coll.candidates) > 1:
+    if coll is not None and runs_tbl is not None and collective_form == "auto" and len(coll.candidates) > 1:
         started = time.perf_counter()
         coll = _choose_collectives_on_runs(profile, coll, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "collectives on runs"))
         profile["collectives"] = coll.to_dict()
         coll_report = _collectives_report(coll)
         timings["collectives on runs"] = time.perf_counter() - started
     provenance = {
-        "gpus_per_node": "given" if gpus_per_node else (f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn)
+        "gpus_per_node": "given" if gpus_per_node else (f"copied from the profile {copied.name} with its collectives" if copied is not None
+                                                         else f"largest gpus_per_node in the collective logs ({gpn})" if np.isfinite(logged_gpn)
                                                          else f"largest world size in the collective logs ({world})"),
         "device_memory_gib": "given" if device_memory_gib else "host memory / gpus_per_node",
         "gemm_tflops": f"fit_gemm on {len(gemm_df)} GEMM timings" if gemm_model else "given GEMM rate",
-        "elementwise_gbps": f"starting value {elementwise_gbps} GB/s",
+        "elementwise_gbps": (f"fit_bandwidths: median bytes / time of the elementwise ops at {rates['elementwise_elements']} "
+                             f"elements ({rates['samples']} bandwidth records)" if "elementwise_gbps" in rates
+                             else f"given: {elementwise_gbps} GB/s"),
+        "optimizer": "given" if optimizer_given else "the trainer's optimizer (plexus_tune.model.other.TRAINER_OPTIMIZERS)",
         "spmm": f"fit_spmm kind {spmm_model.kind} ({'chosen by lowest held-out MAPE' if kind == 'auto' else 'as asked'}) on {len(spmm_df)} SpMM timings",
-        "collectives": f"fit_collectives form {coll.name} ("
-        + (f"lowest {coll.selected_by} of {len(coll.candidates)} candidates" if coll.selected_by else "as asked")
-        + f"; relative least squares) on {coll.n_samples} timings"
-        + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
-        + ("; times divided by the oversubscription of each calibration run" if time_sharing else ""),
+        "collectives": _collectives_provenance(coll, copied, time_sharing),
     }
+    if "optimizer_gbps" in rates:
+        provenance["optimizer_gbps"] = (
+            f"fit_bandwidths: bytes / time of {optimizer} at {rates['optimizer_elements']} elements" if "optimizer_elements" in rates
+            else f"optimizer_gbps_from_runs: median over {rates['optimizer_runs']} trainer runs on "
+                 f"{'CPUs' if cores else 'GPUs'} of the bytes of each run's "
+                 "optimizer step (its optimizer's accesses, docs/model.md, Other) / the run's optimizer phase")
+    if "epoch_overhead_ms" in profile:
+        provenance["epoch_overhead_ms"] = (f"epoch_latency_from_runs: median over {rates['latency_runs']} trainer runs on "
+                                           f"{'CPUs' if cores else 'GPUs'} of the "
+                                           "observed other_ms less the predicted other parts (each run's optimizer): the host's "
+                                           "launch and synchronisation latency per epoch")
+    if "sync_us" in rates:
+        provenance["sync_us"] = "fit_bandwidths: median time of a one-element kernel and a device synchronisation"
     if cores:
         provenance["host_cores"] = cores_from
         provenance["threads_per_rank"] = "1, as the trainer runs each rank when ranks outnumber cores"
@@ -367,7 +445,9 @@ def fit_profile(
         "environment": env,
         "inputs": {
             "spmm": input_info(spmm),
-            "collectives": input_info(collectives),
+            "collectives": input_info(collectives) if copied is None else [{"profile": copied.name}],
+            "bandwidth": input_info(bandwidth),
+            "optimizer_runs": input_info(optimizer_runs),
             "runs": input_info(runs),
             "gemm": input_info(gemm),
         },
@@ -375,14 +455,27 @@ def fit_profile(
         "r2_sem": r2_sem or None,
         "seed": seed,
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
-        "collectives": {"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
-                        "epoch_scores": coll.epoch_scores or None,
-                        "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
-                        "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"},
+        "collectives": ({"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
+                         "epoch_scores": coll.epoch_scores or None,
+                         "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
+                         "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
+                        if coll is not None else {"copied_from": copied.name}),
+        "bandwidth": {k: v for k, v in rates.items()},
         "gemm": {"tflops": gemm_model.tflops, "overhead_ms": gemm_model.overhead_ms, "scores": gemm_model.scores} if gemm_model else None,
     }
     Machine.from_dict(profile, source=source)  # validates before any epoch fit
 
+    quant_records = _quant_records([quant, spmm, [] if collectives is None else collectives])
+    if quant_records:
+        profile["quant"] = fit_quant_rates(quant_records)
+        provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
+                               "(plexus-tune calibrate quant; median of bytes / time)")
+    quant_report = None
+    if reduced_df is not None and len(reduced_df):
+        profile["quant"], quant_report = fit_call_ms(every_precision, Machine.from_dict(profile, source=source), profile.get("quant"))
+        provenance["quant"] = ((provenance.get("quant", "") + "; ") if quant_records else "") + (
+            f"call_ms by fit_call_ms on {len(reduced_df)} reduced-precision collective timings paired with FP32 ones "
+            "(plexus-tune calibrate collectives --comm-precision; median per call)")
     epoch = None
     report_epoch = None
     if runs:
@@ -390,22 +483,13 @@ def fit_profile(
         epoch, report_epoch = _fit_epoch(profile, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "epoch"))
         profile = apply_epoch_fit(profile, epoch)
         provenance["epoch_overhead_ms"] = f"fit_epoch ({epoch.method} method) on {report_epoch['configurations']} trainer configurations (median over trials)"
-        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("elementwise_gbps", "other_ms")):
-            provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
+        for key, comp in (("spmm", "spmm_ms"), ("gemm_tflops", "gemm_ms"), ("collectives", "comm_ms"), ("quant", "quant_ms"),
+                          ("elementwise_gbps", "other_ms")):
+            if key in provenance:
+                provenance[key] += f"; rescaled by the run fit (x{epoch.scales.get(comp, 1.0):.3g} on {comp})"
         fit_info["epoch"] = {"method": epoch.method, "scales": epoch.scales, "overhead_ms": epoch.overhead_ms, "configurations": report_epoch["configurations"],
                              "mape_before_run_fit": report_epoch["mape_before"], "scores": epoch.scores}
         timings["epoch"] = time.perf_counter() - started
-    quant_records = _quant_records([quant, spmm, collectives])
-    if quant_records:
-        profile["quant"] = fit_quant_rates(quant_records)
-        provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
-                               "(plexus-tune calibrate quant; median of bytes / time)")
-    quant_report = None
-    if len(reduced_df):
-        profile["quant"], quant_report = fit_call_ms(every_precision, Machine.from_dict(profile, source=source), profile.get("quant"))
-        provenance["quant"] = ((provenance.get("quant", "") + "; ") if quant_records else "") + (
-            f"call_ms by fit_call_ms on {len(reduced_df)} reduced-precision collective timings paired with FP32 ones "
-            "(plexus-tune calibrate collectives --comm-precision; median per call)")
     profile["provenance"] = provenance
     profile["fit"] = fit_info
     Machine.from_dict(profile, source=source)
@@ -419,6 +503,34 @@ def fit_profile(
         "seconds": timings,
     }
     return FittedProfile(profile=profile, report=report, spmm=spmm_model, collectives=coll, gemm=gemm_model, epoch=epoch)
+
+
+def _copied_collective_frame():
+    import pandas as pd
+
+    return pd.DataFrame()
+
+
+def _collectives_provenance(coll, copied, time_sharing) -> str:
+    """Where the profile's collectives came from: the fit, or the profile they were copied from."""
+    if coll is None:
+        source = (copied.raw.get("provenance") or {}).get("collectives") or copied.description or copied.name
+        return (f"copied from the profile {copied.name}; NOT measured on this machine ({source})")
+    return (f"fit_collectives form {coll.name} ("
+            + (f"lowest {coll.selected_by} of {len(coll.candidates)} candidates" if coll.selected_by else "as asked")
+            + f"; relative least squares) on {coll.n_samples} timings"
+            + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
+            + ("; times divided by the oversubscription of each calibration run" if time_sharing else ""))
+
+
+def _bandwidth_records(sources) -> list[dict]:
+    """The bandwidth records of the given logs."""
+    out = []
+    for item in _as_list(sources):
+        if not os.path.exists(item):
+            raise UserError(f"bandwidth log {item} does not exist")
+        out.extend(read_records(item, schema="bandwidth")[0])
+    return out
 
 
 def _host_cores(coll_df, host_cores: int | None) -> tuple[int | None, str | None]:

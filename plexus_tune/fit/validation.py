@@ -21,44 +21,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.errors import UserError
-from plexus_tune.fit.epoch import EPOCH_COMPONENTS, fit_epoch
+from plexus_tune.fit.epoch import EPOCH_COMPONENTS, epoch_parameters, fit_epoch
 from plexus_tune.fit.scoring import min_rows
-from plexus_tune.measure.records import SETTING_NAMES, setting_labels
-from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.machine import load_machine
-from plexus_tune.model.workload import Workload
+from plexus_tune.measure.records import SETTING_NAMES, predict_runs, setting_labels
 
 COMPONENTS = EPOCH_COMPONENTS
-#: Prediction keys of the cost model given as ``pred_<key>`` (``total_ms`` as ``pred_epoch_ms``).
-PREDICTION_COLUMNS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                      "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
-WORKLOAD_COLUMNS = ("graph_name", "graph_nodes", "nnz", "widths", "bytes_per_element", "block_rows")
 
 
-def predict_runs(df, machine) -> "pandas.DataFrame":  # noqa: F821
-    """The runs table with the profile's predictions: ``pred_<key>``, ``pred_epoch_ms``, ``pred_feasible``, ``pred_machine``.
-
-    Replaces the predictions logged with the runs. Each workload (graph, widths, bytes
-    per element, block rows) is predicted for all its grids at once.
-    """
-    if df is None or len(df) == 0 or "trials" not in df or not (df["trials"] > 0).any():
-        raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
-    machine = load_machine(machine)
-    df = df[df["trials"] > 0].copy()
-    for key in PREDICTION_COLUMNS + ("epoch_ms",):
-        df[f"pred_{key}"] = np.nan
-    df["pred_feasible"] = True
-    df["pred_machine"] = machine.name
-    for (name, nodes, nnz, widths, elem, block), idx in df.groupby(list(WORKLOAD_COLUMNS), sort=False).groups.items():
-        workload = Workload(name=str(name), nodes=int(nodes), nnz=int(nnz), widths=tuple(widths), bytes_per_element=int(elem))
-        grids = df.loc[idx, ["gx", "gy", "gz"]].to_numpy()
-        pred = predict_grids(workload, machine, grids, block_rows=int(block) or None)
-        for key in PREDICTION_COLUMNS:
-            df.loc[idx, f"pred_{key}"] = pred[key]
-        df.loc[idx, "pred_epoch_ms"] = pred["total_ms"]
-        df.loc[idx, "pred_feasible"] = np.asarray(pred["feasible"], dtype=bool)
-    return df
+def _nanmean(values) -> float:
+    """Mean of the finite values (nan when there is none, without a warning)."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def problem_keys(df) -> list[str]:
@@ -99,8 +72,10 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     """Per grid choice problem (setting and G) held out: Spearman, regret and MAPE; and their means.
 
     ``df`` is the runs table (:func:`plexus_tune.measure.records.runs_table`). Returns
-    ``{"groups": [...], "mean": {...}}``; each group names its ``graph``, ``gpus`` and
-    ``setting`` (the other setting fields that differ between groups, "" if none do).
+    ``{"groups": [...], "mean": {...}, "runs": [...]}``; each group names its ``graph``,
+    ``gpus`` and ``setting`` (the other setting fields that differ between groups, "" if
+    none do); each run its grid, ``model_ms`` (the profile's prediction at the run's
+    settings), ``predicted_ms`` (after the held-out refit, or the same) and ``observed_ms``.
     """
     df = predict_runs(df, machine).reset_index(drop=True)
     keys = problem_keys(df)
@@ -108,18 +83,22 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     labels = dict(zip(problem, setting_labels(df)))
     groups = list(dict.fromkeys(problem))
     pred_cols = [f"pred_{c}" for c in COMPONENTS]
-    out = []
+    out, runs = [], []
     for key in groups:
         held = (problem == key).to_numpy()
         train = df[~held]
         pred = df.loc[held, "pred_epoch_ms"].to_numpy()
         how = "profile as is"
-        if refit and len(train) >= min_rows(len(COMPONENTS) + 1):
+        if refit and len(train) >= min_rows(epoch_parameters(train)):
             model = fit_epoch(train, n_splits=0)
             pred = model.predict(df.loc[held, pred_cols])
             how = f"refitted on {len(train)} other runs"
         observed = df.loc[held, "obs_epoch_ms"].to_numpy()
         scores = group_scores(pred, observed)
+        for (_, row), p, o in zip(df.loc[held].iterrows(), pred, observed):
+            runs.append({"graph": str(row["graph"]), "gpus": int(row["gpus"]), "setting": labels[key], "grid": row["grid"],
+                         "comm_precision": str(row["comm_precision"]), "block_rows": int(row["block_rows"]),
+                         "model_ms": float(row["pred_epoch_ms"]), "predicted_ms": float(p), "observed_ms": float(o)})
         best = df.loc[held].iloc[int(np.argmin(pred))]
         true_best = df.loc[held].iloc[int(np.argmin(observed))]
         first = df.loc[held].iloc[0]
@@ -135,10 +114,10 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
             }
         )
     mean = {
-        "spearman": float(np.nanmean([g["spearman"] for g in out])) if out else float("nan"),
+        "spearman": _nanmean([g["spearman"] for g in out]),
         "regret": float(np.mean([g["regret"] for g in out])) if out else float("nan"),
         "max_regret": float(np.max([g["regret"] for g in out])) if out else float("nan"),
         "mape": float(np.mean([g["mape"] for g in out])) if out else float("nan"),
         "groups": len(out),
     }
-    return {"groups": out, "mean": mean}
+    return {"groups": out, "mean": mean, "runs": runs}

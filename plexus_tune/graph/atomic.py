@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from plexus_tune.errors import UserError
+from plexus_tune.paths import check_not_input
 
 
 def _umask() -> int:
@@ -18,12 +20,20 @@ def _umask() -> int:
     return mask
 
 
-def check_output_path(path, overwrite: bool) -> Path:
+def check_output_path(path, overwrite: bool, *, inputs=()) -> Path:
+    """A file or directory to write whole at ``path`` (the output rule of :mod:`plexus_tune.paths`):
+    never one of ``inputs``; an existing one replaced only with ``overwrite``; its parent an
+    existing writable directory."""
     path = Path(path)
+    check_not_input(path, inputs)
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists; remove it or allow overwriting", parameter="force")
+    if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+        raise UserError(f"{path} is not a regular file (a pipe or device); give another path")
     if not path.parent.exists():
-        raise UserError(f"directory {path.parent} does not exist; create it first")
+        raise UserError(f"directory {path.parent} does not exist; create it first (mkdir -p {path.parent})")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: directory {path.parent} is not writable")
     return path
 
 

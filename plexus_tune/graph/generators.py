@@ -17,7 +17,8 @@ import re
 import numpy as np
 import scipy.sparse as sp
 
-from plexus_tune.errors import UserError
+from plexus_tune.resources import check_memory
+from plexus_tune.errors import UserError, parse_count  # noqa: F401  (parse_count: part of this module's API)
 from plexus_tune.graph.core import Graph
 
 GRAPH500_PROBS = (0.57, 0.19, 0.19, 0.05)
@@ -277,7 +278,6 @@ def random_features(n: int, width: int, seed: int = 0) -> np.ndarray:
 
 # --- spec strings ------------------------------------------------------------------
 
-_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9}
 _INT_KEYS = {"nodes", "edges", "features", "classes", "seed", "neighbors"}
 _FLOAT_KEYS = {"a", "b", "c", "d", "noise", "drop", "long"}
 _BOOL_KEYS = {"scramble"}
@@ -286,22 +286,6 @@ _KIND_KEYS = {
     "grid2d": {"nodes", "features", "classes", "seed", "neighbors", "drop", "long"},
 }
 GENERATORS = tuple(_KIND_KEYS)
-
-
-def parse_count(text: str, what: str = "value") -> int:
-    """Parse ``4096``, ``65_536``, ``1e6``, ``16M``, ``4k`` (k/M/G are powers of ten)."""
-    t = str(text).strip().replace("_", "")
-    mult = 1
-    if t and t[-1].lower() in _SUFFIX:
-        mult = _SUFFIX[t[-1].lower()]
-        t = t[:-1]
-    try:
-        value = float(t) * mult
-    except ValueError:
-        raise UserError(f"{what} must be a whole number such as 4096, 1e6 or 16M, got {text!r}") from None
-    if not math.isfinite(value) or value != int(value):
-        raise UserError(f"{what} must be a whole number, got {text!r}")
-    return int(value)
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -349,6 +333,25 @@ def check_params(kind: str, params: dict) -> None:
     for key, default in (("features", DEFAULT_FEATURES), ("classes", DEFAULT_CLASSES)):
         if int(params.get(key, default)) < 1:
             raise UserError(f"{key} must be >= 1, got {params[key]}")
+    check_memory(generation_bytes(kind, nodes, int(params.get("edges", 16 * nodes)),
+                                  int(params.get("features", DEFAULT_FEATURES)), int(params.get("neighbors", 4))),
+                 f"a {kind} graph of {nodes:,} nodes")
+    if int(params.get("classes", DEFAULT_CLASSES)) > nodes:
+        raise UserError(f"classes {int(params.get('classes', DEFAULT_CLASSES))} exceeds the {nodes} nodes: some classes "
+                        f"would have no node; use at most {nodes} classes")
+
+
+#: peak bytes per edge of generation (samples, keys, both directions, CSR) and per node
+#: besides the features (labels, degrees, permutation): an upper estimate
+_BYTES_PER_EDGE = 64
+_BYTES_PER_NODE = 48
+
+
+def generation_bytes(kind: str, nodes: int, edges: int, features: int, neighbors: int = 4) -> int:
+    """Estimated peak memory of :func:`generate`: features (float32) + nodes x 48 + edges x 64 bytes."""
+    if kind != "rmat":
+        edges = nodes * neighbors // 2
+    return 4 * nodes * features + _BYTES_PER_NODE * nodes + _BYTES_PER_EDGE * edges
 
 
 def generate(kind: str, *, progress=None, **params) -> Graph:
@@ -365,6 +368,8 @@ def generate(kind: str, *, progress=None, **params) -> Graph:
     seed = int(params.get("seed", 0))
     features = int(params.get("features", DEFAULT_FEATURES))
     classes = int(params.get("classes", DEFAULT_CLASSES))
+    check_memory(generation_bytes(kind, nodes, int(params.get("edges", 16 * nodes)), features,
+                                  int(params.get("neighbors", 4))), f"a {kind} graph of {nodes:,} nodes")
     if kind == "rmat":
         edges = int(params.get("edges", 16 * nodes))
         probs = tuple(params.get(k, d) for k, d in zip("abcd", GRAPH500_PROBS))

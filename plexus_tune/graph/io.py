@@ -123,6 +123,16 @@ def _edges_to_adjacency(src, dst, weights, num_nodes: int, directed: bool, where
     return _undirected(src, dst, weights, num_nodes)
 
 
+def check_finite_features(features, name: str, *, chunk_rows: int = 1 << 16) -> None:
+    """UserError if any feature is NaN or infinite (a model trained on them has a NaN loss); read in row chunks."""
+    for start in range(0, features.shape[0], chunk_rows):
+        bad = ~np.isfinite(features[start:start + chunk_rows])
+        if bad.any():
+            rows = np.flatnonzero(bad.any(axis=1))
+            raise UserError(f"{name}: features of node {start + int(rows[0])} (and {int(bad.sum()) - 1} more values) are "
+                            f"NaN or infinite; clean the features (training on them gives a NaN loss)")
+
+
 def _finish(adj, features, labels, num_classes, name, meta, *, features_width, classes, seed) -> Graph:
     adj = as_csr(adj)
     n = adj.shape[0]
@@ -140,8 +150,11 @@ def _finish(adj, features, labels, num_classes, name, meta, *, features_width, c
             raise UserError(f"{name}: {features.shape[0]} feature rows for {n} nodes")
         if features.dtype != np.float32:
             features = features.astype(np.float32)
+        check_finite_features(features, name)
     if labels is None:
         num_classes = classes or DEFAULT_CLASSES
+        if classes is not None and classes > n:
+            raise UserError(f"{name}: {classes} classes for {n} nodes: some classes would have no node; use at most {n}")
         labels = degree_labels(adj, num_classes, seed)
         meta["labels"] = f"degree classes, {num_classes}, seed {seed}"
     else:
@@ -249,6 +262,9 @@ def _read_npz(path: Path, *, directed: bool, **opts) -> Graph:
         else:
             raise UserError(f"{path}: an .npz graph needs scipy save_npz arrays, edge_index, or "
                             f"indptr+indices; found {', '.join(sorted(keys)) or 'nothing'}")
+        if features is None and opts.get("features_width") is None:
+            raise UserError(f"{path} has no 'features' array: add one, or make random ones of a chosen width "
+                            f"with plexus-tune graph convert")
         return _finish(adj, features, labels, num_classes, name, {"source": str(path), "format": "npz"}, **opts)
 
 

@@ -7,7 +7,15 @@ columns: ``B @ X[col_perm] = (A @ X)[row_perm]``, and ``unpermute_rows`` undoes 
 permutation of a result.
 
 Modes: ``none`` (identity), ``single`` (the same permutation on rows and columns, seed
-``seed``) and ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``).
+``seed``), ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``) and
+``local``: the double permutation applied to blocks of b consecutive node ids instead of
+single nodes, then every segment between the split points of a grid (``k ceil(n/g)``
+for each part count g) sorted back into ascending node id. A block of any split holds
+whole id blocks in their original order, which keeps the locality of the gathers; b is
+chosen from the grid so that each 2D block of the finest split still receives
+:data:`LOCAL_BLOCKS_PER_SHARD` id blocks, which keeps the balance of the double
+permutation (docs/model.md, Permutations). With a single part (a 1x1x1 grid) nothing
+needs balancing and ``local`` is the identity.
 """
 
 from __future__ import annotations
@@ -19,7 +27,14 @@ import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 
-PERMUTE_MODES = ("none", "single", "double")
+PERMUTE_MODES = ("none", "single", "double", "local")
+#: Modes whose row and column permutations differ (the alternate layout of a layer is
+#: ``A[col_perm][:, row_perm]``, the transpose of the stored one only for symmetric A).
+TWO_SIDED_MODES = ("double", "local")
+#: Id blocks each 2D block of the finest split receives under the ``local`` permutation:
+#: their count per block varies by about 1/sqrt(2048) = 2 % (1.008 with single ids, 1.02-1.03
+#: with blocks of 8 on the 8x8 split of a 1M-node lattice, docs/model.md).
+LOCAL_BLOCKS_PER_SHARD = 2048
 
 
 def make_permutation(n: int, seed: int) -> np.ndarray:
@@ -35,13 +50,70 @@ def invert_permutation(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def permutations_for(mode: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(row_perm, col_perm)`` for a mode in ``none | single | double``."""
+def grid_parts(grid) -> tuple[int, ...]:
+    """The part counts a grid splits the node ids into: its dimensions, ascending
+    (``(1, 1, 1)`` for a 1x1x1 grid; an R x C block grid is ``(R, C)``)."""
+    parts = sorted(int(g) for g in grid)
+    if not parts or parts[0] < 1:
+        raise ValueError(f"bad grid {tuple(grid)}: every dimension must be >= 1")
+    return tuple(parts)
+
+
+def segment_bounds(n: int, parts) -> np.ndarray:
+    """Sorted split points in ``[0, n]`` of every part count g in ``parts``: the union of
+    ``min(k ceil(n/g), n)`` for k = 0..g (the trainer's blocks, docs/model.md)."""
+    n = int(n)
+    cuts = {0, n}
+    for g in parts:
+        g = int(g)
+        if g < 1:
+            raise ValueError(f"bad part count {g}: must be >= 1")
+        step = max(1, -(-n // g))
+        cuts.update(min(k * step, n) for k in range(g + 1))
+    return np.array(sorted(cuts), dtype=np.int64)
+
+
+def local_block_size(n: int, parts) -> int:
+    """b = max(1, floor(n / (LOCAL_BLOCKS_PER_SHARD S))), S the blocks of the finest 2D
+    split: the product of the two largest part counts (one part count: itself)."""
+    top = sorted((int(g) for g in parts), reverse=True)[:2]
+    shards = max(1, int(np.prod(top)))
+    return max(1, int(n) // (LOCAL_BLOCKS_PER_SHARD * shards))
+
+
+def local_permutation(n: int, seed: int, parts, block: int | None = None) -> np.ndarray:
+    """Blocks of ``block`` consecutive ids (default :func:`local_block_size`) in the random
+    order of ``seed``, then each segment of :func:`segment_bounds` sorted ascending.
+    With ``block`` 1 the segments hold the node sets of :func:`make_permutation`."""
+    n = int(n)
+    b = local_block_size(n, parts) if block is None else int(block)
+    if b < 1:
+        raise ValueError(f"bad block size {b}: must be >= 1")
+    order = np.random.default_rng(int(seed)).permutation(-(-n // b)).astype(np.int64)
+    perm = (order[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).ravel()
+    if perm.size > n:
+        perm = perm[perm < n]
+    bounds = segment_bounds(n, parts)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        perm[lo:hi].sort()
+    return perm
+
+
+def permutations_for(mode: str, n: int, seed: int = 0, *, parts=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_perm, col_perm)`` for a mode in ``none | single | double | local``.
+
+    ``parts`` (``local`` only): the part counts whose blocks must keep the double
+    permutation's balance, :func:`grid_parts` of the grid or ``(R, C)`` of a block grid.
+    """
     if mode not in PERMUTE_MODES:
         raise UserError(f"unknown permutation mode {mode!r}; use one of {', '.join(PERMUTE_MODES)}")
     if mode == "none":
         ident = np.arange(n, dtype=np.int64)
         return ident, ident
+    if mode == "local":
+        if parts is None:
+            raise ValueError("the local permutation needs the part counts of the grid (parts=grid_parts(grid))")
+        return local_permutation(n, seed, parts), local_permutation(n, seed + 1, parts)
     row = make_permutation(n, seed)
     if mode == "single":
         return row, row
@@ -70,15 +142,15 @@ def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None
     return out
 
 
-def double_permute(adj, seed: int = 0, mode: str = "double"):
+def double_permute(adj, seed: int = 0, mode: str = "double", *, parts=None):
     """Permute ``adj`` for load balance: ``(B, row_perm, col_perm)`` with
-    ``B = A[row_perm][:, col_perm]`` (see :func:`permutations_for` for the seeds).
+    ``B = A[row_perm][:, col_perm]`` (see :func:`permutations_for` for the seeds and ``parts``).
 
     For a normalized adjacency ``A_hat``, a layer computes ``B @ X[col_perm]`` which equals
     ``(A_hat @ X)[row_perm]``; the next layer uses ``A_hat[col_perm][:, row_perm]``.
     """
     n = adj.shape[0]
-    row_perm, col_perm = permutations_for(mode, n, seed)
+    row_perm, col_perm = permutations_for(mode, n, seed, parts=parts)
     if mode == "none":
         return sp.csr_matrix(adj), row_perm, col_perm
     return permute_matrix(adj, row_perm, col_perm), row_perm, col_perm
@@ -143,11 +215,15 @@ def balance_report(adj, blocks=(8, 8), mode: str = "double", seed: int = 0, *, s
     """Load balance of a 2D block split: ``max/mean`` nonzeros over an R x C grid.
 
     The counted matrix is the pattern of ``A + I`` (``self_loops=True``, what GCN
-    normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``.
+    normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``. The ``local``
+    mode keeps the balance of the R x C split (``parts = (R, C)``).
     """
     rb, cb = blocks
+    if max(rb, cb) > adj.shape[0]:
+        raise UserError(f"a {rb}x{cb} block grid has more blocks per side than the {adj.shape[0]} nodes; "
+                        f"use at most {adj.shape[0]} per side")
     pattern = with_self_loops_pattern(adj) if self_loops else sp.csr_matrix(adj)
-    permuted, _, _ = double_permute(pattern, seed=seed, mode=mode)
+    permuted, _, _ = double_permute(pattern, seed=seed, mode=mode, parts=(rb, cb))
     counts = block_nnz(permuted, rb, cb)
     total = int(counts.sum())
     mean = total / (rb * cb)

@@ -3,7 +3,8 @@
 :func:`write_shards` stores ``B = A_hat[row_perm][:, col_perm]`` where ``A_hat`` is the
 GCN-normalized adjacency (:func:`plexus_tune.graph.gcn_normalize`, float32) and the
 permutations come from :func:`plexus_tune.graph.permutations_for` (mode and seed are in
-the manifest, the permutations themselves in ``row_perm.npy`` / ``col_perm.npy``).
+the manifest, the permutations themselves in ``row_perm.npy`` / ``col_perm.npy``; the
+``local`` mode keeps the balance of the file grid's splits, ``parts = (R, C)``).
 
 The node count is padded to ``N_pad``, the next multiple of ``lcm(R, C)`` for a file grid
 R x C, so file block (r, c) covers rows ``[r*N_pad/R, (r+1)*N_pad/R)`` and columns
@@ -72,9 +73,12 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
     n = adj.shape[0]
     if adj.shape != (n, n):
         raise UserError(f"adjacency must be square, got {adj.shape}")
+    if max(rb, cb) > n:
+        raise UserError(f"a {rb}x{cb} file grid cuts {n} nodes into blocks with no row or column ({rb * cb:,} files); "
+                        f"use at most {n} blocks per side")
     n_pad = padded_size(n, rb, cb)
     br, bc = n_pad // rb, n_pad // cb
-    row_perm, col_perm = permutations_for(mode, n, seed)
+    row_perm, col_perm = permutations_for(mode, n, seed, parts=(rb, cb))
     permuted = permute_matrix(gcn_normalize(adj), row_perm, col_perm)
     index_dtype = np.int32 if max(br, bc) < 2**31 else np.int64
     files = []

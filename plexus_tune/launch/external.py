@@ -6,7 +6,7 @@ settings), starts one agent command per node, each agent starts its ranks runnin
 file. The first agent that fails stops the others (after a short grace period, so that the
 report names the root cause rather than a peer's broken connection); a job that outlives
 its timeout is stopped the same way. Agents run in their own process groups, so stopping
-one stops its ranks. :func:`plexus_tune.cluster.launcher.run_torchrun` starts, waits for
+one stops its ranks. :func:`plexus_tune.launch.emulated.run_torchrun` starts, waits for
 and stops its agents with the same functions.
 """
 
@@ -54,7 +54,7 @@ def write_job(fn: Callable[..., Any], args: Sequence[Any], *, backend: str, time
 def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint: str, run_id: str,
                   job_dir: str | None = None, module_argv: Sequence[str] | None = None,
                   local_addr: str | None = None, rdzv: str = "c10d", join_timeout_s: float | None = None,
-                  monitor_interval_s: float = 0.5, python: str = sys.executable) -> list[str]:
+                  monitor_interval_s: float = 0.5, python: str = sys.executable, log_dir: str | None = None) -> list[str]:
     """One torchrun agent's command; each of its ranks runs ``python -m module_argv...``.
 
     ``module_argv`` defaults to the worker on ``job_dir``. ``rdzv="c10d"``: rendezvous at
@@ -77,6 +77,10 @@ def torchrun_argv(*, nnodes: int, nproc_per_node: int, node_rank: int, endpoint:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf={conf}"]
     if local_addr:
         argv.append(f"--local-addr={local_addr}")
+    if log_dir is None and job_dir is not None:
+        log_dir = str(Path(job_dir) / "torchrun-logs")
+    if log_dir is not None:  # torchrun's own files, else a torchelastic_* directory is left in /tmp
+        argv.append(f"--log-dir={Path(log_dir) / f'node{node_rank}'}")
     return argv + ["-m", *module_argv]
 
 

@@ -29,8 +29,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
+from plexus_tune.resources import check_local_ranks
 from plexus_tune.cluster.emulated import EmulatedCluster
-from plexus_tune.cluster.launcher import node_command
+from plexus_tune.launch.emulated import node_command
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
 from plexus_tune.launch import slurm
@@ -65,6 +66,8 @@ class Launcher:
     """Base: a launcher on one node that runs everything locally."""
 
     name = "local"
+    #: start more ranks on this host than its cores and memory hold (:mod:`plexus_tune.resources`)
+    oversubscribe = False
 
     def __init__(self, ranks_per_node: int | None = None):
         self.ranks_per_node = ranks_per_node
@@ -76,7 +79,9 @@ class Launcher:
         return None
 
     def check(self, world_size: int) -> None:
-        """Raise UserError when ``world_size`` ranks cannot run on this launcher."""
+        """Raise UserError when ``world_size`` ranks cannot run on this launcher (here: this host's
+        cores and memory, :func:`plexus_tune.resources.check_local_ranks`)."""
+        check_local_ranks(world_size, allow=self.oversubscribe)
 
     def ranks_per_node_for(self, world_size: int) -> int | None:
         """Ranks per node of a set of ``world_size`` ranks (None: all on this host)."""
@@ -176,6 +181,10 @@ class EmulatedLauncher(TorchrunLauncher):
         self.spec = spec
         self.emulated = EmulatedCluster(spec)
         self.started = False
+
+    def check(self, world_size: int) -> None:
+        super().check(world_size)
+        check_local_ranks(world_size, allow=self.oversubscribe, where="this host (every emulated node)")
 
     def __enter__(self):
         self.emulated.start()

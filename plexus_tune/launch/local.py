@@ -128,16 +128,60 @@ def _init_process_group(rank: int, world_size: int, backend: str, addr: str, por
     )
 
 
-def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, threads, env_extra):
+def end_with_launcher(pid: int, signum: int = signal.SIGTERM) -> None:
+    """End this process (exit ``128 + signum``) as soon as the process ``pid`` that launched it ends.
+
+    A local rank is a child of the fork server, and the fork server lives as long as any
+    rank holds its pipe: neither notices the launching command's end by itself. A daemon
+    thread waits on a pidfd of the launcher (polling its pid where pidfds are missing), so
+    the ranks end with the command however it ends, SIGKILL included.
+    """
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None and not _alive(pid):
+        os._exit(128 + int(signum))
+
+    def watch() -> None:
+        if fd is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not poller.poll(None):
+                pass
+        else:
+            while _alive(pid):
+                time.sleep(1.0)
+        os._exit(128 + int(signum))
+
+    threading.Thread(target=watch, name="plexus-tune-launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _child_main(conn, fn, rank, world_size, args, backend, port, timeout_s, threads, env_extra, launcher_pid=None):
     """Body of one local rank: init, run, send ("ok", value) or ("error", reason, traceback).
 
     The entry point of the rank's process: it sets the environment, the allocator and
-    the thread count (:func:`configure_compute_process`) for the whole process.
+    the thread count (:func:`configure_compute_process`) for the whole process, and ends
+    with the launching process ``launcher_pid`` (:func:`end_with_launcher`).
 
     ``env_extra`` is the launching process's environment (plus overrides): a fork
     server's children would otherwise see the environment of the moment the server
     started.
     """
+    if launcher_pid is not None:
+        end_with_launcher(launcher_pid)
     os.environ.clear()
     os.environ.update(env_extra)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -252,7 +296,7 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_child_main,
-            args=(child_conn, fn, rank, world_size, tuple(args), backend, port, timeout_s, threads, env_extra),
+            args=(child_conn, fn, rank, world_size, tuple(args), backend, port, timeout_s, threads, env_extra, os.getpid()),
             name=f"plexus-rank{rank}",
             daemon=False,
         )

@@ -30,20 +30,19 @@ from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure
 from plexus_tune.launch.launchers import Launcher
-from plexus_tune.measure.records import RunIdentity, run_identity
-from plexus_tune.measure.store import append_records, check_log, read_records
-from plexus_tune.model.costs import predict_grids, rank_order
-from plexus_tune.model.grid import enumerate_grids, parse_grid
+from plexus_tune.measure.placement import placement_fields
+from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
+from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
+from plexus_tune.model.costs import rank_order
+from plexus_tune.model.grid import parse_grid
 from plexus_tune.model.machine import load_machine
+from plexus_tune.model.planner import family_grids
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
-from plexus_tune.trainer import TrainConfig, run_training
-from plexus_tune.trainer.run import (
-    build_record,
-    config_fields,
-    graph_source,
-    placement_fields,
-    validate,
-)
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.trainer.algorithms import process_grid
+from plexus_tune.trainer.run import graph_source, validate
+from plexus_tune.measure.training import build_record, config_fields, run_training
 
 
 @dataclass(frozen=True)
@@ -107,10 +106,23 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
     return Workload.from_graph_stats(stats.name, stats.nodes, stats.nnz, stats.features, stats.classes, layers, hidden)
 
 
-def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[tuple[int, int, int]]:
-    """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine``) or a list ``2x2x2,1x4x2``."""
+def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
+                 replication: int | None = None) -> list[tuple[int, int, int]]:
+    """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
+    runs' :func:`~plexus_tune.measure.records.prediction_settings`) or a list ``2x2x2,1x4x2``.
+
+    The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
+    every configuration of the family on ``gpus`` ranks (:func:`plexus_tune.model.planner.family_grids`);
+    ``replication`` keeps cagnet-1.5d's grids of that c.
+    """
     spec = (spec or "all").strip()
-    grids = [tuple(int(v) for v in g) for g in enumerate_grids(gpus)]
+    algorithm = (settings or {}).get("algorithm") or "plexus-3d"
+    grids = [tuple(int(v) for v in g) for g in family_grids(algorithm, gpus)]
+    if replication is not None:
+        if algorithm != "cagnet-1.5d":
+            raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {algorithm}",
+                            parameter="replication")
+        grids = [process_grid(algorithm, gpus=gpus, replication=replication)]
     if spec == "all":
         return grids
     if spec.startswith("top:"):
@@ -123,13 +135,16 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None) -> list[t
         if machine is None or workload is None:
             raise UserError("grids top:K need a machine profile to rank the grids", parameter="machine")
 
-        pred = predict_grids(workload, machine, np.array(grids))
+        pred = predict_run_grids(workload, machine, np.array(grids), **dict(settings or {}))
         return [grids[i] for i in rank_order(pred)[:k]]
     out = []
     for text in spec.split(","):
         grid = tuple(int(v) for v in parse_grid(text.strip()))
         if int(np.prod(grid)) != gpus:
             raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not the GPU count {gpus}", parameter="grids")
+        if grid not in grids:
+            raise UserError(f"grid {text.strip()} is not a configuration of {algorithm} on {gpus} GPUs; "
+                            f"choose from {', '.join('x'.join(map(str, g)) for g in grids)}", parameter="grids")
         out.append(grid)
     return out
 
@@ -152,6 +167,11 @@ def config_identity(config) -> RunIdentity:
     return run_identity(config_fields(config))
 
 
+def config_settings(config) -> dict:
+    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.records.prediction_settings`)."""
+    return prediction_settings({"identity": config_identity(config)})
+
+
 def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
     """(identity, trial) -> status of the runs in a log (the last record of each wins)."""
     done: dict[tuple[RunIdentity, int], str] = {}
@@ -160,14 +180,6 @@ def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
         for r in records:
             done[(run_identity(r), int(r.get("trial") or 0))] = r.get("status", "ok")
     return done
-
-
-def predicted_fields(workload, machine, grid) -> dict:
-    pred = predict_grids(workload, machine, np.array([grid]))
-    out = {k: float(pred[k][0]) for k in ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "other_ms", "overhead_ms", "total_ms")}
-    out["feasible"] = bool(pred["feasible"][0])
-    out["machine"] = machine.name
-    return out
 
 
 def launcher_options(train_options: dict | None, launcher) -> dict:
@@ -248,7 +260,7 @@ def run_campaign(
         else:
             check_graph(graph)
     if log is not None:
-        check_log(log)
+        check_log(log, kinds=RUN_LOG, inputs=[graph])
     workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
     pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
                            hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,
@@ -260,7 +272,7 @@ def run_campaign(
         record["trial"] = trial
         record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
         if workload is not None:
-            record["predicted"] = predicted_fields(workload, machine, grid)
+            record["predicted"] = predict_record(record, machine, workload=workload)
         append_records(log, [record])
         new.append(record)
         if on_result is not None:

@@ -28,15 +28,18 @@ import math
 import re
 from collections import namedtuple
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.workload import model_widths
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.prediction import DEFAULT_ALGORITHM, predict_run, predict_run_grids, prediction_of
+from plexus_tune.model.workload import Workload, model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
-SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1}
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1, "bandwidth": 1}
 FAILURE_STATUSES = ("failed", "oom", "timeout", "cancelled")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
@@ -51,6 +54,7 @@ SPMM_SCHEMA = schema_name("spmm")
 GEMM_SCHEMA = schema_name("gemm")
 COLLECTIVE_SCHEMA = schema_name("collective")
 QUANT_SCHEMA = schema_name("quant")
+BANDWIDTH_SCHEMA = schema_name("bandwidth")
 
 #: (type, version) -> {old field: new field}: the renames from that version to the next.
 RENAMES: dict[tuple[str, int], dict[str, str]] = {
@@ -63,6 +67,8 @@ RENAMES: dict[tuple[str, int], dict[str, str]] = {
 #: Where and how a measurement ran (run and collective records); the defaults are
 #: what every record written before these fields existed means.
 CONTEXT_DEFAULTS = {"launcher": "local", "cluster": None, "rank_nodes": None, "hosts": None, "comm_precision": "fp32"}
+#: What a run record written before the algorithm families existed ran.
+RUN_DEFAULTS = {"algorithm": "plexus-3d"}
 #: Bytes of one element of each trainer dtype.
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
@@ -134,6 +140,9 @@ def upgrade(record: Mapping, kind: str | None = None) -> dict:
             out = _run_machine_v1(out)
     if kind in ("run", "collective"):
         for key, default in CONTEXT_DEFAULTS.items():
+            out.setdefault(key, default)
+    if kind == "run":
+        for key, default in RUN_DEFAULTS.items():
             out.setdefault(key, default)
     out["schema"] = schema_name(kind)
     return out
@@ -214,6 +223,8 @@ class RunOptions:
     seed: int = _f(0, doc="seed of weights, permutation and synthetic graphs")
     threads_per_rank: int | None = _f(None, "threads", "torch threads per rank (None: the launcher's default)")
     layer_norm: bool = _f(False, doc="LayerNorm (no scale and shift) before each layer")
+    replication: int | None = _f(None, "ranks", "cagnet-1.5d: replication factor c of the block rows (None: other families)")
+    aggregation: str | None = _f(None, doc="supergcn: pre, post or hybrid aggregation of the cut edges (None: other families)")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -240,6 +251,7 @@ class RunRecord(_Record):
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
+    algorithm: str = _f("plexus-3d", doc="algorithm family: plexus-3d, cagnet-1d, cagnet-1.5d, cagnet-2d or supergcn; the grid is its process grid (docs/algorithms.md)")
     slurm: dict | None = _f(None, doc="Slurm runs: job_id and step_id; for a failed step also its state, exit_code and reason")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")
@@ -278,6 +290,8 @@ class RunRecord(_Record):
     all_reduce_ms: float | None = _f(None, "ms", "all-reduce time")
     all_gather_ms: float | None = _f(None, "ms", "all-gather time")
     reduce_scatter_ms: float | None = _f(None, "ms", "reduce-scatter time")
+    broadcast_ms: float | None = _f(None, "ms", "broadcast time (CAGNET families)")
+    point_to_point_ms: float | None = _f(None, "ms", "point-to-point exchange time (supergcn)")
     quant_ms: float | None = _f(None, "ms", "local work of reduced-precision collectives: casts, quantize, dequantize, sums of received chunks (docs/comm-precision.md)")
     other_ms: float | None = _f(None, "ms", "epoch - spmm - gemm - comm - quant, at least 0")
     fwd_ms: float | None = _f(None, "ms", "forward pass")
@@ -436,7 +450,29 @@ class QuantRecord(_Record):
     machine_info: dict | None = _f(None, doc="environment of the host")
 
 
-SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord)}
+@dataclass(kw_only=True)
+class BandwidthRecord(_Record):
+    """One timed memory-bound step of the epoch's ``other`` part (docs/model.md, Other)."""
+
+    KIND: ClassVar[str] = "bandwidth"
+    op: str | None = _f(None, doc="copy, bias, relu, relu_backward (elementwise), optimizer, or sync")
+    optimizer: str | None = _f(None, doc="op optimizer: the optimizer stepped (adamw-fused, adamw-foreach, adamw-for-loop)")
+    elements: int | None = _f(None, "elements", "elements of each array the op touches (optimizer: trainable elements)")
+    accesses: int | None = _f(None, "arrays", "array reads plus writes per element")
+    bytes: int | None = _f(None, "bytes", "element size x accesses x elements: the bytes the op must move")
+    time_ms: float | None = _f(None, "ms", "min over samples")
+    time_min_ms: float | None = _f(None, "ms", "min over samples")
+    time_median_ms: float | None = _f(None, "ms", "median over samples")
+    gbps: float | None = _f(None, "GB/s", "bytes / time_ms (sync: 0)")
+    repeats: int | None = _f(None, doc="timed samples")
+    statistic: str | None = _f(None, doc="how time_ms was reduced from samples, and the timer")
+    device: str | None = _f(None, doc="cpu, or the CUDA device name")
+    threads: int | None = _f(None, "threads", "torch CPU threads")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host and device")
+
+
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord, BandwidthRecord)}
 
 
 def flatten_record(record: Mapping, *, sep: str = ".") -> dict:
@@ -503,6 +539,9 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
     IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
+    IdentityField("algorithm", ("algorithm",), "plexus-3d", str),
+    IdentityField("replication", ("options", "replication"), 0, int),
+    IdentityField("aggregation", ("options", "aggregation"), "", str),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
@@ -556,6 +595,63 @@ def run_identity(record: Mapping) -> RunIdentity:
     return ident
 
 
+def prediction_settings(record: Mapping) -> dict:
+    """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
+    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options`` where the
+    family has its own: supergcn's ``aggregation``).
+
+    ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
+    """
+    ident = record.get("identity")
+    if not isinstance(ident, RunIdentity):
+        ident = run_identity(record)
+    settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
+                "comm_precision": ident.comm_precision,
+                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
+    if getattr(ident, "aggregation", ""):  # the family's own setting (supergcn)
+        settings["options"] = {"aggregation": ident.aggregation}
+    return settings
+
+
+def run_workload(record: Mapping) -> Workload:
+    """The workload a run trained: N, NNZ, widths and element size as logged (run record or runs-table row)."""
+    rec = record if isinstance(record.get("identity"), RunIdentity) else upgrade(record, kind="run")
+    widths = _widths(rec)
+    missing = [k for k in ("graph_nodes", "nnz") if rec.get(k) is None] + (["widths"] if widths is None else [])
+    if missing:
+        raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure, run or train)?")
+    elem = rec.get("bytes_per_element")
+    if elem is None:
+        dtype = rec.get("dtype") or (rec.get("options") or {}).get("dtype") or "float32"
+        elem = DTYPE_BYTES.get(dtype, 4)
+    return Workload(name=str(rec.get("graph_name") or rec.get("graph") or "graph"), nodes=int(rec["graph_nodes"]),
+                    nnz=int(rec["nnz"]), widths=tuple(widths), bytes_per_element=int(elem))
+
+
+def prediction_inputs(record: Mapping, *, workload: Workload | None = None) -> tuple[Workload, tuple, dict]:
+    """(workload, grid, settings) that predict a run (record, runs-table row or the fields of a run not yet made).
+
+    The workload is ``workload`` (else :func:`run_workload`) with the element size of the
+    identity's dtype; the grid and :func:`prediction_settings` come from the identity.
+    """
+    ident = record.get("identity")
+    if not isinstance(ident, RunIdentity):
+        ident = run_identity(record)
+    workload = workload if workload is not None else run_workload(record)
+    workload = replace(workload, bytes_per_element=DTYPE_BYTES.get(ident.dtype, 4))
+    return workload, (ident.gx, ident.gy, ident.gz), prediction_settings({"identity": ident, "algorithm": record.get("algorithm")})
+
+
+def predict_record(record: Mapping, machine, *, workload: Workload | None = None) -> dict:
+    """The prediction of a run at every setting of its identity (:func:`prediction_inputs`).
+
+    :func:`plexus_tune.model.prediction.predict_run`, so a logged prediction is what
+    ``plexus-tune predict`` gives for the same settings.
+    """
+    workload, grid, settings = prediction_inputs(record, workload=workload)
+    return predict_run(workload, machine, grid, **settings)
+
+
 def run_setting(identity: RunIdentity) -> tuple:
     """The identity without the grid (:data:`SETTING_NAMES`)."""
     return tuple(getattr(identity, n) for n in SETTING_NAMES)
@@ -574,15 +670,12 @@ def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
 # --------------------------------------------------------------------------- runs table
 
 #: Observed timing keys of a run record, each reduced to ``obs_<key>``.
-OBSERVED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                 "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms",
-                 "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
+OBSERVED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
 #: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
 #: a phase a newer trainer adds appears as its own column.
 PARTITION_COLUMNS_PREFIX = "obs_part_"
 #: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
-PREDICTED_KEYS = ("epoch_ms", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "other_ms", "overhead_ms")
+PREDICTED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "overhead_ms")
 #: Graph statistics of the runs (as logged), not part of the identity.
 GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "widths")
 #: Run record fields the runs table needs from a successful run.
@@ -730,6 +823,36 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
         table["failed"] = table["failed"].astype(int)
     table.attrs["failed_trials"] = sum(len(f) for f in failures.values())
     return table
+
+
+def predict_runs(table, machine):
+    """The runs table (successful runs) with ``machine``'s predictions instead of the logged ones.
+
+    Every row is predicted at every setting of its identity (:func:`prediction_inputs`;
+    rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
+    ``pred_feasible``, ``pred_machine``. The values equal :func:`predict_record` of each row.
+    """
+    if table is None or len(table) == 0 or "trials" not in table or not (table["trials"] > 0).any():
+        raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
+    machine = load_machine(machine)
+    df = table[table["trials"] > 0].copy()
+    groups: dict = {}
+    for index, row in df.iterrows():
+        workload, grid, settings = prediction_inputs(row)
+        groups.setdefault((workload, tuple(sorted(settings.items()))), []).append((index, grid))
+    values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
+    for (workload, settings), members in groups.items():
+        pred = predict_run_grids(workload, machine, [grid for _, grid in members], **dict(settings))
+        for j, (index, _) in enumerate(members):
+            one = prediction_of(pred, j, machine=machine.name, algorithm=dict(settings)["algorithm"])
+            for key in PREDICTED_KEYS:
+                values[key][index] = one["total_ms" if key == "epoch_ms" else key]
+            values["feasible"][index] = one["feasible"]
+    for key in PREDICTED_KEYS:
+        df[f"pred_{key}"] = df.index.map(values[key]).astype(float)
+    df["pred_feasible"] = df.index.map(values["feasible"]).astype(bool)
+    df["pred_machine"] = machine.name
+    return df
 
 
 def _failure_text(record: Mapping) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plexus_tune.errors import SkippedLinesWarning, UserError
-from plexus_tune.paths import check_output_file
+from plexus_tune.paths import check_input_file, check_output_file
 from plexus_tune.measure.records import (  # noqa: F401  (the schema names are part of this module's API)
     COLLECTIVE_SCHEMA,
     FAILURE_STATUSES,
@@ -177,24 +177,39 @@ def _first_line(path: Path, limit: int = 1 << 22) -> tuple[int, bytes]:
                 return number, raw.rstrip(b"\n")
 
 
-def check_log(path) -> Path:
+#: what each kind of log holds (``check_log``'s ``kinds``)
+RUN_LOG = ("run",)
+SPMM_LOG = ("spmm", "gemm")
+COLLECTIVE_LOG = ("collective",)
+QUANT_LOG = ("quant",)
+BANDWIDTH_LOG = ("bandwidth",)
+
+
+def check_log(path, *, kinds=None, inputs=()) -> Path:
     """Check, before any work, that records can be appended to the log at ``path``.
 
-    The path must not be a directory, must be writable (or creatable), and a file that
-    exists must be a measurement log: its first line a record. Returns the path.
+    The path must not be a directory or one of ``inputs``, must be a writable regular
+    file (or creatable, :func:`plexus_tune.paths.check_output_file`), and a file that
+    exists must be a measurement log: its first line a record, of one of ``kinds``
+    (record types such as ``RUN_LOG``) when given. A log gets only records of its own
+    kinds. Returns the path.
     """
-    path = check_output_file(path)
+    path = check_output_file(path, inputs=inputs)
     if path.exists():
         try:
             number, first = _first_line(path)
         except OSError as exc:
             raise UserError(f"cannot read measurement log {path}: {exc.strerror}") from None
         if first:
-            _, problems = parse_lines(first + b"\n")
+            records, problems = parse_lines(first + b"\n")
             if problems:
                 bad = BadLine(number, problems[0].reason, problems[0].excerpt)
                 raise UserError(f"{path} is not a plexus-tune measurement log ({bad}); "
                                 "give a new file or a log that plexus-tune wrote")
+            held = record_type(records[0])
+            if kinds is not None and held not in kinds:
+                raise UserError(f"{path} is a log of {held} records; this command appends {'/'.join(kinds)} records: "
+                                f"give a new file or a log of {'/'.join(kinds)} records")
     return path
 
 
@@ -242,6 +257,8 @@ def read_records(path, *, schema: str | None = None) -> tuple[list[dict], list[B
     only records of that type are returned.
     """
     path = Path(path)
+    if path.exists():
+        check_input_file(path, "measurement log")
     try:
         data = path.read_bytes()
     except FileNotFoundError as exc:

@@ -76,11 +76,13 @@ instead of padding, reproducing the paper's communication model.
 Dense GEMM (``gemm_ms``): forward Q = H W_i, backward dW = H^T dQ and dH = dQ W^T,
 each 2 r_d c_i c_o flops, at the machine's ``gemm_tflops``: 6 r_d c_i c_o / rate.
 
-Elementwise (``other_ms``): bytes moved at the machine's ``elementwise_gbps``
-(0 when the profile lacks it): the activation (or loss) of each layer reads and
-writes its output forward and reads two and writes one array backward,
-5 u r_d c_o; Adam touches 7 arrays (param, grad, two moments read, three written)
-per local parameter element, 7 u (w c_o + [layer 0] f c_0).
+Other (``other_ms``, :mod:`plexus_tune.model.other`; docs/model.md, "Other"): the
+elementwise passes of every layer (bias, activation forward and backward, loss) and
+the gradient bookkeeping at the machine's ``elementwise_gbps``, the optimizer step over
+every trainable tensor (input features included) at ``optimizer_gbps``, and the
+trainer's synchronisations at ``sync_us`` each; 0 when the profile lacks
+``elementwise_gbps``. ``other_elementwise_ms``, ``other_optimizer_ms`` and
+``other_sync_ms`` add up to ``other_ms``.
 
 ``overhead_ms``: the profile's fixed ``epoch_overhead_ms`` (0 unless fitted from
 trainer runs by ``plexus-tune fit``), the same for every grid.
@@ -106,32 +108,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     CommPrecision,
     parse_comm_precision,
     quant_time_ms,
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
+from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 
 #: Keys of every prediction, in report order.
-PREDICTION_KEYS = (
-    "gx", "gy", "gz", "spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-    "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "overhead_ms", "total_ms",
-    "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
-)
-
-#: The parts of ``total_ms``: they add up to it for every grid.
-TOTAL_PARTS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")
+PREDICTION_KEYS = ("gx", "gy", "gz", *BREAKDOWN_KEYS, "overhead_ms", "total_ms", *OTHER_PARTS,
+                   "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible")
 
 #: Time components that the oversubscription factor stretches.
-_STRETCHED_KEYS = ("spmm_ms", "spmm_floor_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                   "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms")
+_STRETCHED_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
 
 
 def _as_grids(grids) -> np.ndarray:
@@ -174,12 +171,15 @@ def _check_block_rows(block_rows):
 
 
 def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
-                  comm_precision=None) -> dict[str, np.ndarray]:
+                  comm_precision=None, optimizer=None) -> dict[str, np.ndarray]:
     """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
 
-    ``comm_precision`` (text or :class:`plexus_tune.comm_precision_model.CommPrecision`,
+    ``optimizer`` (a name of :data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default
+    the machine's, :attr:`Machine.optimizer`) sets the optimizer part of ``other_ms``.
+
+    ``comm_precision`` (text or :class:`plexus_tune.model.comm_precision.CommPrecision`,
     default fp32) sends each collective class at its precision: the ring carries
-    :func:`~plexus_tune.comm_precision_model.wire_message_bytes` instead of M, and
+    :func:`~plexus_tune.model.comm_precision.wire_message_bytes` instead of M, and
     ``quant_ms`` adds the codec time at the profile's ``quant`` rates
     (docs/comm-precision.md, "In the cost model").
 
@@ -199,10 +199,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
                           block_rows=block_rows)
     zeros = lambda: np.zeros(k, dtype=np.float64)  # noqa: E731
     comm_axis = [zeros(), zeros(), zeros()]
-    comm_kind = {"all_reduce": zeros(), "all_gather": zeros(), "reduce_scatter": zeros()}
+    comm_kind = {key[:-3]: zeros() for key in COMM_OP_KEYS}  # no broadcast or point-to-point on the 3D grid
     strides = [axis_stride(a, grids) for a in range(3)]
     gemm_flops = zeros()
-    elementwise_bytes = zeros()
     spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
     spmm_bytes = zeros()
@@ -240,9 +239,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes, f_rows, "gather")
 
         gemm_flops += 6.0 * r_d * c_i * c_o
-        elementwise_bytes += 5.0 * u * r_d * c_o + 7.0 * u * s.w_rows * c_o
-        if i == 0:
-            elementwise_bytes += 7.0 * u * s.feature_rows * c_i
 
         z = np.asarray(s.z, dtype=np.float64)
         ib = csr_index_bytes(z, r_d, r_o)
@@ -261,7 +257,8 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     floored = floor > spmm
     spmm = np.maximum(np.maximum(spmm, 0.0), floor)
     gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
-    other = elementwise_bytes / (machine.elementwise_gbps * 1e9) * 1e3 if machine.elementwise_gbps else zeros()
+    other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
     comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
     mem = memory_breakdown(workload, grids, block_rows=block_rows)["total"]
     out = {
@@ -273,7 +270,8 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     for op, t in comm_kind.items():
         out[f"{op}_ms"] = t
     out["quant_ms"] = quant
-    out["other_ms"] = other
+    for key in ("other_ms", *OTHER_PARTS):
+        out[key] = zeros() + other[key]
     stretch = oversubscription(machine, np.prod(grids, axis=1))
     for key in _STRETCHED_KEYS:
         out[key] = out[key] * stretch

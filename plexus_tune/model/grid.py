@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
 
 AXIS_NAMES = ("x", "y", "z")
 
@@ -33,10 +33,10 @@ def check_gpus(gpus) -> int:
     elif isinstance(gpus, float) and gpus.is_integer():
         value = int(gpus)
     elif isinstance(gpus, str):
-        text = gpus.strip()
-        if not re.fullmatch(r"[+-]?\d+", text):
-            raise UserError(f"the number of GPUs must be a positive integer, got {gpus!r}")
-        value = int(text)
+        try:
+            value = parse_count(gpus, "the number of GPUs")  # 1e3 and 16k as in every command
+        except UserError:
+            raise UserError(f"the number of GPUs must be a positive integer, got {gpus!r}") from None
     else:
         raise UserError(f"the number of GPUs must be a positive integer, got {gpus!r}")
     if value < 1:

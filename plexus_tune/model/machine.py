@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
 GIB = 2**30
@@ -44,6 +46,11 @@ FIELDS = {
     "gemm_tflops": "required; dense fp32 GEMM rate per device in TFLOP/s (1e12 flop/s), > 0",
     "elementwise_gbps": "optional; memory bandwidth for elementwise work (activations, loss, optimizer) in GB/s; "
     "absent: that time is not modelled (0)",
+    "optimizer_gbps": "optional; bandwidth of the optimizer step in GB/s (its array accesses over its time, "
+    "docs/model.md, Other), > 0; absent: elementwise_gbps",
+    "sync_us": "optional; time of one device synchronisation of the trainer's epoch in microseconds, >= 0, default 0",
+    "optimizer": "optional; the optimizer the trainer runs on this machine (adamw-fused, adamw-foreach, "
+    "adamw-for-loop); absent: the trainer's choice, adamw-fused",
     "memory_bandwidth_gbps": "optional; device memory bandwidth in GB/s, > 0: the SpMM time of an epoch is floored "
     "at the bytes its SpMMs must move at this rate (docs/model.md, SpMM floor); absent: no floor",
     "epoch_overhead_ms": "optional; fixed time per epoch not explained by the modelled parts (launch, "
@@ -90,6 +97,9 @@ class Machine:
     gemm_tflops: float
     raw: dict = field(repr=False)
     elementwise_gbps: float | None = None
+    optimizer_gbps: float | None = None
+    sync_us: float = 0.0
+    optimizer: str = "adamw-fused"
     memory_bandwidth_gbps: float | None = None
     memory_reserved_bytes: int = 0
     description: str = ""
@@ -158,6 +168,13 @@ def _build_machine(data, source: str) -> Machine:
     if data.get("elementwise_gbps") is not None:
         elementwise = float(profile_number(data, "elementwise_gbps", "", source, positive=True))
 
+    optimizer_gbps = None
+    if data.get("optimizer_gbps") is not None:
+        optimizer_gbps = float(profile_number(data, "optimizer_gbps", "", source, positive=True))
+    sync_us = 0.0
+    if data.get("sync_us") is not None:
+        sync_us = float(profile_number(data, "sync_us", "", source, nonneg=True))
+
     bandwidth = None
     if data.get("memory_bandwidth_gbps") is not None:
         bandwidth = float(profile_number(data, "memory_bandwidth_gbps", "", source, positive=True))
@@ -187,6 +204,12 @@ def _build_machine(data, source: str) -> Machine:
     threads = profile_number(data, "threads_per_rank", "", source, positive=True) if data.get("threads_per_rank") is not None else 1
     if int(threads) != threads:
         raise UserError(f"machine profile {source}: 'threads_per_rank' must be an integer, got {threads!r}")
+    optimizer = data.get("optimizer")
+    if optimizer is None:
+        optimizer = trainer_optimizer("cpu" if host_cores is not None else "cuda")
+    elif not isinstance(optimizer, str) or optimizer not in OPTIMIZER_ACCESSES:
+        raise UserError(f"machine profile {source}: 'optimizer' must be one of {', '.join(OPTIMIZER_ACCESSES)}, "
+                        f"got {optimizer!r}")
     padded = data.get("padded_sizes", True)
     if not isinstance(padded, bool):
         raise UserError(f"machine profile {source}: 'padded_sizes' must be true or false, got {padded!r}")
@@ -204,6 +227,9 @@ def _build_machine(data, source: str) -> Machine:
         gemm_tflops=float(gemm),
         raw=dict(data),
         elementwise_gbps=elementwise,
+        optimizer_gbps=optimizer_gbps,
+        sync_us=sync_us,
+        optimizer=optimizer,
         memory_bandwidth_gbps=bandwidth,
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
@@ -211,9 +237,15 @@ def _build_machine(data, source: str) -> Machine:
     )
 
 
+#: the largest profile file read (a profile with a bandwidth table is well under 1 MiB)
+PROFILE_MAX_BYTES = 64 << 20
+
+
 def read_machine_file(path) -> Machine:
     """Load and validate one profile file."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        check_input_file(path, "machine profile", max_bytes=PROFILE_MAX_BYTES)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -61,6 +61,9 @@ class Workload:
     def __post_init__(self):
         object.__setattr__(self, "nodes", _positive_int(self.nodes, "the number of nodes"))
         object.__setattr__(self, "nnz", _positive_int(self.nnz, "the number of nonzeros"))
+        if self.nnz < self.nodes:
+            raise UserError(f"{self.nnz:,} nonzeros for {self.nodes:,} nodes: the adjacency with self-loops has at least "
+                            f"one nonzero per node", parameter=("nodes", "nnz"))
         widths = tuple(self.widths)
         if len(widths) < 2:
             raise UserError(f"a workload needs at least two widths (input and output), got {widths!r}")

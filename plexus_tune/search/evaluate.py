@@ -161,9 +161,20 @@ def block_choices(space: SearchSpace) -> int:
     return 1 + max(0, math.floor(math.log2(hi)) - math.ceil(math.log2(lo)) + 1)
 
 
+#: GPU counts summed exactly by :func:`count_configurations`; beyond, the count is estimated
+COUNTED_GPU_COUNTS = 100_000
+
+
 def count_configurations(space: SearchSpace) -> int:
-    """Configurations of ``space``: the grids of every G times the block choices."""
-    return sum(grid_count(g) for g in space.gpus) * block_choices(space)
+    """Configurations of ``space``: the grids of every G times the block choices. For more than
+    :data:`COUNTED_GPU_COUNTS` counts an estimate: the count times the mean number of ordered
+    3-factorizations of an integer up to G_max, ln^2(G)/2 + (3 gamma - 1) ln G + 1."""
+    n = len(space.gpus)
+    if n <= COUNTED_GPU_COUNTS:
+        return sum(grid_count(g) for g in space.gpus) * block_choices(space)
+    log_g = math.log(float(space.gpus[-1]))
+    mean = log_g**2 / 2 + (3 * 0.5772156649 - 1) * log_g + 1
+    return int(mean * n) * block_choices(space)
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ class SearchPlan:
             return (f"exhaustive: every one of {self.configurations:,} configurations predicted "
                     f"(estimated {self.estimated_s:.2f} s, within the {self.budget_s:g} s budget); the optimum is exact")
         why = ("exact enumeration disabled" if self.budget_s <= 0 else
+               "far too many GPU counts to enumerate" if not math.isfinite(self.estimated_s) else
                f"enumerating would take about {self.estimated_s:.1f} s, over the {self.budget_s:g} s budget")
         return f"TPE: {self.configurations:,} configurations, {why}"
 
@@ -202,6 +214,8 @@ def plan_search(space: SearchSpace, evaluator: ModelEvaluator, budget_s: float =
     total = count_configurations(space)
     if budget_s <= 0:
         return SearchPlan("tpe", total, math.nan, float(budget_s), 0)
+    if len(space.gpus) > COUNTED_GPU_COUNTS:  # far beyond any budget: no probe over a huge range
+        return SearchPlan("tpe", total, math.inf, float(budget_s), 0)
     counts = {g: grid_count(g) * block_choices(space) for g in space.gpus}
     chosen: list[int] = []
     held = 0

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
 from plexus_tune.model.grid import enumerate_grids
 
 
@@ -43,7 +43,7 @@ def objective_unit(objective: str) -> str:
     return "ms" if objective == "epoch" else f"GPU-h/{GPU_HOURS_EPOCHS} epochs"
 
 
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:\.\.|-|:)\s*(\d+)\s*(?::\s*(pow2|2\^k))?\s*$")
+_RANGE_RE = re.compile(r"^\s*(\d[\d_]*(?:[eE]\+?\d+)?[kKmMgGtT]?)\s*(?:\.\.|-|:)\s*(\d[\d_]*(?:[eE]\+?\d+)?[kKmMgGtT]?)\s*(?::\s*(pow2|2\^k))?\s*$")
 
 
 def parse_gpus(text: str | int | Sequence[int]) -> tuple[int, ...]:
@@ -57,16 +57,22 @@ def parse_gpus(text: str | int | Sequence[int]) -> tuple[int, ...]:
         s = text.strip()
         m = _RANGE_RE.match(s)
         if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
+            lo, hi = parse_count(m.group(1), "GPU count"), parse_count(m.group(2), "GPU count")
             if hi < lo:
                 raise UserError(f"empty GPU range {text!r}: the upper end is below the lower end; write e.g. 8..4096")
-            values = list(range(lo, hi + 1))
+            if lo < 1:
+                raise UserError(f"GPU counts must be positive, got {lo} in {text!r}")
             if m.group(3):
-                values = [g for g in values if g & (g - 1) == 0]
+                values = [1 << k for k in range(max(0, (lo - 1).bit_length()), hi.bit_length()) if lo <= 1 << k <= hi]
+            else:
+                return range(lo, hi + 1)  # a range stays a range: 1..10^12 is not materialised
         else:
+            parts = [part.strip() for part in s.split(",")]
+            if any(not part for part in parts):
+                raise UserError(f"empty item in the GPU counts {text!r}; write a count (8), a range (8..4096) or a list (8,16,64)")
             try:
-                values = [int(part) for part in s.split(",") if part.strip()]
-            except ValueError:
+                values = [parse_count(part, "GPU count") for part in parts]
+            except UserError:
                 raise UserError(
                     f"cannot read GPU counts {text!r}; write a count (8), a range (8..4096, 8..4096:pow2) or a list (8,16,64)"
                 ) from None
@@ -124,7 +130,12 @@ def encode_grid(grid: Sequence[int]) -> tuple[float, float]:
 
 
 def snap_gpus(allowed: Sequence[int], log2_value: float) -> int:
-    """The allowed GPU count nearest ``2**log2_value`` in log scale."""
+    """The allowed GPU count nearest ``2**log2_value`` in log scale (a ``range`` is not materialised)."""
+    if isinstance(allowed, range) and allowed.step == 1:
+        target = 2.0 ** float(log2_value)
+        low = min(max(int(math.floor(target)), allowed.start), allowed[-1])
+        high = min(low + 1, allowed[-1])
+        return low if abs(math.log2(low) - log2_value) <= abs(math.log2(high) - log2_value) else high
     arr = np.asarray(allowed, dtype=np.float64)
     return int(arr[int(np.argmin(np.abs(np.log2(arr) - float(log2_value))))])
 
@@ -133,6 +144,9 @@ def snap_gpus(allowed: Sequence[int], log2_value: float) -> int:
 # Configurations and the search space
 
 SIZE_PARAMS = ("log2_gx", "log2_gy", "log2_gz")
+#: at most this many GPU counts get the "sizes" encoding (a table of all their grids); a larger
+#: range (1..10^12 is a range, never a list) is searched with the "uv" encoding
+TABLE_GPU_COUNTS = 4096
 _GRID_TABLES: dict = {}
 
 
@@ -186,6 +200,9 @@ class SearchSpace:
             raise UserError("the search space has no GPU count")
         if self.encoding not in ENCODINGS:
             raise UserError(f"unknown encoding {self.encoding!r}; choose one of {', '.join(ENCODINGS)}")
+        if self.encoding == "sizes" and len(self.gpus) > TABLE_GPU_COUNTS:
+            # the sizes encoding needs a table of every grid of every G: sample G instead
+            object.__setattr__(self, "encoding", "uv")
         if self.block_rows_range is not None:
             lo, hi = self.block_rows_range
             if lo < 1 or hi < lo:

@@ -10,7 +10,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.paths import default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
-from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value
+from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value, snap_gpus
 
 
 # --------------------------------------------------------------------------------------
@@ -25,8 +25,12 @@ def default_storage_url(directory: str | None = None) -> str:
     return "sqlite:///" + os.path.abspath(path)
 
 
-def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180):
+def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60, grace_period: int | None = 180,
+                 create: bool = True):
     """An Optuna RDB storage for ``url`` (default: :func:`default_storage_url`).
+
+    ``create=False`` (a reader such as ``plot history``): a SQLite file that does not exist
+    is a UserError, not a new empty database.
 
     A heartbeat marks trials of killed processes as failed after ``grace_period`` s,
     so a resumed study does not wait on them. Any failure to reach the database is a
@@ -34,10 +38,14 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
     """
     import optuna
 
+    if not url and not create:  # a reader: no data directory made
+        url = "sqlite:///" + os.path.abspath(default_studies_path())
     url = url or default_storage_url()
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         directory = os.path.dirname(path) or "."
+        if not create and path and not path.startswith(":memory:") and not os.path.exists(path):
+            raise UserError(f"study storage {path} does not exist: no search saved a study there; give the storage a search used")
         if path and not path.startswith(":memory:") and not os.path.isdir(directory):
             raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
         if os.path.isdir(path):
@@ -285,11 +293,11 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     if n <= 0:
         return []
 
-    gpus = np.asarray(space.gpus, dtype=np.float64)
-    targets = np.geomspace(gpus[0], gpus[-1], n) if n > 1 else np.array([math.sqrt(gpus[0] * gpus[-1])])
+    first, last = float(space.gpus[0]), float(space.gpus[-1])
+    targets = np.geomspace(first, last, n) if n > 1 else np.array([math.sqrt(first * last)])
     out: list[Config] = []
     for t in targets:
-        g = int(gpus[int(np.argmin(np.abs(np.log(gpus) - math.log(t))))])
+        g = snap_gpus(space.gpus, math.log2(t))  # a range of counts is not materialised
         logs = np.log2(np.asarray(enumerate_grids(g), dtype=np.float64))
         spread = ((logs - logs.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
         gx, gy, gz = (int(2 ** a + 0.5) for a in logs[int(np.argmin(spread))])

@@ -1,7 +1,7 @@
 """Process groups of a grid, timed collectives and the per-rank phase timer.
 
 The collectives of the 3D layer name their class (``aggregation``, ``combination``,
-``gather``; :data:`plexus_tune.comm_precision_model.COMM_CLASSES`) and are sent at
+``gather``; :data:`plexus_tune.model.comm_precision.COMM_CLASSES`) and are sent at
 that class's precision (docs/comm-precision.md); a collective without a class (the
 loss's row maximum and sums, accuracy counts) is always a plain FP32 collective.
 """
@@ -12,63 +12,139 @@ import itertools
 import time
 from collections import defaultdict
 
-from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, PART_SPLITS
 from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 
-#: Shared breakdown keys (ms per epoch) that every rank accumulates. ``quant_ms`` is
-#: the local work of reduced-precision collectives (casts, quantize, dequantize, FP32
-#: sums of received chunks), kept out of ``comm_ms``.
-BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms",
-                  "all_reduce_ms", "all_gather_ms", "reduce_scatter_ms", "quant_ms", "other_ms", "epoch_ms")
+#: What every rank's timer accumulates (ms per epoch): the shared breakdown keys
+#: (:data:`plexus_tune.model.breakdown.BREAKDOWN_KEYS`; ``quant_ms`` is the local work of
+#: reduced-precision collectives, kept out of ``comm_ms``) and the epoch.
+TIMER_KEYS = (*BREAKDOWN_KEYS, "epoch_ms")
 #: Extra per-epoch phases recorded beside the shared keys.
 PHASE_KEYS = ("fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms")
 #: Exclusive phases that make up a rank's epoch: ``other_ms`` is the epoch less the others
-#: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins here.
-PARTITION_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms")
+#: (docs/records.md, Observed breakdown). A new timed phase that excludes the others joins
+#: :data:`plexus_tune.model.breakdown.EPOCH_PARTS`.
+PARTITION_KEYS = EPOCH_PARTS
 #: Partition phases in which a rank can block on other ranks (collectives).
 WAITING_KEYS = ("comm_ms",)
 #: Splits of a partition phase: keys that add up to it on every rank.
-PARTITION_SPLITS = {"comm_ms": (("comm_x_ms", "comm_y_ms", "comm_z_ms"),
-                                ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"))}
+PARTITION_SPLITS = PART_SPLITS
 
 
 class PhaseTimer:
-    """Accumulates wall time (ms) per phase; on CUDA it synchronizes around every phase.
+    """Per-phase time (ms) of each epoch, without stalling a GPU.
 
-    ``comm(op, axis)`` adds one collective to ``comm_ms``, ``comm_<axis>_ms`` and
-    ``<op>_ms``; ``other_ms`` is derived at the end of an epoch as ``epoch_ms`` less
-    the other :data:`PARTITION_KEYS` (at least 0).
+    On CPU the clock is the host's (``time.perf_counter``). On CUDA every phase is a pair
+    of CUDA events recorded on the current stream; nothing waits for them during the
+    epoch. An epoch's events are read by :meth:`resolve` once its end event has passed
+    (one host synchronisation when asked to wait, none otherwise), so the host keeps
+    queueing work. ``comm(op, axis)`` adds one collective to ``comm_ms``,
+    ``comm_<axis>_ms`` and ``<op>_ms``; ``other_ms`` is the epoch less the other
+    :data:`PARTITION_KEYS` (at least 0), so the parts add up to the epoch
+    (docs/records.md, Observed breakdown). ``host_syncs`` counts the synchronisations
+    the timer made. ``event_factory`` (tests) replaces ``torch.cuda.Event``.
     """
 
-    def __init__(self, cuda: bool = False):
-        self.cuda = cuda
-        self.current: dict[str, float] = defaultdict(float)
-        self.epochs: list[dict[str, float]] = []
+    def __init__(self, cuda: bool = False, event_factory=None):
+        self.cuda = bool(cuda)
+        if event_factory is None and self.cuda:
+            import torch
 
-    def now(self) -> float:
+            def event_factory():
+                return torch.cuda.Event(enable_timing=True)
+        self._event = event_factory
+        self.current: dict[str, float] = defaultdict(float)  # ms known on the host, this epoch
+        self._intervals: list = []  # (start event, end event, keys) of this epoch
+        self._pending: list = []  # finished epochs whose events are not read yet
+        self._epochs: list[dict[str, float]] = []
+        self.host_syncs = 0
+
+    @property
+    def uses_events(self) -> bool:
+        return self._event is not None
+
+    def now(self):
+        """A start mark: the host clock (s), or a recorded event on CUDA."""
+        if self._event is None:
+            return time.perf_counter()
+        mark = self._event()
+        mark.record()
+        return mark
+
+    def add(self, t0, *keys: str) -> None:
+        """Add the time since the mark ``t0`` to every key (on CUDA once the events are read)."""
+        if self._event is None:
+            dt = (time.perf_counter() - t0) * 1e3
+            for key in keys:
+                self.current[key] += dt
+            return
+        end = self._event()
+        end.record()
+        self._intervals.append((t0, end, keys))
+
+    def add_ms(self, ms: float, *keys: str) -> None:
+        """Add a duration measured on the host (see :meth:`host_clock`)."""
+        for key in keys:
+            self.current[key] += float(ms)
+
+    def host_clock(self) -> float:
+        """The host clock after the device has finished its queued work, for work timed on
+        the host (the reduced-precision collectives): on CUDA one synchronisation."""
         if self.cuda:
             import torch
 
             torch.cuda.synchronize()
+            self.host_syncs += 1
         return time.perf_counter()
 
-    def add(self, t0: float, *keys: str) -> float:
-        dt = (self.now() - t0) * 1e3
-        for key in keys:
-            self.current[key] += dt
-        return dt
-
-    def add_comm(self, t0: float, op: str, axis: int) -> None:
+    def add_comm(self, t0, op: str, axis: int) -> None:
         self.add(t0, "comm_ms", f"comm_{AXIS_NAMES[axis]}_ms", f"{op}_ms")
 
-    def end_epoch(self, epoch_ms: float) -> dict[str, float]:
-        row = {key: float(self.current.get(key, 0.0)) for key in BREAKDOWN_KEYS + PHASE_KEYS}
-        row.update({key: float(v) for key, v in self.current.items() if key not in row})  # per-layer SpMMs
+    def end_epoch(self, t_epoch) -> None:
+        """Close the epoch that started at the mark ``t_epoch``."""
+        if self._event is None:
+            self._epochs.append(self._row(self.current, (time.perf_counter() - t_epoch) * 1e3))
+        else:
+            end = self._event()
+            end.record()
+            self._pending.append((t_epoch, end, self._intervals, self.current))
+        self._intervals, self.current = [], defaultdict(float)
+
+    def resolve(self, wait: bool = False) -> list[dict[str, float]]:
+        """Read the finished epochs' events; ``wait``: all of them (one synchronisation),
+        else only those already passed. Returns the rows read now, oldest first."""
+        rows = []
+        while self._pending:
+            start, end, intervals, host = self._pending[0]
+            if not wait and not end.query():
+                break
+            if wait and not end.query():
+                end.synchronize()
+                self.host_syncs += 1
+            values = defaultdict(float, host)
+            for a, b, keys in intervals:
+                dt = a.elapsed_time(b)
+                for key in keys:
+                    values[key] += dt
+            rows.append(self._row(values, start.elapsed_time(end)))
+            self._pending.pop(0)
+        self._epochs.extend(rows)
+        return rows
+
+    @property
+    def epochs(self) -> list[dict[str, float]]:
+        """Every closed epoch's row (reads pending events, waiting for them)."""
+        self.resolve(wait=True)
+        return self._epochs
+
+    @staticmethod
+    def _row(values, epoch_ms: float) -> dict[str, float]:
+        row = {key: float(values.get(key, 0.0)) for key in TIMER_KEYS + PHASE_KEYS}
+        row.update({key: float(v) for key, v in values.items() if key not in row})  # per-layer SpMMs
         row["epoch_ms"] = float(epoch_ms)
         timed = sum(row.get(key, 0.0) for key in PARTITION_KEYS if key != "other_ms")
         row["other_ms"] = max(0.0, epoch_ms - timed)
-        self.epochs.append(row)
-        self.current = defaultdict(float)
         return row
 
 
@@ -153,14 +229,13 @@ class GridComm:
 
         counter = self.counter if self.counter is not None else prec.CommCounter()
         quant_before = counter.quant_ms
-        t0 = self.timer.now()
+        t0 = self.timer.host_clock()  # its codec is timed on the host
         out = fn(tensor, self.groups[axis], self._precision_of(comm_class), generator=self.generator,
                  counter=counter, comm_class=comm_class, **kwargs)
-        total_ms = (self.timer.now() - t0) * 1e3
+        total_ms = (self.timer.host_clock() - t0) * 1e3
         quant_ms = min(counter.quant_ms - quant_before, total_ms)
-        for key in ("comm_ms", f"comm_{AXIS_NAMES[axis]}_ms", f"{op}_ms"):
-            self.timer.current[key] += total_ms - quant_ms
-        self.timer.current["quant_ms"] += quant_ms
+        self.timer.add_ms(total_ms - quant_ms, "comm_ms", f"comm_{AXIS_NAMES[axis]}_ms", f"{op}_ms")
+        self.timer.add_ms(quant_ms, "quant_ms")
         return out
 
     # -- collectives (in place or returning new tensors), timed -----------------------

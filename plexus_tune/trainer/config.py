@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PERMUTE_CHOICES = ("double", "single", "none")
+PERMUTE_CHOICES = ("double", "single", "none", "local")
 DTYPE_CHOICES = ("float32", "float64")
 BACKEND_CHOICES = ("gloo", "nccl")
 
@@ -25,6 +25,9 @@ class TrainConfig:
     docs/comm-precision.md). ``layer_norm`` normalizes each layer's input rows (no
     scale and shift) with FP32 statistics. The loss is the mean over the training
     nodes of the graph's split (graph/splits: OGB split files, else a seeded random one).
+    ``algorithm`` picks the family (:mod:`plexus_tune.trainer.algorithms`; ``grid`` is
+    then its process grid), ``replication`` is cagnet-1.5d's c and ``aggregation``
+    supergcn's pre, post or hybrid.
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -53,6 +56,9 @@ class TrainConfig:
     threads_per_rank: int | None = None
     launcher: str = "local"
     cluster: dict | None = None
+    algorithm: str = "plexus-3d"
+    replication: int | None = None
+    aggregation: str | None = None
     extra: dict = field(default_factory=dict)
 
     def options(self) -> dict:

@@ -3,11 +3,12 @@
 Forward of layer i (roles and shapes in :mod:`plexus_tune.trainer.layout`, sizes in
 :mod:`plexus_tune.model.shapes`):
 [layer 0: all-gather F over depth] -> H = A F (SpMM) -> all-reduce H over outer ->
-[all-gather W over depth] -> Q = H W (GEMM) -> all-reduce Q over inner -> Q += b.
+[all-gather W over depth] -> Q = H W (GEMM) -> all-reduce Q over inner -> Q += b
+(inside the GEMM of inner coordinate 0 when the all-reduce sums in FP32) -> ReLU.
 Backward (given dQ): db = sum_rows dQ, all-reduce over depth; dW = H^T dQ,
 reduce-scatter over depth; [all-gather W over depth]; dH = dQ W^T, all-reduce over
 outer; dF = A^T dH, layer 0: reduce-scatter over depth, other layers: all-reduce over
-depth. The activation (ReLU) sits between layers. W and the layer-0 features are split
+depth. The activation (ReLU) ends every layer but the last. W and the layer-0 features are split
 over depth in pieces of ceil(rows / g_d) rows: a gather returns g_d pieces and the
 first c_i (r_o) rows are used; the gradient is zero padded back before its scatter.
 
@@ -29,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from plexus_tune.graph import gcn_normalize, permutations_for, permute_matrix
+from plexus_tune.graph import TWO_SIDED_MODES, gcn_normalize, grid_parts, permutations_for, permute_matrix
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, node_split, random_split, split_sizes
 from plexus_tune.graph.shards import (
@@ -40,8 +41,11 @@ from plexus_tune.graph.shards import (
 )
 from plexus_tune.model.shapes import csr_index_dtype, row_blocks
 from plexus_tune.model.workload import model_widths
+from plexus_tune.trainer.algorithms import trainer_class
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
+from plexus_tune.model.other import trainer_optimizer
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
+from plexus_tune.trainer.optimizer import build_optimizer
 from plexus_tune.trainer.progress import EpochProgress
 
 FAIL_ENV = "PLEXUS_TUNE_INJECT_FAILURE"  # "rank:epoch:mode", mode in raise|kill|oom
@@ -116,17 +120,23 @@ class LayerShard:
     timer: PhaseTimer
     overlap: bool = False
     first: bool = False
+    relu: bool = False  # ReLU on the output (every layer but the last)
+    bias_in_gemm: bool = False  # add b in the GEMM (inner coordinate 0, FP32 or no inner all-reduce)
     saved_bytes: list = field(default_factory=list)
 
     def spmm(self, a, dense, direction: str = "fwd"):
+        """``a @ dense`` written straight into a fresh output (``addmm`` with beta 0: no zero
+        fill and no copy of the result, which ``torch.sparse.mm`` adds on CPU)."""
         t0 = self.timer.now()
-        out = torch.sparse.mm(a, dense)
+        out = torch.empty((a.shape[0], dense.shape[1]), dtype=dense.dtype, device=dense.device)
+        torch.addmm(out, a, dense, beta=0, out=out)
         self.timer.add(t0, "spmm_ms", f"spmm_{direction}_{self.layout.index}_ms")
         return out
 
-    def gemm(self, x, y):
+    def gemm(self, x, y, bias=None):
+        """``x @ y``, or ``bias + x @ y`` in one call (the bias in the GEMM's output pass)."""
         t0 = self.timer.now()
-        out = x @ y
+        out = x @ y if bias is None else torch.addmm(bias, x, y)
         self.timer.add(t0, "gemm_ms")
         return out
 
@@ -153,7 +163,10 @@ class LayerShard:
 
 
 class GCNLayerFunction(torch.autograd.Function):
-    """Q = (A F) W + b with the collectives of the 3D algorithm (see module docstring)."""
+    """Q = (A F) W + b, then ReLU (``shard.relu``), with the collectives of the 3D algorithm
+    (see module docstring). The bias is added by the GEMM where it may join the inner
+    all-reduce, the ReLU in place on Q; the backward masks dQ and sums db in one pass
+    (docs/trainer.md)."""
 
     @staticmethod
     def forward(ctx, f_local, w_local, b_local, shard: LayerShard):
@@ -161,23 +174,34 @@ class GCNLayerFunction(torch.autograd.Function):
         f = comm.all_gather(f_local, lay.depth, comm_class="gather")[: lay.shapes.r_o] if shard.first else f_local
         h = shard.aggregate(f.contiguous())
         w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i] if lay.w_split else w_local
-        q = shard.gemm(h, w)
+        # b joins the inner all-reduce's sum once: from inner coordinate 0 (module docstring)
+        fuse = shard.bias_in_gemm and lay.coords[1] == 0
+        q = shard.gemm(h, w, b_local if fuse else None)
         comm.all_reduce(q, lay.inner, comm_class="combination")
-        q = q + b_local
-        ctx.save_for_backward(h, w_local)
+        if not shard.bias_in_gemm or shard.relu:
+            t0 = shard.timer.now()
+            if not shard.bias_in_gemm:
+                q.add_(b_local)
+            if shard.relu:
+                q.relu_()
+            shard.timer.add(t0, "elementwise_ms")
+        ctx.save_for_backward(h, w_local, q if shard.relu else None)
         ctx.shard = shard
         shard.saved_bytes.append(h.numel() * h.element_size() + q.numel() * q.element_size())
         return q
 
     @staticmethod
     def backward(ctx, dq):
-        h, w_local = ctx.saved_tensors
+        h, w_local, out = ctx.saved_tensors
         shard: LayerShard = ctx.shard
         lay, comm = shard.layout, shard.comm
-        dq = dq.contiguous()
         t0 = shard.timer.now()
+        if out is not None:  # ReLU backward: one pass over dQ and the saved output
+            dq = torch.where(out > 0, dq, 0.0)
+        else:
+            dq = dq.contiguous()
         db = dq.sum(dim=0)
-        shard.timer.add(t0, "gemm_ms")
+        shard.timer.add(t0, "elementwise_ms")
         comm.all_reduce(db, lay.depth, comm_class="gather")
         dw = shard.gemm(h.t(), dq)
         if lay.w_split:
@@ -230,7 +254,11 @@ def sharded_layer_norm(x, width: int, real_cols: int, comm, axis: int, eps: floa
 
 @dataclass
 class LossShard:
-    """Local view of the logits for the sharded softmax cross-entropy."""
+    """Local view of the logits for the sharded softmax cross-entropy.
+
+    :meth:`prepare` builds, once, the masks and indices the loss and the accuracy use
+    every epoch (valid classes, valid rows, each training row's target position), so an
+    epoch never reads a device value on the host."""
 
     labels: torch.Tensor  # (rows,) label of each local row in [0, C), -1 for padding rows
     col_start: int
@@ -242,23 +270,52 @@ class LossShard:
     timer: PhaseTimer
     all_labels: torch.Tensor | None = None  # (rows,) label of every local row, -1 for padding rows
     split: torch.Tensor | None = None  # (rows,) split code of each local row (graph/splits), -1 for padding
+    cols: int | None = None  # local logit columns (set by prepare)
+
+    def prepare(self, cols: int) -> "LossShard":
+        labels = self.labels
+        device = labels.device
+        self.cols = int(cols)
+        self.col_ids = torch.arange(self.col_start, self.col_start + self.cols, device=device)
+        self.col_valid = self.col_ids < self.classes
+        self.any_col = self.cols > 0 and self.col_start < self.classes  # host arithmetic, no device read
+        self.all_cols = self.col_start + self.cols <= self.classes
+        self.row_valid = labels >= 0
+        local = (labels - self.col_start).cpu()
+        mine = (labels.cpu() >= 0) & (local >= 0) & (local < self.cols)
+        idx = torch.nonzero(mine).squeeze(1)
+        self.target_rows = idx.to(device)
+        self.target_cols = local[idx].to(device)
+        if self.split is not None:
+            codes = torch.arange(len(SPLIT_PARTS), device=device, dtype=self.split.dtype)
+            self.part_masks = self.split.unsqueeze(0) == codes.unsqueeze(1)  # (parts, rows)
+            self.part_sizes = self.part_masks.sum(dim=1).to(torch.float64)
+        return self
+
+    def masked_logits(self, z):
+        """``z`` with the padding classes at -inf (``z`` itself when every column is a class)."""
+        if self.all_cols:
+            return z
+        return z.masked_fill(~self.col_valid.unsqueeze(0), float("-inf"))
 
 
-def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
-    """Accuracy on each part of the split of the sharded logits ``z`` (FP32 reductions, untimed).
+def accuracy_counts(z, shard: LossShard) -> torch.Tensor:
+    """(correct, total) of each part of the split over this rank's rows, on the device
+    (float64, ``2 len(SPLIT_PARTS)``); the row axis is summed by :func:`accuracy_from_counts`'s caller.
 
     The prediction of a row is its first class of largest logit: the maximum over the
-    class axis, then the smallest class index that attains it; the correct and total
-    counts per part are summed over the row axis.
+    class axis, then the smallest class index that attains it (FP32 collectives over the
+    class axis, untimed).
     """
     comm = shard.comm
     dist = comm.dist
     rows, cols = z.shape
     z = z.detach()
-    col_ids = torch.arange(shard.col_start, shard.col_start + cols, device=z.device)
-    valid = col_ids < shard.classes
-    zm = torch.where(valid.unsqueeze(0), z, torch.tensor(float("-inf"), dtype=z.dtype, device=z.device))
-    top = zm.max(dim=1).values if cols else torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
+    zm = shard.masked_logits(z)
+    if cols and shard.any_col:
+        top = zm.max(dim=1).values
+    else:
+        top = torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
 
     def reduce(t, axis, op):
         if comm.grid[axis] > 1:
@@ -267,23 +324,36 @@ def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
 
     top = reduce(top, shard.class_axis, dist.ReduceOp.MAX)
     big = float(shard.classes + 1)
-    hit = (zm == top.unsqueeze(1)) & valid.unsqueeze(0)
-    first = torch.where(hit, -col_ids.to(torch.float64).unsqueeze(0), torch.tensor(-big, dtype=torch.float64))
-    pred = -reduce(first.max(dim=1).values if cols else torch.full((rows,), -big, dtype=torch.float64),
-                   shard.class_axis, dist.ReduceOp.MAX)
+    hit = (zm == top.unsqueeze(1)) & shard.col_valid.unsqueeze(0)
+    neg_ids = -shard.col_ids.to(torch.float64).unsqueeze(0)
+    if cols:
+        first = torch.where(hit, neg_ids, -big).max(dim=1).values
+    else:
+        first = torch.full((rows,), -big, dtype=torch.float64, device=z.device)
+    pred = -reduce(first, shard.class_axis, dist.ReduceOp.MAX)
     correct = (pred == shard.all_labels.to(torch.float64)) & (shard.all_labels >= 0)
-    counts = torch.zeros(2 * len(SPLIT_PARTS), dtype=torch.float64)
-    for code in range(len(SPLIT_PARTS)):
-        part = shard.split == code
-        counts[2 * code] = float((correct & part).sum())
-        counts[2 * code + 1] = float(part.sum())
-    counts = reduce(counts, shard.row_axis, dist.ReduceOp.SUM)
-    return {part: float(counts[2 * k] / counts[2 * k + 1]) if counts[2 * k + 1] > 0 else float("nan")
+    hits = (shard.part_masks & correct.unsqueeze(0)).sum(dim=1).to(torch.float64)
+    return torch.stack([hits, shard.part_sizes], dim=1).reshape(-1)
+
+
+def accuracy_from_counts(counts) -> dict[str, float]:
+    """Accuracy per part from summed (correct, total) counts (host values)."""
+    counts = [float(c) for c in counts]
+    return {part: counts[2 * k] / counts[2 * k + 1] if counts[2 * k + 1] > 0 else float("nan")
             for k, part in enumerate(SPLIT_PARTS)}
 
 
+def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
+    """Accuracy on each part of the split of the sharded logits ``z`` (reads the host)."""
+    counts = accuracy_counts(z, shard)
+    if shard.comm.grid[shard.row_axis] > 1:
+        shard.comm.dist.all_reduce(counts, op=shard.comm.dist.ReduceOp.SUM, group=shard.comm.groups[shard.row_axis])
+    return accuracy_from_counts(counts.cpu().tolist())
+
+
 class ShardedCrossEntropy(torch.autograd.Function):
-    """mean_v [log sum_c exp(z_vc) - z_v,y_v] over sharded logits.
+    """mean_v [log sum_c exp(z_vc) - z_v,y_v] over sharded logits (log-softmax where the
+    class axis is not split).
 
     The row max and the sum of exponentials are reduced over the axis that splits the
     classes, the per-row losses summed over the axis that splits the rows; padded rows
@@ -294,40 +364,56 @@ class ShardedCrossEntropy(torch.autograd.Function):
     def forward(ctx, z, shard: LossShard):
         comm = shard.comm
         rows, cols = z.shape
-        col_ids = torch.arange(shard.col_start, shard.col_start + cols, device=z.device)
-        col_valid = col_ids < shard.classes
-        row_valid = shard.labels >= 0
-        neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
-        zm = torch.where(col_valid.unsqueeze(0), z, neg_inf)
-        if cols > 0 and bool(col_valid.any()):
+        if shard.cols != cols:
+            shard.prepare(cols)
+        if comm.grid[shard.class_axis] == 1:  # every class is local: torch's fused log-softmax
+            t0 = shard.timer.now()
+            logp = torch.log_softmax(shard.masked_logits(z), dim=1)
+            total = -logp[shard.target_rows, shard.target_cols].sum().reshape(1)
+            shard.timer.add(t0, "loss_ms")
+            comm.all_reduce(total, shard.row_axis)
+            ctx.save_for_backward(logp, None)
+            ctx.shard = shard
+            return (total / shard.nodes).reshape(())
+        t0 = shard.timer.now()
+        zm = shard.masked_logits(z)
+        if shard.any_col:
             row_max = zm.max(dim=1).values
         else:
             row_max = torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
+        shard.timer.add(t0, "loss_ms")
         comm.all_reduce(row_max, shard.class_axis, op="max")
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        t0 = shard.timer.now()
+        row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
         exp = torch.exp(zm - row_max.unsqueeze(1))
-        local_target = shard.labels - shard.col_start
-        mine = row_valid & (local_target >= 0) & (local_target < cols)
-        target = torch.zeros(rows, dtype=z.dtype, device=z.device)
-        idx = torch.nonzero(mine).squeeze(1)
-        target[idx] = z[idx, local_target[idx]]
-        sums = torch.stack([exp.sum(dim=1), target], dim=1)
+        sums = torch.zeros((rows, 2), dtype=z.dtype, device=z.device)
+        sums[:, 0] = exp.sum(dim=1)
+        sums[shard.target_rows, 1] = z[shard.target_rows, shard.target_cols]
+        shard.timer.add(t0, "loss_ms")
         comm.all_reduce(sums, shard.class_axis)
+        t0 = shard.timer.now()
         row_loss = torch.log(sums[:, 0]) + row_max - sums[:, 1]
-        row_loss = torch.where(row_valid, row_loss, torch.zeros_like(row_loss))
-        total = row_loss.sum().reshape(1)
+        total = torch.where(shard.row_valid, row_loss, 0.0).sum().reshape(1)
+        shard.timer.add(t0, "loss_ms")
         comm.all_reduce(total, shard.row_axis)
-        ctx.save_for_backward(exp, sums[:, 0].clone(), row_valid, idx, local_target)
-        ctx.nodes = shard.nodes
+        ctx.save_for_backward(exp, sums[:, 0].clone())
+        ctx.shard = shard
         return (total / shard.nodes).reshape(())
 
     @staticmethod
     def backward(ctx, grad):
-        exp, sumexp, row_valid, idx, local_target = ctx.saved_tensors
-        dz = exp / sumexp.unsqueeze(1)
-        dz[idx, local_target[idx]] -= 1.0
-        dz = dz * row_valid.unsqueeze(1).to(dz.dtype)
-        return dz * (grad / ctx.nodes), None
+        first, sumexp = ctx.saved_tensors
+        shard: LossShard = ctx.shard
+        t0 = shard.timer.now()
+        # dz = (softmax - onehot) on valid rows, times grad / N: one pass over the logits
+        scale = torch.where(shard.row_valid, grad / shard.nodes, 0.0).to(first.dtype)
+        if sumexp is None:  # first = log-softmax
+            dz = torch.exp(first).mul_(scale.unsqueeze(1))
+        else:  # first = exp(z - max)
+            dz = first * (scale / sumexp).unsqueeze(1)
+        dz[shard.target_rows, shard.target_cols] -= scale[shard.target_rows]
+        shard.timer.add(t0, "loss_ms")
+        return dz, None
 
 
 def _peak_rss_bytes() -> int:
@@ -397,13 +483,14 @@ def _pad_rows(part: sp.csr_matrix, rows: int, cols: int) -> sp.csr_matrix:
 class MemoryData:
     """Blocks of the permuted graph from a whole graph held by every rank."""
 
-    def __init__(self, pg: PreparedGraph, permute: str, seed: int):
+    def __init__(self, pg: PreparedGraph, permute: str, seed: int, grid=(1, 1, 1)):
+        """``grid``: the splits the ``local`` permutation keeps balanced (graph/permute)."""
         self.pg = pg
         self.nodes, self.num_classes, self.name = pg.nodes, pg.num_classes, pg.name
         self.num_features = int(pg.features.shape[1])
         self.nnz, self.raw_nnz = int(pg.adjacency.nnz), pg.raw_nnz
         self.permute = permute
-        self.perms = permutations_for(permute, self.nodes, seed)
+        self.perms = permutations_for(permute, self.nodes, seed, parts=grid_parts(grid))
         perm_r, perm_c = self.perms
         self.permuted = {0: permute_matrix(pg.adjacency, perm_r, perm_c)}
         self.permuted[1] = self.permuted[0] if permute == "none" else permute_matrix(pg.adjacency, perm_c, perm_r)
@@ -449,8 +536,8 @@ class ShardData:
         self.name = str(m.get("name", "shards"))
         self.permute = m["permutation"]["mode"]
         self.symmetric = bool(m.get("symmetric"))
-        if self.permute == "double" and not self.symmetric:
-            raise ValueError(f"{directory}: double-permuted shards of a directed graph lack the alternate "
+        if self.permute in TWO_SIDED_MODES and not self.symmetric:
+            raise ValueError(f"{directory}: {self.permute}-permuted shards of a directed graph lack the alternate "
                              "layout; shard it with a single permutation or none")
         self.perms = load_permutations(directory)
 
@@ -461,7 +548,7 @@ class ShardData:
         return _pad_rows(part, rows.size, cols.size)
 
     def adjacency_block(self, parity: int, rows, cols) -> sp.csr_matrix:
-        if parity == 0 or self.permute != "double":
+        if parity == 0 or self.permute not in TWO_SIDED_MODES:
             return self._range(rows, cols)
         return self._range(cols, rows).T.tocsr()
 
@@ -488,6 +575,19 @@ def is_shard_directory(source) -> bool:
         return json.loads(path.read_text()).get("format") == "plexus-shards"
     except (OSError, ValueError):
         return False
+
+
+def make_adamw(params, *, lr: float, weight_decay: float, device_type: str = "cpu"):
+    """The trainer's AdamW (:func:`plexus_tune.model.other.trainer_optimizer`: fused on CUDA
+    and CPU, one pass that reads the parameter, gradient and both moments and writes the
+    parameter and both moments) and its name; ``adamw-foreach`` where this torch or
+    device lacks the fused kernel (docs/trainer.md)."""
+    name = trainer_optimizer(device_type)
+    params = list(params)
+    try:
+        return build_optimizer(name, params, lr=lr, weight_decay=weight_decay), name
+    except (RuntimeError, TypeError, ValueError):
+        return build_optimizer("adamw-foreach", params, lr=lr, weight_decay=weight_decay), "adamw-foreach"
 
 
 class RankTrainer:
@@ -539,8 +639,10 @@ class RankTrainer:
                 built[key] = (int(local.nnz), a, a_t, blocks)
             nnz, a, a_t, blocks = built[key]
             self.shard_nnz.append(nnz)
+            exact_sum = grid[lay.inner] == 1 or self.comm.precision.of("combination") == "fp32"
             self.shards.append(LayerShard(layout=lay, a=a, a_t=a_t, a_blocks=blocks, comm=self.comm,
-                                          timer=self.timer, overlap=bool(config.overlap), first=lay.index == 0))
+                                          timer=self.timer, overlap=bool(config.overlap), first=lay.index == 0,
+                                          relu=lay.index < len(self.layout.layers) - 1, bias_in_gemm=exact_sum))
             w_local = take_dense(weights[lay.index], lay.w_rows, lay.out_cols)
             self.params_w.append(torch.nn.Parameter(torch.tensor(w_local, dtype=self.dtype, device=self.device)))
             self.params_b.append(torch.nn.Parameter(torch.zeros(lay.out_cols.size, dtype=self.dtype,
@@ -564,8 +666,10 @@ class RankTrainer:
             col_start=last.out_cols.start, classes=data.num_classes, nodes=max(1, int((split == TRAIN).sum())),
             class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer,
             all_labels=torch.tensor(labels, device=self.device), split=torch.tensor(codes, device=self.device))
+        self.loss_shard.prepare(last.out_cols.size)
         params = [self.features] + self.params_w + self.params_b
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer, self.optimizer_name = make_adamw(params, lr=config.lr, weight_decay=config.weight_decay,
+                                                         device_type=self.device.type)
         # parameters, gradients and two AdamW moments
         self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
         self.persistent_bytes += self.loss_shard.labels.numel() * 8
@@ -576,15 +680,19 @@ class RankTrainer:
             if getattr(self.config, "layer_norm", False):
                 lay = shard.layout
                 x = sharded_layer_norm(x, self.widths[i], lay.in_cols.real, self.comm, lay.inner)
-            x = GCNLayerFunction.apply(x, self.params_w[i], self.params_b[i], shard)
-            if i < len(self.shards) - 1:
-                x = torch.relu(x)
+            x = GCNLayerFunction.apply(x, self.params_w[i], self.params_b[i], shard)  # ReLU inside
         return x
 
     def train(self, epochs: int):
-        losses, last_logits = [], None
+        """Train ``epochs`` epochs; returns the losses (host floats).
+
+        Losses and accuracy counts stay on the device during an epoch; they are summed
+        over the row axis and read on the host every ``config.extra["stats_every"]``
+        epochs (default 1; 0: once, after the last epoch), together with the phase timers
+        (:class:`PhaseTimer`). With the progress display they are read every epoch."""
         self.comm_epochs = []  # per epoch: bytes sent to other ranks per collective class
         self.accuracy = {"train": [], "valid": [], "test": []}  # per epoch, of the epoch's forward pass
+        self.losses = []
         self.peak_tracked_bytes = self.persistent_bytes
         self.peak_rss_delta = 0
         rss_start = _current_rss_bytes()
@@ -594,12 +702,40 @@ class RankTrainer:
         if self.rank == 0 and self.config.extra.get("progress"):
             progress = EpochProgress(epochs, self.config.warmup)
         try:
-            return self._train_epochs(epochs, losses, last_logits, rss_start, progress)
+            self._train_epochs(epochs, rss_start, progress)
+            return self.losses
         finally:
             if progress is not None:
                 progress.close()
 
-    def _train_epochs(self, epochs, losses, last_logits, rss_start, progress):
+    def _read_stats(self, losses, count_list, progress) -> None:
+        """Sum the epochs' accuracy counts over the row axis (one collective) and read them,
+        with the losses and the timers, on the host (one synchronisation on CUDA); empties
+        both lists."""
+        if not losses:
+            return
+        shard = self.loss_shard
+        counts = torch.stack(count_list)
+        if self.comm.grid[shard.row_axis] > 1:
+            self.comm.dist.all_reduce(counts, op=self.comm.dist.ReduceOp.SUM, group=self.comm.groups[shard.row_axis])
+        host = torch.cat([torch.stack(losses).to(torch.float64).reshape(-1, 1), counts.to(torch.float64)], dim=1)
+        host = host.cpu().tolist()
+        self.timer.resolve(wait=True)
+        for row in host:
+            self.losses.append(float(row[0]))
+            for part, value in accuracy_from_counts(row[1:]).items():
+                self.accuracy[part].append(value)
+            if progress is not None:
+                epoch = len(self.losses) - 1
+                progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
+        losses.clear()
+        count_list.clear()
+
+    def _train_epochs(self, epochs, rss_start, progress):
+        # the same cadence on every rank: the row-axis sum is a collective
+        every = 1 if self.config.extra.get("progress") else int(self.config.extra.get("stats_every", 1))
+        pending_losses, pending_counts = [], []
+        last_logits = None
         for epoch in range(epochs):
             _maybe_fail(self.rank, epoch)
             if self.comm.counter is not None:
@@ -607,36 +743,34 @@ class RankTrainer:
             for shard in self.shards:
                 shard.saved_bytes.clear()
             t_epoch = self.timer.now()
-            self.optimizer.zero_grad(set_to_none=False)
+            t0 = self.timer.now()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.timer.add(t0, "optimizer_ms")
             logits = self.forward()
             self.timer.add(t_epoch, "fwd_ms")
             rss_mid_epoch = _current_rss_bytes()  # activations saved for backward are all alive here
-            t0 = self.timer.now()
-            loss = ShardedCrossEntropy.apply(logits, self.loss_shard)
-            self.timer.add(t0, "loss_ms")
+            loss = ShardedCrossEntropy.apply(logits, self.loss_shard)  # times its own loss_ms
             t0 = self.timer.now()
             loss.backward()
             self.timer.add(t0, "bwd_ms")
             t0 = self.timer.now()
             self.optimizer.step()
             self.timer.add(t0, "optimizer_ms")
-            epoch_ms = (self.timer.now() - t_epoch) * 1e3
-            self.timer.end_epoch(epoch_ms)
+            self.timer.end_epoch(t_epoch)
             if self.comm.counter is not None:
                 self.comm_epochs.append(dict(self.comm.counter.bytes))
-            losses.append(float(loss.detach()))
             last_logits = logits.detach()
-            for part, value in sharded_accuracy(last_logits, self.loss_shard).items():
-                self.accuracy[part].append(value)
+            pending_losses.append(loss.detach())
+            pending_counts.append(accuracy_counts(last_logits, self.loss_shard))
+            if every > 0 and len(pending_losses) >= every:
+                self._read_stats(pending_losses, pending_counts, progress)
             saved = sum(sum(s.saved_bytes) for s in self.shards)
             # saved H and Q of every layer, their gradients, and the largest gathered buffer
             tracked = self.persistent_bytes + 2 * saved + self.comm.max_gathered_bytes
             self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
             self.peak_rss_delta = max(self.peak_rss_delta, rss_mid_epoch - rss_start)
-            if progress is not None:
-                progress.update(epoch, epoch_ms, losses[-1])
+        self._read_stats(pending_losses, pending_counts, progress)
         self.last_logits = last_logits
-        return losses
 
     def memory(self) -> dict:
         out = {"tracked_bytes": int(self.peak_tracked_bytes), "rss_bytes": _peak_rss_bytes(),
@@ -651,6 +785,11 @@ class RankTrainer:
         if last.coords[1] != 0:
             return None
         return (last.a_rows, last.out_cols, self.last_logits.cpu().numpy())
+
+    def record_shapes(self) -> dict:
+        """Padded node count, padded widths and which layers split W over depth (for the record)."""
+        return {"n_pad": self.layout.padded_nodes, "padded_widths": list(self.layout.padded_widths),
+                "w_split": [lay.w_split for lay in self.layout.layers]}
 
     def close(self) -> None:
         self.comm.close()
@@ -690,10 +829,11 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
     results = []
     for config in configs:
         t_setup = time.perf_counter()
-        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed)
+        data = shards if shards is not None else MemoryData(pg, config.permute, config.seed,
+                                                                      config.extra.get("permute_grid", config.grid))
         split, split_text = node_split(graph_source if isinstance(graph_source, (str, os.PathLike)) else None,
                                        data.nodes, config.seed)
-        trainer = RankTrainer(data, config, rank, world_size, device=device, split=split)
+        trainer = trainer_class(config.algorithm)(data, config, rank, world_size, device=device, split=split)
         setup_s = time.perf_counter() - t_setup
         try:
             losses = trainer.train(int(config.epochs))
@@ -719,6 +859,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "shard_nnz": [g["shard_nnz"] for g in gathered],
                 "comm_bytes": [g["comm_bytes"] for g in gathered],
                 "accuracy": trainer.accuracy,
+                "optimizer": trainer.optimizer_name,
                 "split": split_text,
                 "split_sizes": split_sizes(split),
                 "split_codes": split if (config.check or config.collect_outputs) else None,
@@ -732,9 +873,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "graph_name": data.name,
                 "permute": data.permute,
                 "widths": trainer.widths,
-                "n_pad": trainer.layout.padded_nodes,
-                "padded_widths": list(trainer.layout.padded_widths),
-                "w_split": [lay.w_split for lay in trainer.layout.layers],
+                **trainer.record_shapes(),
                 "outputs": None,
             }
             if config.collect_outputs or config.check:

@@ -9,7 +9,7 @@ bytes change: every sum is taken in FP32 and every result is FP32.
 Pure tensor functions
     :func:`quantize` / :func:`dequantize` and the size formulas
     :func:`packed_bytes` / :func:`param_bytes` (shared with the cost model in
-    :mod:`plexus_tune.comm_precision_model`).
+    :mod:`plexus_tune.model.comm_precision`).
 
 Collectives over a ``torch.distributed`` group
     :func:`all_reduce` (in place), :func:`all_gather` and :func:`reduce_scatter`
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     COMM_CLASSES,
+    COUNTED_CLASSES,
     COMM_PRECISIONS,
     PRECISION_BITS,
     QUANTIZED_PRECISIONS,
@@ -225,8 +226,9 @@ def _encode_chunks(h: torch.Tensor, chunks: int, bits: int, generator) -> torch.
 
 def _decode_chunks(buf: torch.Tensor, chunks: int, c: int, cols: int, bits: int) -> torch.Tensor:
     """uint8 (chunks, chunk_bytes) -> FP32 (chunks, c, cols)."""
-    zero = buf[:, :4 * c].contiguous().view(torch.float32).reshape(-1)
-    scale = buf[:, 4 * c:8 * c].contiguous().view(torch.float32).reshape(-1)
+    # flattened first: a single chunk's slice keeps the row stride, which need not be a multiple of 4
+    zero = buf[:, :4 * c].reshape(-1).contiguous().view(torch.float32)
+    scale = buf[:, 4 * c:8 * c].reshape(-1).contiguous().view(torch.float32)
     data = buf[:, 8 * c:].reshape(chunks * c, -1)
     return _dequantize_rows(data, zero, scale, cols, bits).view(chunks, c, cols)
 
@@ -238,7 +240,7 @@ class CommCounter:
     """Bytes, calls and time of the precision-aware collectives, per collective class.
 
     ``bytes[cls]``: bytes this rank handed to the process group for other ranks
-    (the convention of :mod:`plexus_tune.comm_precision_model`: a ring all-reduce
+    (the convention of :mod:`plexus_tune.model.comm_precision`: a ring all-reduce
     counts ``2 (g-1) ceil(n/g)`` elements, an all-gather ``g - 1`` copies of the
     rank's block, an all-to-all the ``g - 1`` chunks addressed to others).
     ``calls[cls]``: process-group calls. ``comm_ms[cls]``: wall time inside them.
@@ -251,6 +253,7 @@ class CommCounter:
         self.reset()
 
     def reset(self) -> None:
+        # the precision classes always; the adjacency class once something is counted in it
         self.bytes: dict[str, int] = dict.fromkeys(COMM_CLASSES, 0)
         self.calls: dict[str, int] = dict.fromkeys(COMM_CLASSES, 0)
         self.comm_ms: dict[str, float] = dict.fromkeys(COMM_CLASSES, 0.0)
@@ -261,10 +264,11 @@ class CommCounter:
         return sum(self.bytes.values())
 
     def add(self, comm_class: str, nbytes: int, ms: float = 0.0, calls: int = 1) -> None:
-        check_comm_class(comm_class)
-        self.bytes[comm_class] += int(nbytes)
-        self.calls[comm_class] += int(calls)
-        self.comm_ms[comm_class] += float(ms)
+        if comm_class not in COUNTED_CLASSES:
+            check_comm_class(comm_class)
+        self.bytes[comm_class] = self.bytes.get(comm_class, 0) + int(nbytes)
+        self.calls[comm_class] = self.calls.get(comm_class, 0) + int(calls)
+        self.comm_ms[comm_class] = self.comm_ms.get(comm_class, 0.0) + float(ms)
 
     def as_dict(self) -> dict[str, float]:
         """Flat record for logs: ``<cls>_bytes``, ``<cls>_calls``, ``<cls>_comm_ms``, ``quant_ms``."""

@@ -100,3 +100,31 @@ def max_relative_difference(a, b, *, normwise: bool = False) -> float:
     if normwise:
         return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), tiny))
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), tiny)))
+
+
+#: (dtype, device kind) -> (losses, outputs): the largest relative differences from the
+#: serial reference that ``train --check`` passes (docs/trainer.md, "What --check
+#: compares"). In float32 the outputs get the looser bound: rounding differences of the
+#: summation order (grid splits, GPU kernels) in gradients near zero are turned into
+#: whole learning-rate steps of those elements by AdamW's per-element normalisation, so
+#: the logits drift apart by up to a few 1e-3 of their largest value over ten epochs
+#: while the losses still agree to about 1e-6. float64 leaves no such rounding noise
+#: above AdamW's epsilon.
+CHECK_TOLERANCES = {
+    ("float32", "cpu"): (1e-4, 2e-2),
+    ("float32", "cuda"): (1e-4, 2e-2),
+    ("float64", "cpu"): (1e-8, 1e-6),
+    ("float64", "cuda"): (1e-8, 1e-6),
+}
+
+
+def check_verdict(loss_rel_diff: float, output_rel_diff: float, *, dtype: str = "float32",
+                  device: str = "cpu") -> dict:
+    """Pass or fail of a ``--check``: both differences within :data:`CHECK_TOLERANCES` of
+    (``dtype``, ``device``: ``"cpu"`` or a CUDA device name). Returns passed, the two tolerances
+    and the device kind."""
+    kind = "cpu" if str(device).lower() == "cpu" else "cuda"
+    loss_tol, output_tol = CHECK_TOLERANCES[(dtype, kind)]
+    passed = bool(loss_rel_diff <= loss_tol and output_rel_diff <= output_tol)
+    return {"passed": passed, "loss_tolerance": loss_tol, "output_tolerance": output_tol, "device_kind": kind,
+            "dtype": dtype}

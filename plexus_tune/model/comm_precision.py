@@ -43,6 +43,11 @@ QUANTIZED_PRECISIONS = ("int8", "int4", "int2")
 #: all-reduces Q = H W over the inner axis, ``gather`` all-gathers F and W over depth
 #: and covers the matching reduce-scatters and depth all-reduces of gradients.
 COMM_CLASSES = ("aggregation", "combination", "gather")
+#: Sparse adjacency pieces that an algorithm moves (CAGNET 2D): counted beside the
+#: precision classes, always sent as FP32 values with int32 indices (docs/algorithms.md).
+ADJACENCY_CLASS = "adjacency"
+#: Every class whose bytes the trainer counts.
+COUNTED_CLASSES = COMM_CLASSES + (ADJACENCY_CLASS,)
 #: Collective operations :func:`wire_bytes` knows.
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: Bytes of quantization parameters per row: zero point and scale, FP32 each.

@@ -22,6 +22,7 @@ then everything still running in the node namespaces gets SIGKILL: no hangs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 from plexus_tune.errors import UserError
 from plexus_tune.launch.external import start_agent, stop_agents, torchrun_argv, wait_agents
 
-from .emulated import EmulatedCluster, _kill_netns_processes
+from plexus_tune.cluster.emulated import EmulatedCluster, _kill_netns_processes
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 TAIL_CHARS = 4000
@@ -93,12 +94,13 @@ def run_torchrun(
     procs: list[subprocess.Popen] = []
     argvs = []
     start = time.monotonic()
+    agent_logs = tempfile.mkdtemp(prefix="plexus-torchrun-")  # torchrun's own files; removed below
     try:
         for k in range(cluster.nodes):
             argv = torchrun_argv(nnodes=cluster.nodes, nproc_per_node=cluster.spec.ranks_per_node, node_rank=k,
                                  endpoint=f"{cluster.address(0)}:{port}", run_id=rdzv_id, module_argv=module_argv,
                                  local_addr=cluster.address(k), rdzv=rdzv, join_timeout_s=max(10.0, timeout_s),
-                                 monitor_interval_s=0.2)
+                                 monitor_interval_s=0.2, log_dir=agent_logs)
             argv, node_env = node_command(cluster, k, argv, base_env)
             argvs.append(argv)
             logs.append(tempfile.TemporaryFile())
@@ -106,6 +108,7 @@ def run_torchrun(
         codes, timed_out = wait_agents(procs, timeout_s, failure_grace_s=0.0, poll_s=POLL_S)
     finally:
         _stop(cluster, procs)
+        shutil.rmtree(agent_logs, ignore_errors=True)
         tails = []
         for k, log in enumerate(logs):
             log.seek(0)

@@ -1,0 +1,223 @@
+"""``--algorithm`` of predict and search: parse, call the planner, print its ranking."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from plexus_tune.cli.output import make_console
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.errors import UserError, whole_number
+from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.machine import GIB
+from plexus_tune.model.planner import ALGORITHM_NAMES, ALL, joint_ranking, parse_algorithms
+from plexus_tune.model.volumes import check_replication
+from plexus_tune.search.families import search_ranking
+from plexus_tune.search.space import objective_unit
+
+ALGORITHM_HELP = (f"algorithm family: {', '.join(ALGORITHM_NAMES)}, or {ALL} (one ranking over every family, "
+                  "configuration and communication precision; default plexus-3d; docs/model.md, Planner)")
+#: Mark after a family whose partition-dependent figures are estimated (no graph given).
+ESTIMATE_MARK = "~"
+#: Columns of the ranking: total, then its parts.
+COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
+           ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"))
+
+
+def add_algorithm_argument(parser) -> None:
+    """``--algorithm`` and the families' own filters ``--replication``, ``--aggregation``."""
+    parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME", help=ALGORITHM_HELP)
+    parser.add_argument("--replication", metavar="C",
+                        help="cagnet-1.5d: only the replication factor C (C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--aggregation", metavar="MODE",
+                        help="supergcn: only the aggregation mode pre, post or hybrid (default: all three)")
+
+
+def family_filters(args, algorithms) -> dict:
+    """The planner's ``replication`` and ``aggregation`` from the flags (UserError naming the flag)."""
+    out = {}
+    if getattr(args, "replication", None) is not None:
+        if "cagnet-1.5d" not in algorithms:
+            raise UserError("--replication applies to --algorithm cagnet-1.5d (or all)")
+        out["replication"] = whole_number(args.replication, "--replication", minimum=1)
+    if getattr(args, "aggregation", None) is not None:
+        if "supergcn" not in algorithms:
+            raise UserError("--aggregation applies to --algorithm supergcn (or all)")
+        out["aggregation"] = str(args.aggregation)
+    return out
+
+
+def selected_algorithms(args) -> tuple[str, ...]:
+    """The families ``--algorithm`` names (UserError naming the flag; also when a family's
+    own flag is given for a family that does not take it)."""
+    try:
+        algorithms = parse_algorithms(getattr(args, "algorithm", None))
+    except UserError as exc:
+        raise UserError(f"--algorithm: {exc}") from None
+    family_filters(args, algorithms)
+    return algorithms
+
+
+def family_precisions(args, algorithms) -> list[str]:
+    """Precisions the planner ranks: --comm-precision, or with ``auto`` (and for ``all`` when
+    --comm-precision is not given) every precision of --allow-precisions."""
+    text = getattr(args, "comm_precision", None)
+    try:
+        if text is None or str(text).strip().lower() == "auto":
+            if text is None and len(algorithms) == 1:
+                return ["fp32"]
+            return list(parse_allowed(args.allow_precisions))
+        return [str(parse_comm_precision(text))]
+    except UserError as exc:
+        flag = "--comm-precision" if text is not None and str(text).strip().lower() != "auto" else "--allow-precisions"
+        raise UserError(f"{flag}: {exc}") from None
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _label(rec) -> str:
+    return rec["algorithm"] + (ESTIMATE_MARK if rec["estimated"] else "")
+
+
+def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "table", graph_name: str | None = None,
+                  objective: str = "epoch") -> int:
+    """Print the planner's ranking (table, json or csv); UserError when nothing fits."""
+    records = ranking.records
+    several = isinstance(ranking.gpus, tuple)
+    counts = ",".join(str(g) for g in ranking.gpus) if several else str(ranking.gpus)
+    shown = records[:top] if top else records
+    best = ranking.best_per_family()
+    if fmt == "json":
+        json.dump({"ranking": shown, "best_per_family": best, "configurations": len(records),
+                   "feasible": len(ranking.feasible), "seconds": ranking.seconds,
+                   "precisions": list(ranking.precisions), "estimated": list(ranking.estimated_families)},
+                  sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif fmt == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(shown[0].keys()), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(shown)
+    else:
+        from rich.table import Table
+
+        console = make_console()
+        widths = "-".join(str(w) for w in workload.widths)
+        console.print(f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
+                      f"{counts} GPUs on {machine.name}: {len(records)} configurations "
+                      f"({', '.join(ranking.algorithms)} x precision {', '.join(ranking.precisions)}), "
+                      f"{len(ranking.feasible)} fit in memory; evaluated exactly in {ranking.seconds:.2f} s", highlight=False)
+        table = Table(title="joint ranking")
+        lead = ("rank",) + (("GPUs",) if several else ()) + ("algorithm", "configuration", "precision")
+        for name in lead:
+            table.add_column(name, justify="right" if name in ("rank", "GPUs") else "left")
+        if objective != "epoch":
+            table.add_column(objective_unit(objective), justify="right")
+        for _, label in COLUMNS:
+            table.add_column(label, justify="right")
+        table.add_column("mem GiB", justify="right")
+        table.add_column("fits")
+        for rec in shown:
+            cells = [str(rec["rank"])] + ([str(rec["gpus"])] if several else [])
+            cells += [_label(rec), rec["config"], rec["comm_precision"]]
+            if objective != "epoch":
+                cells.append(f"{rec['objective_value']:.4g}")
+            table.add_row(*cells, *(_fmt(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+                          "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
+        console.print(table)
+        fam = Table(title="best of each family")
+        for name in ("algorithm",) + (("GPUs",) if several else ()) + ("configuration", "precision", "total ms",
+                                                                        "mem GiB", "joint rank"):
+            fam.add_column(name, justify="right" if name in ("GPUs", "total ms", "mem GiB", "joint rank") else "left")
+        for family in ranking.algorithms:
+            rec = best[family]
+            if rec is None:
+                smallest = min((r for r in records if r["algorithm"] == family), key=lambda r: r["memory_bytes"], default=None)
+                need = f"{smallest['memory_gib']:.2f}" if smallest else "-"
+                fam.add_row(family, *(["-"] if several else []), "none fits", "-", "-", need, "-", style="red")
+            else:
+                fam.add_row(_label(rec), *([str(rec["gpus"])] if several else []), rec["config"], rec["comm_precision"],
+                            _fmt(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
+        console.print(fam)
+        console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
+                      style="dim")
+        if ranking.estimated_families:
+            console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
+                          "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
+                          "SUMMA pieces of evenly spread nonzeros; docs/model.md, Planner); give --graph for the "
+                          "figures of the graph's own partition and pieces", highlight=False)
+        elif graph_name:
+            console.print(f"partition-dependent figures from graph {graph_name}", highlight=False)
+    if not ranking.feasible:
+        smallest = min(records, key=lambda r: r["memory_bytes"])
+        raise UserError(f"no configuration of {counts} GPUs fits: the smallest estimate is "
+                        f"{smallest['memory_gib']:.1f} GiB per GPU ({smallest['algorithm']} {smallest['config']}) but "
+                        f"{machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs or a machine "
+                        "with more device memory")
+    if fmt == "table":
+        first = ranking.feasible[0]
+        print(f"Recommended: {first['algorithm']} {first['config']}" + (f" on {first['gpus']} GPUs" if several else "")
+              + f" at {first['comm_precision']} "
+              f"({first['total_ms']:.1f} ms/epoch: SpMM {first['spmm_ms']:.1f}, comm {first['comm_ms']:.1f}, "
+              f"GEMM {first['gemm_ms']:.1f}; {first['memory_gib']:.2f} GiB per GPU)")
+        if first["comm_precision"] != "fp32":
+            print(f"accuracy evidence for {first['comm_precision']}: "
+                  f"{ACCURACY_EVIDENCE.get(first['comm_precision'], 'none recorded')}")
+    return 0
+
+
+def load_graph_argument(text):
+    """The Graph of a --graph file or synthetic spec (None without one)."""
+    if not text:
+        return None
+    return load_graph_source(str(text))
+
+
+def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None,
+                     optimizer: str | None = None) -> int:
+    """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
+    if getattr(args, "block_rows", None):
+        raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
+                        + getattr(args, "algorithm", ALL))
+    for flag in ("powers_of_two", "max_x", "max_y", "max_z"):
+        if getattr(args, flag, None):
+            raise UserError(f"--{flag.replace('_', '-')} filters plexus-3d grids only; leave it out with --algorithm "
+                            + getattr(args, "algorithm", ALL))
+    precisions = family_precisions(args, algorithms)
+    filters = family_filters(args, algorithms)
+    for key, flag, check in (("replication", "--replication", lambda c: check_replication(gpus, c)),
+                             ("aggregation", "--aggregation", check_aggregation)):
+        if key in filters:
+            try:
+                check(filters[key])
+            except UserError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
+                            optimizer=optimizer, **filters)
+    return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
+                         graph_name=getattr(graph, "name", None))
+
+
+def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
+    """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
+    if getattr(args, "measured", False):
+        raise UserError("--measured trains plexus-3d grids; the other families are searched by the model: "
+                        "leave out --measured or use --algorithm plexus-3d")
+    if getattr(args, "block_rows", None):
+        raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm " + args.algorithm)
+    precisions = family_precisions(args, algorithms)
+    filters = family_filters(args, algorithms)
+    ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
+                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
+    return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
+                         objective=args.objective)

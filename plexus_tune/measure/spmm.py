@@ -1,0 +1,254 @@
+"""SpMM and GEMM microbenchmarks that calibrate a machine profile's compute (``calibrate spmm``).
+
+Time ``torch.sparse.mm`` of a CSR matrix by a dense matrix, the kernel the bundled
+trainer uses, either on random shard shapes (:func:`spmm_sweep`: a sweep over nnz, rows,
+common and dense columns) or on the real shards of a graph for every grid of G and every
+layer (:func:`calibrate_graph_shards`: forward A F and backward A^T dH, plus the three
+GEMMs of a layer) on one device: the compute cost of any G, measured without G devices.
+Records: schemas spmm and gemm of :mod:`plexus_tune.measure.records` (docs/records.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.graph import double_permute
+from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, now_utc
+from plexus_tune.measure.timing import time_call
+from plexus_tune.model.grid import enumerate_grids, format_grid
+from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
+from plexus_tune.resources import check_memory
+
+
+def random_csr(rows: int, common: int, nnz: int, rng: np.random.Generator):
+    """A torch CSR float32 matrix rows x common with about nnz nonzeros (uniform positions)."""
+
+    nnz = int(min(nnz, rows * common))
+    # row lengths: multinomial over rows, columns uniform without duplicates per row
+    counts = np.minimum(rng.multinomial(nnz, np.full(rows, 1.0 / rows)), common)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    total = int(indptr[-1])
+    cols = rng.integers(0, common, size=total, dtype=np.int64)
+    vals = rng.random(total, dtype=np.float32)
+    return _csr_tensor(indptr, cols, vals, (rows, common))
+
+
+def _csr_tensor(indptr, indices, values, shape):
+    import torch
+
+    # int32 indices when they fit, as the trainer stores its shards
+    index = csr_index_dtype(len(indices), *shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta" and invariant-check notes
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(np.asarray(indptr, dtype=index)),
+            torch.from_numpy(np.asarray(indices, dtype=index)),
+            torch.from_numpy(np.asarray(values, dtype=np.float32)),
+            size=tuple(int(v) for v in shape),
+        )
+
+
+def spmm_ms(A, B, **kw) -> float:
+    """ms of torch.sparse.mm(A, B) (see :func:`time_call`)."""
+    import torch
+
+    return time_call(lambda: torch.sparse.mm(A, B), **kw)
+
+
+def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 65536), dense_cols=(1, 256), degree=(1.0, 64.0), max_nnz: int = 4_000_000):
+    """Random log-uniform shard shapes: rows, common, dense_cols (powers of two and odd), nnz = rows * degree."""
+    rng = np.random.default_rng(seed)
+
+    def log_uniform(lo, hi, n):
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), n))
+
+    r = np.round(log_uniform(*rows, count)).astype(np.int64)
+    c = np.round(log_uniform(*common, count)).astype(np.int64)
+    k = np.maximum(1, np.round(log_uniform(*dense_cols, count))).astype(np.int64)
+    nnz = np.round(r * log_uniform(*degree, count)).astype(np.int64)
+    nnz = np.minimum(np.minimum(nnz, max_nnz), r * c)
+    return [dict(nnz=int(a), rows=int(b), common=int(d), dense_cols=int(e)) for a, b, d, e in zip(nnz, r, c, k)]
+
+
+SWEEP_STATISTICS = ("min", "median")
+
+
+def _shape_bytes(shape) -> int:
+    """Bytes of one sweep shape's operands: CSR (int32 index + fp32 value per nonzero) and dense B."""
+    return 8 * int(shape["nnz"]) + 4 * (int(shape["rows"]) + 1) + 4 * int(shape["common"]) * int(shape["dense_cols"])
+
+
+def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
+               statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
+    """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm records.
+
+    Interleaved passes: each of ``passes`` passes visits every shape once, in a fresh
+    random order, and keeps the minimum over ``repeats`` samples of >= 2 ms. A shape's
+    passes thus lie spread over the whole sweep, and every shape sees the same mix of
+    host states (the speed of a shared host drifts over seconds to minutes, and
+    neighbouring shapes in time err together). Per shape::
+
+        time_min_ms    = min over passes      time_median_ms = median over passes
+        time_ms        = the one named by ``statistic``
+
+    Shape i's matrix comes from the generator seeded (seed, i); operands are kept in
+    memory between passes while they fit ``cache_bytes`` in all, else rebuilt.
+    """
+    import torch
+
+    if statistic not in SWEEP_STATISTICS:
+        raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
+
+    passes = max(1, int(passes))
+    samples = [[] for _ in shapes]
+    nnz = [0] * len(shapes)
+    keep = passes > 1 and sum(_shape_bytes(s) for s in shapes) <= cache_bytes
+    cache: dict[int, tuple] = {}
+    order_rng = np.random.default_rng([seed, len(shapes), passes])
+
+    def operands(i):
+        if i in cache:
+            return cache[i]
+        shape = shapes[i]
+        A = random_csr(shape["rows"], shape["common"], shape["nnz"], np.random.default_rng([seed, i]))
+        B = torch.rand(shape["common"], shape["dense_cols"], generator=torch.Generator().manual_seed(seed * 1_000_003 + i))
+        if keep:
+            cache[i] = (A, B)
+        return A, B
+
+    for _ in range(passes):
+        for i in order_rng.permutation(len(shapes)):
+            A, B = operands(int(i))
+            samples[i].append(spmm_ms(A, B, repeats=repeats, statistic="min"))
+            nnz[i] = int(A._nnz())
+            del A, B
+            if progress is not None:
+                progress()
+    cache.clear()
+    records = []
+    for i, shape in enumerate(shapes):
+        t_min, t_med = float(np.min(samples[i])), float(np.median(samples[i]))
+        records.append(
+            {
+                "schema": SPMM_SCHEMA,
+                "source": "sweep",
+                "statistic": f"{statistic} over {passes} interleaved pass(es) of (min over {repeats} samples of >= 2 ms)",
+                "nnz": nnz[i],
+                "rows": shape["rows"],
+                "common": shape["common"],
+                "dense_cols": shape["dense_cols"],
+                "time_ms": t_min if statistic == "min" else t_med,
+                "time_min_ms": t_min,
+                "time_median_ms": t_med,
+                "threads": torch.get_num_threads(),
+                "passes": passes,
+                "repeats": repeats,
+                "kernel": "torch.sparse.mm(csr int32, dense)",
+                "measured_at": now_utc(),
+            }
+        )
+    return records
+
+
+def shard(matrix, row_block: int, col_block: int, row_index: int, col_index: int):
+    """Block (row_index, col_index) of a scipy CSR matrix cut into row_block x col_block tiles
+    (zero padded to row_block x col_block past the matrix, as the trainer allocates)."""
+    n_rows, n_cols = matrix.shape
+    r0, c0 = row_index * row_block, col_index * col_block
+    part = matrix[min(r0, n_rows) : min(r0 + row_block, n_rows), min(c0, n_cols) : min(c0 + col_block, n_cols)]
+    import scipy.sparse as sp
+
+    out = sp.csr_matrix((part.data, part.indices, part.indptr), shape=(part.shape[0], part.shape[1]))
+    out.resize((row_block, col_block))
+    return out
+
+
+def _torch_csr(m):
+
+    m = m.tocsr()
+    return _csr_tensor(m.indptr, m.indices, m.data, m.shape)
+
+
+def calibrate_graph_shards(
+    adjacency,
+    widths,
+    gpus: int,
+    *,
+    grids=None,
+    seed: int = 0,
+    repeats: int = 5,
+    all_shards: bool = False,
+    graph_name: str = "graph",
+    progress=None,
+) -> list[dict]:
+    """Time the real shard SpMMs (forward A F, backward A^T dH) and GEMMs of every grid and layer.
+
+    ``adjacency`` is the GCN-normalized N x N CSR matrix; it is double-permuted, layer i
+    uses P_r A P_c^T for even i and its transpose layout for odd i. The shard of a rank
+    is rows ceil(N/g_d), columns ceil(N/g_o) of that layout at its (depth, outer)
+    coordinates (:func:`plexus_tune.model.shapes.layer_shapes`, the trainer's shard
+    shapes); shards are the same along the inner axis, so each distinct shard is
+    timed once (``all_shards``; otherwise the one with the most nonzeros, which decides
+    the epoch). Returns spmm and gemm records.
+    """
+    import torch
+
+    n = adjacency.shape[0]
+    perm, _, _ = double_permute(adjacency, seed=seed)
+    layouts = [perm.tocsr(), perm.T.tocsr()]
+    grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    widest = max(grids, key=lambda g: int(np.prod(sorted(int(v) for v in g)[1:])))
+    longest = max(grids, key=lambda g: int(max(g)))
+    if int(max(longest)) > n:
+        raise UserError(f"grid {'x'.join(map(str, longest))} of G={gpus:,} has more ranks along an axis than the graph's "
+                        f"{n:,} nodes: its shards would be empty; give a G whose grids fit the graph")
+    check_memory(8 * int(np.prod(sorted(int(v) for v in widest)[1:])), f"the shard counts of grid {'x'.join(map(str, widest))}")
+    stamp = now_utc()
+    records: list[dict] = []
+    for grid in grids:
+        grid = tuple(int(v) for v in grid)
+        for s in layer_shapes(n, widths, grid):
+            layer, g_o, g_d = s.layer, s.g_o, s.g_d
+            r_d, r_o, c_i, c_o = s.r_d, s.r_o, s.c_i, s.c_o
+            layout = layouts[layer % 2]
+            # nonzeros of every (depth, outer) shard, from one pass over the layout
+            coo = layout.tocoo()
+            counts = np.zeros((g_d, g_o), dtype=np.int64)
+            np.add.at(counts, (coo.row // r_d, coo.col // r_o), 1)
+            picks = [(a, b) for a in range(g_d) for b in range(g_o)] if all_shards else [np.unravel_index(int(np.argmax(counts)), counts.shape)]
+            base = {
+                "graph": graph_name,
+                "graph_nodes": n,
+                "grid": format_grid(grid),
+                "gx": grid[0],
+                "gy": grid[1],
+                "gz": grid[2],
+                "gpus": gpus,
+                "layer": layer,
+                "threads": torch.get_num_threads(),
+                "measured_at": stamp,
+            }
+            imbalance = float(counts.max() / max(counts.mean(), 1e-12))
+            for a, b in picks:
+                A = shard(layout, r_d, r_o, int(a), int(b))
+                At = A.T.tocsr()
+                fwd = spmm_ms(_torch_csr(A), torch.rand(r_o, c_i), repeats=repeats, statistic="min")
+                bwd = spmm_ms(_torch_csr(At), torch.rand(r_d, c_i), repeats=repeats, statistic="min")
+                common = {**base, "statistic": "min over samples of >= 2 ms", "shard": [int(a), int(b)], "nnz_imbalance": imbalance, "source": "graph", "kernel": "torch.sparse.mm(csr int32, dense)"}
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "forward", "nnz": int(A.nnz), "rows": r_d, "common": r_o, "dense_cols": c_i, "time_ms": fwd})
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "backward", "nnz": int(A.nnz), "rows": r_o, "common": r_d, "dense_cols": c_i, "time_ms": bwd})
+            H, W, dQ = torch.rand(r_d, c_i), torch.rand(c_i, c_o), torch.rand(r_d, c_o)
+            for name, fn, shape in (
+                ("forward H W", lambda: H @ W, (r_d, c_i, c_o)),
+                ("backward H^T dQ", lambda: H.T @ dQ, (c_i, r_d, c_o)),
+                ("backward dQ W^T", lambda: dQ @ W.T, (r_d, c_o, c_i)),
+            ):
+                t = time_call(fn, repeats=repeats, statistic="min")
+                records.append({"schema": GEMM_SCHEMA, **base, "product": name, "rows": shape[0], "inner": shape[1], "cols": shape[2], "time_ms": t})
+            if progress is not None:
+                progress()
+    return records

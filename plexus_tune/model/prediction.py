@@ -1,0 +1,110 @@
+"""The prediction of one run: the cost model evaluated at every setting of the run's identity.
+
+A run is fixed by its workload (N, NNZ, widths D_0..D_L, element size), its
+configuration (algorithm family and grid), block rows, overlap and communication
+precision, and the machine profile that predicts it. :func:`predict_run` is the only
+place that turns those settings into a prediction; every command that logs, compares,
+validates or plots a prediction of a run calls it, so a logged prediction is what
+``plexus-tune predict`` gives for the same settings (docs/model.md, Epoch time).
+
+Algorithm families (:data:`ALGORITHMS`) map a family name to its vectorized model,
+``fn(workload, machine, grids, *, block_rows, comm_precision, optimizer, options) -> dict`` of
+arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`; the Plexus 3D
+grid (:data:`DEFAULT_ALGORITHM`) is :func:`plexus_tune.model.costs.predict_grids`.
+
+``overlap`` (the trainer's all-reduce of a row block overlapped with the next block's
+SpMM) is part of a run's identity; the model does not credit it, so its prediction is
+that of the same run without overlap (an upper bound on the overlapped run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
+from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
+from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.families import FAMILY_MODELS
+from plexus_tune.model.machine import Machine, load_machine
+
+__all__ = ["ALGORITHMS", "BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_KEYS", "TOTAL_PARTS",
+           "algorithm_model", "predict_run", "predict_run_grids", "prediction_of"]
+
+#: The family of a run that names none: the Plexus 3D grid.
+DEFAULT_ALGORITHM = "plexus-3d"
+
+
+def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
+    if options:
+        raise UserError(f"the {DEFAULT_ALGORITHM} algorithm takes no options, got {', '.join(sorted(options))}")
+    return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=comm_precision,
+                         optimizer=optimizer)
+
+
+#: Algorithm family -> its vectorized model (see the module docstring).
+ALGORITHMS: dict[str, Callable[..., dict]] = {DEFAULT_ALGORITHM: _plexus_3d, **FAMILY_MODELS}
+
+#: The times of a run's prediction, in report order (ms per epoch): its parts, the
+#: fixed overhead, and their sum ``total_ms``.
+PREDICTED_TIME_KEYS = (*BREAKDOWN_KEYS, "overhead_ms", "total_ms")
+
+
+def algorithm_model(name: str | None) -> Callable[..., dict]:
+    """The vectorized model of an algorithm family (default :data:`DEFAULT_ALGORITHM`)."""
+    name = name or DEFAULT_ALGORITHM
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}") from None
+
+
+def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None, overlap: bool = False,
+                      comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
+                      optimizer: str | None = None, options: Mapping | None = None) -> dict[str, np.ndarray]:
+    """The predictions of runs that differ only in their grid: the family's model at the run's settings.
+
+    Arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`, one entry per
+    row of ``grids`` ((K, 3) or a GPU count: all its grids). Arguments as
+    :func:`predict_run`.
+    """
+    machine = machine if isinstance(machine, Machine) else load_machine(machine)
+    model = algorithm_model(algorithm)
+    choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
+    del overlap  # part of the identity; not credited by the model (module docstring)
+    return model(workload, machine, grids, block_rows=int(block_rows) if block_rows else None,
+                 comm_precision=choice, optimizer=optimizer, options=dict(options or {}))
+
+
+def predict_run(workload, machine, grid, *, block_rows: int | None = None, overlap: bool = False,
+                comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
+                optimizer: str | None = None, options: Mapping | None = None) -> dict:
+    """The prediction of one run, plain Python values (JSON-ready).
+
+    Keys: :data:`PREDICTED_TIME_KEYS` (floats, ms per epoch; the parts in
+    :data:`TOTAL_PARTS` add up to ``total_ms``), ``memory_bytes`` (int, per GPU),
+    ``feasible`` (bool: fits the machine's usable memory), ``machine`` (the profile's
+    name) and ``algorithm``. ``grid`` is (Gx, Gy, Gz); ``block_rows`` None or 0 means
+    one block; ``comm_precision`` is the per-class choice of
+    :func:`plexus_tune.model.comm_precision.parse_comm_precision`; ``optimizer`` names the
+    optimizer step (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default the
+    machine's); ``options`` are the family's own settings (none for Plexus 3D).
+    ``overlap`` does not change the prediction (module docstring).
+    """
+    machine = machine if isinstance(machine, Machine) else load_machine(machine)
+    grids = np.asarray([tuple(int(g) for g in grid)], dtype=np.int64)
+    pred = predict_run_grids(workload, machine, grids, block_rows=block_rows, overlap=overlap,
+                             comm_precision=comm_precision, algorithm=algorithm, optimizer=optimizer, options=options)
+    return prediction_of(pred, 0, machine=machine.name, algorithm=algorithm or DEFAULT_ALGORITHM)
+
+
+def prediction_of(pred: Mapping, index: int, *, machine: str, algorithm: str = DEFAULT_ALGORITHM) -> dict:
+    """Entry ``index`` of vectorized predictions as the plain record of :func:`predict_run`."""
+    out: dict = {key: float(pred[key][index]) for key in PREDICTED_TIME_KEYS}
+    out["memory_bytes"] = int(round(float(pred["memory_bytes"][index])))
+    out["feasible"] = bool(pred["feasible"][index])
+    out["machine"] = machine
+    out["algorithm"] = algorithm
+    return out

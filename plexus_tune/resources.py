@@ -1,0 +1,78 @@
+"""What this host can hold, compared before a command starts or allocates anything.
+
+One home for the resource guard (docs/cli.md, "Sizes a host cannot hold"):
+
+- :func:`check_local_ranks`: ranks started on this host against its cores
+  (at most :data:`RANKS_PER_CORE` time-shared per core) and its available memory
+  (:data:`RANK_MEMORY_BYTES` per rank, the resident size of a gloo rank with torch
+  loaded, plus what the ranks load);
+- :func:`check_memory`: one allocation (a generated graph, a table) against the
+  available memory.
+
+A refusal is one :class:`~plexus_tune.errors.UserError` line with the figures. Where a
+user may mean it (more ranks per core than the guard allows, an estimate they know to
+be pessimistic) ``allow=True`` lifts the check; the command line's flag for it is
+``--oversubscribe``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from plexus_tune.errors import UserError
+
+#: ranks time-shared per core before a local launch is refused (tests run 8 ranks on 2 cores)
+RANKS_PER_CORE = 8
+#: resident memory of one local rank before its share of the graph (a gloo rank with torch loaded)
+RANK_MEMORY_BYTES = 256 << 20
+GIB = 2**30
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def available_memory_bytes() -> int:
+    """Memory available to new work on this host: MemAvailable of /proc/meminfo, else free pages."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 62
+
+
+def check_local_ranks(ranks: int, *, load_bytes: int = 0, allow: bool = False, where: str = "this host") -> None:
+    """UserError if ``ranks`` processes on this host exceed its cores x :data:`RANKS_PER_CORE` or its
+    available memory (``ranks`` x :data:`RANK_MEMORY_BYTES` + ``load_bytes``); ``allow`` lifts it."""
+    if allow:
+        return
+    ranks = int(ranks)
+    cores = host_cores()
+    if ranks > RANKS_PER_CORE * cores:
+        raise UserError(f"{ranks:,} ranks on {where} would share {cores} cores ({ranks / cores:,.0f} per core, at most "
+                        f"{RANKS_PER_CORE} allowed); use fewer ranks, a launcher that spreads them over nodes, or allow "
+                        f"oversubscribing", parameter="oversubscribe")
+    need = ranks * RANK_MEMORY_BYTES + int(load_bytes)
+    have = available_memory_bytes()
+    if need > have:
+        raise UserError(f"{ranks:,} ranks on {where} need about {need / GIB:,.1f} GiB ({RANK_MEMORY_BYTES >> 20} MiB each"
+                        + (f" and {load_bytes / GIB:,.1f} GiB of data" if load_bytes else "")
+                        + f"), {have / GIB:,.1f} GiB is available; use fewer ranks or allow oversubscribing",
+                        parameter="oversubscribe")
+
+
+def check_memory(nbytes: float, what: str, *, allow: bool = False) -> None:
+    """UserError if ``what`` needs more than the available memory (``nbytes``, an estimate); ``allow`` lifts it."""
+    if allow:
+        return
+    have = available_memory_bytes()
+    if nbytes > have:
+        raise UserError(f"{what} needs about {nbytes / GIB:,.1f} GiB of memory, {have / GIB:,.1f} GiB is available "
+                        f"on this host; make it smaller")

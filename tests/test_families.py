@@ -1,0 +1,269 @@
+"""Cost and memory models of the CAGNET and SuperGCN families, the joint planner and its CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from plexus_tune.errors import UserError
+from plexus_tune.graph.partition import exchange_plan
+from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
+from plexus_tune.model.families import (
+    FAMILY_MODELS,
+    exchange_stats,
+    point_to_point_ms,
+    schedule_times,
+)
+from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.planner import ALGORITHM_NAMES, family_grids, joint_ranking, joint_space_size
+from plexus_tune.model.volumes import CommCall, UniformExchange
+from plexus_tune.model.workload import Workload, workload_from_dataset
+from plexus_tune.model.comm_precision import parse_comm_precision
+
+
+def tiny_machine(**collectives):
+    coll = {"alpha_intra_us": 1.0, "beta_intra_gbps": 10.0, "alpha_inter_us": 5.0, "beta_inter_gbps": 1.0}
+    coll.update(collectives)
+    return Machine.from_dict({"name": "tiny", "gpus_per_node": 2, "device_memory_gib": 1, "gemm_tflops": 1,
+                              "spmm": {"kind": "paper", "c0": 1e-3, "c1": 0.0, "c2": 0.0}, "collectives": coll})
+
+
+def test_point_to_point_time_hand_derived():
+    # 4 ranks on 2 nodes: rank 0 sends 3 rows to 1 (same node) and 2 to 2 (other node),
+    # rank 1 sends 1 row to 3; both ranks of node 0 send across nodes, so they share its link
+    rows = np.zeros((4, 4))
+    rows[0, 1], rows[0, 2], rows[1, 3] = 3, 2, 1
+    machine = tiny_machine()
+    stats = exchange_stats(rows, 2)
+    t0 = 1e-3 * (1 * 1.0 + 1 * 5.0) + 1e-6 * 1000 * (3 / 10.0 + 2 * 2 / 1.0)
+    t1 = 1e-3 * 5.0 + 1e-6 * 1000 * (1 * 2 / 1.0)
+    assert point_to_point_ms(machine, stats, 1000.0) == pytest.approx(max(t0, t1))
+    unshared = exchange_stats(rows, 2, sharing=False)
+    assert point_to_point_ms(machine, unshared, 1000.0) == pytest.approx(1e-3 * 6.0 + 1e-6 * 1000 * (0.3 + 2.0))
+
+
+def test_uniform_exchange_equals_its_matrix():
+    machine = tiny_machine()
+    matrix = np.full((6, 6), 2.5)
+    np.fill_diagonal(matrix, 0)
+    a = point_to_point_ms(machine, exchange_stats(matrix, 2), 64.0)
+    b = point_to_point_ms(machine, exchange_stats(UniformExchange(6, 2.5), 2), 64.0)
+    assert a == pytest.approx(b)
+
+
+def test_broadcast_is_a_pipelined_ring():
+    # g = 2 ranks inside a node: (g-1) alpha + M / beta
+    machine = tiny_machine()
+    call = CommCall("b", "broadcast", "aggregation", "forward", 0, 2, 1, 1e6, 10, 3, np.zeros(2))
+    times = schedule_times(machine, [call], parse_comm_precision("fp32"), 4)
+    assert times["broadcast_ms"] == pytest.approx(3 * (1e-3 * 1.0 + 1e-6 * 1e6 / 10.0))
+    assert times["comm_ms"] == times["broadcast_ms"] == times["comm_x_ms"]
+
+
+def test_15d_memory_hand_derived():
+    # N = 10, NNZ = 30, widths 3 -> 2 on 4 ranks, c = 1: b = 3 rows; a rank runs all 4 stages and
+    # keeps its block row as 4 pieces of 3 rows and 30/16 nonzeros each
+    w = Workload("t", 10, 30, (3, 2))
+    pred = FAMILY_MODELS["cagnet-1d"](w, load_machine("perlmutter"), [(4, 1, 1)])
+    z = 4 * 30 / 16
+    expected = {
+        "adjacency": 2 * (z * 8 + (4 * 3 + 4) * 4),  # A and A^T: nnz (4 + 4) + (rows + one per piece) 4
+        "weights": 4 * (3 + 1) * 2 * 4,  # value, gradient, two moments of W (3 x 2) and b (2)
+        "features": 4 * 3 * 3 * 4,  # trainable input block b x D_0
+        "activations": (2 * 3 * 3 + 2 * 3 * 2) * 4,
+        "gathered": 3 * 3 * 4,  # one received block b x max D_i
+        "labels": 8 * 3,
+    }
+    for part, value in expected.items():
+        assert pred[f"memory_{part}_bytes"][0] == pytest.approx(value)
+    assert pred["memory_bytes"][0] == pytest.approx(sum(expected.values()))
+
+
+@pytest.mark.parametrize("family,grid", [("cagnet-1d", (16, 1, 1)), ("cagnet-1.5d", (4, 4, 1)), ("cagnet-2d", (4, 4, 1)),
+                                         ("cagnet-3d", (2, 2, 4)), ("supergcn", (16, 1, 1))])
+def test_parts_add_up(family, grid):
+    w = workload_from_dataset("ogbn-products")
+    for precision in ("fp32", "int8"):
+        pred = FAMILY_MODELS[family](w, load_machine("perlmutter"), [grid], comm_precision=precision)
+        assert pred["total_ms"][0] == pytest.approx(sum(pred[k][0] for k in TOTAL_PARTS))
+        assert pred["comm_ms"][0] == pytest.approx(sum(pred[k][0] for k in COMM_OP_KEYS))
+        assert pred["comm_ms"][0] == pytest.approx(pred["comm_x_ms"][0] + pred["comm_y_ms"][0] + pred["comm_z_ms"][0])
+        assert pred["comm_ms"][0] > 0 and pred["spmm_ms"][0] > 0
+
+
+def test_reduced_precision_shortens_the_exchange():
+    w = workload_from_dataset("ogbn-products")
+    m = load_machine("perlmutter")
+    fp32 = FAMILY_MODELS["supergcn"](w, m, [(64, 1, 1)], comm_precision="fp32")
+    int2 = FAMILY_MODELS["supergcn"](w, m, [(64, 1, 1)], comm_precision="int2")
+    assert int2["point_to_point_ms"][0] < fp32["point_to_point_ms"][0] / 4
+
+
+def ring_graph(n=64):
+    rows = np.arange(n)
+    a = sp.csr_matrix((np.ones(2 * n), (np.r_[rows, rows], np.r_[(rows + 1) % n, (rows - 1) % n])), shape=(n, n))
+    return a
+
+
+def test_supergcn_from_a_graph_uses_its_partition():
+    a = ring_graph()
+    w = Workload("ring", 64, 64 * 3, (4, 2))
+    m = load_machine("perlmutter")
+    part = np.repeat(np.arange(4), 16)  # contiguous arcs: each part sends one row to each neighbour part
+    plan = exchange_plan(a, part)
+    assert plan.rows["hybrid"].sum() == 8
+    pred = FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)], options={"aggregation": "hybrid", "plan": plan})
+    assert not pred["estimated"][0]
+    # busiest rank sends 2 rows of 4 (layer 0) and 2 rows of 2... forward and backward, plus the dW all-reduce
+    assert pred["volume_bytes"][0] == (2 * 2 * 4 * 4) + 2 * 3 * math.ceil(10 / 4) * 4
+    est = FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)])
+    assert est["estimated"][0]
+
+
+def test_joint_ranking_matches_each_family_and_is_sorted():
+    w = workload_from_dataset("ogbn-products")
+    m = load_machine("perlmutter")
+    ranking = joint_ranking(w, m, 16, precisions=("fp32", "bf16"))
+    assert len(ranking.records) == joint_space_size(16, 2)["total"]
+    feasible = [r["total_ms"] for r in ranking.records if r["feasible"]]
+    assert feasible == sorted(feasible)
+    assert [r["rank"] for r in ranking.records] == list(range(1, len(ranking.records) + 1))
+    best = ranking.best_per_family()
+    for family in ALGORITHM_NAMES:
+        mine = [r for r in ranking.records if r["algorithm"] == family and r["feasible"]]
+        assert best[family]["total_ms"] == min(r["total_ms"] for r in mine)
+    for rec in ranking.records[:40]:
+        if rec["algorithm"] == "plexus-3d":
+            continue
+        grid = (rec["gx"], rec["gy"], rec["gz"])
+        options = {"aggregation": rec["aggregation"]} if rec["algorithm"] == "supergcn" else None
+        own = FAMILY_MODELS[rec["algorithm"]](w, m, [grid], comm_precision=rec["comm_precision"], options=options)
+        assert rec["total_ms"] == pytest.approx(own["total_ms"][0])
+        assert rec["memory_bytes"] == round(own["memory_bytes"][0])
+
+
+def test_family_grids():
+    assert family_grids("cagnet-1.5d", 64).tolist() == [[32, 2, 1], [16, 4, 1], [8, 8, 1]]
+    assert len(family_grids("cagnet-2d", 12)) == 6
+    assert all(g[2] >= 2 for g in family_grids("cagnet-3d", 8))
+    assert family_grids("cagnet-1.5d", 3).size == 0
+
+
+def test_bad_family_inputs():
+    w = workload_from_dataset("ogbn-products")
+    m = load_machine("perlmutter")
+    with pytest.raises(UserError):
+        FAMILY_MODELS["cagnet-1.5d"](w, m, [(2, 4, 1)])  # c*c > G
+    with pytest.raises(UserError):
+        FAMILY_MODELS["cagnet-3d"](w, m, [(4, 4, 1)])
+    with pytest.raises(UserError):
+        FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)], options={"aggregation": "sideways"})
+    with pytest.raises(UserError):
+        FAMILY_MODELS["cagnet-2d"](w, m, [(4, 4, 1)], block_rows=128)
+    with pytest.raises(UserError):
+        joint_ranking(w, m, 64, algorithms=("cagnet-1.5d",), replication=3)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "plexus_tune", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_predict_all_prints_joint_ranking_and_family_bests():
+    out = cli("predict", "--algorithm", "all", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter")
+    assert out.returncode == 0, out.stderr
+    assert "joint ranking" in out.stdout and "best of each family" in out.stdout
+    for family in ALGORITHM_NAMES:
+        assert family in out.stdout
+    assert "estimated" in out.stdout and "Recommended:" in out.stdout
+
+
+def test_predict_all_json_agrees_with_the_library():
+    out = cli("predict", "--algorithm", "all", "--dataset", "ogbn-products", "--gpus", "16", "--machine", "perlmutter",
+              "--comm-precision", "fp32", "--format", "json", "--top", "0")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    ranking = joint_ranking(workload_from_dataset("ogbn-products"), "perlmutter", 16)
+    assert len(data["ranking"]) == len(ranking.records)
+    assert [r["total_ms"] for r in data["ranking"][:10]] == pytest.approx([r["total_ms"] for r in ranking.records[:10]])
+
+
+@pytest.mark.parametrize("extra", [
+    ["--algorithm", "cagnet-4d"],
+    ["--algorithm", "cagnet-1.5d", "--replication", "3"],
+    ["--algorithm", "cagnet-1.5d", "--replication", "16"],
+    ["--algorithm", "cagnet-1.5d", "--replication", "nan"],
+    ["--algorithm", "supergcn", "--aggregation", "mid"],
+    ["--algorithm", "plexus-3d", "--aggregation", "pre"],
+    ["--algorithm", "all", "--block-rows", "64"],
+])
+def test_predict_bad_family_inputs_one_line_exit_2(extra):
+    out = cli("predict", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter", *extra)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_search_all_over_counts_with_a_graph_is_exact_and_not_estimated():
+    out = cli("search", "--algorithm", "all", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "4,8",
+              "--machine", "perlmutter", "--comm-precision", "fp32", "--top", "3")
+    assert out.returncode == 0, out.stderr
+    assert "estimated" not in out.stdout and "partition-dependent figures from graph" in out.stdout
+    assert "best of each family" in out.stdout and "4,8 GPUs" in out.stdout
+
+
+def test_search_families_refuses_measured_and_block_rows():
+    for extra in (["--measured"], ["--block-rows", "64..128"]):
+        out = cli("search", "--algorithm", "cagnet-2d", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "4",
+                  *extra)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_search_ranking_objective_gpu_hours():
+    from plexus_tune.search.families import search_ranking
+
+    w = workload_from_dataset("ogbn-products")
+    r = search_ranking(w, "perlmutter", [8, 16], objective="gpu-hours", algorithms=("cagnet-1.5d", "cagnet-2d"))
+    values = [rec["objective_value"] for rec in r.records if rec["feasible"]]
+    assert values == sorted(values)
+    for rec in r.records:
+        assert rec["objective_value"] == pytest.approx(rec["total_ms"] * rec["gpus"] * 100 / 3.6e6)
+
+
+def test_run_prediction_of_a_family_run_is_the_family_model():
+    from plexus_tune.model.prediction import ALGORITHMS, predict_run
+
+    assert set(ALGORITHMS) == set(ALGORITHM_NAMES)
+    w = Workload("ring", 64, 64 * 3, (4, 2))
+    g = ring_graph()
+    run = predict_run(w, "perlmutter", (4, 1, 1), algorithm="supergcn", options={"aggregation": "pre", "graph": g})
+    own = FAMILY_MODELS["supergcn"](w, load_machine("perlmutter"), [(4, 1, 1)],
+                                    options={"aggregation": "pre", "graph": g})
+    assert run["total_ms"] == pytest.approx(own["total_ms"][0]) and run["algorithm"] == "supergcn"
+    run = predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 2})
+    assert run["total_ms"] == pytest.approx(FAMILY_MODELS["cagnet-1.5d"](w, "perlmutter", [(2, 2, 1)])["total_ms"][0])
+    with pytest.raises(UserError):
+        predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 4})
+
+
+def test_supergcn_estimate_hand_derived():
+    from plexus_tune.model.families import estimated_boundary_rows
+
+    est = estimated_boundary_rows(100, 500, 4)
+    # 400 off-diagonal nonzeros, 25 per ordered pair, hitting 25 possible sources: 25 (1 - e^-1)
+    assert est.rows == pytest.approx(25 * (1 - math.exp(-1)))
+    assert est.sent().tolist() == pytest.approx([3 * 25 * (1 - math.exp(-1))] * 4)
+
+
+def test_predict_graph_gives_partition_figures():
+    out = cli("predict", "--algorithm", "all", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "8",
+              "--machine", "perlmutter", "--comm-precision", "fp32", "--format", "json", "--top", "0")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["estimated"] == []
+    modes = {r["aggregation"]: r for r in data["ranking"] if r["algorithm"] == "supergcn"}
+    assert modes["hybrid"]["comm_ms"] <= min(modes["pre"]["comm_ms"], modes["post"]["comm_ms"]) + 1e-9
+    assert all(not r["estimated"] for r in data["ranking"])
