@@ -1,33 +1,28 @@
-"""Sparsity structure of SpMM operands: the statistics the graph-aware SpMM model reads.
+"""Sparsity structure of SpMM operands and of a graph's shards (docs/model.md, "Sparsity structure").
 
-One SpMM multiplies a sparse ``rows x common`` operand by a dense ``common x k`` one.
-Its structure is summarized from the operand's row lengths (nonzeros per row) and
-column counts (nonzeros per column) alone (docs/model.md, "Sparsity structure"):
+The structure of a sparse ``rows x common`` operand is summarized from its row lengths
+and column counts alone (:func:`operand_structure`)::
 
     row_length_cv             std / mean of the row lengths
     top1pct_column_share      share of the nonzeros in the max(1, common // 100) most
                               popular columns
     touched_column_fraction   share of the columns holding at least one nonzero
     column_share              share of the nonzeros in the 2^j most popular columns,
-                              j = 0 .. SHARE_POINTS - 1 (1 from 2^j >= common on)
+                              j = 0 .. SHARE_POINTS - 1 (1 once 2^j >= common)
 
-The transpose A^T of an operand swaps the two count vectors.
-
-:func:`grid_shard_structure` finds, for every (row blocks, column blocks) split of a
-graph's normalized adjacency after the trainer's permutation, the nonzeros of every
-block and the counts of the largest one: the shard a grid's slowest rank multiplies.
+The transpose swaps the two count vectors. :class:`PermutedPattern` holds a graph's
+normalized adjacency pattern after a permutation and :func:`split_structure` finds the
+largest block of a block split and the structure of it and its transpose.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
-
-from plexus_tune.errors import UserError
 
 #: Points of the column popularity curve: share of nonzeros in the 2^j most popular columns.
 SHARE_POINTS = 32
@@ -78,77 +73,6 @@ def operand_structure(row_counts, col_counts) -> dict:
     }
 
 
-def _poisson_top_share(lam: float, common: float, m: float, nnz: float) -> float:
-    """Expected share of ``nnz`` held by the m largest of ``common`` iid Poisson(lam) counts."""
-    if m >= common:
-        return 1.0
-    if lam > 200:  # normal limit: the top q = m / common hold lam + sqrt(lam) pdf(z_q) / q each
-        from statistics import NormalDist
-
-        q = m / common
-        z = NormalDist().inv_cdf(1.0 - q)
-        held = m * (lam + math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) / q * math.sqrt(lam))
-        return min(1.0, held / nnz)
-    x = np.arange(int(lam + 12 * math.sqrt(lam) + 30), dtype=np.float64)
-    log_pmf = x * math.log(lam) - lam - np.array([math.lgamma(v + 1) for v in x])
-    pmf = np.exp(log_pmf)
-    # columns of count >= x, and the nonzeros they hold, counted from the top
-    at_least = np.cumsum(pmf[::-1])[::-1] * common
-    held_at_least = np.cumsum((x * pmf)[::-1])[::-1] * common
-    t = int(np.searchsorted(-at_least, -m, side="right")) - 1  # largest x with at_least[x] >= m
-    t = max(t, 0)
-    above = at_least[t + 1] if t + 1 < len(x) else 0.0
-    held = (held_at_least[t + 1] if t + 1 < len(x) else 0.0) + (m - above) * x[t]
-    return min(1.0, held / nnz)
-
-
-def uniform_structure(nnz: float, rows: float, common: float) -> dict:
-    """Expected structure of ``nnz`` nonzeros placed uniformly at random (with repeats).
-
-    Row lengths and column counts are then multinomial, close to iid Poisson of mean
-    lambda = nnz / common per column: CV sqrt((1 - 1/rows) rows / nnz), touched fraction
-    1 - (1 - 1/common)^nnz, and the m most popular columns hold the top m of common
-    Poisson(lambda) counts (exact tail sums; the normal limit past lambda = 200). The
-    default structure of a graph given only by its size (docs/model.md, "Sparsity
-    structure").
-    """
-    nnz, rows, common = float(nnz), max(float(rows), 1.0), max(float(common), 1.0)
-    if nnz <= 0:
-        return {"row_length_cv": 0.0, "top1pct_column_share": 0.0, "touched_column_fraction": 0.0,
-                "column_share": [1.0] * SHARE_POINTS}
-    lam = nnz / common
-    touched = common * -math.expm1(nnz * math.log1p(-1.0 / common)) if common > 1 else 1.0
-    return {
-        "row_length_cv": math.sqrt(max(1.0 - 1.0 / rows, 0.0) * rows / nnz),
-        "top1pct_column_share": float(_poisson_top_share(lam, common, max(1.0, math.floor(common / 100)), nnz)),
-        "touched_column_fraction": touched / common,
-        "column_share": [round(float(_poisson_top_share(lam, common, float(2**j), nnz)), 6) for j in range(SHARE_POINTS)],
-    }
-
-
-def check_structure(structure: Mapping, where: str = "structure") -> dict:
-    """A structure record with every key of :data:`STRUCTURE_KEYS`, finite and in range, or UserError."""
-    if not isinstance(structure, Mapping):
-        raise UserError(f"{where}: a structure must be an object with {', '.join(STRUCTURE_KEYS)}")
-    missing = [k for k in STRUCTURE_KEYS if k not in structure]
-    if missing:
-        raise UserError(f"{where}: structure lacks {', '.join(missing)}; record it with 'plexus-tune calibrate spmm'")
-    out = {}
-    for key in STRUCTURE_KEYS[:3]:
-        value = structure[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise UserError(f"{where}: structure {key!r} must be a finite number >= 0, got {value!r}")
-        out[key] = float(value)
-    curve = structure["column_share"]
-    try:
-        values = np.asarray(curve, dtype=np.float64)
-    except (TypeError, ValueError):
-        values = np.array([np.nan])
-    if values.shape != (SHARE_POINTS,) or not np.all(np.isfinite(values)) or values.min() < 0 or values.max() > 1 + 1e-9:
-        raise UserError(f"{where}: structure 'column_share' must be {SHARE_POINTS} shares between 0 and 1")
-    out["column_share"] = values.tolist()
-    return out
-
 
 # --------------------------------------------------------------------------- graph shards
 
@@ -156,58 +80,65 @@ def check_structure(structure: Mapping, where: str = "structure") -> dict:
 class PermutedPattern:
     """The pattern of a graph's normalized adjacency (self-loops added) after a permutation.
 
-    Holds the permuted matrix ``B = A_hat[row_perm][:, col_perm]`` as CSR without
-    sorted column indices (the counts never need them). ``B`` is what layer 0
-    multiplies; odd layers multiply ``B^T`` (docs/model.md, "Sparsity structure").
+    ``B = A_hat[row_perm][:, col_perm]``: the stored entries as CSR rows in the new order
+    with new column ids (unsorted within a row: counting never needs the order), and the
+    self-loops that GCN normalization adds (one per row without a stored diagonal) kept
+    apart as (new row, new column) pairs.
     """
 
-    def __init__(self, adjacency, row_perm: np.ndarray, col_perm: np.ndarray):
+    def __init__(self, adjacency, row_perm: np.ndarray | None = None, col_perm: np.ndarray | None = None, *,
+                 self_loops: bool = True):
         csr = sp.csr_matrix(adjacency)
+        if row_perm is None:
+            row_perm = np.arange(csr.shape[0], dtype=np.int64)
+        if col_perm is None:
+            col_perm = row_perm
         n = csr.shape[0]
-        indptr = csr.indptr.astype(np.int64)
-        lengths = np.diff(indptr)
-        # self-loops of GCN normalization: every row without a stored diagonal gains one
-        row_of = np.repeat(np.arange(n, dtype=csr.indices.dtype), lengths)
+        index_dtype = np.int32 if n < 2**31 else np.int64
+        row_perm = np.asarray(row_perm, dtype=np.int64)
+        inv_row = np.empty(n, dtype=index_dtype)
+        inv_row[row_perm] = np.arange(n, dtype=index_dtype)
+        inv_col = np.empty(n, dtype=index_dtype)
+        inv_col[np.asarray(col_perm, dtype=np.int64)] = np.arange(n, dtype=index_dtype)
+        # rows that store their diagonal keep it; every other row gains a self-loop
+        lengths = np.diff(csr.indptr)
         has_diag = np.zeros(n, dtype=bool)
+        row_of = np.repeat(np.arange(n, dtype=index_dtype), lengths)
         has_diag[row_of[csr.indices == row_of]] = True
         del row_of
-        lengths = lengths + ~has_diag
-        row_perm = np.asarray(row_perm, dtype=np.int64)
-        inv_col = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
-        inv_col[np.asarray(col_perm, dtype=np.int64)] = np.arange(n, dtype=inv_col.dtype)
-        new_lengths = lengths[row_perm]
-        self.indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(new_lengths, out=self.indptr[1:])
-        self.indices = np.empty(int(self.indptr[-1]), dtype=inv_col.dtype)
-        # gather old rows in the new order: one slice copy per row is too slow in Python;
-        # build the source positions of every entry with a repeat/arange trick instead
-        starts = indptr[:-1][row_perm]
-        stored = np.diff(indptr)[row_perm]
-        dest_start = self.indptr[:-1]
-        offsets = np.arange(int(stored.sum()), dtype=np.int64) - np.repeat(np.cumsum(stored) - stored, stored)
-        src = np.repeat(starts, stored) + offsets
-        dst = np.repeat(dest_start, stored) + offsets
-        del offsets
-        self.indices[dst] = inv_col[csr.indices[src]]
-        del src, dst
-        lacking = np.flatnonzero(~has_diag[row_perm])
-        self.indices[self.indptr[lacking + 1] - 1] = inv_col[row_perm[lacking]]
+        lacking = np.flatnonzero(~has_diag) if self_loops else np.zeros(0, dtype=np.int64)
+        self.loop_rows = inv_row[lacking]
+        self.loop_cols = inv_col[lacking]
+        permuted = csr[row_perm] if not np.array_equal(row_perm, np.arange(n)) else csr
+        self.indptr = np.asarray(permuted.indptr, dtype=np.int64)
+        self.indices = inv_col[permuted.indices]
         self.nodes = n
+        self._column_blocks: dict = {}
 
     @property
     def nnz(self) -> int:
-        return int(self.indptr[-1])
+        return int(self.indptr[-1]) + int(self.loop_rows.size)
+
+    def _blocks_of_columns(self, col_blocks: int) -> np.ndarray:
+        """Column block of every stored entry for a split into col_blocks (cached: splits share it)."""
+        if col_blocks not in self._column_blocks:
+            bc = -(-self.nodes // col_blocks)
+            dtype = np.int16 if col_blocks < 2**15 else np.int32
+            self._column_blocks = {col_blocks: (self.indices // bc).astype(dtype, copy=False)}
+        return self._column_blocks[col_blocks]
 
     def block_counts(self, row_blocks: int, col_blocks: int) -> np.ndarray:
         """Nonzeros of every block of a row_blocks x col_blocks split, blocks of ceil(N / g) rows/columns."""
         n = self.nodes
         br, bc = -(-n // row_blocks), -(-n // col_blocks)
+        cb = self._blocks_of_columns(col_blocks)
         counts = np.zeros((row_blocks, col_blocks), dtype=np.int64)
         for r in range(row_blocks):
             lo, hi = self.indptr[min(r * br, n)], self.indptr[min((r + 1) * br, n)]
-            cols = self.indices[lo:hi]
-            if cols.size:
-                counts[r] = np.bincount(cols // bc, minlength=col_blocks)[:col_blocks]
+            if hi > lo:
+                counts[r] = np.bincount(cb[lo:hi], minlength=col_blocks)[:col_blocks]
+        loops = (self.loop_rows // br).astype(np.int64) * col_blocks + self.loop_cols // bc
+        counts += np.bincount(loops, minlength=row_blocks * col_blocks).reshape(row_blocks, col_blocks)
         return counts
 
     def block_vectors(self, row_blocks: int, col_blocks: int, r: int, c: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,32 +149,70 @@ class PermutedPattern:
         lo, hi = self.indptr[r0], self.indptr[r1]
         cols = self.indices[lo:hi]
         keep = (cols >= c * bc) & (cols < (c + 1) * bc)
-        row_ids = np.repeat(np.arange(r1 - r0), np.diff(self.indptr[r0:r1 + 1]))
-        row_counts = np.bincount(row_ids[keep], minlength=br)[:br]
-        col_counts = np.bincount(cols[keep] - c * bc, minlength=bc)[:bc]
-        return row_counts, col_counts
+        row_ids = np.repeat(np.arange(r1 - r0), np.diff(self.indptr[r0:r1 + 1]))[keep]
+        col_ids = cols[keep] - c * bc
+        loops = (self.loop_rows >= r0) & (self.loop_rows < r1) & (self.loop_cols >= c * bc) & (self.loop_cols < (c + 1) * bc)
+        row_ids = np.concatenate([row_ids, self.loop_rows[loops] - r0])
+        col_ids = np.concatenate([col_ids, self.loop_cols[loops] - c * bc])
+        return np.bincount(row_ids, minlength=br)[:br], np.bincount(col_ids, minlength=bc)[:bc]
+
+
+def split_structure(pattern: PermutedPattern, row_blocks: int, col_blocks: int) -> dict:
+    """The largest block of a row_blocks x col_blocks split of ``pattern``.
+
+    ``{"nnz_max", "nnz_mean", "block": (r, c), "forward": structure, "transpose":
+    structure}``: ``forward`` describes the block as a ``ceil(N/R) x ceil(N/C)``
+    operand, ``transpose`` its transpose (:func:`plexus_tune.model.sparsity.operand_structure`).
+    """
+    counts = pattern.block_counts(row_blocks, col_blocks)
+    r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
+    row_counts, col_counts = pattern.block_vectors(row_blocks, col_blocks, int(r), int(c))
+    return {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (int(r), int(c)),
+            "forward": operand_structure(row_counts, col_counts), "transpose": operand_structure(col_counts, row_counts)}
 
 
 def grid_shard_structure(pattern: PermutedPattern, splits: Iterable[tuple[int, int]], *, progress=None) -> dict:
-    """The largest block of each (row blocks, column blocks) split of ``pattern``.
-
-    Returns ``{(R, C): {"nnz_max", "nnz_mean", "block": (r, c), "forward": structure,
-    "transpose": structure}}`` where ``forward`` describes the block as a ``ceil(N/R) x
-    ceil(N/C)`` operand and ``transpose`` its transpose (:func:`operand_structure`).
-    """
+    """:func:`split_structure` of every (row blocks, column blocks) split, ``{(R, C): entry}``."""
     out = {}
-    for R, C in splits:
+    for R, C in sorted(set(splits), key=lambda rc: (rc[1], rc[0])):  # splits of one C share its column blocks
         t0 = time.perf_counter()
-        counts = pattern.block_counts(R, C)
-        r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
-        row_counts, col_counts = pattern.block_vectors(R, C, int(r), int(c))
-        out[(R, C)] = {
-            "nnz_max": int(counts.max()),
-            "nnz_mean": float(counts.sum() / counts.size),
-            "block": (int(r), int(c)),
-            "forward": operand_structure(row_counts, col_counts),
-            "transpose": operand_structure(col_counts, row_counts),
-        }
+        out[(R, C)] = split_structure(pattern, R, C)
         if progress is not None:
             progress(R, C, time.perf_counter() - t0)
     return out
+
+
+def pattern_symmetric(adjacency) -> bool:
+    """Whether the adjacency's pattern equals its transpose's (checked row length first)."""
+    csr = sp.csr_matrix(adjacency)
+    rows_len = np.diff(csr.indptr)
+    cols_len = np.bincount(csr.indices, minlength=csr.shape[1])
+    if not np.array_equal(rows_len, cols_len):
+        return False
+    t = csr.T.tocsr()
+    a = csr.copy()
+    a.sort_indices()
+    t.sort_indices()
+    return bool(np.array_equal(a.indices, t.indices))
+
+
+def normalized_nnz(adjacency) -> int:
+    """Nonzeros of the GCN-normalized adjacency: the stored ones plus a self-loop for each
+    row without a stored diagonal (:func:`plexus_tune.graph.core.gcn_normalize`), counted
+    without building it."""
+    csr = sp.csr_matrix(adjacency)
+    n = csr.shape[0]
+    row_of = np.repeat(np.arange(n, dtype=csr.indices.dtype), np.diff(csr.indptr))
+    with_diagonal = np.unique(row_of[csr.indices == row_of]).size
+    return int(csr.nnz + n - with_diagonal)
+
+
+def shard_directory_matrix(shard_dir) -> tuple[sp.csr_matrix, dict]:
+    """(B, manifest) of a shard directory: the whole stored permuted normalized adjacency
+    (its first num_nodes rows and columns) and the directory's manifest."""
+    from plexus_tune.graph.shards import check_shard_files, load_shard_range
+
+    manifest = check_shard_files(shard_dir)
+    n = int(manifest["num_nodes"])
+    matrix = load_shard_range(shard_dir, (0, n), (0, n), manifest=manifest)
+    return matrix, manifest
