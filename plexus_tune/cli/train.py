@@ -19,7 +19,8 @@ from plexus_tune.graph.generators import parse_spec
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
-from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
     TRAINED_ALGORITHMS,
