@@ -139,3 +139,56 @@ def test_cuda_device_without_a_gpu_is_one_user_error():
     else:
         with pytest.raises(UserError, match="no CUDA device is visible"):
             resolve_device("cuda")
+
+
+H100 = REPO / "measurements" / "h100-2026-11-25"
+
+
+@pytest.mark.slow
+def test_fit_a_gpu_profile_without_collective_logs(tmp_path, run_cli):
+    from plexus_tune.measure.store import read_runs
+    from plexus_tune.model.machine import load_machine
+
+    out = tmp_path / "gpu.json"
+    args = ["fit", "--machine-name", "gpu", "--out", str(out), "--spmm", str(H100 / "spmm-sweep.jsonl"),
+            "--gemm", str(H100 / "rmat-gemm-shards.jsonl"), "--collectives-from", "perlmutter", "--elementwise-gbps", "2967.7",
+            "--optimizer-runs", str(H100 / "trainer-runs.jsonl"), "--device-memory-gib", "79.18", "--kind", "roofline",
+            "--splits", "10", "--jobs", "1", "--provenance", "elementwise_gbps=the copy rate of env.json"]
+    # bad inputs: one line, exit 2, nothing written
+    for bad, message in ((["--provenance", "nonsense=x"], "'nonsense' is not a profile field"),
+                         (["--provenance", "elementwise_gbps"], "expected FIELD=TEXT"),
+                         (["--optimizer", "sgd"], "unknown optimizer 'sgd'")):
+        code, _, err = run_cli(args[:-2] + bad if bad[0] == "--provenance" else args + bad)
+        assert code == 2 and message in err and err.count("\n") == 1, err
+        assert not out.exists()
+    code, _, err = run_cli(args + ["--collectives", str(H100 / "env.json")])
+    assert code == 2 and not out.exists()
+    code, stdout, err = run_cli(args)
+    assert code == 0, err
+    profile = json.loads(out.read_text())
+    perlmutter = load_machine("perlmutter")
+    assert profile["collectives"] == perlmutter.raw["collectives"] and profile["gpus_per_node"] == 4
+    assert "NOT measured on this machine" in profile["provenance"]["collectives"]
+    assert profile["provenance"]["elementwise_gbps"].endswith("the copy rate of env.json")
+    assert profile["optimizer"] == "adamw-fused" and profile["elementwise_gbps"] == 2967.7
+    runs = read_runs(H100 / "trainer-runs.jsonl")
+    rate, used = optimizer_gbps_from_runs(runs, gpu=True)
+    assert used == 6 and profile["optimizer_gbps"] == pytest.approx(rate)
+    latency, _ = epoch_latency_from_runs(runs, profile, gpu=True)
+    assert profile["epoch_overhead_ms"] == pytest.approx(latency) and 3.0 < latency < 7.0
+    machine = load_machine(str(out))
+    assert machine.optimizer_gbps == pytest.approx(rate) and "other: elementwise 2968 GB/s" in stdout
+
+
+def test_calibrate_bandwidth_cli(tmp_path, run_cli):
+    log = tmp_path / "bw.jsonl"
+    code, _, err = run_cli(["calibrate", "bandwidth", "--optimizers", "adam", "--out", str(log)])
+    assert code == 2 and "unknown optimizer 'adam'" in err and not log.exists()
+    code, _, err = run_cli(["calibrate", "bandwidth", "--sizes", "0", "--out", str(log)])
+    assert code == 2 and not log.exists()
+    code, out, err = run_cli(["calibrate", "bandwidth", "--sizes", "4096", "--optimizers", "adamw-fused", "--out", str(log)])
+    assert code == 0, err
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["op"] for r in records] == ["copy", "relu", "relu_backward", "column_sum", "optimizer", "sync"]
+    assert all(r["schema"] == "plexus-tune/bandwidth-v1" and r["elements"] in (0, 4096) for r in records)
+    assert "6 records appended" in out

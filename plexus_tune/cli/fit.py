@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     parser.add_argument("--bandwidth", nargs="+", metavar="FILE", help="bandwidth logs (calibrate bandwidth): elementwise_gbps, "
                         "optimizer_gbps and sync_us of the epoch's other part")
     parser.add_argument("--optimizer-runs", nargs="+", metavar="FILE", help="trainer run logs whose optimizer phase gives optimizer_gbps "
-                        "(when no bandwidth log times the optimizer)")
+                        "(when no bandwidth log times the optimizer) and whose other part, less its predicted bytes, gives the "
+                        "per-epoch latency epoch_overhead_ms (without --runs); runs on the profile's kind of device only")
     parser.add_argument("--provenance", nargs="+", default=[], metavar="FIELD=TEXT", help="add TEXT to the provenance of a "
                         "profile field, e.g. where a given number was measured: elementwise_gbps='copy rate measured in env.json'")
     parser.add_argument("--optimizer", default=None, help="the optimizer the trainer runs on this machine (default: the trainer's, adamw-fused)")
@@ -90,6 +91,13 @@ def run(args) -> int:
         raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
     if not args.machine_name.strip():
         raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
+    if args.optimizer is not None:
+        from plexus_tune.model.other import check_optimizer
+
+        try:
+            check_optimizer(args.optimizer)
+        except UserError as exc:
+            raise UserError(f"--optimizer: {exc}") from None
     notes = {}
     for item in args.provenance:
         key, sep, text = item.partition("=")
