@@ -177,20 +177,22 @@ def trainer_vs_pyg(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 6,
 
 
 def lattice_permutations(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 4, warmup: int = 1,
-                         device: str = "cpu", split_grid=(8, 1, 1)) -> dict:
+                         device: str = "cpu", split_grids=((8, 1, 1), (8, 8, 1))) -> dict:
     """The trainer's SpMM phase at 1x1x1 per permutation, and its ratio to natural order:
     ``none``, ``double``, ``local`` (as 1x1x1 applies it: the identity) and
-    ``local@<split_grid>`` (the permutation a grid of those dimensions applies, trained at 1x1x1)."""
+    ``local@<grid>`` for each of ``split_grids`` (the permutation a grid of those
+    dimensions applies, trained at 1x1x1)."""
     import numpy as np
 
     from plexus_tune.trainer import TrainConfig
 
     common = dict(grid=(1, 1, 1), layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
                   backend="nccl" if device == "cuda" else "gloo")
-    split = "x".join(str(int(g)) for g in split_grid)
     variants = {"none": TrainConfig(permute="none", **common), "double": TrainConfig(permute="double", **common),
-                "local": TrainConfig(permute="local", **common),
-                f"local@{split}": TrainConfig(permute="local", extra={"permute_grid": tuple(split_grid)}, **common)}
+                "local": TrainConfig(permute="local", **common)}
+    for split in split_grids:
+        name = "local@" + "x".join(str(int(g)) for g in split)
+        variants[name] = TrainConfig(permute="local", extra={"permute_grid": tuple(int(g) for g in split)}, **common)
     results = _launch(graph, list(variants.values()), device, 1)
     out = {}
     for name, res in zip(variants, results):
@@ -315,7 +317,8 @@ def main_grids(argv=None) -> int:
     from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.launch import default_threads_per_rank
     from plexus_tune.model.memory import memory_breakdown
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
     from plexus_tune.allocator import configure_compute_process
     from plexus_tune.trainer.reference import reference_train
     from plexus_tune.model.workload import Workload

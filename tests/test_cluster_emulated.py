@@ -119,7 +119,7 @@ def test_busbw_factors_follow_nccl_tests():
 
 def test_run_torchrun_rejects_bad_calls():
     from plexus_tune.cluster.emulated import EmulatedCluster
-    from plexus_tune.cluster.launcher import run_torchrun
+    from plexus_tune.launch.emulated import run_torchrun
 
     cluster = EmulatedCluster("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1")  # not started
     with pytest.raises(UserError, match="started cluster"):
@@ -402,7 +402,7 @@ def test_signal_tears_down(signum):
 @pytest.mark.timeout(150)
 def test_torchrun_shaping_inter_and_intra_node(tmp_path):
     from plexus_tune.cluster.emulated import EmulatedCluster
-    from plexus_tune.cluster.launcher import run_torchrun
+    from plexus_tune.launch.emulated import run_torchrun
 
     inter_gbps, latency_us, message_bytes = 0.05, 200, 12_000_000  # ~0.24 s per all-reduce
     spec = f"emulated:nodes=2,ranks_per_node=2,inter_gbps={inter_gbps},inter_latency_us={latency_us}"
@@ -431,7 +431,7 @@ def test_torchrun_shaping_inter_and_intra_node(tmp_path):
 @pytest.mark.timeout(150)
 def test_cut_link_fails_the_job_in_bounded_time(tmp_path):
     from plexus_tune.cluster.emulated import EmulatedCluster
-    from plexus_tune.cluster.launcher import run_torchrun
+    from plexus_tune.launch.emulated import run_torchrun
 
     gloo_timeout_s, timeout_s = 8, 60
     with EmulatedCluster("emulated:nodes=2,ranks_per_node=1,inter_gbps=0.1,inter_latency_us=0") as cluster:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     COMM_CLASSES,
     COMM_PRECISIONS,
     CommPrecision,
@@ -302,7 +302,7 @@ def test_model_module_does_not_import_torch():
 
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    code = ("import sys; import plexus_tune.comm_precision_model as m; "
+    code = ("import sys; import plexus_tune.model.comm_precision as m; "
             "m.wire_bytes('all_reduce', 4, 4096, 'int4', 16); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from plexus_tune.comm_precision_model import codec_bytes, quant_time_ms, wire_bytes, wire_message_bytes
+from plexus_tune.model.comm_precision import codec_bytes, quant_time_ms, wire_bytes, wire_message_bytes
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.grid import enumerate_grids
@@ -133,7 +133,7 @@ def test_search_auto_names_the_precision_it_picked(tmp_path):
 
 
 def test_per_call_term_of_quant_time_hand_derived():
-    from plexus_tune.comm_precision_model import process_group_calls
+    from plexus_tune.model.comm_precision import process_group_calls
 
     assert [process_group_calls("all_reduce", p) for p in ("fp32", "bf16", "int2")] == [1, 2, 2]
     assert [process_group_calls(op, "int8") for op in ("all_gather", "reduce_scatter")] == [1, 1]
@@ -151,7 +151,7 @@ def _collective_rows(machine, quant, call_ms, stamp, fp32_offset_ms=0.0, offset_
     """Collective timings made by the model itself: FP32 at net(M) (+ an offset), int2 at
     net(M') + codec + calls x call_ms, for two shapes, three ops and three sizes; every
     timing ``offset_ms`` slower (a slower day)."""
-    from plexus_tune.comm_precision_model import process_group_calls
+    from plexus_tune.model.comm_precision import process_group_calls
     from plexus_tune.model.machine import collective_time_ms
 
     rows = []
@@ -201,7 +201,7 @@ def test_fit_call_ms_recovers_the_per_call_time_pairing_within_one_run():
 
 
 def test_calibrate_collectives_times_the_reduced_precision_scheme(tmp_path):
-    from plexus_tune.comm_precision_model import wire_bytes
+    from plexus_tune.model.comm_precision import wire_bytes
     from plexus_tune.measure.store import read_records
 
     log = tmp_path / "c.jsonl"

@@ -152,7 +152,7 @@ def test_unknown_precision_is_a_user_error():
 
 
 def test_backend_without_uint8_rejects_int2(monkeypatch):
-    from plexus_tune import comm_precision_model as cpm
+    from plexus_tune.model import comm_precision as cpm
 
     monkeypatch.setitem(cpm.BACKEND_WIRE_DTYPES, "gloo", ("float32", "bfloat16", "float16"))
     cpm.check_backend("gloo", "bf16")
@@ -179,7 +179,7 @@ def test_cli_bad_precision_exits_2_in_one_line(argv, message, capsys, tmp_path, 
 
 
 def test_cli_backend_without_uint8_exits_2(capsys, monkeypatch):
-    from plexus_tune import comm_precision_model as cpm
+    from plexus_tune.model import comm_precision as cpm
     from plexus_tune.cli import main
 
     monkeypatch.setitem(cpm.BACKEND_WIRE_DTYPES, "gloo", ("float32",))

@@ -207,8 +207,8 @@ def test_family_checks_refuse_bad_settings():
 
 def wire_volumes(calls, gpus: int, precision: str) -> dict:
     """Per-rank bytes per class of a schedule sent at ``precision`` (adjacency as stored): every
-    dense block at :func:`plexus_tune.comm_precision_model.wire_bytes` / ``block_bytes``."""
-    from plexus_tune.comm_precision_model import block_bytes, wire_bytes
+    dense block at :func:`plexus_tune.model.comm_precision.wire_bytes` / ``block_bytes``."""
+    from plexus_tune.model.comm_precision import block_bytes, wire_bytes
 
     out = {name: np.zeros(gpus) for name in VOLUME_CLASSES}
     for call in calls:

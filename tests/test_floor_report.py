@@ -80,6 +80,6 @@ def test_pyg_baseline_and_lattice_permutations_at_a_tiny_size():
     pyg = b.pyg_fair_epoch(g, hidden=8, epochs=4, warmup=1)
     assert len(pyg["epoch_ms"]) == 4
     lattice = synthetic("grid2d:nodes=400,features=6,classes=3,seed=0")
-    perms = b.lattice_permutations(lattice, hidden=8, epochs=2, warmup=1, split_grid=(4, 1, 1))
+    perms = b.lattice_permutations(lattice, hidden=8, epochs=2, warmup=1, split_grids=((4, 1, 1),))
     assert set(perms) == {"none", "double", "local", "local@4x1x1"}
     assert perms["none"]["spmm_vs_none"] == 1.0 and all(p["spmm_ms"] > 0 for p in perms.values())

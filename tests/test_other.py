@@ -192,3 +192,19 @@ def test_calibrate_bandwidth_cli(tmp_path, run_cli):
     assert [r["op"] for r in records] == ["copy", "relu", "relu_backward", "column_sum", "optimizer", "sync"]
     assert all(r["schema"] == "plexus-tune/bandwidth-v1" and r["elements"] in (0, 4096) for r in records)
     assert "6 records appended" in out
+
+
+def test_predict_optimizer_option(run_cli):
+    base = ["predict", "--gpus", "1", "--machine", str(REPO / "models" / "h100-80gb-2026-11-25.json"), "--nodes", "262144",
+            "--nnz", "4456448", "--features", "128", "--classes", "16", "--format", "json"]
+    code, out, err = run_cli(base)
+    assert code == 0, err
+    (fused,) = json.loads(out)
+    code, out, err = run_cli(base + ["--optimizer", "adamw-foreach"])
+    (foreach,) = json.loads(out)
+    assert foreach["other_optimizer_ms"] == pytest.approx(fused["other_optimizer_ms"] * 20 / 7)
+    for rec in (fused, foreach):
+        assert rec["other_ms"] == pytest.approx(rec["other_elementwise_ms"] + rec["other_optimizer_ms"] + rec["other_sync_ms"])
+        assert rec["total_ms"] == pytest.approx(sum(rec[k] for k in TOTAL_PARTS))
+    code, out, err = run_cli(base + ["--optimizer", "sgd"])
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--optimizer: unknown optimizer 'sgd'" in err

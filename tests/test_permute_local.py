@@ -26,10 +26,46 @@ def test_segment_bounds_by_hand():
         segment_bounds(10, (0,))
 
 
-def test_grid_parts():
-    assert grid_parts((1, 1, 1)) == (1,)
+def test_grid_parts_and_block_size_by_hand():
+    from plexus_tune.graph.permute import LOCAL_BLOCKS_PER_SHARD, local_block_size
+
+    assert grid_parts((1, 1, 1)) == (1, 1, 1)
     assert grid_parts((2, 1, 4)) == (1, 2, 4)
-    assert grid_parts((3, 3, 1)) == (1, 3)
+    assert LOCAL_BLOCKS_PER_SHARD == 2048
+    assert local_block_size(1_000_000, (8, 8)) == 7  # 1e6 // (2048 * 64)
+    assert local_block_size(1_000_000, (1, 2, 4)) == 61  # finest 2D split 4 x 2: 1e6 // (2048 * 8)
+    assert local_block_size(1_000_000, (1, 1, 1)) == 488
+    assert local_block_size(1000, (8, 8)) == 1
+
+
+def test_local_blocks_of_ids_stay_together():
+    """With blocks of 5 ids, every id block lies in one segment (ascending, consecutive)
+    unless a segment bound cuts it; the segments' id blocks are the seeded block order's."""
+    n, b, parts = 103, 5, (4,)
+    perm = local_permutation(n, 3, parts, block=5)
+    assert np.array_equal(np.sort(perm), np.arange(n))
+    order = np.random.default_rng(3).permutation(-(-n // b))
+    unsorted = (order[:, None] * b + np.arange(b)[None, :]).ravel()
+    unsorted = unsorted[unsorted < n]
+    bounds = segment_bounds(n, parts)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        seg = perm[lo:hi]
+        assert np.array_equal(seg, np.sort(unsorted[lo:hi]))
+        runs = np.split(seg, np.nonzero(np.diff(seg) != 1)[0] + 1)
+        assert all(len(r) <= hi - lo for r in runs)
+    # whole blocks: an id block is split between segments only where a bound cuts the block order
+    where = np.empty(n, dtype=np.int64)
+    where[perm] = np.searchsorted(bounds, np.arange(n), side="right") - 1
+    split_blocks = [k for k in range(-(-n // b)) if len(set(where[k * b:min(n, (k + 1) * b)])) > 1]
+    assert len(split_blocks) <= len(bounds) - 2
+
+
+def test_local_with_blocks_keeps_the_lattice_balance():
+    adj = grid2d_adjacency(40_000, seed=0)
+    pattern = with_self_loops_pattern(adj)
+    r, c = local_permutation(40_000, 0, (8, 8), block=4), local_permutation(40_000, 1, (8, 8), block=4)
+    counts = block_nnz(permute_matrix(pattern, r, c), 8, 8)
+    assert counts.max() / counts.mean() < 1.15
 
 
 @pytest.mark.parametrize("n,parts", [(37, (2, 3)), (1000, (8,)), (999, (1, 2, 4)), (64, (64,))])
@@ -48,8 +84,8 @@ def test_local_is_double_sorted_within_segments(n, parts):
 
 
 def test_local_on_one_part_is_the_identity():
-    row, col = permutations_for("local", 50, seed=1, parts=grid_parts((1, 1, 1)))
-    assert row.tolist() == col.tolist() == list(range(50))
+    row, col = permutations_for("local", 50_000, seed=1, parts=grid_parts((1, 1, 1)))
+    assert row.tolist() == col.tolist() == list(range(50_000))
 
 
 def test_local_needs_parts():
@@ -102,3 +138,19 @@ def test_balance_report_local_on_lattice():
     assert local["max_over_mean"] == pytest.approx(double["max_over_mean"]) and local["max_over_mean"] < 1.15
     assert local["nnz"] == double["nnz"]
     assert sp.issparse(adj)
+
+
+@pytest.mark.parametrize("mode", ["double", "local"])
+def test_two_sided_shards_of_a_directed_graph_are_refused_before_training(tmp_path, mode):
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import Graph, synthetic
+    from plexus_tune.graph.shards import write_shards
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.trainer.run import graph_source
+
+    g = synthetic("rmat:nodes=30,edges=90,features=3,classes=2,seed=1")
+    directed = Graph(adjacency=sp.triu(g.adjacency, k=1, format="csr"), features=g.features, labels=g.labels,
+                     num_classes=2, name="directed30")
+    write_shards(directed, tmp_path / "s", blocks=(2, 2), mode=mode, seed=0)
+    with pytest.raises(UserError, match=f"{mode}-permuted shards of a directed graph"):
+        graph_source(TrainConfig(graph=str(tmp_path / "s"), grid=(1, 1, 1), epochs=2, warmup=1))

@@ -13,7 +13,7 @@ import pytest
 
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
-from plexus_tune.comm_precision_model import COMM_PRECISIONS
+from plexus_tune.model.comm_precision import COMM_PRECISIONS
 from plexus_tune.measure.records import predict_record, runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS

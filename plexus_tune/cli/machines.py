@@ -94,6 +94,10 @@ def run(args) -> int:
             ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
             ("gemm_tflops", machine.gemm_tflops),
             ("elementwise_gbps", machine.elementwise_gbps),
+            ("optimizer", machine.optimizer),
+            ("optimizer_gbps", machine.optimizer_gbps if machine.optimizer_gbps else "elementwise_gbps"),
+            ("sync_us", machine.sync_us),
+            ("epoch_overhead_ms", machine.epoch_overhead_ms),
             ("memory_bandwidth_gbps", machine.memory_bandwidth_gbps),
             ("spmm", _spmm_text(machine.spmm)),
         ]

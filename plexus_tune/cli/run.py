@@ -17,12 +17,12 @@ from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
-from plexus_tune.trainer import run_training
+from plexus_tune.measure.training import run_training
 from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
-from plexus_tune.comm_precision_model import check_backend
+from plexus_tune.model.comm_precision import check_backend
 
 
 def register(subparsers) -> None:

@@ -11,7 +11,7 @@ from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
-from plexus_tune.comm_precision_model import ACCURACY_EVIDENCE, check_backend
+from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, check_backend
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids

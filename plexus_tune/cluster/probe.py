@@ -1,6 +1,6 @@
 """Collective bandwidth and latency probe for a torchrun-started job (gloo, CPU).
 
-Run by torchrun on every node (see :func:`plexus_tune.cluster.launcher.run_torchrun`)::
+Run by torchrun on every node (see :func:`plexus_tune.launch.emulated.run_torchrun`)::
 
     python -m plexus_tune.cluster.probe --out DIR --message-bytes 16777216
 

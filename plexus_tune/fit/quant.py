@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     QUANT_CALL_KEY,
     codec_bytes,
     parse_precision,

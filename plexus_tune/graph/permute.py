@@ -8,12 +8,14 @@ permutation of a result.
 
 Modes: ``none`` (identity), ``single`` (the same permutation on rows and columns, seed
 ``seed``), ``double`` (rows with seed ``seed``, columns with seed ``seed + 1``) and
-``local``: the double permutation with every segment between the split points of a grid
-(``k ceil(n/g)`` for each part count g) sorted back into ascending node id. A block of
-any split along those part counts then holds exactly the nodes of the double
-permutation's block (the same nonzeros, the same balance) in their original relative
-order, which keeps the locality of the gathers (docs/model.md, Permutations). With a
-single part (a 1x1x1 grid) nothing needs balancing and ``local`` is the identity.
+``local``: the double permutation applied to blocks of b consecutive node ids instead of
+single nodes, then every segment between the split points of a grid (``k ceil(n/g)``
+for each part count g) sorted back into ascending node id. A block of any split holds
+whole id blocks in their original order, which keeps the locality of the gathers; b is
+chosen from the grid so that each 2D block of the finest split still receives
+:data:`LOCAL_BLOCKS_PER_SHARD` id blocks, which keeps the balance of the double
+permutation (docs/model.md, Permutations). With a single part (a 1x1x1 grid) nothing
+needs balancing and ``local`` is the identity.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ PERMUTE_MODES = ("none", "single", "double", "local")
 #: Modes whose row and column permutations differ (the alternate layout of a layer is
 #: ``A[col_perm][:, row_perm]``, the transpose of the stored one only for symmetric A).
 TWO_SIDED_MODES = ("double", "local")
+#: Id blocks each 2D block of the finest split receives under the ``local`` permutation:
+#: their count per block varies by about 1/sqrt(2048) = 2 % (1.008 with single ids, 1.02-1.03
+#: with blocks of 8 on the 8x8 split of a 1M-node lattice, docs/model.md).
+LOCAL_BLOCKS_PER_SHARD = 2048
 
 
 def make_permutation(n: int, seed: int) -> np.ndarray:
@@ -45,9 +51,9 @@ def invert_permutation(perm: np.ndarray) -> np.ndarray:
 
 
 def grid_parts(grid) -> tuple[int, ...]:
-    """The part counts a grid splits the node ids into: its distinct dimensions, ascending
-    (``(1,)`` for a 1x1x1 grid)."""
-    parts = sorted({int(g) for g in grid})
+    """The part counts a grid splits the node ids into: its dimensions, ascending
+    (``(1, 1, 1)`` for a 1x1x1 grid; an R x C block grid is ``(R, C)``)."""
+    parts = sorted(int(g) for g in grid)
     if not parts or parts[0] < 1:
         raise ValueError(f"bad grid {tuple(grid)}: every dimension must be >= 1")
     return tuple(parts)
@@ -67,10 +73,26 @@ def segment_bounds(n: int, parts) -> np.ndarray:
     return np.array(sorted(cuts), dtype=np.int64)
 
 
-def local_permutation(n: int, seed: int, parts) -> np.ndarray:
-    """The random permutation of ``seed`` with each segment of :func:`segment_bounds`
-    sorted ascending: the same node set per segment, original order inside."""
-    perm = make_permutation(n, seed)
+def local_block_size(n: int, parts) -> int:
+    """b = max(1, floor(n / (LOCAL_BLOCKS_PER_SHARD S))), S the blocks of the finest 2D
+    split: the product of the two largest part counts (one part count: itself)."""
+    top = sorted((int(g) for g in parts), reverse=True)[:2]
+    shards = max(1, int(np.prod(top)))
+    return max(1, int(n) // (LOCAL_BLOCKS_PER_SHARD * shards))
+
+
+def local_permutation(n: int, seed: int, parts, block: int | None = None) -> np.ndarray:
+    """Blocks of ``block`` consecutive ids (default :func:`local_block_size`) in the random
+    order of ``seed``, then each segment of :func:`segment_bounds` sorted ascending.
+    With ``block`` 1 the segments hold the node sets of :func:`make_permutation`."""
+    n = int(n)
+    b = local_block_size(n, parts) if block is None else int(block)
+    if b < 1:
+        raise ValueError(f"bad block size {b}: must be >= 1")
+    order = np.random.default_rng(int(seed)).permutation(-(-n // b)).astype(np.int64)
+    perm = (order[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).ravel()
+    if perm.size > n:
+        perm = perm[perm < n]
     bounds = segment_bounds(n, parts)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         perm[lo:hi].sort()

@@ -6,7 +6,7 @@ settings), starts one agent command per node, each agent starts its ranks runnin
 file. The first agent that fails stops the others (after a short grace period, so that the
 report names the root cause rather than a peer's broken connection); a job that outlives
 its timeout is stopped the same way. Agents run in their own process groups, so stopping
-one stops its ranks. :func:`plexus_tune.cluster.launcher.run_torchrun` starts, waits for
+one stops its ranks. :func:`plexus_tune.launch.emulated.run_torchrun` starts, waits for
 and stops its agents with the same functions.
 """
 

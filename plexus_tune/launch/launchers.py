@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from plexus_tune.resources import check_local_ranks
 from plexus_tune.cluster.emulated import EmulatedCluster
-from plexus_tune.cluster.launcher import node_command
+from plexus_tune.launch.emulated import node_command
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.errors import UserError
 from plexus_tune.launch import slurm

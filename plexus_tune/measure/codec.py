@@ -4,7 +4,7 @@ the encode and decode of :mod:`plexus_tune.trainer.precision`, logged as quant r
 
 from __future__ import annotations
 
-from plexus_tune.comm_precision_model import PRECISION_BITS, is_quantized
+from plexus_tune.model.comm_precision import PRECISION_BITS, is_quantized
 from plexus_tune.measure.records import QuantRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 

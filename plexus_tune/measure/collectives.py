@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import check_backend, parse_precision
+from plexus_tune.model.comm_precision import check_backend, parse_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import RankFailure, default_threads_per_rank
 from plexus_tune.launch.launchers import Launcher

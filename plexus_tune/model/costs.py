@@ -108,7 +108,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     CommPrecision,
     parse_comm_precision,
     quant_time_ms,
@@ -177,9 +177,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     ``optimizer`` (a name of :data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default
     the machine's, :attr:`Machine.optimizer`) sets the optimizer part of ``other_ms``.
 
-    ``comm_precision`` (text or :class:`plexus_tune.comm_precision_model.CommPrecision`,
+    ``comm_precision`` (text or :class:`plexus_tune.model.comm_precision.CommPrecision`,
     default fp32) sends each collective class at its precision: the ring carries
-    :func:`~plexus_tune.comm_precision_model.wire_message_bytes` instead of M, and
+    :func:`~plexus_tune.model.comm_precision.wire_message_bytes` instead of M, and
     ``quant_ms`` adds the codec time at the profile's ``quant`` rates
     (docs/comm-precision.md, "In the cost model").
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
 from plexus_tune.model.costs import predict_grids
@@ -88,7 +88,7 @@ def predict_run(workload, machine, grid, *, block_rows: int | None = None, overl
     ``feasible`` (bool: fits the machine's usable memory), ``machine`` (the profile's
     name) and ``algorithm``. ``grid`` is (Gx, Gy, Gz); ``block_rows`` None or 0 means
     one block; ``comm_precision`` is the per-class choice of
-    :func:`plexus_tune.comm_precision_model.parse_comm_precision`; ``optimizer`` names the
+    :func:`plexus_tune.model.comm_precision.parse_comm_precision`; ``optimizer`` names the
     optimizer step (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default the
     machine's); ``options`` are the family's own settings (none for Plexus 3D).
     ``overlap`` does not change the prediction (module docstring).

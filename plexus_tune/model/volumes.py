@@ -3,7 +3,7 @@
 
 A schedule is the list of :class:`CommCall` an epoch runs (forward and backward of every
 layer; layer 0 included, since the input features are trained). The byte convention is
-that of :mod:`plexus_tune.comm_precision_model`: the bytes a rank hands to its process
+that of :mod:`plexus_tune.model.comm_precision`: the bytes a rank hands to its process
 groups for *other* ranks, FP32, padded shapes as allocated:
 
     all-reduce of n elements on g ranks   2 (g-1) ceil(n / g) elements

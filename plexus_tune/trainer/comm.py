@@ -1,7 +1,7 @@
 """Process groups of a grid, timed collectives and the per-rank phase timer.
 
 The collectives of the 3D layer name their class (``aggregation``, ``combination``,
-``gather``; :data:`plexus_tune.comm_precision_model.COMM_CLASSES`) and are sent at
+``gather``; :data:`plexus_tune.model.comm_precision.COMM_CLASSES`) and are sent at
 that class's precision (docs/comm-precision.md); a collective without a class (the
 loss's row maximum and sums, accuracy counts) is always a plain FP32 collective.
 """
@@ -12,7 +12,7 @@ import itertools
 import time
 from collections import defaultdict
 
-from plexus_tune.comm_precision_model import CommPrecision, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, PART_SPLITS
 from plexus_tune.model.grid import AXIS_NAMES, coords_of, rank_of
 

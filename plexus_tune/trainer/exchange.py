@@ -13,7 +13,7 @@ operations of the CAGNET and partitioned algorithms:
 
 A dense block travels at its class's precision (docs/comm-precision.md): 16-bit blocks
 are cast, integer blocks quantized per row with their zero point and scale
-(:func:`plexus_tune.comm_precision_model.block_bytes` bytes); the sender keeps its own
+(:func:`plexus_tune.model.comm_precision.block_bytes` bytes); the sender keeps its own
 unrounded block. Time inside the process-group calls goes to ``comm_ms`` (and
 ``broadcast_ms`` or ``point_to_point_ms``), the encoding and decoding to ``quant_ms``.
 """
@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from plexus_tune.comm_precision_model import ADJACENCY_CLASS, PRECISION_BITS, block_bytes
+from plexus_tune.model.comm_precision import ADJACENCY_CLASS, PRECISION_BITS, block_bytes
 from plexus_tune.model.grid import rank_of
 from plexus_tune.trainer.comm import GridComm
 

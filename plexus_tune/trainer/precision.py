@@ -9,7 +9,7 @@ bytes change: every sum is taken in FP32 and every result is FP32.
 Pure tensor functions
     :func:`quantize` / :func:`dequantize` and the size formulas
     :func:`packed_bytes` / :func:`param_bytes` (shared with the cost model in
-    :mod:`plexus_tune.comm_precision_model`).
+    :mod:`plexus_tune.model.comm_precision`).
 
 Collectives over a ``torch.distributed`` group
     :func:`all_reduce` (in place), :func:`all_gather` and :func:`reduce_scatter`
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plexus_tune.comm_precision_model import (
+from plexus_tune.model.comm_precision import (
     COMM_CLASSES,
     COUNTED_CLASSES,
     COMM_PRECISIONS,
@@ -240,7 +240,7 @@ class CommCounter:
     """Bytes, calls and time of the precision-aware collectives, per collective class.
 
     ``bytes[cls]``: bytes this rank handed to the process group for other ranks
-    (the convention of :mod:`plexus_tune.comm_precision_model`: a ring all-reduce
+    (the convention of :mod:`plexus_tune.model.comm_precision`: a ring all-reduce
     counts ``2 (g-1) ceil(n/g)`` elements, an all-gather ``g - 1`` copies of the
     rank's block, an all-to-all the ``g - 1`` chunks addressed to others).
     ``calls[cls]``: process-group calls. ``comm_ms[cls]``: wall time inside them.

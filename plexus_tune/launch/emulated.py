@@ -32,7 +32,7 @@ from pathlib import Path
 from plexus_tune.errors import UserError
 from plexus_tune.launch.external import start_agent, stop_agents, torchrun_argv, wait_agents
 
-from .emulated import EmulatedCluster, _kill_netns_processes
+from plexus_tune.cluster.emulated import EmulatedCluster, _kill_netns_processes
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 TAIL_CHARS = 4000
