@@ -319,7 +319,8 @@ def main_grids(argv=None) -> int:
     from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.launch import default_threads_per_rank
     from plexus_tune.model.memory import memory_breakdown
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
     from plexus_tune.allocator import configure_compute_process
     from plexus_tune.trainer.reference import reference_train
     from plexus_tune.model.workload import Workload

@@ -73,7 +73,8 @@ def measure(args) -> int:
     from plexus_tune.measure.records import run_identity
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.grid import enumerate_grids, parse_grid
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ from plexus_tune.cli import main
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
 from plexus_tune.measure.store import read_records
-from plexus_tune.trainer.run import config_fields
+from plexus_tune.measure.training import config_fields
 
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 

@@ -6,7 +6,7 @@ import pytest
 
 from plexus_tune.measure.records import runs_table
 from plexus_tune.trainer.comm import PARTITION_KEYS
-from plexus_tune.trainer.run import partition_epoch, summarize_timers
+from plexus_tune.measure.training import partition_epoch, summarize_timers
 
 
 def row(spmm, gemm, comm, x, y, epoch, **extra):
@@ -42,7 +42,7 @@ def test_partition_by_hand_and_the_per_phase_maxima_that_double_count():
 
 
 def test_partition_is_general_over_phase_names(monkeypatch):
-    import plexus_tune.trainer.run as run_mod
+    import plexus_tune.measure.training as run_mod
 
     monkeypatch.setattr(run_mod, "PARTITION_KEYS", ("spmm_ms", "gemm_ms", "quant_ms", "comm_ms", "other_ms"))
     r0 = row(10.0, 2.0, 8.0, 8.0, 0.0, 25.0, quant_ms=3.0)
@@ -55,7 +55,7 @@ def test_partition_is_general_over_phase_names(monkeypatch):
 
 def test_real_gloo_run_parts_partition_the_epoch(tmp_path):
     from plexus_tune.trainer import TrainConfig
-    from plexus_tune.trainer.run import run_training
+    from plexus_tune.measure.training import run_training
 
     log = tmp_path / "runs.jsonl"
     config = TrainConfig(grid=(2, 1, 2), graph=("synthetic", "rmat:nodes=300,edges=2400,features=8,classes=3,seed=1"),

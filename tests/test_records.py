@@ -15,7 +15,7 @@ from plexus_tune.fit.validation import leave_one_group_out
 from plexus_tune.measure import records as R
 from plexus_tune.measure.campaign import campaign_config, config_identity
 from plexus_tune.measure.store import append_records, read_records, read_runs
-from plexus_tune.trainer.run import base_record
+from plexus_tune.measure.training import base_record
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = {

@@ -44,7 +44,7 @@ def test_known_runs_reuse_only_the_identity_the_search_would_train(tmp_path):
     from plexus_tune.measure.store import append_records
     from plexus_tune.model.machine import load_machine
     from plexus_tune.search import Config, known_runs
-    from plexus_tune.trainer.run import config_fields
+    from plexus_tune.measure.training import config_fields
 
     _, workload = graph_workload(GRAPH, layers=2, hidden=4)
     model = ModelEvaluator(workload, load_machine("cpu-gloo-2core"))

@@ -51,7 +51,8 @@ def _accuracy(logits, labels, codes):
 
 @pytest.mark.parametrize("grid, layer_norm", [((2, 1, 2), True), ((1, 2, 1), False)])
 def test_trainer_accuracy_and_layer_norm_match_pyg(tmp_path, grid, layer_norm):
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     graph = synthetic(SPEC)
     codes = random_split(graph.num_nodes, seed=11)
@@ -74,7 +75,8 @@ def test_trainer_accuracy_and_layer_norm_match_pyg(tmp_path, grid, layer_norm):
 
 def test_low_precision_check_reports_difference_and_fp32_accuracy():
     from plexus_tune.cli.train import summary_lines
-    from plexus_tune.trainer import TrainConfig, run_training
+    from plexus_tune.trainer import TrainConfig
+    from plexus_tune.measure.training import run_training
 
     config = TrainConfig(grid=(2, 1, 1), synthetic=SPEC, layers=2, hidden=8, epochs=3, warmup=1, check=True,
                          comm_precision="int2", threads_per_rank=1)

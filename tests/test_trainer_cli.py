@@ -9,7 +9,8 @@ import pytest
 
 from plexus_tune.cli import main
 from plexus_tune.measure.store import read_records
-from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.engine import FAIL_ENV
 
 SPEC = "rmat:nodes=61,edges=300,features=6,classes=3,seed=2"

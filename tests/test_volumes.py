@@ -185,3 +185,11 @@ def test_table5_runner_tiny_prints_ratios_of_at_least_one():
         pre, post, hybrid = (int(v.replace(",", "")) for v in row[3:6])
         assert hybrid <= min(pre, post) and float(row[8]) == pytest.approx(pre / hybrid, abs=1e-3)
     assert "1.524" in out.stdout
+
+
+def test_plan_keeps_empty_parts():
+    adj, part = fig4_graph()
+    plan = exchange_plan(adj, part, 4)
+    assert plan.parts == 4 and plan.rows["hybrid"].shape == (4, 4) and plan.nodes.tolist() == [3, 3, 0, 0]
+    with pytest.raises(UserError):
+        exchange_plan(adj, part, 1)

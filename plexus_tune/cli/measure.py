@@ -25,7 +25,7 @@ from plexus_tune.measure.campaign import (
 from plexus_tune.measure.records import predict_record, run_setting, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.machine import load_machine
-from plexus_tune.trainer.run import base_record
+from plexus_tune.measure.training import base_record
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm

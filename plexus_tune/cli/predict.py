@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, predict_families, selected_algorithms
+from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
 from plexus_tune.cli.output import make_console
 
 import argparse
@@ -11,6 +11,8 @@ import numpy as np
 
 from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
 from plexus_tune.errors import UserError, whole_number
+from plexus_tune.graph.core import gcn_normalize
+from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -31,8 +33,10 @@ FLOOR_MARK = "*"
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that describe a workload (shared with other sub-commands)."""
-    group = parser.add_argument_group("workload (a catalog dataset, or explicit statistics)")
+    group = parser.add_argument_group("workload (a catalog dataset, a graph, or explicit statistics)")
     group.add_argument("--dataset", help="catalog dataset name (see 'plexus-tune datasets'), case-insensitive")
+    group.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...): the workload's "
+                       "statistics, and the partition-dependent figures of the --algorithm families")
     group.add_argument("--nodes", help="explicit workload: number of graph nodes N")
     group.add_argument("--nnz", help="explicit workload: adjacency nonzeros NNZ, self-loops included")
     group.add_argument("--features", help="explicit workload (or override): input feature width D_0")
@@ -53,6 +57,15 @@ def workload_from_args(args):
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
     features = None if args.features is None else _int_option(args.features, "--features")
     classes = None if args.classes is None else _int_option(args.classes, "--classes")
+    if getattr(args, "graph", None):
+        if args.dataset or args.nodes is not None or args.nnz is not None:
+            raise UserError("give one of --dataset, --graph or explicit --nodes/--nnz, not several")
+        graph = load_graph_source(args.graph)
+        args.loaded_graph = graph
+        return Workload.from_graph_stats(
+            graph.name, graph.num_nodes, int(gcn_normalize(graph.adjacency).nnz), features or graph.num_features,
+            classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
+        )
     if args.dataset:
         if args.nodes is not None or args.nnz is not None:
             raise UserError("give either --dataset or explicit --nodes/--nnz, not both")
@@ -64,7 +77,7 @@ def workload_from_args(args):
     missing = [opt for opt, val in (("--nodes", args.nodes), ("--nnz", args.nnz), ("--features", features),
                                     ("--classes", classes)) if val is None]
     if missing:
-        raise UserError(f"give --dataset NAME, or an explicit workload (missing {' '.join(missing)})")
+        raise UserError(f"give --dataset NAME, --graph FILE|SPEC, or an explicit workload (missing {' '.join(missing)})")
     nodes = _int_option(args.nodes, "--nodes")
     nnz = _int_option(args.nnz, "--nnz")
     return Workload.from_graph_stats(
@@ -180,7 +193,6 @@ def run(args) -> int:
     import json
     import sys
 
-    workload = workload_from_args(args)
     gpus = check_gpus(args.gpus)
     top = _int_option(args.top, "--top", minimum=0)
     block_rows = None if args.block_rows is None else _int_option(args.block_rows, "--block-rows")
@@ -195,9 +207,10 @@ def run(args) -> int:
             raise UserError(f"--optimizer: {exc}") from None
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
+    workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=load_graph_argument(getattr(args, "graph", None)))
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

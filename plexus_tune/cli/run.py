@@ -17,7 +17,7 @@ from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import default_run_log
 from plexus_tune.search import graph_workload
-from plexus_tune.trainer import run_training
+from plexus_tune.measure.training import run_training
 from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"

@@ -15,10 +15,12 @@ from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
-from plexus_tune.trainer import TrainConfig, TrainingFailed, run_training
+from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
     TRAINED_ALGORITHMS,
@@ -216,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
     if args.log:
         check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
     if environment is None:
+        if args.synthetic:  # a bad or too large spec fails here, not in every rank
+            parse_spec(args.synthetic)
         launcher = launcher_from_args(args, [int(np.prod(config.grid))])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
             check_graph(args.graph)

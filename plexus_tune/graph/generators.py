@@ -333,6 +333,9 @@ def check_params(kind: str, params: dict) -> None:
     for key, default in (("features", DEFAULT_FEATURES), ("classes", DEFAULT_CLASSES)):
         if int(params.get(key, default)) < 1:
             raise UserError(f"{key} must be >= 1, got {params[key]}")
+    check_memory(generation_bytes(kind, nodes, int(params.get("edges", 16 * nodes)),
+                                  int(params.get("features", DEFAULT_FEATURES)), int(params.get("neighbors", 4))),
+                 f"a {kind} graph of {nodes:,} nodes")
     if int(params.get("classes", DEFAULT_CLASSES)) > nodes:
         raise UserError(f"classes {int(params.get('classes', DEFAULT_CLASSES))} exceeds the {nodes} nodes: some classes "
                         f"would have no node; use at most {nodes} classes")

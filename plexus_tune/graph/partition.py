@@ -60,7 +60,8 @@ def partition_graph(adjacency, parts: int, *, seed: int = 0) -> np.ndarray:
     """Part (0..parts-1) of every node: METIS k-way on the symmetrized off-diagonal pattern.
 
     Deterministic for a given graph, ``parts`` and ``seed``. ``parts`` must be between 1
-    and the number of nodes.
+    and the number of nodes; METIS may leave a part empty when parts are few nodes each.
+    K-way partitioning, with recursive bisection where k-way fails.
     """
     import pymetis
 
@@ -75,7 +76,14 @@ def partition_graph(adjacency, parts: int, *, seed: int = 0) -> np.ndarray:
     sym.sum_duplicates()
     options = pymetis.Options(seed=int(seed))
     graph = pymetis.CSRAdjacency(adj_starts=sym.indptr.astype(np.int64), adjacent=sym.indices.astype(np.int64))
-    _, membership = pymetis.part_graph(parts, adjacency=graph, options=options)
+    try:
+        _, membership = pymetis.part_graph(parts, adjacency=graph, options=options)
+    except RuntimeError:  # METIS k-way gives up on some inputs; recursive bisection is the fallback
+        try:
+            _, membership = pymetis.part_graph(parts, adjacency=graph, options=options, recursive=True)
+        except RuntimeError as exc:
+            raise UserError(f"METIS could not cut the graph of {n} nodes into {parts} parts ({exc}); "
+                            "try fewer parts") from None
     out = np.asarray(membership, dtype=np.int64)
     if out.shape != (n,) or out.min() < 0 or out.max() >= parts:
         raise RuntimeError("METIS returned an invalid partition")
@@ -164,9 +172,10 @@ def _pair_counts(parts: int, p: np.ndarray, q: np.ndarray, node: np.ndarray) -> 
     return counts
 
 
-def exchange_plan(adjacency, part) -> ExchangePlan:
+def exchange_plan(adjacency, part, parts: int | None = None) -> ExchangePlan:
     """The :class:`ExchangePlan` of the nonzero pattern of ``adjacency`` (row v: in-neighbours of v)
-    under the node-to-part map ``part``."""
+    under the node-to-part map ``part`` into ``parts`` parts (default: the largest part + 1;
+    give it when a part may be empty)."""
     csr = sp.csr_matrix(adjacency)
     n = csr.shape[0]
     part = np.asarray(part, dtype=np.int64)
@@ -174,7 +183,12 @@ def exchange_plan(adjacency, part) -> ExchangePlan:
         raise UserError(f"a partition must give a part for each of the {n} nodes, got shape {part.shape}")
     if n and part.min() < 0:
         raise UserError("parts must be non-negative")
-    parts = int(part.max()) + 1 if n else 1
+    used = int(part.max()) + 1 if n else 1
+    if parts is None:
+        parts = used
+    elif used > int(parts):
+        raise UserError(f"the partition names part {used - 1} but has only {parts} parts")
+    parts = int(parts)
     coo = csr.tocoo()
     nonzero = coo.data != 0
     dst_all, src_all = coo.row[nonzero].astype(np.int64), coo.col[nonzero].astype(np.int64)
@@ -211,7 +225,28 @@ def exchange_plan(adjacency, part) -> ExchangePlan:
 
 def partition_exchange(adjacency, parts: int, *, seed: int = 0) -> ExchangePlan:
     """:func:`exchange_plan` of the METIS partition of ``adjacency`` into ``parts`` parts."""
-    return exchange_plan(adjacency, partition_graph(adjacency, parts, seed=seed))
+    return exchange_plan(adjacency, partition_graph(adjacency, parts, seed=seed), parts)
+
+
+class PiecePattern:
+    """The nonzero pattern of A + I (what GCN normalization stores), kept to count the
+    SUMMA pieces of many grids (:meth:`pieces`) without rebuilding it."""
+
+    def __init__(self, adjacency):
+        coo = with_self_loops_pattern(adjacency).tocoo()
+        self.nodes = int(coo.shape[0])
+        self.rows = coo.row.astype(np.int64)
+        self.cols = coo.col.astype(np.int64)
+
+    def pieces(self, pr: int, pc: int, pl: int = 1, *, transpose: bool = False) -> np.ndarray:
+        """Nonzeros in every SUMMA piece, shape (Pl, Pr, q) (:func:`summa_piece_nnz`)."""
+        pr, pc, pl = int(pr), int(pc), int(pl)
+        q = math.lcm(pr, pc)
+        n_pad = pl * q * -(-self.nodes // (pl * q))
+        rb, piece = n_pad // pr, n_pad // (pl * q)
+        rows, cols = (self.cols, self.rows) if transpose else (self.rows, self.cols)
+        counts = np.bincount((rows // rb) * (pl * q) + cols // piece, minlength=pr * pl * q)
+        return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
 
 
 def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool = False) -> np.ndarray:
@@ -220,19 +255,10 @@ def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool
     q = lcm(Pr, Pc), N' = Pl q ceil(N / (Pl q)): block row i holds rows [i N'/Pr, (i+1) N'/Pr),
     piece s of mesh layer k the columns [(k q + s) p, (k q + s + 1) p) with p = N' / (Pl q)
     (:func:`plexus_tune.model.volumes.summa_sizes`); rows and columns past N are padding.
+    ``adjacency`` may be a :class:`PiecePattern`.
     """
-    pr, pc, pl = int(pr), int(pc), int(pl)
-    pattern = with_self_loops_pattern(adjacency)
-    if transpose:
-        pattern = pattern.T.tocsr()
-    n = pattern.shape[0]
-    q = math.lcm(pr, pc)
-    n_pad = pl * q * -(-n // (pl * q))
-    rb, piece = n_pad // pr, n_pad // (pl * q)
-    coo = pattern.tocoo()
-    counts = np.zeros((pr, pl * q), dtype=np.int64)
-    np.add.at(counts, (coo.row // rb, coo.col // piece), 1)
-    return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
+    pattern = adjacency if isinstance(adjacency, PiecePattern) else PiecePattern(adjacency)
+    return pattern.pieces(pr, pc, pl, transpose=transpose)
 
 
 #: SuperGCN's Table 5 (ogb-lsc-mag240M, 2048 processes, one GCN layer): communication

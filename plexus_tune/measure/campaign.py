@@ -39,14 +39,10 @@ from plexus_tune.model.machine import load_machine
 from plexus_tune.model.planner import family_grids
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
-from plexus_tune.trainer import TrainConfig, run_training
+from plexus_tune.trainer import TrainConfig
 from plexus_tune.trainer.algorithms import process_grid
-from plexus_tune.trainer.run import (
-    build_record,
-    config_fields,
-    graph_source,
-    validate,
-)
+from plexus_tune.trainer.run import graph_source, validate
+from plexus_tune.measure.training import build_record, config_fields, run_training
 
 
 @dataclass(frozen=True)

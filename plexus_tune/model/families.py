@@ -45,7 +45,7 @@ from plexus_tune.model.comm_precision import (
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
-from plexus_tune.graph.partition import check_aggregation, partition_exchange, summa_piece_nnz
+from plexus_tune.graph.partition import PiecePattern, check_aggregation, partition_exchange
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.collectives import Network
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
@@ -448,8 +448,8 @@ def _summa_pieces(options, pr, pc, pl):
     graph = options.get("graph")
     if graph is None:
         return None
-    adjacency = getattr(graph, "adjacency", graph)
-    return (summa_piece_nnz(adjacency, pr, pc, pl), summa_piece_nnz(adjacency, pr, pc, pl, transpose=True))
+    pattern = graph if isinstance(graph, PiecePattern) else PiecePattern(getattr(graph, "adjacency", graph))
+    return pattern.pieces(pr, pc, pl), pattern.pieces(pr, pc, pl, transpose=True)
 
 
 def _prepare(name, machine, block_rows, comm_precision, options, allowed):
@@ -483,7 +483,8 @@ def predict_cagnet_15d(workload, machine, grids, *, block_rows=None, comm_precis
 
 
 def predict_cagnet_2d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """CAGNET 2D (SUMMA) on (Pr, Pc, 1) rows; ``options["graph"]`` gives the A pieces."""
+    """CAGNET 2D (SUMMA) on (Pr, Pc, 1) rows; ``options["graph"]`` (a graph, its adjacency or a
+    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces."""
     machine, choice, options = _prepare("cagnet-2d", machine, block_rows, comm_precision, options, ("graph",))
     out = []
     for gx, gy, gz in _grids(grids):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from plexus_tune.graph.partition import PiecePattern, check_aggregation, partition_exchange
 from plexus_tune.model.comm_precision import parse_comm_precision
-from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.families import FAMILIES
@@ -142,7 +142,8 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
 
 
 def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, precisions=("fp32",),
-                  graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None) -> Ranking:
+                  graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None,
+                  optimizer: str | None = None) -> Ranking:
     """Every configuration of every family in ``algorithms`` at every precision, ranked.
 
     ``graph`` (a :class:`plexus_tune.graph.core.Graph` or its adjacency) supplies the
@@ -150,7 +151,7 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     parts (``seed``) and the 2D/3D sparse pieces; without it those families use the
     documented estimates and their records say ``estimated``. ``replication`` keeps the
     1.5D configurations of that c (it must divide G, c c <= G), ``aggregation`` the
-    supergcn mode.
+    supergcn mode; ``optimizer`` the optimizer step of ``other_ms`` (default the machine's).
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     gpus = check_gpus(gpus)
@@ -168,13 +169,16 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     if not precisions:
         raise UserError("give at least one communication precision")
     start = time.perf_counter()
-    plan = None
-    if graph is not None and "supergcn" in algorithms:
+    plan = pattern = None
+    if graph is not None:
         adjacency = getattr(graph, "adjacency", graph)
         if adjacency.shape[0] != workload.nodes:
             raise UserError(f"the graph has {adjacency.shape[0]} nodes but the workload {workload.nodes}; "
                             "describe the workload by the graph")
-        plan = partition_exchange(adjacency, gpus, seed=seed)
+        if "supergcn" in algorithms:
+            plan = partition_exchange(adjacency, gpus, seed=seed)
+        if "cagnet-2d" in algorithms or "cagnet-3d" in algorithms:
+            pattern = PiecePattern(adjacency)
     records: list[dict] = []
     estimated = set()
     for family in algorithms:
@@ -188,12 +192,12 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
                 for mode in modes:
                     options = {"aggregation": mode} if plan is None else {"aggregation": mode, "plan": plan}
                     pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
-                                             options=options)
+                                             optimizer=optimizer, options=options)
                     records += _records(family, pred, precision, mode)
             else:
-                options = {"graph": graph} if graph is not None and family in ("cagnet-2d", "cagnet-3d") else None
+                options = {"graph": pattern} if pattern is not None and family in ("cagnet-2d", "cagnet-3d") else None
                 pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
-                                         options=options)
+                                         optimizer=optimizer, options=options)
                 records += _records(family, pred, precision)
     for rec in records:
         if rec["estimated"]:
