@@ -122,7 +122,35 @@ def from_data(directory: Path, profile: str) -> list[dict]:
             predict_spmm_ms(machine.spmm, u["nnz"], u["rows"], u["common"], u["dense_cols"]))
         _row(rows, "V/U SpMM shape ratio", predicted, f"within 25 % of the measured {measured:.2f}",
              abs(predicted / measured - 1) <= TARGETS["vu_error"], f"{predicted / measured - 1:+.1%}")
+    fitted_on = {Path(i.get("path", "")).name for i in (machine.raw.get("fit") or {}).get("inputs", {}).get("spmm", [])}
+    for path in sorted(directory.glob("rmat-*spmm-shards.jsonl")):
+        if path.name in fitted_on:
+            continue
+        _shard_rows(rows, path, machine)
     return rows
+
+
+def _shard_rows(rows: list, path: Path, machine) -> None:
+    """Per G: the MAPE and Spearman of each grid's epoch SpMM (sum over its shards) against the measured one."""
+    import numpy as np
+
+    from plexus_tune.fit.validation import spearman
+    from plexus_tune.model.spmm import predict_spmm_ms
+
+    grids: dict = {}
+    for r in _records(path, "spmm"):
+        t = float(predict_spmm_ms(machine.spmm, r["nnz"], r["rows"], r["common"], r["dense_cols"]))
+        entry = grids.setdefault((r["gpus"], r["grid"]), [0.0, 0.0])
+        entry[0] += r["time_ms"]
+        entry[1] += t
+    for gpus in sorted({g for g, _ in grids}):
+        obs = np.array([v[0] for (g, _), v in grids.items() if g == gpus])
+        pred = np.array([v[1] for (g, _), v in grids.items() if g == gpus])
+        mape = float(np.mean(np.abs(pred - obs) / obs))
+        rho = spearman(pred, obs)
+        name = path.name.replace("-spmm-shards.jsonl", "")
+        _row(rows, f"{name} G={gpus}: grid SpMM MAPE (held out)", mape, "<= 15 %", mape <= 0.15,
+             f"{len(obs)} grids, Spearman {rho:.3f} (>= 0.95: {'yes' if rho >= 0.95 else 'NO'})")
 
 
 def on_device(args) -> list[dict]:

@@ -183,7 +183,8 @@ def load_graph_argument(text):
     return load_graph_source(str(text))
 
 
-def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None) -> int:
+def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None,
+                     optimizer: str | None = None) -> int:
     """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
     if getattr(args, "block_rows", None):
         raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
@@ -202,7 +203,7 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             except UserError as exc:
                 raise UserError(f"{flag}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            **filters)
+                            optimizer=optimizer, **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 

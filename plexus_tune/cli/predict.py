@@ -210,7 +210,7 @@ def run(args) -> int:
     workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None))
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

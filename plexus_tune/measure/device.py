@@ -43,12 +43,12 @@ def device_info(device) -> dict:
     """Name, driver, CUDA, torch and PyG versions of ``device`` (CPU: its name 'cpu' and the versions)."""
     import torch
 
-    info = {"device": "cpu", "torch": torch.__version__}
-    try:
-        import torch_geometric
+    from importlib import metadata
 
-        info["torch_geometric"] = torch_geometric.__version__
-    except ImportError:
+    info = {"device": "cpu", "torch": torch.__version__}
+    try:  # the installed version, without importing PyG (seconds)
+        info["torch_geometric"] = metadata.version("torch_geometric")
+    except metadata.PackageNotFoundError:
         info["torch_geometric"] = None
     if getattr(device, "type", str(device)) == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -99,6 +99,35 @@ def layout_on(matrix, device):
                  for a, dt in ((coo.row, np.int64), (coo.col, np.int64), (coo.data, np.float32)))
 
 
+def permuted_layouts_on(adjacency, row_perm, col_perm, device):
+    """The two layouts of a permuted adjacency, permuted and sorted on ``device``.
+
+    B = A[row_perm][:, col_perm] (:mod:`plexus_tune.graph.permute`): the nonzero (r, c) of A
+    is B[inv_row[r], inv_col[c]] and B^T[inv_col[c], inv_row[r]]. Returns the (row, column,
+    value) tensors of B and of B^T, each sorted by (row, column) as :func:`layout_on` gives them.
+    """
+    import torch
+
+    csr = adjacency.tocsr()
+    n_rows, n_cols = csr.shape
+    counts = torch.from_numpy(np.diff(csr.indptr).astype(np.int64)).to(device)
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=device), counts)
+    cols = torch.from_numpy(np.asarray(csr.indices, dtype=np.int64)).to(device)
+    vals = torch.from_numpy(np.asarray(csr.data, dtype=np.float32)).to(device)
+    inv_row = torch.empty(n_rows, dtype=torch.int64, device=device)
+    inv_row[torch.from_numpy(np.asarray(row_perm, dtype=np.int64)).to(device)] = torch.arange(n_rows, device=device)
+    inv_col = torch.empty(n_cols, dtype=torch.int64, device=device)
+    inv_col[torch.from_numpy(np.asarray(col_perm, dtype=np.int64)).to(device)] = torch.arange(n_cols, device=device)
+    new_rows, new_cols = inv_row[rows], inv_col[cols]
+    del rows, cols
+    layouts = []
+    for r, c, width in ((new_rows, new_cols, n_cols), (new_cols, new_rows, n_rows)):
+        order = torch.argsort(r * width + c)
+        layouts.append((r[order], c[order], vals[order]))
+        del order
+    return layouts
+
+
 def largest_shard_on(layout, r_d: int, r_o: int, g_d: int, g_o: int):
     """The shard with the most nonzeros of a layout cut into r_d x r_o blocks (g_d x g_o of them):
     (A and A^T as CSR on the layout's device, nonzeros per block, (depth, outer) of the shard,
@@ -124,19 +153,21 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
 
     As :func:`plexus_tune.measure.spmm.calibrate_graph_shards` (layer i uses the
     permuted layout for even i, its transpose layout for odd i; shard sizes from
-    :func:`plexus_tune.model.shapes.layer_shapes`), with the permuted adjacency held on
-    the device as COO and each distinct (layout, g_d, g_o) shard cut, built and timed
+    :func:`plexus_tune.model.shapes.layer_shapes`), with the adjacency permuted on the
+    device (:func:`permuted_layouts_on`; ``permute`` a mode of
+    :func:`plexus_tune.graph.permute.permutations_for`, ``local`` with the part counts of
+    every grid timed) and each distinct (layout, g_d, g_o) shard cut, built and timed
     once; GEMMs are timed once per distinct shape.
     """
     import torch
 
-    from plexus_tune.graph.permute import double_permute, grid_parts
+    from plexus_tune.graph.permute import grid_parts, permutations_for
 
     grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     parts = sorted({p for grid in grids for p in grid_parts(grid)})
-    permuted, _, _ = double_permute(adjacency, seed=seed, mode=permute, parts=parts)
-    n = permuted.shape[0]
-    layouts = [layout_on(matrix, device) for matrix in (permuted, permuted.T)]
+    n = adjacency.shape[0]
+    row_perm, col_perm = permutations_for(permute, n, seed, parts=parts)
+    layouts = permuted_layouts_on(adjacency, row_perm, col_perm, device)
     info = _info(device)
     stamp = now_utc()
     timing = dict(min_samples=min_samples, min_time_s=min_time_s)
