@@ -134,7 +134,7 @@ def _shard_rows(rows: list, path: Path, machine) -> None:
     """Per G: the MAPE and Spearman of each grid's epoch SpMM (sum over its shards) against the measured one."""
     import numpy as np
 
-    from plexus_tune.fit.validation import spearman
+    from plexus_tune.report.metrics import spearman
     from plexus_tune.model.spmm import predict_spmm_ms
 
     grids: dict = {}
