@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 
 from test_plotting import GRIDS_8, check_files, write_log
 

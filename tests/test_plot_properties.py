@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 
 
 def crowded_frame(n=14, seed=3):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 from plexus_tune.errors import UserError
 from plexus_tune.measure.store import append_records
 

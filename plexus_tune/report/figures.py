@@ -23,7 +23,7 @@ from plexus_tune.measure.store import read_runs
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import workload_from_dataset
-from plexus_tune.search import trials_frame
+from plexus_tune.report.metrics import mape_percent, median_ratio, r2_identity, spearman
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
 BREAKDOWN_PARTS = (
@@ -80,41 +80,6 @@ def save_figure(fig, directory, stem: str, formats: Sequence[str] = ("png", "svg
             raise
         paths.append(path)
     return paths
-
-
-# --------------------------------------------------------------------------------------
-# Statistics
-
-
-def spearman(x, y) -> float:
-    """Spearman rank correlation (average ranks for ties); nan for fewer than 2 points."""
-    from scipy.stats import spearmanr
-
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
-        return float("nan")
-    return float(spearmanr(x, y).statistic)
-
-
-def mape_percent(predicted, observed) -> float:
-    """Mean absolute percentage error of ``predicted`` against ``observed``: 100 mean |pred - obs| / obs."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    return float(100.0 * np.mean(np.abs(p - o) / o)) if len(o) else float("nan")
-
-
-def median_ratio(predicted, observed) -> float:
-    """Median of observed / predicted (1: no constant offset; 2: observed twice the prediction)."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    return float(np.median(o / p)) if len(o) else float("nan")
-
-
-def r2_identity(predicted, observed) -> float:
-    """R^2 of ``observed`` against the line y = x: 1 - sum (obs - pred)^2 / sum (obs - mean obs)^2."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    ss_tot = float(((o - o.mean()) ** 2).sum())
-    if len(o) < 2 or ss_tot == 0:
-        return float("nan")
-    return 1.0 - float(((o - p) ** 2).sum()) / ss_tot
 
 
 # --------------------------------------------------------------------------------------
@@ -454,10 +419,8 @@ def plain_log_ticks(axis) -> None:
 def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     """Objective per trial (feasible dots, infeasible crosses) and the best feasible value so far.
 
-    ``trials`` is :func:`plexus_tune.search.trials_frame` of a study (or the study itself).
+    ``trials`` is :func:`plexus_tune.search.trials_frame` of a study.
     """
-    if not hasattr(trials, "columns"):
-        trials = trials_frame(trials)
     done = trials[(trials["state"] == "COMPLETE") & trials["value"].notna()].sort_values("number")
     if done.empty:
         raise UserError("the study has no finished trial to plot")
