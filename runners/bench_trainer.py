@@ -222,8 +222,10 @@ def print_floor(report: dict) -> None:
     total = sum(r["ms"] for r in report["rows"])
     print(f"{'sum':>12} {total:9.2f} {sum(r['floor_ms'] for r in report['rows']):9.2f}  (epoch {epoch:.2f} ms)")
     spmm = next(r for r in report["rows"] if r["part"] == "spmm")
-    print(f"SpMM if every nonzero's dense row missed the cache: "
-          f"{(spmm['bytes'] + report['spmm_gather_bytes']) / c['copy_gbps'] / 1e6:.2f} ms")
+    gather_ms = report["spmm_gather_bytes"] / c["gather_gbps"] / 1e6 + spmm["bytes"] / c["copy_gbps"] / 1e6
+    print(f"SpMM if every nonzero's dense row missed the cache: {gather_ms:.2f} ms (a row per nonzero at the random-"
+          f"gather rate {c['gather_gbps']:.1f} GB/s of {c['gather_cols']}-float rows, the rest at the copy rate); "
+          f"measured / that: {spmm['ms'] / gather_ms:.2f}")
     m = report["memory"]
     print(f"memory: peak {m['measured_bytes'] / 2**20:.1f} MiB ({m['measured']}) against the model's "
           f"{m['model_bytes'] / 2**20:.1f} MiB: {m['ratio']:.2f}")

@@ -267,3 +267,22 @@ def test_predict_graph_gives_partition_figures():
     modes = {r["aggregation"]: r for r in data["ranking"] if r["algorithm"] == "supergcn"}
     assert modes["hybrid"]["comm_ms"] <= min(modes["pre"]["comm_ms"], modes["post"]["comm_ms"]) + 1e-9
     assert all(not r["estimated"] for r in data["ranking"])
+
+
+def test_supergcn_memory_hand_derived():
+    # ring of 64 nodes in 4 arcs of 16: each part keeps 16 rows with 3 nonzeros each (two
+    # neighbours and the self-loop) and sends and receives one row to and from each neighbour part
+    a = ring_graph()
+    w = Workload("ring", 64, 64 * 3, (4, 2))
+    plan = exchange_plan(a, np.repeat(np.arange(4), 16))
+    pred = FAMILY_MODELS["supergcn"](w, load_machine("perlmutter"), [(4, 1, 1)], options={"plan": plan})
+    expected = {
+        "adjacency": 2 * (48 * 8 + (16 + 1) * 4),  # A and A^T of the part, CSR int32
+        "weights": 4 * (4 + 1) * 2 * 4,
+        "features": 4 * 16 * 4 * 4,
+        "activations": (2 * 16 * 4 + 2 * 16 * 2) * 4,
+        "gathered": (2 + 2) * 4 * 4,  # send and receive buffers of the widest exchange
+        "labels": 8 * 16,
+    }
+    for part, value in expected.items():
+        assert pred[f"memory_{part}_bytes"][0] == pytest.approx(value), part

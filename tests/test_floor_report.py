@@ -38,6 +38,13 @@ def test_floor_work_by_hand_one_rank():
     assert work["comm"]["bytes"] == 0 and work["sync"]["bytes"] == 0
 
 
+def test_ceilings_are_measured():
+    from plexus_tune.measure.floor import measure_ceilings
+
+    c = measure_ceilings("cpu", copy_elements=1 << 16, gemm_size=64, gather_rows=1 << 12, min_time_s=0.01)
+    assert c["copy_gbps"] > 0 and c["gemm_gflops"] > 0 and c["gather_gbps"] > 0
+
+
 def test_parts_add_up_and_ratios():
     rows = [{"epoch_ms": 10.0, "spmm_ms": 4.0, "gemm_ms": 2.0, "comm_ms": 1.0, "quant_ms": 0.5, "other_ms": 2.5,
              "loss_ms": 0.5, "optimizer_ms": 1.0, "elementwise_ms": 0.75}] * 3
@@ -58,7 +65,7 @@ def test_floor_report_runs_at_a_tiny_size():
     b = bench()
     g = synthetic("rmat:nodes=300,edges=1200,features=8,classes=4,seed=0")
     ceilings = {"copy_gbps": 5.0, "gemm_gflops": 20.0, "copy_gbps_median": 5.0, "gemm_gflops_median": 20.0,
-                "gemm_size": 64}
+                "gemm_size": 64, "gather_gbps": 2.0, "gather_cols": 64}
     report = b.floor_report(g, (1, 1, 2), hidden=8, epochs=3, warmup=1, ceilings=ceilings)
     parts = report["parts"]
     assert sum(parts[p] for p in FLOOR_PARTS) == pytest.approx(parts["epoch"], rel=1e-6)

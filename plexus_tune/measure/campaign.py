@@ -40,7 +40,7 @@ from plexus_tune.model.planner import family_grids
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig
-from plexus_tune.trainer.algorithms import process_grid
+from plexus_tune.trainer.algorithms import normalize_config, process_grid
 from plexus_tune.trainer.run import graph_source, validate
 from plexus_tune.measure.training import build_record, config_fields, run_training
 
@@ -306,6 +306,7 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
 
     from plexus_tune.trainer.engine import rank_main
 
+    configs = [normalize_config(c) for c in configs]
     first = configs[0]
     world = int(np.prod(first.grid))
     for config in configs:

@@ -35,9 +35,11 @@ DB_PASSES = TRAINER_PASSES.last
 
 
 def measure_ceilings(device="cpu", *, copy_elements: int = 1 << 25, gemm_size: int = 2048,
-                     min_time_s: float = 0.3) -> dict:
-    """Copy rate (GB/s, bytes read + written) and FP32 GEMM rate (GFLOP/s), minimum time
-    over samples (:func:`plexus_tune.measure.device.time_on_device`)."""
+                     gather_rows: int = 1 << 20, gather_cols: int = 64, min_time_s: float = 0.3) -> dict:
+    """Copy rate (GB/s, bytes read + written), FP32 GEMM rate (GFLOP/s) and the rate of
+    gathering rows of ``gather_cols`` floats in random order from a ``gather_rows``-row
+    matrix (GB/s, rows read + written, ``index_select``), minimum time over samples
+    (:func:`plexus_tune.measure.device.time_on_device`)."""
     import torch
 
     from plexus_tune.measure.device import time_on_device
@@ -51,7 +53,15 @@ def measure_ceilings(device="cpu", *, copy_elements: int = 1 << 25, gemm_size: i
     a = torch.rand(n, n, device=dev)
     b = torch.rand(n, n, device=dev)
     t_gemm, med_gemm, _ = time_on_device(lambda: a @ b, dev, min_samples=3, min_time_s=min_time_s)
+    del a, b
+    src = torch.rand(int(gather_rows), int(gather_cols), device=dev)
+    idx = torch.randperm(int(gather_rows), device=dev)
+    dst = torch.empty_like(src)
+    t_gather, _, _ = time_on_device(lambda: torch.index_select(src, 0, idx, out=dst), dev, min_samples=3,
+                                    min_time_s=min_time_s)
     return {
+        "gather_gbps": 2.0 * 4 * src.numel() / (t_gather * 1e-3) / 1e9,
+        "gather_cols": int(gather_cols),
         "copy_gbps": 8.0 * copy_elements / (t_copy * 1e-3) / 1e9,
         "copy_gbps_median": 8.0 * copy_elements / (med_copy * 1e-3) / 1e9,
         "gemm_gflops": 2.0 * n ** 3 / (t_gemm * 1e-3) / 1e9,

@@ -545,8 +545,11 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
-#: The identity without the grid: the settings a grid choice is made under.
-SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in GRID_FIELDS)
+#: The identity without the configuration: the settings a choice of algorithm and grid is made under.
+#: The configuration chosen among the ways to run a setting: the algorithm family, its
+#: process grid and its own options (cagnet-1.5d's c, supergcn's aggregation).
+CONFIGURATION_FIELDS = ("algorithm", *GRID_FIELDS, "replication", "aggregation")
+SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in CONFIGURATION_FIELDS)
 RunIdentity = namedtuple("RunIdentity", IDENTITY_NAMES)
 
 
@@ -653,7 +656,7 @@ def predict_record(record: Mapping, machine, *, workload: Workload | None = None
 
 
 def run_setting(identity: RunIdentity) -> tuple:
-    """The identity without the grid (:data:`SETTING_NAMES`)."""
+    """The identity without the configuration (:data:`SETTING_NAMES`)."""
     return tuple(getattr(identity, n) for n in SETTING_NAMES)
 
 
