@@ -10,7 +10,8 @@ import os
 
 import numpy as np
 
-from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
+from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed, pick_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
@@ -202,9 +203,9 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
             line += f" ({machine.name} has no quant rates: codec time not counted)"
         print(line)
     if auto:
-        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in sorted(best_of.items(), key=lambda kv: kv[1]))
+        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in pick_precision(best_of)[1])
         print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")
-        print(f"accuracy evidence for {precision}: {ACCURACY_EVIDENCE.get(precision.split('=')[-1], 'none recorded')}")
+        print(f"accuracy evidence for {precision}: {accuracy_evidence(precision)}")
 
 
 def graph_shards(args, grids, workload):
@@ -282,7 +283,7 @@ def run(args) -> int:
     for p, candidate in by_precision.items():
         ok = np.flatnonzero(candidate["feasible"])
         best_of[p] = float(candidate["total_ms"][ok].min()) if ok.size else float("inf")
-    precision = min(precisions, key=lambda p: best_of[p])  # widest first on ties
+    precision = pick_precision(best_of)[0] or precisions[0]  # none feasible: the first, to report why
     pred = by_precision[precision]
     order = rank_order(pred)
     records = prediction_records(pred, order, top=top or None)
