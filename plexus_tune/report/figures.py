@@ -178,10 +178,17 @@ def predicted_frame(pred, order=None):
     return frame
 
 
+#: most GPU counts a scaling plot draws (one point each)
+SCALING_POINTS = 4096
+
+
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
 
+    if len(gpus) > SCALING_POINTS:
+        raise UserError(f"a scaling plot draws one point per GPU count: {len(gpus):,} counts is more than the "
+                        f"{SCALING_POINTS:,} a plot can show; give a list or a range with :pow2", parameter="gpus")
     rows = []
     for name in datasets:
         workload = workload_from_dataset(name, layers=layers, hidden=hidden)
