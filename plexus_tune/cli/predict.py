@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
-from plexus_tune.cli.output import make_console
+from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
 import os
@@ -153,16 +153,6 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
     from rich.table import Table
 
@@ -183,7 +173,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [_fmt(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
