@@ -175,7 +175,7 @@ def load_graph_argument(text):
 
 
 def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None,
-                     optimizer: str | None = None) -> int:
+                     optimizer: str | None = None, plexus_options=None) -> int:
     """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
     if getattr(args, "block_rows", None):
         raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
@@ -194,7 +194,7 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             except UserError as exc:
                 raise UserError(f"{flag}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options, **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 
