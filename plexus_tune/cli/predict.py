@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
-from plexus_tune.cli.output import make_console
+from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
 import os
 
 import numpy as np
 
-from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
+from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed, pick_precision
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.planner import family_grids
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -151,16 +153,6 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
     from rich.table import Table
 
@@ -181,7 +173,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [_fmt(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
@@ -201,9 +193,9 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
             line += f" ({machine.name} has no quant rates: codec time not counted)"
         print(line)
     if auto:
-        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in sorted(best_of.items(), key=lambda kv: kv[1]))
+        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in pick_precision(best_of)[1])
         print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")
-        print(f"accuracy evidence for {precision}: {ACCURACY_EVIDENCE.get(precision.split('=')[-1], 'none recorded')}")
+        print(f"accuracy evidence for {precision}: {accuracy_evidence(precision)}")
 
 
 def graph_shards(args, grids, workload):
@@ -262,8 +254,13 @@ def run(args) -> int:
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
+        plexus_options = None
+        if "plexus-3d" in algorithms:
+            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+            plexus_options = {"sparsity": sparsity} if sparsity is not None else None
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
+                                plexus_options=plexus_options)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
@@ -276,7 +273,7 @@ def run(args) -> int:
     for p, candidate in by_precision.items():
         ok = np.flatnonzero(candidate["feasible"])
         best_of[p] = float(candidate["total_ms"][ok].min()) if ok.size else float("inf")
-    precision = min(precisions, key=lambda p: best_of[p])  # widest first on ties
+    precision = pick_precision(best_of)[0] or precisions[0]  # none feasible: the first, to report why
     pred = by_precision[precision]
     order = rank_order(pred)
     records = prediction_records(pred, order, top=top or None)
