@@ -9,9 +9,10 @@ flag (the command line adds it). One output rule holds for every command
 (:func:`check_output_file`, :func:`check_output_dir`, and for logs
 :func:`plexus_tune.measure.store.check_log`): an output is never one of the command's
 inputs, whatever the flags; a file that is not the command's own output kind is
-replaced only when the user allows it (``--force``); a missing output directory is not
-created (except the default data directory) and the message says to create it; pipes
-and devices are neither read whole (:func:`check_input_file`) nor written.
+replaced only when the user allows it (``--force``); a missing output directory is
+created with its parents when the output is written (checked before any work: no file
+in the way, a writable ancestor); pipes and devices are neither read whole
+(:func:`check_input_file`) nor written.
 """
 
 from __future__ import annotations
@@ -45,28 +46,27 @@ def default_studies_path() -> Path:
     return data_dir() / "studies.db"
 
 
-def _check_creatable(path: Path) -> None:
-    """``path`` does not exist: its parent must be an existing writable directory.
+def check_creatable(path: Path) -> None:
+    """``path`` does not exist: its nearest existing ancestor must be a writable directory.
 
-    The one rule for a missing output directory: it is not created for the user (a
-    typo would otherwise scatter outputs); the message says to create it. Only the
-    default data directory (:func:`data_dir`) is created on first write.
+    The one rule for a missing output directory: it is created (with its parents) when the
+    output is written, as ``mkdir -p`` would, so it is checked here, before any work, that
+    it can be: no file is in the way and the ancestor that exists is writable.
     """
-    parent = path.parent
-    if not parent.exists() and not _within(parent, data_dir()):
-        ancestor = parent
-        while not ancestor.exists() and ancestor != ancestor.parent:
-            ancestor = ancestor.parent
-        if ancestor.exists() and not ancestor.is_dir():
-            raise UserError(f"cannot create {path}: {ancestor} is a file, not a directory")
-        raise UserError(f"cannot create {path}: directory {parent} does not exist; create it first (mkdir -p {parent})")
-    ancestor = parent
+    ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise UserError(f"cannot create {path}: {ancestor} is a file, not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UserError(f"cannot create {path}: directory {ancestor} is not writable")
+
+
+def make_parent(path) -> Path:
+    """Create the missing directories above the output ``path`` (checked by :func:`check_creatable`); returns it as a Path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _within(path, root) -> bool:
@@ -130,7 +130,7 @@ def check_output_file(path, *, overwrite: bool = True, inputs=(), force: bool = 
     - an existing file is replaced only if ``overwrite``, or with ``force``; with ``is_own``
       (a test of the file's content) a file that is not the command's own output kind
       (``own_kind``) is replaced only with ``force``;
-    - it is a regular file, writable; a missing parent directory is refused (:func:`_check_creatable`).
+    - it is a regular file, writable; a missing parent directory must be creatable (:func:`check_creatable`).
     """
     if path is None or str(path) == "":
         raise UserError("the output path is empty; give a file name")
@@ -152,13 +152,13 @@ def check_output_file(path, *, overwrite: bool = True, inputs=(), force: bool = 
         if not os.access(path, os.W_OK):
             raise UserError(f"{path} is not writable")
         return path
-    _check_creatable(path)
+    check_creatable(path)
     return path
 
 
 def check_output_dir(path, *, inputs=()) -> Path:
-    """Check that files can be written into the directory ``path`` (created later if missing,
-    its parent must exist), and that it holds none of ``inputs``."""
+    """Check that files can be written into the directory ``path`` (created later with its
+    parents if missing)."""
     if path is None or str(path) == "":
         raise UserError("the output directory is empty; give a directory")
     path = Path(path)
@@ -168,7 +168,7 @@ def check_output_dir(path, *, inputs=()) -> Path:
         if not os.access(path, os.W_OK | os.X_OK):
             raise UserError(f"directory {path} is not writable")
         return path
-    _check_creatable(path)
+    check_creatable(path)
     return path
 
 

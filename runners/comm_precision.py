@@ -131,9 +131,8 @@ def report(args) -> int:
     from plexus_tune.fit.profile import load_tables
     from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates
     from plexus_tune.measure.store import read_records
-    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.measure.records import predict_record
     from plexus_tune.model.machine import load_machine
-    from plexus_tune.model.workload import Workload
 
     out = Path(args.out)
     profile = json.loads(Path(args.profile).read_text())
@@ -154,17 +153,15 @@ def report(args) -> int:
     runs = [r for r in read_records(out / "runs.jsonl", schema="run")[0] if r.get("status") == "ok"]
     rows = []
     for r in runs:
-        workload = Workload(name=r["graph"], nodes=r["graph_nodes"], nnz=r["nnz"], widths=tuple(r["widths"]))
-        grid = np.array([[r["gx"], r["gy"], r["gz"]]])
-        pred = predict_grids(workload, machine, grid, comm_precision=r["comm_precision"])
+        pred = predict_record(r, machine)  # at every setting of the run: precision, block rows, dtype
         rows.append({
             "graph": "rmat-ogb-dir" if str(r.get("split", "")).startswith("ogb") else "rmat-random-split",
             "grid": r["grid"], "precision": r["comm_precision"],
-            "obs_epoch_ms": r["epoch_ms"], "pred_epoch_ms": float(pred["total_ms"][0]),
-            "obs_comm_ms": r["comm_ms"], "pred_comm_ms": float(pred["comm_ms"][0]),
-            "obs_quant_ms": r.get("quant_ms") or 0.0, "pred_quant_ms": float(pred["quant_ms"][0]),
+            "obs_epoch_ms": r["epoch_ms"], "pred_epoch_ms": pred["total_ms"],
+            "obs_comm_ms": r["comm_ms"], "pred_comm_ms": pred["comm_ms"],
+            "obs_quant_ms": r.get("quant_ms") or 0.0, "pred_quant_ms": pred["quant_ms"],
             "obs_comm_quant_ms": r["comm_ms"] + (r.get("quant_ms") or 0.0),
-            "pred_comm_quant_ms": float(pred["comm_ms"][0] + pred["quant_ms"][0]),
+            "pred_comm_quant_ms": pred["comm_ms"] + pred["quant_ms"],
             "bytes_per_epoch": sum((r.get("comm_bytes") or {}).values()),
             "test_acc": r["final_accuracy"]["test"], "epochs": r["epochs"],
         })

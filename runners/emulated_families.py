@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from plexus_tune.errors import UserError  # noqa: E402
-from plexus_tune.fit.validation import regret, spearman  # noqa: E402
+from plexus_tune.report.metrics import regret, spearman  # noqa: E402
 from plexus_tune.graph import synthetic  # noqa: E402
 from plexus_tune.launch.launchers import make_launcher  # noqa: E402
 from plexus_tune.measure.campaign import load_stats, run_campaign, workload_of  # noqa: E402

@@ -285,7 +285,8 @@ def main() -> int:
                                       "--epochs", str(args.epochs), "--warmup", "2", "--hidden", str(args.hidden),
                                       "--batch", "10", "--timeout", "600", "--cluster", cluster, "--log", str(runs)]))
     common = ["fit", "--spmm", str(spmm), "--collectives", str(coll), "--runs", str(runs), "--host-cores", "0",
-              "--gpus-per-node", str(args.ranks_per_node), "--splits", str(args.splits), "--jobs", "1"]
+              "--gpus-per-node", str(args.ranks_per_node), "--splits", str(args.splits), "--jobs", "1",
+              "--force"]  # the campaign refits the shipped profiles
     plan.append(("fit", [*common, "--machine-name", name, "--out", str(models["sharing"]),
                          "--description", f"emulated cluster {cluster} on a 2-core host, fitted by runners/emulated_validation.py"]))
     plan.append(("fit-nosharing", [*common, "--collective-sharing", "off", "--machine-name", f"{name}-nosharing",

@@ -3,7 +3,8 @@
 Beside tests/test_cli_bad_inputs.py (every command against malformed input), this table is
 organised by what goes wrong, and each kind is fixed by one mechanism of the library:
 
-- ``DESTROYS``: a command writing over its inputs or into a file of another kind
+- ``DESTROYS``: a command writing over its inputs or into a file of another kind, or into a
+  directory it cannot create
   (:func:`plexus_tune.paths.check_output_file`, :func:`plexus_tune.measure.store.check_log`);
 - ``TOO_BIG``: work that the host cannot hold, refused with the figures before it starts
   (:mod:`plexus_tune.resources`, the generators' and shards' own bounds);
@@ -49,15 +50,15 @@ DESTROYS = [
     ([*VALIDATE, "--json", "{d}/runs.jsonl"], "is an input of this command"),
     ([*VALIDATE, "--json", "{d}/runs.jsonl", "--force"], "is an input of this command"),
     ([*VALIDATE, "--json", "{d}/g.npz"], "is not a validation JSON"),
-    ([*VALIDATE, "--json", "{d}/nodir/v.json"], "does not exist; create it first"),
+    ([*VALIDATE, "--json", "{d}/g.npz/v.json"], "g.npz is a file, not a directory"),
     ([*FIT, "--out", "{d}/spmm.jsonl"], "is an input of this command"),
     ([*FIT, "--out", "{d}/coll.jsonl", "--force"], "is an input of this command"),
     ([*FIT, "--out", "{d}/profile.json"], "already exists"),
     ([*FIT, "--out", "{d}/g.npz"], "already exists"),
-    ([*FIT, "--out", "{d}/nodir/p.json"], "does not exist; create it first"),
+    ([*FIT, "--out", "{d}/g.npz/p.json"], "g.npz is a file, not a directory"),
     (["graph", "shard", "{d}/g.npz", "--blocks", "2x2", "--out", "{d}/g.npz", "--force"], "is an input of this command"),
     (["graph", "shard", "{d}/g.npz", "--blocks", "2x2", "--out", "{d}", "--force"], "holds an input of this command"),
-    (["graph", "convert", "{d}/g.npz", "{d}/nodir/x.npz"], "does not exist; create it first"),
+    (["graph", "convert", "{d}/g.npz", "{d}/g.npz/x.npz"], "g.npz is a file, not a directory"),
     (["calibrate", "quant", "--out", "{d}/g.npz"], "not a plexus-tune measurement log"),
     (["calibrate", "quant", "--out", "{d}/binary.bin"], "not a plexus-tune measurement log"),
     (["calibrate", "quant", "--out", "{d}/runs.jsonl"], "is a log of run records"),
@@ -68,9 +69,11 @@ DESTROYS = [
     ([*TRAIN, "--log", "{d}/coll.jsonl"], "is a log of collective records"),
     (["search", *G, "--gpus", "2", "--measured", "--log", "{d}/spmm.jsonl"], "is a log of spmm records"),
     (["measure", *G, "--gpus", "2", "--log", "{d}/g.npz"], "is an input of this command"),
-    (["measure", *G, "--gpus", "2", "--log", "{d}/nodir/r.jsonl"], "does not exist; create it first"),
+    (["measure", *G, "--gpus", "2", "--log", "{d}/g.npz/r.jsonl"], "g.npz is a file, not a directory"),
     (["plot", "history", "--study", "nosuchstudy"], "does not exist"),
-    (["plot", "pred-vs-obs", "--log", "{d}/runs.jsonl", "--gpus", "4", "--out", "{d}/nodir/plots"], "does not exist"),
+    (["plot", "pred-vs-obs", "--log", "{d}/runs.jsonl", "--gpus", "4", "--out", "{d}/g.npz/plots"], "is a file, not a directory"),
+    (["search", "--dataset", "reddit", "--gpus", "8", "--trials", "2", "--storage", "sqlite:///{d}/g.npz/s.db"],
+     "is a file, not a directory"),
 ]
 TOO_BIG = [
     (["train", "--synthetic", SPEC, "--grid", "1000x1000x1000"], "1,000,000,000 ranks on this host"),
@@ -86,6 +89,8 @@ TOO_BIG = [
      "shards would be empty"),
     (["graph", "shard", "{d}/g.npz", "--blocks", "512x512", "--out", "{d}/shards"], "at most 256 blocks per side"),
     (["graph", "stats", "{d}/g.npz", "--blocks", "512x512"], "at most 256 per side"),
+    (["plot", "scaling", "--datasets", "reddit", "--machine", "perlmutter", "--gpus", "1..1e12", "--out", "{d}/pl"],
+     "1,000,000,000,000 counts is more than the 4,096"),
 ]
 TOO_LATE = [
     ([*TRAIN, "--lr", "nan", "--log", "{d}/new.jsonl"], "--lr: must be a finite number > 0, got 'nan'"),
@@ -320,3 +325,20 @@ def test_measure_says_when_a_logged_run_counts_as_a_trial(sandbox, capsys):
     assert "already in" in out + err and "counts as this trial" in out + err
     assert len(Path(log).read_text().splitlines()) == 1  # nothing ran again
     Path(log).unlink()
+
+
+def test_a_missing_output_directory_is_created_by_every_writer(sandbox, capsys):
+    """The one rule for missing directories: created with their parents, as mkdir -p would."""
+    d, work, _ = sandbox
+    new = work / "a" / "b"
+    for argv in (
+        [*VALIDATE, "--json", str(new / "v.json")],
+        ["graph", "generate", "grid2d", "--nodes", "64", "--features", "2", "--classes", "2", "--out", str(new / "g.npz")],
+        ["graph", "shard", str(d / "g.npz"), "--blocks", "2x2", "--out", str(new / "shards")],
+        ["calibrate", "quant", "--precisions", "bf16", "--rows", "64", "--cols", "8", "--repeats", "1",
+         "--out", str(new / "c" / "quant.jsonl")],
+        ["plot", "breakdown", "--dataset", "reddit", "--gpus", "8", "--machine", "perlmutter", "--out", str(new / "plots")],
+    ):
+        assert main(_argv(argv, d)) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert {p.name for p in new.iterdir()} == {"v.json", "g.npz", "shards", "c", "plots"}

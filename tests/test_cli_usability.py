@@ -10,7 +10,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from plexus_tune.errors import UserError
-from plexus_tune.plotting import save_figure
+from plexus_tune.report.figures import save_figure
 
 from test_plotting import write_log
 

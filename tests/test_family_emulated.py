@@ -8,7 +8,8 @@ from plexus_tune.graph.partition import partition_exchange
 from plexus_tune.launch.launchers import make_launcher
 from plexus_tune.model.volumes import cagnet_15d_schedule, rank_volumes, supergcn_schedule
 from plexus_tune.model.workload import model_widths
-from plexus_tune.trainer import TrainConfig, run_training
+from plexus_tune.measure.training import run_training
+from plexus_tune.trainer import TrainConfig
 from test_cluster_emulated import needs_netns
 
 SPEC = "rmat:nodes=200,edges=1200,features=8,classes=3,seed=4"

@@ -116,7 +116,7 @@ def test_fit_models_ranks_time_sharing_the_cores_of_a_cpu_host(tmp_path, capsys)
     # --host-cores 0 switches the model off: the collective fit then sees 4x slower rings
     plain = tmp_path / "plain.json"
     assert main(["fit", "--spmm", str(spmm), "--collectives", str(coll), "--machine-name", "cpu", "--out", str(plain),
-                 "--splits", "0", "--device-memory-gib", "4", "--no-table", "--host-cores", "0"]) == 0
+                 "--splits", "1", "--device-memory-gib", "4", "--no-table", "--host-cores", "0"]) == 0
     off = json.loads(plain.read_text())
     assert "host_cores" not in off
     assert off["fit"]["collectives"]["tiers"]["intra"]["alpha_us"] == pytest.approx(4 * ALPHA_US, rel=1e-3)
@@ -147,9 +147,9 @@ def test_fit_names_the_kinds_and_the_flag_of_a_missing_gemm_rate(tmp_path, capsy
     assert "unknown SpMM model kind 'paper' to fit" in err and "'paper-spmm'" in err and "learned-boosted" in err
     csv = tmp_path / "spmm.csv"  # SpMM timings alone: no GEMM records to fall back on
     csv.write_text("nnz,rows,common,dense_cols,time_ms\n" + "\n".join(f"{10 * i},{5 + i},8,4,{0.1 * (i + 1)}" for i in range(1, 30)) + "\n")
-    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0"]) == 2
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "1"]) == 2
     assert "no GEMM measurements" in (err := capsys.readouterr().err) and err.strip().endswith("(--gemm-tflops)")
-    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "0",
+    assert main(["fit", "--spmm", str(csv), "--collectives", str(coll), "--machine-name", "x", "--out", str(out), "--splits", "1",
                  "--gemm-tflops", "0.5", "--kind", "roofline", "--device-memory-gib", "2"]) == 0
     profile = json.loads(out.read_text())
     assert profile["gemm_tflops"] == 0.5 and profile["provenance"]["gemm_tflops"] == "--gemm-tflops"

@@ -1,6 +1,7 @@
 """runners/gpu_check.py: bad devices refused, the H100 profile against the shipped H100 data, the tiny CPU run."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ H100 = REPO / "measurements" / "h100-2026-11-25"
 
 def _run(*args, timeout=900):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_cuda_without_a_gpu_is_one_line_and_exit_2(tmp_path):

@@ -208,3 +208,18 @@ def test_predict_optimizer_option(run_cli):
         assert rec["total_ms"] == pytest.approx(sum(rec[k] for k in TOTAL_PARTS))
     code, out, err = run_cli(base + ["--optimizer", "sgd"])
     assert code == 2 and out == "" and err.count("\n") == 1 and "--optimizer: unknown optimizer 'sgd'" in err
+
+
+def test_the_h100_profile_says_where_every_number_came_from():
+    profile = json.loads((REPO / "models" / "h100-80gb-2026-11-25.json").read_text())
+    numbers = [k for k in profile if k not in ("schema", "name", "description", "provenance", "fit")]
+    assert set(numbers) <= set(profile["provenance"]), set(numbers) - set(profile["provenance"])
+    assert "NOT measured" in profile["provenance"]["collectives"]
+    # every input the fit read is shipped beside the profile, unchanged
+    import hashlib
+
+    for kind, inputs in profile["fit"]["inputs"].items():
+        for item in inputs:
+            if "path" in item:
+                data = (REPO / item["path"]).read_bytes()
+                assert hashlib.sha256(data).hexdigest()[:16] == item["sha256"], (kind, item["path"])

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 
 from test_plotting import GRIDS_8, check_files, write_log
 
@@ -59,7 +59,7 @@ def test_every_kind_from_logged_data(tmp_path, capsys):
     "argv, message",
     [
         (["pred-vs-obs", "--log", "nope.jsonl"], "does not exist"),
-        (["history", "--study", "absent", "--storage", "sqlite:///{tmp}/s.db"], "no study 'absent'"),
+        (["history", "--study", "absent", "--storage", "sqlite:///{tmp}/s.db"], "s.db does not exist: no search saved a study there"),
         (["scaling", "--datasets", "nosuch", "--machine", "perlmutter"], "nosuch"),
         (["breakdown", "--gpus", "8"], "breakdown needs --log"),
         (["pred-vs-obs", "--log", "{tmp}/runs.jsonl", "--format", "gif"], "unknown format"),

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 
 
 def crowded_frame(n=14, seed=3):
@@ -109,3 +109,23 @@ def test_history_range_is_not_set_by_infeasible_trials():
     assert lo <= 7.0 and hi >= 10.0  # every feasible trial shown
     assert hi < 100.0  # not stretched to the infeasible 9000
     assert ax.get_yscale() == "linear"
+
+
+def test_breakdown_legend_lists_only_parts_with_height_and_names_the_x_axis():
+    frame = pd.DataFrame({"grid": ["a", "b"], "pred_spmm_ms": [10.0, 20.0], "pred_gemm_ms": [0.0, 0.0],
+                          "pred_comm_x_ms": [5.0, 0.0], "pred_quant_ms": [0.0, 0.0]})
+    ax = plotting.plot_breakdown(frame, observed=False).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    parts = {label.split(" (")[0] for label in labels}
+    assert any(p.startswith("SpMM") or p.lower().startswith("spmm") for p in parts), labels
+    assert not any(p.lower().startswith(("gemm", "quant")) for p in parts), labels
+    assert len(labels) == 2, labels
+    assert ax.get_xlabel() == "grid Gx x Gy x Gz"
+
+
+def test_pred_vs_obs_holds_every_error_bar():
+    frame = crowded_frame(n=5).assign(obs_epoch_ms_std=[1.0, 1.0, 1.0, 1.0, 80.0])
+    ax = plotting.plot_pred_vs_obs(frame).axes[0]
+    top = float((frame["obs_epoch_ms"] + frame["obs_epoch_ms_std"]).max())
+    bottom = float((frame["obs_epoch_ms"] - frame["obs_epoch_ms_std"]).min())
+    assert ax.get_ylim()[1] >= top and ax.get_ylim()[0] <= bottom

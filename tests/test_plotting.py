@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 from plexus_tune.errors import UserError
 from plexus_tune.measure.store import append_records
 
@@ -202,3 +202,13 @@ def test_runs_of_two_settings_are_two_points_per_grid(tmp_path):
     best = plotting.observed_scaling_frame(plotting.runs_frame(tmp_path / "runs.jsonl"))
     assert sorted(best["dataset"]) == ["tiny (permute=double)", "tiny (permute=none)"]
     assert sorted(best["obs_epoch_ms"]) == [100.5, 300.5]
+
+
+def test_a_graph_chosen_by_its_source_is_called_by_its_name(tmp_path):
+    frame = plotting.runs_frame(write_log(tmp_path / "runs.jsonl"))
+    sources = set(frame["graph"].astype(str)) - {"tiny"}
+    by_name = plotting.select_runs(frame, "tiny", 8)
+    for source in sources:  # the log's source text of the same graph: the same rows, the same name
+        by_source = plotting.select_runs(frame, source, 8)
+        assert by_source[1:] == by_name[1:] == ("tiny", 8)
+        assert len(by_source[0]) == len(by_name[0])

@@ -103,7 +103,7 @@ def _run(command: str, capsys) -> str:
 
 
 def test_every_readme_example_is_checked_here():
-    checked = ("predict --dataset ogbn-products", "graph generate grid2d", "graph stats road", "train --synthetic",
+    checked = ("predict --dataset ogbn-products", "predict --algorithm all", "graph generate grid2d", "graph stats road", "train --synthetic",
                "search --dataset ogbn-papers100M")
     commands = [c for c, _ in examples()]
     assert all(any(c.startswith(p) for p in checked) for c in commands), commands
@@ -112,6 +112,11 @@ def test_every_readme_example_is_checked_here():
 
 def test_predict_example(workdir, capsys):
     command, shown = _example("predict --dataset ogbn-products")
+    check_output(command, shown, _run(command, capsys))
+
+
+def test_predict_algorithm_all_example(workdir, capsys):
+    command, shown = _example("predict --algorithm all")
     check_output(command, shown, _run(command, capsys))
 
 

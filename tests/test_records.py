@@ -11,7 +11,7 @@ import pytest
 
 from plexus_tune.errors import UserError
 from plexus_tune.fit import fit_collectives, load_table
-from plexus_tune.fit.validation import leave_one_group_out
+from plexus_tune.report.validation import leave_one_group_out
 from plexus_tune.measure import records as R
 from plexus_tune.measure.campaign import campaign_config, config_identity
 from plexus_tune.measure.store import append_records, read_records, read_runs

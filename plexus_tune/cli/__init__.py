@@ -134,7 +134,10 @@ def flag_hint(parser: argparse.ArgumentParser, args, parameter) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (exit code 2, its line already printed), --help or --version
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USER_ERROR)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a command submitted to Slurm runs it again
     if getattr(args, "handler", None) is None:
         parser.print_help()

@@ -6,7 +6,8 @@ import json
 import sys
 
 from plexus_tune.cli.output import make_console
-from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
+from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.measure.campaign import load_graph_source
@@ -172,7 +173,7 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
               f"GEMM {first['gemm_ms']:.1f}; {first['memory_gib']:.2f} GiB per GPU)")
         if first["comm_precision"] != "fp32":
             print(f"accuracy evidence for {first['comm_precision']}: "
-                  f"{ACCURACY_EVIDENCE.get(first['comm_precision'], 'none recorded')}")
+                  f"{accuracy_evidence(first['comm_precision'])}")
     return 0
 
 

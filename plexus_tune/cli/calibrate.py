@@ -7,7 +7,8 @@ from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
-from plexus_tune.model.comm_precision import check_backend, parse_allowed, parse_precision
+from plexus_tune.model.comm_precision import check_backend, parse_precision
+from plexus_tune.model.precision_choice import parse_allowed
 from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark

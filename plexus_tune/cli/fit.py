@@ -46,7 +46,7 @@ def register(subparsers) -> None:
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument("--kind", default="auto", help="SpMM model kind to fit (default auto: the lowest held-out MAPE); every kind "
                         "the data supports is scored beside it, and an unknown name lists them")
-    parser.add_argument("--splits", type=count(1), default=1000, help="at most this many random 70/30 splits for the scores (default 1000)")
+    parser.add_argument("--splits", type=count(1), default=1000, help="at most this many random 70/30 splits for the scores (default 1000; at least 1)")
     parser.add_argument("--r2-sem", type=real(minimum=0), default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
                         "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
     parser.add_argument("--jobs", type=count(0), default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "

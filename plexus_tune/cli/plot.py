@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from plexus_tune.cli.options import count
 from plexus_tune.cli.output import check_output_dir
-from plexus_tune import plotting
+from plexus_tune.report import figures as plotting
 from plexus_tune.errors import UserError
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
-from plexus_tune.plotting import save_figure
-from plexus_tune.search import objective_unit, open_storage, parse_gpus
+from plexus_tune.report.figures import save_figure
+from plexus_tune.search import objective_unit, open_storage, parse_gpus, trials_frame
 
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
@@ -127,7 +127,7 @@ def make_figure(args):
         objective = study.user_attrs.get("objective", "value")
         if objective in ("epoch", "gpu-hours"):
             objective = f"{objective} ({objective_unit(objective)})"
-        return plotting.plot_search_history(study, title=f"search history: {args.study}", objective=objective), f"history_{args.study}"
+        return plotting.plot_search_history(trials_frame(study), title=f"search history: {args.study}", objective=objective), f"history_{args.study}"
     return plotting.plot_param_importances(study, title=f"parameter importances: {args.study}"), f"importances_{args.study}"
 
 

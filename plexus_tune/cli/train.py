@@ -16,6 +16,7 @@ from plexus_tune.measure.campaign import check_graph
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
+from plexus_tune.trainer.reference import check_verdict
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
@@ -200,8 +201,6 @@ def check_result(record: dict) -> dict | None:
     without a check or at a reduced communication precision (not expected to agree to rounding)."""
     if "check_loss_rel_diff" not in record or record.get("comm_precision", "fp32") != "fp32":
         return None
-    from plexus_tune.trainer.reference import check_verdict
-
     dtype = record.get("dtype") or (record.get("options") or {}).get("dtype") or "float32"
     return check_verdict(record["check_loss_rel_diff"], record["check_output_rel_diff"], dtype=dtype,
                          device=record.get("device", "cpu"))

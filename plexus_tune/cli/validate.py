@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from plexus_tune.cli.output import check_output_file, make_console
-from plexus_tune.fit.validation import leave_one_group_out
+from plexus_tune.report.validation import leave_one_group_out
 from plexus_tune.measure.records import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.machine import load_machine
-from plexus_tune.paths import json_with_keys
+from plexus_tune.paths import json_with_keys, make_parent
 
 
 def register(subparsers) -> None:
@@ -61,6 +61,7 @@ def run(args) -> int:
     console.print(table)
     console.print(f"worst regret {m['max_regret']:.3f} over {m['groups']} (graph, G) groups")
     if args.json:
+        make_parent(args.json)
         tmp = f"{args.json}.tmp{os.getpid()}"
         with open(tmp, "w") as fh:
             json.dump({"machine": machine.name, "refit": not args.no_refit, "refitted_groups": refitted, **result}, fh, indent=2)

@@ -30,7 +30,7 @@ from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, colle
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
 from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, single_threaded_blas
+from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, mape_percent, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
@@ -625,7 +625,7 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
     if progress:
         progress(0, 1)
     frame = predict_runs(runs_tbl, profile)
-    raw_mape = float(100 * np.mean(np.abs(frame["pred_epoch_ms"] - frame["obs_epoch_ms"]) / frame["obs_epoch_ms"]))
+    raw_mape = mape_percent(frame["pred_epoch_ms"], frame["obs_epoch_ms"])
     epoch = fit_epoch(frame, n_splits=n_splits, seed=seed)
     if progress:
         progress(1, 1)

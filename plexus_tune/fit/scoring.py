@@ -29,6 +29,12 @@ def min_rows(parameters: int) -> int:
     return max(5, math.ceil((parameters + 2) / TRAIN_FRACTION))
 
 
+def mape_percent(predicted, observed) -> float:
+    """Mean absolute percentage error: 100 mean |predicted - observed| / |observed| (nan without data)."""
+    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
+    return float(100.0 * np.mean(np.abs(p - o) / np.abs(o))) if len(o) else float("nan")
+
+
 def regression_scores(observed, predicted) -> dict:
     """R^2, RMSE (ms) and MAPE (%) of predicted against observed."""
     observed = np.asarray(observed, dtype=np.float64)
@@ -39,7 +45,7 @@ def regression_scores(observed, predicted) -> dict:
     return {
         "r2": r2,
         "rmse_ms": float(np.sqrt(np.mean(resid**2))),
-        "mape": float(100.0 * np.mean(np.abs(resid) / np.abs(observed))),
+        "mape": mape_percent(predicted, observed),
     }
 
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from plexus_tune.errors import UserError
-from plexus_tune.paths import check_not_input
+from plexus_tune.paths import check_creatable, check_not_input, make_parent
 
 
 def _umask() -> int:
@@ -30,10 +30,8 @@ def check_output_path(path, overwrite: bool, *, inputs=()) -> Path:
         raise UserError(f"{path} already exists; remove it or allow overwriting", parameter="force")
     if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
         raise UserError(f"{path} is not a regular file (a pipe or device); give another path")
-    if not path.parent.exists():
-        raise UserError(f"directory {path.parent} does not exist; create it first (mkdir -p {path.parent})")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {path}: directory {path.parent} is not writable")
+    if not path.exists():
+        check_creatable(path)  # a missing directory is created when the output is written
     return path
 
 
@@ -42,7 +40,7 @@ def atomic_file(path, *, overwrite: bool = False):
     """Yield a temporary path in the target's directory (same suffix); on success it is
     given the permissions the umask gives new files and renamed onto ``path``, on any
     error it is removed."""
-    path = check_output_path(path, overwrite)
+    path = make_parent(check_output_path(path, overwrite))
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
     os.close(fd)
@@ -62,7 +60,7 @@ def atomic_directory(path, *, overwrite: bool = False):
     """Yield a fresh temporary directory beside ``path``; on success it gets the permissions
     the umask gives new directories and replaces ``path`` (an existing one is moved aside
     first and deleted after), on error it is deleted."""
-    path = check_output_path(path, overwrite)
+    path = make_parent(check_output_path(path, overwrite))
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp

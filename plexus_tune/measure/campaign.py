@@ -182,6 +182,15 @@ def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
     return done
 
 
+def next_trial(log, identity: RunIdentity) -> int:
+    """The first trial index of ``identity`` not yet in ``log``: a new run continues the logged ones."""
+    logged = {t for (ident, t) in logged_trials(log) if ident == identity}
+    trial = 0
+    while trial in logged:
+        trial += 1
+    return trial
+
+
 def launcher_options(train_options: dict | None, launcher) -> dict:
     """``train_options`` with the launcher's name, cluster and machine (when it names one)."""
     options = dict(train_options or {})

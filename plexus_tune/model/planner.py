@@ -36,8 +36,8 @@ from plexus_tune.model.volumes import check_replication
 ALGORITHM_NAMES = ("plexus-3d", *FAMILIES)
 #: The name that selects every family.
 ALL = "all"
-#: Aggregation modes of the partitioned family.
-SUPERGCN_MODES = ("pre", "post", "hybrid")
+#: Aggregation modes of the partitioned family (hybrid first: it wins ties, as its volume never exceeds the others).
+SUPERGCN_MODES = ("hybrid", "pre", "post")
 #: Keys of a ranked record's time breakdown (ms per epoch): total_ms and its parts.
 RECORD_TIME_KEYS = ("total_ms", *TOTAL_PARTS)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
-from plexus_tune.paths import default_studies_path
+from plexus_tune.paths import check_creatable, default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value, snap_gpus
 
@@ -47,7 +48,8 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
         if not create and path and not path.startswith(":memory:") and not os.path.exists(path):
             raise UserError(f"study storage {path} does not exist: no search saved a study there; give the storage a search used")
         if path and not path.startswith(":memory:") and not os.path.isdir(directory):
-            raise UserError(f"cannot open storage {url!r}: directory {directory!r} does not exist")
+            check_creatable(Path(path))  # a missing directory is created, as for every output
+            os.makedirs(directory, exist_ok=True)
         if os.path.isdir(path):
             raise UserError(f"cannot open storage {url!r}: {path} is a directory; name a database file in it")
     import warnings

@@ -196,8 +196,8 @@ class GCNLayerFunction(torch.autograd.Function):
         shard: LayerShard = ctx.shard
         lay, comm = shard.layout, shard.comm
         t0 = shard.timer.now()
-        if out is not None:  # ReLU backward: one pass over dQ and the saved output
-            dq = torch.where(out > 0, dq, 0.0)
+        if out is not None:  # ReLU backward: one pass reading dQ and the saved output
+            dq = torch.ops.aten.threshold_backward(dq, out, 0)
         else:
             dq = dq.contiguous()
         db = dq.sum(dim=0)

@@ -23,7 +23,7 @@ from plexus_tune.measure.store import read_runs
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import workload_from_dataset
-from plexus_tune.search import trials_frame
+from plexus_tune.report.metrics import mape_percent, median_ratio, r2_identity, spearman
 
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
 BREAKDOWN_PARTS = (
@@ -83,41 +83,6 @@ def save_figure(fig, directory, stem: str, formats: Sequence[str] = ("png", "svg
 
 
 # --------------------------------------------------------------------------------------
-# Statistics
-
-
-def spearman(x, y) -> float:
-    """Spearman rank correlation (average ranks for ties); nan for fewer than 2 points."""
-    from scipy.stats import spearmanr
-
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
-        return float("nan")
-    return float(spearmanr(x, y).statistic)
-
-
-def mape_percent(predicted, observed) -> float:
-    """Mean absolute percentage error of ``predicted`` against ``observed``: 100 mean |pred - obs| / obs."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    return float(100.0 * np.mean(np.abs(p - o) / o)) if len(o) else float("nan")
-
-
-def median_ratio(predicted, observed) -> float:
-    """Median of observed / predicted (1: no constant offset; 2: observed twice the prediction)."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    return float(np.median(o / p)) if len(o) else float("nan")
-
-
-def r2_identity(predicted, observed) -> float:
-    """R^2 of ``observed`` against the line y = x: 1 - sum (obs - pred)^2 / sum (obs - mean obs)^2."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    ss_tot = float(((o - o.mean()) ** 2).sum())
-    if len(o) < 2 or ss_tot == 0:
-        return float("nan")
-    return 1.0 - float(((o - p) ** 2).sum()) / ss_tot
-
-
-# --------------------------------------------------------------------------------------
 # Data from logs
 
 
@@ -136,7 +101,7 @@ def runs_frame(log_or_records):
 
 
 def select_runs(frame, graph: str | None = None, gpus: int | None = None):
-    """Rows of the runs table for one graph (its name or source) and G; UserError naming what is there."""
+    """Rows of the runs table for one graph (its name or source) and G, the graph's name and G; UserError naming what is there."""
     if frame.empty:
         raise UserError("the run log has no successful run")
     graphs = sorted(set(frame["graph_name"].dropna().astype(str)))
@@ -159,7 +124,9 @@ def select_runs(frame, graph: str | None = None, gpus: int | None = None):
     sub = sub[sub["gpus"].astype(int) == int(gpus)]
     if sub.empty:
         raise UserError(f"no run of graph {graph!r} on {gpus} GPUs in the log")
-    return sub.reset_index(drop=True), str(graph), int(gpus)
+    names = sorted(set(sub["graph_name"].dropna().astype(str)))
+    # one graph, one name: chosen by its source (a file, a spec) or its name, it is called by its name
+    return sub.reset_index(drop=True), (names[0] if len(names) == 1 else str(graph)), int(gpus)
 
 
 def pred_obs_frame(runs, machine=None):
@@ -211,10 +178,17 @@ def predicted_frame(pred, order=None):
     return frame
 
 
+#: most GPU counts a scaling plot draws (one point each)
+SCALING_POINTS = 4096
+
+
 def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, layers=3, hidden=128):
     """Predicted best feasible grid and epoch time for every dataset and G (rows without a feasible grid are dropped)."""
     import pandas as pd
 
+    if len(gpus) > SCALING_POINTS:
+        raise UserError(f"a scaling plot draws one point per GPU count: {len(gpus):,} counts is more than the "
+                        f"{SCALING_POINTS:,} a plot can show; give a list or a range with :pow2", parameter="gpus")
     rows = []
     for name in datasets:
         workload = workload_from_dataset(name, layers=layers, hidden=hidden)
@@ -261,10 +235,11 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     ax.scatter(pred, obs, s=36, color="#4c72b0", zorder=3,
                label=f"grids (n={len(frame)}): Spearman {rho:.3f}, R$^2$ {r2:.3f},\n"
                      f"MAPE {mape:.1f} %, median obs/pred {ratio:.2f}")
-    if "obs_epoch_ms_std" in frame and frame["obs_epoch_ms_std"].fillna(0).gt(0).any():
-        ax.errorbar(pred, obs, yerr=frame["obs_epoch_ms_std"].fillna(0).to_numpy(), fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
-    lo = float(np.nanmin(np.concatenate([pred, obs])))
-    hi = float(np.nanmax(np.concatenate([pred, obs])))
+    std = frame["obs_epoch_ms_std"].fillna(0).to_numpy(dtype=float) if "obs_epoch_ms_std" in frame else np.zeros(len(frame))
+    if (std > 0).any():
+        ax.errorbar(pred, obs, yerr=std, fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
+    lo = float(np.nanmin(np.concatenate([pred, obs - std])))  # the axes hold the error bars whole
+    hi = float(np.nanmax(np.concatenate([pred, obs + std])))
     pad = 0.05 * (hi - lo if hi > lo else max(abs(hi), 1.0))
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linestyle="--", linewidth=1, label="y = x")
     big = 0.12 * (hi - lo if hi > lo else max(abs(hi), 1.0))  # room for the labels
@@ -379,9 +354,10 @@ def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
         for key, label, colour in BREAKDOWN_PARTS:
             col = f"{prefix}_{key}"
             vals = np.nan_to_num(frame[col].to_numpy(dtype=float)) if col in frame else np.zeros(n)
+            shown = bool(np.any(vals > 0))  # a part of zero height everywhere gets no legend entry
             ax.bar(x + offset, vals, width * 0.95, bottom=bottom, color=colour, alpha=alpha,
                    hatch="//" if prefix == "obs" else None, edgecolor="white" if prefix == "pred" else colour,
-                   label=f"{label} ({side_label})" if s == 0 or observed else None)
+                   label=f"{label} ({side_label})" if shown and (s == 0 or observed) else None)
             bottom += vals
         tallest = max(tallest, float(bottom.max()) if n else 0.0)
         if prefix == "obs" and "obs_epoch_ms" in frame:
@@ -392,6 +368,7 @@ def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
     ax.set_ylim(0, tallest * 1.08 if tallest > 0 else 1.0)  # room above the tallest bar
     ax.set_xticks(x)
     ax.set_xticklabels(frame["grid"].astype(str), rotation=45, ha="right")
+    ax.set_xlabel("grid Gx x Gy x Gz")
     ax.set_ylabel("epoch time (ms)")
     ax.set_title(title or ("breakdown per grid: predicted (solid) vs observed (hatched)" if observed else "predicted breakdown per grid"))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -442,10 +419,8 @@ def plain_log_ticks(axis) -> None:
 def plot_search_history(trials, *, title: str = "", objective: str = "value"):
     """Objective per trial (feasible dots, infeasible crosses) and the best feasible value so far.
 
-    ``trials`` is :func:`plexus_tune.search.trials_frame` of a study (or the study itself).
+    ``trials`` is :func:`plexus_tune.search.trials_frame` of a study.
     """
-    if not hasattr(trials, "columns"):
-        trials = trials_frame(trials)
     done = trials[(trials["state"] == "COMPLETE") & trials["value"].notna()].sort_values("number")
     if done.empty:
         raise UserError("the study has no finished trial to plot")

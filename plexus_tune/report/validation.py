@@ -23,6 +23,7 @@ import numpy as np
 
 from plexus_tune.fit.epoch import EPOCH_COMPONENTS, epoch_parameters, fit_epoch
 from plexus_tune.fit.scoring import min_rows
+from plexus_tune.report.metrics import group_scores
 from plexus_tune.measure.records import SETTING_NAMES, predict_runs, setting_labels
 
 COMPONENTS = EPOCH_COMPONENTS
@@ -37,35 +38,6 @@ def _nanmean(values) -> float:
 def problem_keys(df) -> list[str]:
     """Columns that split a runs table into grid choice problems: the setting and G."""
     return [c for c in SETTING_NAMES if c in df] + ["gpus"]
-
-
-def spearman(a, b) -> float:
-    """Spearman rank correlation (average ranks for ties); nan for fewer than 2 points."""
-    import pandas as pd  # its average-rank is cheaper to import than scipy.stats
-
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2:
-        return float("nan")
-    ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
-    if np.std(ra) == 0 or np.std(rb) == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def regret(predicted, observed) -> float:
-    """Observed time of the predicted best over the observed best (>= 1)."""
-    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
-    return float(observed[int(np.argmin(predicted))] / observed.min())
-
-
-def group_scores(predicted, observed) -> dict:
-    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
-    return {
-        "grids": int(len(observed)),
-        "spearman": spearman(predicted, observed),
-        "regret": regret(predicted, observed),
-        "mape": float(100.0 * np.mean(np.abs(predicted - observed) / observed)),
-    }
 
 
 def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
