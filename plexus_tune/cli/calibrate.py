@@ -8,7 +8,9 @@ from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.model.comm_precision import check_backend, parse_allowed, parse_precision
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
+from plexus_tune.measure.bandwidth import bandwidth_benchmark
+from plexus_tune.measure.device import resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
@@ -120,8 +122,6 @@ def register(subparsers) -> None:
 
 def _device(name: str):
     """The torch device of --device; one line and exit 2 when it is not there."""
-    from plexus_tune.measure.device import resolve_device
-
     try:
         return resolve_device(name)
     except UserError as exc:
@@ -129,9 +129,6 @@ def _device(name: str):
 
 
 def run_bandwidth(args) -> int:
-    from plexus_tune.errors import parse_count
-    from plexus_tune.measure.bandwidth import bandwidth_benchmark
-
     sizes = [parse_count(v, "--sizes") for v in args.sizes.split(",") if v.strip()]
     if not sizes or min(sizes) < 1:
         raise UserError(f"--sizes: expected positive element counts such as 1M,64M, got {args.sizes!r}")

@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from plexus_tune.graph.permute import grid_parts, permutations_for
 from plexus_tune.measure.device import device_info, statistic_text, time_on_device
 from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, environment_info, now_utc
 from plexus_tune.model.grid import enumerate_grids, format_grid
@@ -160,8 +161,6 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
     once; GEMMs are timed once per distinct shape.
     """
     import torch
-
-    from plexus_tune.graph.permute import grid_parts, permutations_for
 
     grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     parts = sorted({p for grid in grids for p in grid_parts(grid)})
