@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from plexus_tune.model.comm_precision import parse_allowed
+from plexus_tune.model.precision_choice import parse_allowed
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.planner import joint_ranking, joint_space_size

@@ -21,6 +21,8 @@ import pytest
 from plexus_tune.cluster.spec import ClusterSpec, check_world, parse_cluster
 from plexus_tune.errors import UserError
 
+pytestmark = pytest.mark.slow  # the emulated cluster
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and installs the package
+
 pytest.importorskip("build", reason="python -m build is needed (dev extra)")
 pytest.importorskip("setuptools", reason="the build backend is needed (dev extra)")
 

@@ -55,6 +55,7 @@ def test_torchrun_world_that_does_not_fit_is_rejected_before_starting():
         TorchrunLauncher(["localhost", "localhost"], 2).check(6)
 
 
+@pytest.mark.slow
 def test_emulated_launcher_runs_ranks_on_their_nodes():
     import os
 

@@ -146,6 +146,7 @@ def test_calibrate_collectives_bad_input_exits_2_before_any_work(run_cli, tmp_pa
 # --------------------------------------------------------------------- on the emulated cluster
 
 
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(240)
 def test_cross_node_all_gather_fits_the_link_rate(prefix, tmp_path):
@@ -178,6 +179,7 @@ def test_cross_node_all_gather_fits_the_link_rate(prefix, tmp_path):
     assert net.beta_intra_gbps >= 5 * net.beta_inter_gbps, model.to_dict()
 
 
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(240)
 def test_train_check_equals_pyg_with_an_axis_across_nodes(prefix, tmp_path, run_cli):
@@ -205,6 +207,7 @@ def _namespace_pids(ns: str) -> list[str]:
     return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
 
 
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(300)
 def test_a_cut_link_stops_a_measured_run_within_its_timeout_and_logs_it(prefix, tmp_path):
@@ -253,6 +256,7 @@ def test_a_cut_link_stops_a_measured_run_within_its_timeout_and_logs_it(prefix, 
         assert not os.path.exists(f"/run/netns/{ns}"), f"{ns} left behind"
 
 
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(300)
 def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
@@ -289,6 +293,7 @@ def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
     assert rec["check_loss_rel_diff"] < 1e-5 and rec["check_output_rel_diff"] < 1e-4
 
 
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(300)
 def test_measure_over_two_emulated_nodes_logs_every_grid_with_its_placement(prefix, tmp_path, run_cli):

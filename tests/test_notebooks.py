@@ -10,6 +10,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # executes the notebooks
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "plexus-tune-tests"
 

@@ -15,6 +15,8 @@ import uuid
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a PostgreSQL server
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:55432/plexus_tune_test"
 URL = os.environ.get("PLEXUS_TUNE_PG_URL", DEFAULT_URL)
 IN_CI = os.environ.get("PLEXUS_TUNE_CI") == "1"

@@ -16,6 +16,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+import pytest
 
 from plexus_tune.cli.launching import command_argv
 from plexus_tune.launch import dispatch
@@ -101,6 +102,7 @@ def _in_squeue(job: str) -> bool:
     return bool(out.stdout.strip())
 
 
+@pytest.mark.slow
 def test_measure_inside_salloc_runs_one_step_per_run(slurm, tmp_path):  # noqa: F811
     log = tmp_path / "runs.jsonl"
     result = subprocess.run(["salloc", "-n", "2", "-J", "pt-dp-salloc", sys.executable, "-m", "plexus_tune", "measure",
@@ -126,6 +128,7 @@ def test_calibrate_outside_an_allocation_is_one_line_before_any_work(tmp_path):
     assert result.stderr.count("\n") == 1 and "inside a Slurm allocation: run it under salloc or sbatch" in result.stderr
 
 
+@pytest.mark.slow
 def test_calibrate_collectives_inside_salloc_places_groups_on_the_allocated_nodes(slurm, tmp_path):  # noqa: F811
     out = tmp_path / "coll.jsonl"
     result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-dp-calib", sys.executable, "-m",
@@ -144,6 +147,7 @@ def test_calibrate_collectives_inside_salloc_places_groups_on_the_allocated_node
     assert shape[(4, 1, False)] == (2, 2, 1)
 
 
+@pytest.mark.slow
 def test_measure_outside_submits_waits_logs_and_does_not_resubmit(slurm, tmp_path):  # noqa: F811
     log = tmp_path / "runs.jsonl"
     argv = ["measure", "--launcher", "slurm", *TINY, "--grids", "2x1x1,1x1x2", "--trials", "1", "--log", str(log)]
@@ -163,6 +167,7 @@ def test_measure_outside_submits_waits_logs_and_does_not_resubmit(slurm, tmp_pat
     assert [j["job_id"] for j in dispatch.read_jobs(log)] == [job]
 
 
+@pytest.mark.slow
 def test_failing_step_is_logged_with_its_slurm_state(slurm, tmp_path):  # noqa: F811
     # a bad graph is refused before anything is submitted; a step fails where only the
     # compute node can tell: nccl on nodes without GPUs (a login node has none either)
@@ -178,6 +183,7 @@ def test_failing_step_is_logged_with_its_slurm_state(slurm, tmp_path):  # noqa: 
     assert "1 failed" in result.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_cancels_the_job_and_a_rerun_resumes(slurm, tmp_path):  # noqa: F811
     log = tmp_path / "runs.jsonl"
     argv = ["measure", "--launcher", "slurm", *TINY, "--grids", "2x1x1,1x2x1", "--trials", "2", "--log", str(log)]
@@ -216,6 +222,7 @@ def test_sigterm_cancels_the_job_and_a_rerun_resumes(slurm, tmp_path):  # noqa: 
     assert sorted(ok) == sorted({(g, t) for g in ("2x1x1", "1x2x1") for t in (0, 1)})  # each once
 
 
+@pytest.mark.slow
 def test_bad_partition_is_one_line_and_nothing_is_logged(slurm, tmp_path):  # noqa: F811
     log = tmp_path / "runs.jsonl"
     result = _cli(["measure", "--launcher", "slurm", *TINY, "--partition", "no-such-partition", "--log", str(log)],
@@ -225,6 +232,7 @@ def test_bad_partition_is_one_line_and_nothing_is_logged(slurm, tmp_path):  # no
     assert not log.exists() and dispatch.read_jobs(log) == []
 
 
+@pytest.mark.slow
 def test_too_many_ranks_for_the_partition_is_rejected(slurm, tmp_path):  # noqa: F811
     result = _cli(["measure", "--launcher", "slurm", *TINY[:2], "--gpus", "64", "--grids", "4x4x4",
                    "--log", str(tmp_path / "l.jsonl")], tmp_path, timeout=120)

@@ -20,6 +20,8 @@ import pytest
 from plexus_tune.launch import slurm as ls
 from plexus_tune.errors import UserError
 
+pytestmark = pytest.mark.slow  # a local Slurm cluster
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "runners" / "slurm" / "local-cluster.sh"
 IN_CI = os.environ.get("PLEXUS_TUNE_CI") == "1"

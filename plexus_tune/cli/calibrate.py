@@ -7,7 +7,8 @@ from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
-from plexus_tune.model.comm_precision import check_backend, parse_allowed, parse_precision
+from plexus_tune.model.comm_precision import check_backend, parse_precision
+from plexus_tune.model.precision_choice import parse_allowed
 from plexus_tune.errors import UserError, parse_count
 from plexus_tune.measure.bandwidth import bandwidth_benchmark
 from plexus_tune.measure.device import resolve_device
@@ -219,7 +220,7 @@ def run_collectives(args) -> int:
         raise UserError("calibrate collectives needs --gpus G (or a --cluster that sets nodes and ranks_per_node)")
     gpus = _positive(gpus, "--gpus")
     if gpus < 2:
-        raise UserError("--gpus must be at least 2 to time collectives")
+        raise UserError(f"--gpus must be at least 2 to time collectives, got {gpus}")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
     sizes = parse_sizes(args.sizes)
@@ -236,8 +237,6 @@ def run_collectives(args) -> int:
     if args.backend:
         for precision in precisions:
             check_backend(args.backend, precision)
-    if args.warmup < 0:
-        raise UserError("--warmup must be >= 0")
     if args.timeout <= 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]

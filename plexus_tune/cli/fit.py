@@ -82,14 +82,7 @@ def run(args) -> int:
 
     from rich.table import Table
 
-    if args.splits < 0:
-        raise UserError("--splits must be >= 0")
-    if args.r2_sem < 0:
-        raise UserError("--r2-sem must be >= 0 (0: score every split)")
-    if args.jobs < 0:
-        raise UserError("--jobs must be >= 0 (0: one per CPU)")
-    if args.host_cores is not None and args.host_cores < 0:
-        raise UserError("--host-cores must be >= 0 (0: no time-sharing model)")
+    # numbers are checked where they are parsed (plexus_tune.cli.options)
     if not args.machine_name.strip():
         raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
     if args.optimizer is not None:

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
-from plexus_tune.cli.output import make_console
+from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
+import os
 
 import numpy as np
 
-from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, parse_allowed, parse_comm_precision
+from plexus_tune.model.comm_precision import parse_comm_precision
+from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed, pick_precision
 from plexus_tune.errors import UserError, whole_number
-from plexus_tune.graph.core import gcn_normalize
+from plexus_tune.graph.permute import PERMUTE_MODES
+from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.planner import family_grids
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import predict_run_grids
+from plexus_tune.model.sparsity import graph_sparsity, permutation_gain
 from plexus_tune.model.workload import Workload, get_dataset
 
 FORMATS = ("table", "json", "csv")
@@ -35,8 +40,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that describe a workload (shared with other sub-commands)."""
     group = parser.add_argument_group("workload (a catalog dataset, a graph, or explicit statistics)")
     group.add_argument("--dataset", help="catalog dataset name (see 'plexus-tune datasets'), case-insensitive")
-    group.add_argument("--graph", help="a graph file or synthetic spec (rmat:nodes=...,edges=...): the workload's "
-                       "statistics, and the partition-dependent figures of the --algorithm families")
+    group.add_argument("--graph", help="a graph file, shard directory or synthetic spec (rmat:nodes=...,edges=...): "
+                       "the workload's statistics, each grid's largest shard and its sparsity structure, and the "
+                       "partition-dependent figures of the --algorithm families")
     group.add_argument("--nodes", help="explicit workload: number of graph nodes N")
     group.add_argument("--nnz", help="explicit workload: adjacency nonzeros NNZ, self-loops included")
     group.add_argument("--features", help="explicit workload (or override): input feature width D_0")
@@ -60,10 +66,20 @@ def workload_from_args(args):
     if getattr(args, "graph", None):
         if args.dataset or args.nodes is not None or args.nnz is not None:
             raise UserError("give one of --dataset, --graph or explicit --nodes/--nnz, not several")
+        if os.path.isdir(args.graph) and os.path.isfile(os.path.join(args.graph, "manifest.json")):
+            matrix, manifest = shard_directory_matrix(args.graph)
+            args.loaded_graph, args.stored_shards = None, (matrix, manifest)
+            node_data = manifest.get("node_data") or {}
+            features = features or node_data.get("num_features")
+            classes = classes or node_data.get("num_classes")
+            if features is None or classes is None:
+                raise UserError(f"{args.graph} holds no node data: give --features and --classes")
+            return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]), int(manifest["nnz"]),
+                                             features, classes, layers=layers, hidden=hidden, bytes_per_element=bpe)
         graph = load_graph_source(args.graph)
         args.loaded_graph = graph
         return Workload.from_graph_stats(
-            graph.name, graph.num_nodes, int(gcn_normalize(graph.adjacency).nnz), features or graph.num_features,
+            graph.name, graph.num_nodes, normalized_nnz(graph.adjacency), features or graph.num_features,
             classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
         )
     if args.dataset:
@@ -104,6 +120,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
+                        help="with --graph: the trainer's permutation of the graph (default double; a shard "
+                        "directory keeps its own): each grid's largest shard and its structure are taken after it")
     parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
                         "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
@@ -134,16 +153,6 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
     from rich.table import Table
 
@@ -164,7 +173,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [_fmt(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
@@ -184,9 +193,45 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
             line += f" ({machine.name} has no quant rates: codec time not counted)"
         print(line)
     if auto:
-        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in sorted(best_of.items(), key=lambda kv: kv[1]))
+        ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in pick_precision(best_of)[1])
         print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")
-        print(f"accuracy evidence for {precision}: {ACCURACY_EVIDENCE.get(precision.split('=')[-1], 'none recorded')}")
+        print(f"accuracy evidence for {precision}: {accuracy_evidence(precision)}")
+
+
+def graph_shards(args, grids, workload):
+    """(GraphSparsity, permutation) of --graph on these grids, (None, None) without a graph."""
+    stored = getattr(args, "stored_shards", None)
+    graph = getattr(args, "loaded_graph", None)
+    if stored is not None:
+        matrix, manifest = stored
+        mode = manifest.get("permutation", {}).get("mode", "double")
+        if args.permute is not None and args.permute != mode:
+            raise UserError(f"--permute {args.permute}: {args.graph} was cut after the {mode} permutation, which the "
+                            "trainer keeps; leave --permute out or re-shard the graph")
+        return graph_sparsity(matrix, grids, workload.layers, permute=mode, stored=True), mode
+    if graph is None:
+        if args.permute is not None:
+            raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
+        return None, None
+    mode = args.permute or "double"
+    return graph_sparsity(graph, grids, workload.layers, permute=mode), mode
+
+
+def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
+    """The first grid's SpMM and total under the other permutations the trainer offers."""
+    graph = getattr(args, "loaded_graph", None)
+    best = int(order[0])
+    grid = (int(pred["gx"][best]), int(pred["gy"][best]), int(pred["gz"][best]))
+    if graph is None:
+        print(f"shards as stored ({permute} permutation)")
+        return
+    others = [m for m in ("double", "local") if m != permute]
+    gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
+                             optimizer=optimizer)
+    text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
+                     f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
+    print(f"SpMM of {grid[0]}x{grid[1]}x{grid[2]} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
+          f"with --permute {text}")
 
 
 def run(args) -> int:
@@ -209,19 +254,26 @@ def run(args) -> int:
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
+        plexus_options = None
+        if "plexus-3d" in algorithms:
+            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+            plexus_options = {"sparsity": sparsity} if sparsity is not None else None
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
+                                plexus_options=plexus_options)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
+    sparsity, permute = graph_shards(args, grids, workload)
+    options = {"sparsity": sparsity} if sparsity is not None else None
     by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
-                                         optimizer=optimizer)
+                                         optimizer=optimizer, options=options)
                     for p in precisions}
     best_of = {}
     for p, candidate in by_precision.items():
         ok = np.flatnonzero(candidate["feasible"])
         best_of[p] = float(candidate["total_ms"][ok].min()) if ok.size else float("inf")
-    precision = min(precisions, key=lambda p: best_of[p])  # widest first on ties
+    precision = pick_precision(best_of)[0] or precisions[0]  # none feasible: the first, to report why
     pred = by_precision[precision]
     order = rank_order(pred)
     records = prediction_records(pred, order, top=top or None)
@@ -239,6 +291,8 @@ def run(args) -> int:
     else:
         _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
         _print_precision(pred, order, precision, auto, best_of, machine)
+        if sparsity is not None:
+            _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer)
 
     n_clipped = int(pred["spmm_clipped"].sum())
     n_floored = int(pred["spmm_floored"].sum())

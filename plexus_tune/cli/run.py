@@ -8,7 +8,7 @@ from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, logged_trials
+from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, next_trial
 from plexus_tune.measure.records import predict_record, run_identity, runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.costs import rank_order
@@ -120,13 +120,8 @@ def run(args) -> int:
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
     record["predicted"] = predicted = predict_record(record, machine, workload=workload)
-    # the trial index continues the runs of this identity already in the log
     identity = run_identity(record)
-    logged = {t for (ident, t) in logged_trials(log) if ident == identity}
-    trial = 0
-    while trial in logged:
-        trial += 1
-    record["trial"] = trial
+    record["trial"] = trial = next_trial(log, identity)
     append_records(log, [record])
     if record.get("status", "ok") != "ok":
         console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")

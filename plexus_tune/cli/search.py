@@ -11,7 +11,8 @@ from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
-from plexus_tune.model.comm_precision import ACCURACY_EVIDENCE, check_backend
+from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.model.precision_choice import accuracy_evidence, pick_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.model.costs import predict_grids
@@ -195,15 +196,14 @@ def run(args) -> int:
                           + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
         results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
     if auto or precisions != ["fp32"]:
-        found = {p: v for p, v in results.items() if v is not None}
-        if not found:
+        pick, ranked = pick_precision(results)
+        if pick is None:
             console.print("no feasible configuration at any allowed precision")
             return 0
-        pick = min(found, key=lambda p: found[p])
         if auto:
-            ranked = ", ".join(f"{p} {v:.4g}" for p, v in sorted(found.items(), key=lambda kv: kv[1]))
-            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked})", highlight=False)
-        console.print(f"accuracy evidence for {pick}: {ACCURACY_EVIDENCE.get(pick, 'none recorded')}", highlight=False)
+            ranked_text = ", ".join(f"{p} {v:.4g}" for p, v in ranked)
+            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked_text})", highlight=False)
+        console.print(f"accuracy evidence for {pick}: {accuracy_evidence(pick)}", highlight=False)
     return 0
 
 

@@ -123,13 +123,6 @@ def _config(args: argparse.Namespace):
                         replication=args.replication)
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
-    for name in ("layers", "hidden", "epochs"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise UserError("--threads must be at least 1")
-    if args.timeout <= 0:
-        raise UserError("--timeout must be positive")
     config = TrainConfig(
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,

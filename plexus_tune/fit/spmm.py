@@ -32,6 +32,46 @@ def _spmm_shapes(df) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(df[c], dtype=np.float64) for c in ("nnz", "rows", "common", "dense_cols"))
 
 
+def spmm_structure(df) -> dict | None:
+    """The sparsity structure of each measured operand (arrays of :mod:`plexus_tune.model.sparsity`).
+
+    A record's ``structure`` field (flattened to ``structure.<key>`` columns) gives it;
+    a record without one timed uniformly random nonzeros (:func:`uniform_structure`). A
+    structure without its ``column_share`` curve is refused. None when no record has a
+    structure (every operand uniform).
+    """
+    from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
+
+    present = [c for c in df.columns if str(c).startswith("structure.")]
+    if not present:
+        return None
+    records = []
+    curves = df["structure.column_share"].tolist() if "structure.column_share" in df.columns else [None] * len(df)
+    for pos in range(len(df)):
+        curve = curves[pos]
+        has_any = any(_is_value(df[c].iloc[pos]) for c in present)
+        if not has_any:
+            records.append(None)
+            continue
+        if not isinstance(curve, (list, tuple, np.ndarray)):
+            raise UserError(f"{_where(df, pos)}: its structure has no 'column_share' curve; add the structure "
+                            "statistics of its operand (plexus-tune calibrate spmm records them, docs/records.md)")
+        entry = {key: df[f"structure.{key}"].iloc[pos] if f"structure.{key}" in df.columns else None for key in STRUCTURE_KEYS}
+        entry["column_share"] = list(curve)
+        records.append(check_structure(entry, _where(df, pos)))
+    shapes = _spmm_shapes(df)
+    return structure_arrays(records, shapes[0], shapes[1], shapes[2])
+
+
+def _is_value(value) -> bool:
+    if isinstance(value, (list, tuple, np.ndarray, dict)):
+        return True
+    try:
+        return value is not None and not (isinstance(value, float) and math.isnan(value))
+    except TypeError:
+        return True
+
+
 def _unknown_kind(kind) -> UserError:
     hint = "; 'paper' is the epoch-level form, its per-SpMM form is 'paper-spmm'" if kind == "paper" else ""
     return UserError(f"unknown SpMM model kind {kind!r} to fit; choose one of {', '.join(SPMM_KINDS + ('auto',))}{hint}")
@@ -63,6 +103,8 @@ class SpmmModel:
         return self.model.to_dict()
 
     def predict(self, df) -> np.ndarray:
+        if self.model.uses_structure:
+            return np.asarray(self.model.predict(*_spmm_shapes(df), spmm_structure(df)), dtype=np.float64)
         return np.asarray(self.model.predict(*_spmm_shapes(df)), dtype=np.float64)
 
     def to_dict(self) -> dict:
@@ -70,11 +112,24 @@ class SpmmModel:
         return self.model.to_dict()
 
 
-def _fitter(cls: type[SpmmKind], shapes: tuple[np.ndarray, ...], y: np.ndarray) -> Callable:
+def _rows_of(structure: dict | None, idx) -> dict | None:
+    return None if structure is None else {key: value[idx] for key, value in structure.items()}
+
+
+def fit_kind(cls: type[SpmmKind], shapes, y, structure: dict | None = None) -> SpmmKind:
+    """A kind fitted on shapes and times (and the operands' structure, for the kinds that use it)."""
+    if cls.uses_structure:
+        return cls().fit(shapes, y, structure)
+    return cls().fit(shapes, y)
+
+
+def _fitter(cls: type[SpmmKind], shapes: tuple[np.ndarray, ...], y: np.ndarray, structure: dict | None = None) -> Callable:
     """fit(train rows) -> predict(rows) for repeated_split_scores (picklable: no local state but arrays)."""
 
     def fit_rows(idx):
-        model = cls().fit(tuple(a[idx] for a in shapes), y[idx])
+        model = fit_kind(cls, tuple(a[idx] for a in shapes), y[idx], _rows_of(structure, idx))
+        if cls.uses_structure:
+            return lambda rows: model.predict(*(a[rows] for a in shapes), _rows_of(structure, rows))
         return lambda rows: model.predict(*(a[rows] for a in shapes))
 
     return fit_rows
@@ -125,15 +180,24 @@ def fit_spmm(
     if kind != "auto" and kind not in candidates:
         candidates.append(kind)
     shapes = _spmm_shapes(df)
+    structure = None
+    if any(SPMM_MODELS[k].uses_structure for k in candidates):
+        try:
+            structure = spmm_structure(df)
+        except UserError:
+            if kind != "auto" and SPMM_MODELS[kind].uses_structure:
+                raise
+            # the kinds compared are those the records support: none that reads structure here
+            candidates = [k for k in candidates if not SPMM_MODELS[k].uses_structure]
     y = np.asarray(df["time_ms"], dtype=np.float64)
     all_scores = {}
     for k in candidates:
         report = None if progress is None else (lambda done, total, k=k: progress(k, done, total))
         all_scores[k] = (
-            repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y), y, n_splits=n_splits, seed=seed, r2_sem=r2_sem,
+            repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed, r2_sem=r2_sem,
                                   min_splits=min_splits, n_jobs=n_jobs, progress=report)
             if n_splits > 0 else {}
         )
     chosen = min(candidates, key=lambda k: all_scores[k].get("test_mape", math.inf)) if kind == "auto" else kind
-    model = SPMM_MODELS[chosen]().fit(shapes, y)
+    model = fit_kind(SPMM_MODELS[chosen], shapes, y, structure)
     return SpmmModel(kind=chosen, model=model, scores=all_scores[chosen], all_scores=all_scores, n_samples=len(y))

@@ -383,27 +383,3 @@ def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, messa
     calls = process_group_calls(op, precision) * np.asarray(messages, dtype=np.float64)
     per_call = np.where(np.asarray(group_size) > 1, calls * rates[2], 0.0)
     return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3 + per_call
-
-
-#: What is known about each precision's effect on accuracy (cited by paper and section;
-#: the host measurements are in measurements/comm-precision-*). ``search`` and
-#: ``predict --comm-precision auto`` print the entry of the precision they pick.
-ACCURACY_EVIDENCE = {
-    "fp32": "reference precision",
-    "bf16": "ScaleGNN (section V-B): BF16 all-reduces of the 3D products gave test-accuracy curves "
-            "indistinguishable from FP32 on ogbn-products and Reddit",
-    "fp16": "no published GCN evidence in the cited systems; same 16 bits as bf16 but overflows beyond 65504 "
-            "(no loss scaling is applied)",
-    "int8": "SuperGCN (section 6): stochastic int8 matched FP32 test accuracy",
-    "int4": "SuperGCN (section 6): stochastic int4 matched FP32 test accuracy on ogbn-products, Reddit, IGB260M",
-    "int2": "SuperGCN (section 6): stochastic int2 with LayerNorm matched FP32 test accuracy on ogbn-products, "
-            "Reddit and IGB260M; papers100M and mag240M needed label propagation",
-}
-
-
-def parse_allowed(text: str) -> tuple[str, ...]:
-    """Precisions a search may pick, from ``"fp32,bf16,int8"`` (each once, widest first)."""
-    names = [parse_precision(t) for t in str(text).split(",") if t.strip()]
-    if not names:
-        raise UserError("no precision to choose from; give e.g. fp32,bf16,int8")
-    return tuple(p for p in COMM_PRECISIONS if p in names)

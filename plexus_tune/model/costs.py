@@ -171,7 +171,7 @@ def _check_block_rows(block_rows):
 
 
 def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
-                  comm_precision=None, optimizer=None) -> dict[str, np.ndarray]:
+                  comm_precision=None, optimizer=None, sparsity=None) -> dict[str, np.ndarray]:
     """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
 
     ``optimizer`` (a name of :data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default
@@ -186,6 +186,11 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     ``padded`` (default: the machine's ``padded_sizes``, normally True) chooses
     ceil(n / g) local sizes; False divides exactly, as the paper's model does
     (:func:`plexus_tune.model.shapes.layer_shapes`). Memory always uses padded sizes.
+
+    ``sparsity`` (a :class:`plexus_tune.model.sparsity.GraphSparsity` of the graph) replaces
+    the mean shard nonzeros z by the largest shard's and gives the SpMM model each
+    operand's structure (docs/model.md, "Sparsity structure"); without it every shard
+    holds z nonzeros placed uniformly at random.
     """
     machine = load_machine(machine) if not isinstance(machine, Machine) else machine
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
@@ -241,12 +246,15 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         gemm_flops += 6.0 * r_d * c_i * c_o
 
         z = np.asarray(s.z, dtype=np.float64)
+        forward = backward = None
+        if sparsity is not None:  # the graph's own largest shard and its structure
+            z, forward, backward = sparsity.layer(i, s.g_d, s.g_o)
         ib = csr_index_bytes(z, r_d, r_o)
         spmm_bytes += spmm_traffic_bytes(z, r_d, r_o, c_i, u, ib, blocks)
         spmm_bytes += spmm_traffic_bytes(z, r_o, r_d, c_i, u, ib)
         if spmm_kind != "paper":
-            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i)
-            spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i)
+            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i, forward)
+            spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i, backward)
 
     if spmm_kind == "paper":
         spmm = paper_spmm_ms(workload, grids, float(machine.spmm["c0"]), float(machine.spmm["c1"]),

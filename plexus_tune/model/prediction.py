@@ -38,10 +38,12 @@ DEFAULT_ALGORITHM = "plexus-3d"
 
 
 def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
+    options = dict(options or {})
+    sparsity = options.pop("sparsity", None)  # the graph's shards (model.sparsity.GraphSparsity)
     if options:
-        raise UserError(f"the {DEFAULT_ALGORITHM} algorithm takes no options, got {', '.join(sorted(options))}")
+        raise UserError(f"the {DEFAULT_ALGORITHM} algorithm takes no options but 'sparsity', got {', '.join(sorted(options))}")
     return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=comm_precision,
-                         optimizer=optimizer)
+                         optimizer=optimizer, sparsity=sparsity)
 
 
 #: Algorithm family -> its vectorized model (see the module docstring).

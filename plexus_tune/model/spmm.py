@@ -289,11 +289,14 @@ class SpmmKind:
     n_parameters: int = 0
     #: whether the kind is fitted from SpMM timings (``paper`` is epoch-level)
     fittable: bool = True
+    #: whether fit and predict read the operands' sparsity structure (``structure=``);
+    #: the other kinds ignore it
+    uses_structure: bool = False
 
     def fit(self, shapes, time_ms) -> "SpmmKind":
         raise NotImplementedError
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         raise NotImplementedError
 
     def to_dict(self) -> dict:
@@ -355,7 +358,7 @@ class PaperSpmm(SpmmKind):
         self.c0, self.c1, self.c2 = (float(c) for c in coef)
         return self
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("c0")
         return paper_terms(nnz, rows, common, dense_cols) @ np.array([self.c0, self.c1, self.c2])
 
@@ -406,7 +409,7 @@ class Roofline(SpmmKind):
         self.coefficients = {name: float(v) for name, v in zip(ROOFLINE_TERMS, w)}
         return self
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("coefficients")
         coef = np.array([self.coefficients[name] for name in ROOFLINE_TERMS])
         return roofline_terms(nnz, rows, common, dense_cols, self.bytes_per_element) @ coef
@@ -481,7 +484,7 @@ class Learned(SpmmKind):
         self._fit_log(shapes, np.log(y))
         return self
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         return np.exp(self._log_correction(nnz, rows, common, dense_cols))
 
     def to_dict(self) -> dict:
@@ -546,7 +549,7 @@ class LearnedRoofline(Learned):
         self._fit_log(shapes, np.log(y) - _base_log_ms(self.base, shapes))
         return self
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("base")
         log_t = self._log_correction(nnz, rows, common, dense_cols)
         return np.exp(log_t + _base_log_ms(self.base, (nnz, rows, common, dense_cols)))
@@ -609,7 +612,7 @@ class LearnedBoosted(SpmmKind):
         return {"depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
                 "feature": self.feature, "threshold": self.threshold, "leaf": self.leaf}
 
-    def predict(self, nnz, rows, common, dense_cols) -> np.ndarray:
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("base")
         z = learned_features(self.features, nnz, rows, common, dense_cols)
         correction = boosted_correction(self._trees(), z.reshape(-1, z.shape[-1])).reshape(z.shape[:-1])
@@ -741,10 +744,200 @@ def complete_tree(nodes, depth: int, learning_rate: float) -> tuple[list, list, 
     return feature, threshold, leaf
 
 
+# --------------------------------------------------------------------------- structure-boosted
+
+#: Cache sizes (bytes) the ``structure-boosted`` kind chooses from (by its base's fit error).
+CACHE_BYTES_CANDIDATES = tuple(2**20 * m for m in (8, 16, 32, 64, 128))
+#: Granule of a gathered dense row: rows are read in 32-byte sectors.
+SECTOR_BYTES = 32
+#: Terms of the ``structure-boosted`` base, each once for k = 1 and once for k > 1.
+STRUCTURE_BASE_TERMS = ("const", "nonzeros", "rows", "gather_miss_bytes", "gather_hit_bytes", "out_bytes",
+                        "touched_bytes")
+#: Variables the trees of ``structure-boosted`` split on.
+STRUCTURE_TREE_FEATURES = ("log k", "log nonzeros per row", "log nonzeros per column", "log touched footprint / cache",
+                           "log nnz", "miss share", "log(1 + row-length CV)", "touched column fraction")
+
+
+def _structure_columns(structure, nnz, rows, common) -> dict:
+    """The structure arrays of n operands: a dict of arrays as given, None for uniform random."""
+    from plexus_tune.model.sparsity import SHARE_POINTS, uniform_structure
+
+    n = nnz.size
+    if structure is None:
+        # uniform random nonzeros: one expectation per distinct shape
+        keys = np.stack([nnz.reshape(-1), rows.reshape(-1), common.reshape(-1)], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        stats = [uniform_structure(*row) for row in uniq]
+        inverse = inverse.reshape(-1)
+        return {"row_length_cv": np.array([s["row_length_cv"] for s in stats])[inverse],
+                "touched_column_fraction": np.array([s["touched_column_fraction"] for s in stats])[inverse],
+                "column_share": np.array([s["column_share"] for s in stats]).reshape(-1, SHARE_POINTS)[inverse]}
+    out = {}
+    for key in ("row_length_cv", "touched_column_fraction"):
+        out[key] = np.broadcast_to(np.asarray(structure[key], dtype=np.float64), nnz.shape).reshape(-1)
+    curve = np.asarray(structure["column_share"], dtype=np.float64)
+    out["column_share"] = np.broadcast_to(curve, nnz.shape + (SHARE_POINTS,)).reshape(n, SHARE_POINTS)
+    return out
+
+
+def structure_features(nnz, rows, common, dense_cols, structure=None, *, cache_bytes: float,
+                       bytes_per_element: float = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(base terms (n, 14), tree variables (n, 8)) of the ``structure-boosted`` kind.
+
+    With s the element size, a gathered dense row takes g = 32 ceil(s k / 32) bytes; a
+    cache of ``cache_bytes`` holds C = cache / g rows, and h = share_at(column_share, C)
+    is the share of the nonzeros whose column is among the C most popular (those hit in
+    cache once loaded; docs/model.md, "Sparsity structure"). With T = touched fraction x
+    common the touched columns, the base terms are 1, nnz, rows, nnz g (1 - h),
+    nnz g h, s rows k and T g, repeated for k = 1 and k > 1 (the k = 1 copy is zero for
+    k > 1 and conversely). Tree variables: :data:`STRUCTURE_TREE_FEATURES` (miss share
+    1 - h, footprint T g).
+    """
+    from plexus_tune.model.sparsity import share_at
+
+    nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+    shape = nnz.shape
+    cols = _structure_columns(structure, nnz, rows, common)
+    n, r, c, kk = (a.reshape(-1) for a in (nnz, rows, common, k))
+    s = float(bytes_per_element)
+    granule = SECTOR_BYTES * np.ceil(s * kk / SECTOR_BYTES)
+    hit = share_at(cols["column_share"], cache_bytes / granule)
+    touched = cols["touched_column_fraction"] * c
+    terms = np.stack([np.ones_like(n), n, r, n * granule * (1.0 - hit), n * granule * hit, s * r * kk,
+                      touched * granule], axis=-1)
+    one = (kk == 1)[:, None]
+    terms = np.concatenate([terms * one, terms * ~one], axis=-1)
+    z = np.stack([np.log(kk), np.log((n + 1) / r), np.log((n + 1) / c),
+                  np.log(np.maximum(touched, 1.0) * granule / cache_bytes), np.log1p(n), 1.0 - hit,
+                  np.log1p(cols["row_length_cv"]), cols["touched_column_fraction"]], axis=-1)
+    return terms.reshape(shape + terms.shape[-1:]), z.reshape(shape + z.shape[-1:])
+
+
+class StructureBoosted(SpmmKind):
+    """log t = log base(t) + trees(z), base and z from the shape and the operand's sparsity structure.
+
+    ``base`` = sum_j coef[j] term_j, the non-negative costs of the terms of
+    :func:`structure_features` (a roofline whose gathers hit or miss a cache of
+    ``cache_bytes`` according to the operand's column popularity, with its own costs
+    for k = 1); the trees correct it in log time on the variables of
+    :data:`STRUCTURE_TREE_FEATURES`, clipped to the fitted box (``z_min``/``z_max``),
+    so that outside the measured shapes only the base scales. ``predict`` takes
+    ``structure`` (the arrays of :mod:`plexus_tune.model.sparsity`; None: uniformly
+    random nonzeros). Fitting chooses ``cache_bytes`` from
+    :data:`CACHE_BYTES_CANDIDATES` by the base's relative error. docs/model.md
+    (SpMM kinds, structure-boosted).
+    """
+
+    name = "structure-boosted"
+    n_parameters = 100
+    uses_structure = True
+
+    def __init__(self, boosting: Mapping | None = None, bytes_per_element: float = 4):
+        self.boosting = dict(BOOSTING if boosting is None else boosting)
+        self.bytes_per_element = bytes_per_element
+        self.coefficients = self.cache_bytes = None
+        self.z_min = self.z_max = None
+        self.depth = self.learning_rate = self.init = None
+        self.feature = self.threshold = self.leaf = None
+
+    def fit(self, shapes, time_ms, structure=None) -> "StructureBoosted":
+        import sklearn
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        shapes, y = _fit_arrays(shapes, time_ms)
+        best = None
+        for cache in CACHE_BYTES_CANDIDATES:
+            terms, z = structure_features(*shapes, structure, cache_bytes=cache, bytes_per_element=self.bytes_per_element)
+            w = nnls_relative(terms, y)
+            err = float(np.mean(((terms @ w) / y - 1.0) ** 2))
+            if best is None or err < best[0]:
+                best = (err, cache, w, terms, z)
+        _, self.cache_bytes, w, terms, z = best
+        self.coefficients = w
+        residual = np.log(y) - np.log(np.maximum(terms @ w, _TINY_MS))
+        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
+            raise ValueError("boosted trees need finite features and log times")
+        self.z_min, self.z_max = z.min(axis=0), z.max(axis=0)
+        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+            hgb = HistGradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
+        self.depth = int(self.boosting["max_depth"])
+        self.learning_rate = float(self.boosting["learning_rate"])
+        self.init, trees = exported_trees(hgb, self.depth)
+        self.feature, self.threshold, self.leaf = (np.array(part, dtype=dtype) for part, dtype in zip(trees, (np.int64, np.float64, np.float64)))
+        return self
+
+    def _trees(self) -> dict:
+        return {"depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
+                "feature": self.feature, "threshold": self.threshold, "leaf": self.leaf}
+
+    def base_ms(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
+        """The base alone: sum_j coef[j] term_j (ms)."""
+        self._check_fitted("coefficients")
+        terms, _ = structure_features(nnz, rows, common, dense_cols, structure, cache_bytes=self.cache_bytes,
+                                      bytes_per_element=self.bytes_per_element)
+        return terms @ np.asarray(self.coefficients, dtype=np.float64)
+
+    def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
+        self._check_fitted("coefficients")
+        terms, z = structure_features(nnz, rows, common, dense_cols, structure, cache_bytes=self.cache_bytes,
+                                      bytes_per_element=self.bytes_per_element)
+        base = np.maximum(terms @ np.asarray(self.coefficients, dtype=np.float64), _TINY_MS)
+        flat = np.clip(z.reshape(-1, z.shape[-1]), self.z_min, self.z_max)
+        correction = boosted_correction(self._trees(), flat).reshape(z.shape[:-1])
+        return base * np.exp(correction)
+
+    def to_dict(self) -> dict:
+        self._check_fitted("coefficients")
+        return {"kind": self.name, "bytes_per_element": self.bytes_per_element, "cache_bytes": float(self.cache_bytes),
+                "terms": [f"{t} (k={one})" for one in ("1", ">1") for t in STRUCTURE_BASE_TERMS],
+                "coefficients": [float(v) for v in self.coefficients],
+                "z_min": [float(v) for v in self.z_min], "z_max": [float(v) for v in self.z_max],
+                "depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
+                "feature": self.feature.tolist(), "threshold": self.threshold.tolist(), "leaf": self.leaf.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "StructureBoosted":
+        kind = cls.name
+        size = data.get("bytes_per_element", 4)
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
+            raise UserError(f"{kind} SpMM model: 'bytes_per_element' must be a positive number, got {size!r}")
+        model = cls(bytes_per_element=size)
+        model.cache_bytes = _float(data, "cache_bytes", kind)
+        if model.cache_bytes <= 0:
+            raise UserError(f"{kind} SpMM model: 'cache_bytes' must be > 0, got {model.cache_bytes!r}")
+        coef = _floats(data, "coefficients", kind)
+        if coef.shape != (2 * len(STRUCTURE_BASE_TERMS),) or np.any(coef < 0):
+            raise UserError(f"{kind} SpMM model: 'coefficients' must be {2 * len(STRUCTURE_BASE_TERMS)} numbers >= 0")
+        model.coefficients = coef
+        variables = len(STRUCTURE_TREE_FEATURES)
+        model.z_min, model.z_max = _floats(data, "z_min", kind), _floats(data, "z_max", kind)
+        if model.z_min.shape != (variables,) or model.z_max.shape != (variables,):
+            raise UserError(f"{kind} SpMM model is inconsistent: z_min and z_max need {variables} entries")
+        depth = _float(data, "depth", kind)
+        if depth != int(depth) or depth < 0:
+            raise UserError(f"{kind} SpMM model: 'depth' must be a non-negative integer, got {data['depth']!r}")
+        model.depth = int(depth)
+        model.learning_rate, model.init = _float(data, "learning_rate", kind), _float(data, "init", kind)
+        model.feature = _floats(data, "feature", kind).astype(np.int64)
+        model.threshold, model.leaf = _floats(data, "threshold", kind), _floats(data, "leaf", kind)
+        _check_trees(model._trees(), variables)
+        return model
+
+    def describe(self) -> str:
+        return (f"{self.name}: {len(self.feature)} trees of depth {self.depth} on shape and structure, correcting a "
+                f"cache-aware roofline (cache {self.cache_bytes / 2**20:.0f} MiB)")
+
+    def scaled(self, factor: float) -> "StructureBoosted":
+        out = self.from_dict(self.to_dict())
+        out.coefficients = out.coefficients * factor
+        return out
+
+
 # --------------------------------------------------------------------------- registry
 
 #: kind name -> class; the name is what ``fit --kind`` takes and a profile's ``spmm.kind`` holds
-SPMM_MODELS: dict[str, type[SpmmKind]] = {cls.name: cls for cls in (Paper, PaperSpmm, Roofline, Learned, LearnedRoofline, LearnedBoosted)}
+SPMM_MODELS: dict[str, type[SpmmKind]] = {cls.name: cls for cls in (Paper, PaperSpmm, Roofline, Learned, LearnedRoofline, LearnedBoosted,
+                                                                   StructureBoosted)}
 #: the kinds fitted from SpMM timings, cheapest first
 FIT_KINDS = tuple(name for name, cls in SPMM_MODELS.items() if cls.fittable)
 
@@ -785,6 +978,13 @@ def describe_spmm_model(model) -> str:
     return spmm_model_from_dict(model).describe()
 
 
-def predict_spmm_ms(model, nnz, rows, common, dense_cols) -> np.ndarray:
-    """Time in ms of each SpMM described by the (broadcast) shape arrays; model: a dict or an SpmmKind."""
-    return np.asarray(spmm_model_from_dict(model).predict(nnz, rows, common, dense_cols), dtype=np.float64)
+def predict_spmm_ms(model, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
+    """Time in ms of each SpMM described by the (broadcast) shape arrays; model: a dict or an SpmmKind.
+
+    ``structure``: the operands' sparsity structure (arrays of :mod:`plexus_tune.model.sparsity`,
+    None for uniformly random nonzeros), read by the kinds that use it.
+    """
+    kind = spmm_model_from_dict(model)
+    if kind.uses_structure:
+        return np.asarray(kind.predict(nnz, rows, common, dense_cols, structure), dtype=np.float64)
+    return np.asarray(kind.predict(nnz, rows, common, dense_cols), dtype=np.float64)

@@ -1,0 +1,218 @@
+"""Sparsity structure of SpMM operands and of a graph's shards (docs/model.md, "Sparsity structure").
+
+The structure of a sparse ``rows x common`` operand is summarized from its row lengths
+and column counts alone (:func:`operand_structure`)::
+
+    row_length_cv             std / mean of the row lengths
+    top1pct_column_share      share of the nonzeros in the max(1, common // 100) most
+                              popular columns
+    touched_column_fraction   share of the columns holding at least one nonzero
+    column_share              share of the nonzeros in the 2^j most popular columns,
+                              j = 0 .. SHARE_POINTS - 1 (1 once 2^j >= common)
+
+The transpose swaps the two count vectors. :class:`PermutedPattern` holds a graph's
+normalized adjacency pattern after a permutation and :func:`split_structure` finds the
+largest block of a block split and the structure of it and its transpose.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import scipy.sparse as sp
+
+#: Points of the column popularity curve: share of nonzeros in the 2^j most popular columns.
+SHARE_POINTS = 32
+#: Keys of a structure record (the ``structure`` field of an SpMM record), in order.
+STRUCTURE_KEYS = ("row_length_cv", "top1pct_column_share", "touched_column_fraction", "column_share")
+
+
+def column_share_curve(col_counts: np.ndarray, nnz: float | None = None) -> np.ndarray:
+    """Share of the nonzeros in the 2^j most popular columns, j = 0 .. SHARE_POINTS - 1."""
+    counts = np.asarray(col_counts, dtype=np.int64)
+    total = float(counts.sum() if nnz is None else nnz)
+    out = np.ones(SHARE_POINTS, dtype=np.float64)
+    if total <= 0:
+        return out
+    points = 2 ** np.arange(SHARE_POINTS, dtype=np.int64)
+    inside = points < counts.size
+    if np.any(inside):
+        top = int(points[inside].max())
+        # the top-m values, sorted descending, without sorting the whole vector
+        if top < counts.size // 4:
+            part = np.partition(counts, counts.size - top)[counts.size - top:]
+        else:
+            part = counts
+        ordered = np.sort(part)[::-1]
+        cum = np.cumsum(ordered, dtype=np.float64)
+        out[inside] = cum[points[inside] - 1] / total
+    return np.minimum(out, 1.0)
+
+
+def operand_structure(row_counts, col_counts) -> dict:
+    """The structure record of one sparse operand from its row lengths and column counts."""
+    rows = np.asarray(row_counts, dtype=np.float64)
+    cols = np.asarray(col_counts)
+    nnz = float(rows.sum())
+    mean = nnz / max(rows.size, 1)
+    cv = float(rows.std() / mean) if mean > 0 else 0.0
+    top = max(1, cols.size // 100)
+    if nnz > 0 and cols.size:
+        head = np.partition(cols, cols.size - top)[cols.size - top:] if top < cols.size else cols
+        top_share = float(head.sum() / nnz)
+    else:
+        top_share = 0.0
+    return {
+        "row_length_cv": cv,
+        "top1pct_column_share": top_share,
+        "touched_column_fraction": float(np.count_nonzero(cols) / max(cols.size, 1)),
+        "column_share": [round(float(v), 6) for v in column_share_curve(cols, nnz)],
+    }
+
+
+
+# --------------------------------------------------------------------------- graph shards
+
+
+class PermutedPattern:
+    """The pattern of a graph's normalized adjacency (self-loops added) after a permutation.
+
+    ``B = A_hat[row_perm][:, col_perm]``: the stored entries as CSR rows in the new order
+    with new column ids (unsorted within a row: counting never needs the order), and the
+    self-loops that GCN normalization adds (one per row without a stored diagonal) kept
+    apart as (new row, new column) pairs.
+    """
+
+    def __init__(self, adjacency, row_perm: np.ndarray | None = None, col_perm: np.ndarray | None = None, *,
+                 self_loops: bool = True):
+        csr = sp.csr_matrix(adjacency)
+        if row_perm is None:
+            row_perm = np.arange(csr.shape[0], dtype=np.int64)
+        if col_perm is None:
+            col_perm = row_perm
+        n = csr.shape[0]
+        index_dtype = np.int32 if n < 2**31 else np.int64
+        row_perm = np.asarray(row_perm, dtype=np.int64)
+        inv_row = np.empty(n, dtype=index_dtype)
+        inv_row[row_perm] = np.arange(n, dtype=index_dtype)
+        inv_col = np.empty(n, dtype=index_dtype)
+        inv_col[np.asarray(col_perm, dtype=np.int64)] = np.arange(n, dtype=index_dtype)
+        # rows that store their diagonal keep it; every other row gains a self-loop
+        lengths = np.diff(csr.indptr)
+        has_diag = np.zeros(n, dtype=bool)
+        row_of = np.repeat(np.arange(n, dtype=index_dtype), lengths)
+        has_diag[row_of[csr.indices == row_of]] = True
+        del row_of
+        lacking = np.flatnonzero(~has_diag) if self_loops else np.zeros(0, dtype=np.int64)
+        self.loop_rows = inv_row[lacking]
+        self.loop_cols = inv_col[lacking]
+        permuted = csr[row_perm] if not np.array_equal(row_perm, np.arange(n)) else csr
+        self.indptr = np.asarray(permuted.indptr, dtype=np.int64)
+        self.indices = inv_col[permuted.indices]
+        self.nodes = n
+        self._column_blocks: dict = {}
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1]) + int(self.loop_rows.size)
+
+    def _blocks_of_columns(self, col_blocks: int) -> np.ndarray:
+        """Column block of every stored entry for a split into col_blocks (cached: splits share it)."""
+        if col_blocks not in self._column_blocks:
+            bc = -(-self.nodes // col_blocks)
+            dtype = np.int16 if col_blocks < 2**15 else np.int32
+            self._column_blocks = {col_blocks: (self.indices // bc).astype(dtype, copy=False)}
+        return self._column_blocks[col_blocks]
+
+    def block_counts(self, row_blocks: int, col_blocks: int) -> np.ndarray:
+        """Nonzeros of every block of a row_blocks x col_blocks split, blocks of ceil(N / g) rows/columns."""
+        n = self.nodes
+        br, bc = -(-n // row_blocks), -(-n // col_blocks)
+        cb = self._blocks_of_columns(col_blocks)
+        counts = np.zeros((row_blocks, col_blocks), dtype=np.int64)
+        for r in range(row_blocks):
+            lo, hi = self.indptr[min(r * br, n)], self.indptr[min((r + 1) * br, n)]
+            if hi > lo:
+                counts[r] = np.bincount(cb[lo:hi], minlength=col_blocks)[:col_blocks]
+        loops = (self.loop_rows // br).astype(np.int64) * col_blocks + self.loop_cols // bc
+        counts += np.bincount(loops, minlength=row_blocks * col_blocks).reshape(row_blocks, col_blocks)
+        return counts
+
+    def block_vectors(self, row_blocks: int, col_blocks: int, r: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row lengths, column counts) of block (r, c), with its padded sizes ceil(N / g)."""
+        n = self.nodes
+        br, bc = -(-n // row_blocks), -(-n // col_blocks)
+        r0, r1 = min(r * br, n), min((r + 1) * br, n)
+        lo, hi = self.indptr[r0], self.indptr[r1]
+        cols = self.indices[lo:hi]
+        keep = (cols >= c * bc) & (cols < (c + 1) * bc)
+        row_ids = np.repeat(np.arange(r1 - r0), np.diff(self.indptr[r0:r1 + 1]))[keep]
+        col_ids = cols[keep] - c * bc
+        loops = (self.loop_rows >= r0) & (self.loop_rows < r1) & (self.loop_cols >= c * bc) & (self.loop_cols < (c + 1) * bc)
+        row_ids = np.concatenate([row_ids, self.loop_rows[loops] - r0])
+        col_ids = np.concatenate([col_ids, self.loop_cols[loops] - c * bc])
+        return np.bincount(row_ids, minlength=br)[:br], np.bincount(col_ids, minlength=bc)[:bc]
+
+
+def split_structure(pattern: PermutedPattern, row_blocks: int, col_blocks: int) -> dict:
+    """The largest block of a row_blocks x col_blocks split of ``pattern``.
+
+    ``{"nnz_max", "nnz_mean", "block": (r, c), "forward": structure, "transpose":
+    structure}``: ``forward`` describes the block as a ``ceil(N/R) x ceil(N/C)``
+    operand, ``transpose`` its transpose (:func:`plexus_tune.model.sparsity.operand_structure`).
+    """
+    counts = pattern.block_counts(row_blocks, col_blocks)
+    r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
+    row_counts, col_counts = pattern.block_vectors(row_blocks, col_blocks, int(r), int(c))
+    return {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (int(r), int(c)),
+            "forward": operand_structure(row_counts, col_counts), "transpose": operand_structure(col_counts, row_counts)}
+
+
+def grid_shard_structure(pattern: PermutedPattern, splits: Iterable[tuple[int, int]], *, progress=None) -> dict:
+    """:func:`split_structure` of every (row blocks, column blocks) split, ``{(R, C): entry}``."""
+    out = {}
+    for R, C in sorted(set(splits), key=lambda rc: (rc[1], rc[0])):  # splits of one C share its column blocks
+        t0 = time.perf_counter()
+        out[(R, C)] = split_structure(pattern, R, C)
+        if progress is not None:
+            progress(R, C, time.perf_counter() - t0)
+    return out
+
+
+def pattern_symmetric(adjacency) -> bool:
+    """Whether the adjacency's pattern equals its transpose's (checked row length first)."""
+    csr = sp.csr_matrix(adjacency)
+    rows_len = np.diff(csr.indptr)
+    cols_len = np.bincount(csr.indices, minlength=csr.shape[1])
+    if not np.array_equal(rows_len, cols_len):
+        return False
+    t = csr.T.tocsr()
+    a = csr.copy()
+    a.sort_indices()
+    t.sort_indices()
+    return bool(np.array_equal(a.indices, t.indices))
+
+
+def normalized_nnz(adjacency) -> int:
+    """Nonzeros of the GCN-normalized adjacency: the stored ones plus a self-loop for each
+    row without a stored diagonal (:func:`plexus_tune.graph.core.gcn_normalize`), counted
+    without building it."""
+    csr = sp.csr_matrix(adjacency)
+    n = csr.shape[0]
+    row_of = np.repeat(np.arange(n, dtype=csr.indices.dtype), np.diff(csr.indptr))
+    with_diagonal = np.unique(row_of[csr.indices == row_of]).size
+    return int(csr.nnz + n - with_diagonal)
+
+
+def shard_directory_matrix(shard_dir) -> tuple[sp.csr_matrix, dict]:
+    """(B, manifest) of a shard directory: the whole stored permuted normalized adjacency
+    (its first num_nodes rows and columns) and the directory's manifest."""
+    from plexus_tune.graph.shards import check_shard_files, load_shard_range
+
+    manifest = check_shard_files(shard_dir)
+    n = int(manifest["num_nodes"])
+    matrix = load_shard_range(shard_dir, (0, n), (0, n), manifest=manifest)
+    return matrix, manifest

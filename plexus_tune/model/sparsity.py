@@ -1,0 +1,252 @@
+"""Sparsity structure of an SpMM operand: the statistics the graph-aware SpMM model reads.
+
+One SpMM multiplies a sparse ``rows x common`` operand by a dense ``common x k`` one.
+Its structure is summarized from the operand's row lengths (nonzeros per row) and
+column counts (nonzeros per column) alone (docs/model.md, "Sparsity structure")::
+
+    row_length_cv             std / mean of the row lengths
+    top1pct_column_share      share of the nonzeros in the max(1, common // 100) most
+                              popular columns
+    touched_column_fraction   share of the columns holding at least one nonzero
+    column_share              share of the nonzeros in the 2^j most popular columns,
+                              j = 0 .. SHARE_POINTS - 1 (1 once 2^j >= common)
+
+The statistics themselves are computed by :mod:`plexus_tune.graph.structure`. An
+operand known only by its size has the structure of uniformly random nonzeros
+(:func:`uniform_structure`); :class:`GraphSparsity` holds a graph's shards for the cost
+model and :func:`graph_sparsity` computes it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from plexus_tune.errors import UserError
+from plexus_tune.graph.structure import SHARE_POINTS, STRUCTURE_KEYS, column_share_curve, operand_structure  # noqa: F401
+
+
+def _poisson_top_share(lam: float, common: float, m: float, nnz: float) -> float:
+    """Expected share of ``nnz`` held by the m largest of ``common`` iid Poisson(lam) counts."""
+    if m >= common:
+        return 1.0
+    if lam > 200:  # normal limit: the top q = m / common hold lam + sqrt(lam) pdf(z_q) / q each
+        from statistics import NormalDist
+
+        q = m / common
+        z = NormalDist().inv_cdf(1.0 - q)
+        held = m * (lam + math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) / q * math.sqrt(lam))
+        return min(1.0, held / nnz)
+    x = np.arange(int(lam + 12 * math.sqrt(lam) + 30), dtype=np.float64)
+    log_pmf = x * math.log(lam) - lam - np.array([math.lgamma(v + 1) for v in x])
+    pmf = np.exp(log_pmf)
+    # columns of count >= x, and the nonzeros they hold, counted from the top
+    at_least = np.cumsum(pmf[::-1])[::-1] * common
+    held_at_least = np.cumsum((x * pmf)[::-1])[::-1] * common
+    t = int(np.searchsorted(-at_least, -m, side="right")) - 1  # largest x with at_least[x] >= m
+    t = max(t, 0)
+    above = at_least[t + 1] if t + 1 < len(x) else 0.0
+    held = (held_at_least[t + 1] if t + 1 < len(x) else 0.0) + (m - above) * x[t]
+    return min(1.0, held / nnz)
+
+
+def uniform_structure(nnz: float, rows: float, common: float) -> dict:
+    """Expected structure of ``nnz`` nonzeros placed uniformly at random (with repeats).
+
+    Row lengths and column counts are then multinomial, close to iid Poisson of mean
+    lambda = nnz / common per column: CV sqrt((1 - 1/rows) rows / nnz), touched fraction
+    1 - (1 - 1/common)^nnz, and the m most popular columns hold the top m of common
+    Poisson(lambda) counts (exact tail sums; the normal limit past lambda = 200). The
+    default structure of a graph given only by its size (docs/model.md, "Sparsity
+    structure").
+    """
+    nnz, rows, common = float(nnz), max(float(rows), 1.0), max(float(common), 1.0)
+    if nnz <= 0:
+        return {"row_length_cv": 0.0, "top1pct_column_share": 0.0, "touched_column_fraction": 0.0,
+                "column_share": [1.0] * SHARE_POINTS}
+    lam = nnz / common
+    touched = common * -math.expm1(nnz * math.log1p(-1.0 / common)) if common > 1 else 1.0
+    return {
+        "row_length_cv": math.sqrt(max(1.0 - 1.0 / rows, 0.0) * rows / nnz),
+        "top1pct_column_share": float(_poisson_top_share(lam, common, max(1.0, math.floor(common / 100)), nnz)),
+        "touched_column_fraction": touched / common,
+        "column_share": [round(float(_poisson_top_share(lam, common, float(2**j), nnz)), 6) for j in range(SHARE_POINTS)],
+    }
+
+
+def check_structure(structure: Mapping, where: str = "structure") -> dict:
+    """A structure record with every key of :data:`STRUCTURE_KEYS`, finite and in range, or UserError."""
+    if not isinstance(structure, Mapping):
+        raise UserError(f"{where}: a structure must be an object with {', '.join(STRUCTURE_KEYS)}")
+    missing = [k for k in STRUCTURE_KEYS if k not in structure]
+    if missing:
+        raise UserError(f"{where}: structure lacks {', '.join(missing)}; record it with 'plexus-tune calibrate spmm'")
+    out = {}
+    for key in STRUCTURE_KEYS[:3]:
+        value = structure[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise UserError(f"{where}: structure {key!r} must be a finite number >= 0, got {value!r}")
+        out[key] = float(value)
+    curve = structure["column_share"]
+    try:
+        values = np.asarray(curve, dtype=np.float64)
+    except (TypeError, ValueError):
+        values = np.array([np.nan])
+    if values.shape != (SHARE_POINTS,) or not np.all(np.isfinite(values)) or values.min() < 0 or values.max() > 1 + 1e-9:
+        raise UserError(f"{where}: structure 'column_share' must be {SHARE_POINTS} shares between 0 and 1")
+    out["column_share"] = values.tolist()
+    return out
+
+
+def share_at(column_share: np.ndarray, columns) -> np.ndarray:
+    """Share of the nonzeros in the ``columns`` most popular columns, per operand.
+
+    ``column_share`` is (n, SHARE_POINTS) (the curves of n operands); the curve is
+    interpolated linearly in log2(columns) between its points 2^j (1 below one column).
+    """
+    curves = np.asarray(column_share, dtype=np.float64).reshape(-1, SHARE_POINTS)
+    position = np.log2(np.maximum(np.asarray(columns, dtype=np.float64), 1.0))
+    position = np.broadcast_to(position, (curves.shape[0],)) if position.ndim == 0 else position.reshape(-1)
+    j = np.clip(np.floor(position).astype(np.int64), 0, SHARE_POINTS - 2)
+    frac = np.clip(position - j, 0.0, 1.0)
+    rows = np.arange(curves.shape[0])
+    lo, hi = curves[rows, j], curves[rows, j + 1]
+    return lo + (hi - lo) * frac
+
+
+def structure_arrays(structures, nnz, rows, common) -> dict:
+    """Column arrays of a list of structure records (None: :func:`uniform_structure` of the shape)."""
+    nnz, rows, common = (np.broadcast_to(np.asarray(a, dtype=np.float64), np.shape(nnz)).reshape(-1) for a in (nnz, rows, common))
+    out = {"row_length_cv": [], "top1pct_column_share": [], "touched_column_fraction": [], "column_share": []}
+    cache: dict = {}
+    for i, s in enumerate(structures):
+        if s is None:
+            key = (nnz[i], rows[i], common[i])
+            if key not in cache:
+                cache[key] = uniform_structure(*key)
+            s = cache[key]
+        for key in out:
+            out[key].append(s[key])
+    return {key: np.asarray(v, dtype=np.float64) for key, v in out.items()}
+
+
+class GraphSparsity:
+    """The shards of one graph after the trainer's permutation: for each layer parity and
+    (g_d, g_o), the nonzeros of the largest shard and the structure of the SpMM operands
+    it gives (docs/model.md, "Sparsity structure").
+
+    ``entries`` maps ``(parity, g_d, g_o)`` to ``{"nnz_max", "nnz_mean", "forward",
+    "backward"}``: ``forward`` is the structure of the layer's ``ceil(N/g_d) x
+    ceil(N/g_o)`` shard, ``backward`` that of its transpose (what A^T dH multiplies).
+    ``permute`` names the permutation the shards were cut after.
+    """
+
+    def __init__(self, entries: Mapping, *, permute: str, name: str = "graph"):
+        self.entries = {tuple(int(v) for v in key): value for key, value in entries.items()}
+        self.permute = permute
+        self.name = name
+
+    def layer(self, layer: int, g_d, g_o) -> tuple[np.ndarray, dict, dict]:
+        """(largest-shard nonzeros, forward structure arrays, backward structure arrays) of layer ``layer`` on every grid."""
+        g_d = np.atleast_1d(np.asarray(g_d, dtype=np.int64))
+        g_o = np.atleast_1d(np.asarray(g_o, dtype=np.int64))
+        parity = int(layer) % 2
+        picked = []
+        for d, o in zip(g_d.tolist(), g_o.tolist()):
+            entry = self.entries.get((parity, d, o))
+            if entry is None:
+                raise UserError(f"the sparsity of {self.name} lacks the {d} x {o} shards of layer parity {parity}; "
+                                "compute it for these grids")
+            picked.append(entry)
+        nnz = np.array([e["nnz_max"] for e in picked], dtype=np.float64)
+
+        def arrays(direction: str) -> dict:
+            return {"row_length_cv": np.array([e[direction]["row_length_cv"] for e in picked], dtype=np.float64),
+                    "top1pct_column_share": np.array([e[direction]["top1pct_column_share"] for e in picked], dtype=np.float64),
+                    "touched_column_fraction": np.array([e[direction]["touched_column_fraction"] for e in picked], dtype=np.float64),
+                    "column_share": np.array([e[direction]["column_share"] for e in picked], dtype=np.float64).reshape(-1, SHARE_POINTS)}
+
+        return nnz, arrays("forward"), arrays("backward")
+
+
+def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
+                   stored: bool = False) -> GraphSparsity:
+    """The :class:`GraphSparsity` of a graph on the given grids.
+
+    For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
+    rank multiplies a block of a g_d x g_o split of ``B = A_hat[row_perm][:, col_perm]``
+    (even layers) or of the alternate layout ``A_hat[col_perm][:, row_perm]`` (odd
+    layers under the two-sided modes ``double`` and ``local``; the transpose of B when
+    A is symmetric); the largest block is the slowest rank's. Permutations as the
+    trainer's (:func:`plexus_tune.graph.permute.permutations_for`, ``local`` with each
+    grid's parts). ``stored``: ``graph`` is already B (a shard directory's matrix,
+    self-loops included) and ``permute`` the mode it was cut with; odd layers of
+    two-sided modes multiply B^T, as the trainer reading the directory does. Every
+    distinct split is counted once.
+    """
+    from plexus_tune.graph.permute import TWO_SIDED_MODES, grid_parts, permutations_for
+    from plexus_tune.graph.structure import PermutedPattern, pattern_symmetric, split_structure
+    from plexus_tune.model.grid import layer_roles
+
+    adjacency = getattr(graph, "adjacency", graph)
+    n = adjacency.shape[0]
+    grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    two_sided = permute in TWO_SIDED_MODES
+    symmetric = True if stored or not two_sided else pattern_symmetric(adjacency)
+    # the permutations: one pair for every mode but local, one per grid's parts for local
+    wanted: dict = {}
+    for grid in grids.tolist():
+        perm_key = grid_parts(grid) if (permute == "local" and not stored) else None
+        for i in range(int(layers)):
+            o, _, d = layer_roles(i)
+            wanted.setdefault(perm_key, set()).add((i % 2, grid[d], grid[o]))
+    entries = {}
+    for perm_key, keys in wanted.items():
+        if stored:
+            pattern = PermutedPattern(adjacency, self_loops=False)
+        else:
+            row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
+                                  else permutations_for(permute, n, seed))
+            pattern = PermutedPattern(adjacency, row_perm, col_perm)
+        alternate = None
+        if two_sided and not symmetric:
+            alternate = PermutedPattern(adjacency, col_perm, row_perm)
+        splits: dict = {}
+        for parity, g_d, g_o in keys:
+            if parity == 0 or not two_sided:
+                splits[(parity, g_d, g_o)] = ("pattern", g_d, g_o, False)
+            elif alternate is not None:
+                splits[(parity, g_d, g_o)] = ("alternate", g_d, g_o, False)
+            else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
+                splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
+        done: dict = {}
+        # splits of one column count share its column blocks: count them together
+        for key, (which, R, C, transposed) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[1][2], kv[1][1])):
+            if (which, R, C) not in done:
+                t0 = time.perf_counter()
+                done[(which, R, C)] = split_structure(pattern if which == "pattern" else alternate, R, C)
+                if progress is not None:
+                    progress(R, C, time.perf_counter() - t0)
+            e = done[(which, R, C)]
+            entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
+                            "forward": e["transpose"] if transposed else e["forward"],
+                            "backward": e["forward"] if transposed else e["transpose"]}
+        del pattern, alternate
+    return GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
+
+
+def permutation_gain(graph, workload, machine, grid, modes, *, block_rows=None, comm_precision="fp32",
+                     optimizer=None) -> dict:
+    """``{mode: {"spmm_ms", "total_ms"}}`` of one grid with the graph's shards after each permutation mode."""
+    from plexus_tune.model.prediction import predict_run_grids
+
+    out = {}
+    for mode in modes:
+        sparsity = graph_sparsity(graph, [grid], workload.layers, permute=mode)
+        pred = predict_run_grids(workload, machine, np.asarray([grid]), block_rows=block_rows, comm_precision=comm_precision,
+                                 optimizer=optimizer, options={"sparsity": sparsity})
+        out[mode] = {"spmm_ms": float(pred["spmm_ms"][0]), "total_ms": float(pred["total_ms"][0])}
+    return out
