@@ -142,6 +142,9 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
+        if any(p != "fp32" for p in ranking.precisions) and not machine.raw.get("quant"):
+            console.print(f"{machine.name} has no quant rates: the codec time of reduced precisions is not counted "
+                          "(quant 0)", highlight=False)
         if ranking.estimated_families:
             console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
                           "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "

@@ -15,7 +15,7 @@ from plexus_tune.measure.device import resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
-from plexus_tune.measure.spmm import calibrate_graph_shards, spmm_sweep, sweep_shapes
+from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, spmm_sweep, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
 from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
@@ -76,6 +76,10 @@ def register(subparsers) -> None:
     spmm.add_argument("--max-rows", type=count(1), default=65536, help="with --sweep: largest rows/common (default 65536)")
     spmm.add_argument("--max-cols", type=count(1), default=256, help="with --sweep: largest dense columns (default 256)")
     spmm.add_argument("--max-nnz", type=count(1), default=4_000_000, help="with --sweep: largest nnz (default 4e6)")
+    spmm.add_argument("--structure", choices=SWEEP_STRUCTURES, default="uniform",
+                      help="with --sweep: sparsity structure of the operands: uniform random positions (default), zipf "
+                      "(power-law column popularity, lognormal row lengths), rmat (R-MAT-like positions of random skew) "
+                      "or mixed; every record holds its structure statistics (docs/records.md)")
     spmm.add_argument("--layers", type=count(1), default=3, help="with --graph: GCN layers (default 3)")
     spmm.add_argument("--hidden", type=count(1), default=128, help="with --graph: hidden width (default 128)")
     spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
@@ -325,6 +329,10 @@ def run_spmm(args) -> int:
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
+    if args.structure != "uniform" and not args.sweep:
+        raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
+    if args.structure != "uniform" and args.device.strip().lower() != "cpu":
+        raise UserError("--structure is built on the CPU sweep; leave it out with --device cuda for now")
     if args.all_shards and args.device.strip().lower() != "cpu":
         raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
     check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])
@@ -341,6 +349,7 @@ def run_spmm(args) -> int:
                 common=(min(256, args.max_rows), args.max_rows),
                 dense_cols=(1, limits["--max-cols"]),
                 max_nnz=limits["--max-nnz"],
+                structure=args.structure,
             )
             if device.type != "cpu":
                 records = device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),
