@@ -177,11 +177,12 @@ def trainer_vs_pyg(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 6,
 
 
 def lattice_permutations(graph, *, hidden: int = 64, layers: int = 3, epochs: int = 4, warmup: int = 1,
-                         device: str = "cpu", split_grids=((8, 1, 1), (8, 8, 1))) -> dict:
+                         device: str = "cpu", split_grids=((8, 1, 1), (8, 8, 1)), rounds: int = 1) -> dict:
     """The trainer's SpMM phase at 1x1x1 per permutation, and its ratio to natural order:
     ``none``, ``double``, ``local`` (as 1x1x1 applies it: the identity) and
     ``local@<grid>`` for each of ``split_grids`` (the permutation a grid of those
-    dimensions applies, trained at 1x1x1)."""
+    dimensions applies, trained at 1x1x1). ``rounds`` > 1 runs the variants in order,
+    then in reverse order, and so on, and averages: a drift of the host load cancels."""
     import numpy as np
 
     from plexus_tune.trainer import TrainConfig
@@ -193,12 +194,15 @@ def lattice_permutations(graph, *, hidden: int = 64, layers: int = 3, epochs: in
     for split in split_grids:
         name = "local@" + "x".join(str(int(g)) for g in split)
         variants[name] = TrainConfig(permute="local", extra={"permute_grid": tuple(int(g) for g in split)}, **common)
-    results = _launch(graph, list(variants.values()), device, 1)
-    out = {}
-    for name, res in zip(variants, results):
+    names = list(variants)
+    order = [n for r in range(max(1, int(rounds))) for n in (names if r % 2 == 0 else names[::-1])]
+    results = _launch(graph, [variants[n] for n in order], device, 1)
+    samples = {name: {"spmm_ms": [], "epoch_ms": []} for name in names}
+    for name, res in zip(order, results):
         rows = res["timers"][0][warmup:]
-        out[name] = {"spmm_ms": float(np.mean([r["spmm_ms"] for r in rows])),
-                     "epoch_ms": float(np.mean([r["epoch_ms"] for r in rows]))}
+        samples[name]["spmm_ms"].append(float(np.mean([r["spmm_ms"] for r in rows])))
+        samples[name]["epoch_ms"].append(float(np.mean([r["epoch_ms"] for r in rows])))
+    out = {name: {key: float(np.mean(v)) for key, v in samples[name].items()} for name in names}
     for name in out:
         out[name]["spmm_vs_none"] = out[name]["spmm_ms"] / out["none"]["spmm_ms"]
     return out
@@ -272,6 +276,7 @@ def main_reports(argv) -> int:
     parser.add_argument("--permute", default="double")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--fused-pyg", action="store_true", help="PyG with fused AdamW too")
+    parser.add_argument("--rounds", type=int, default=2, help="lattice: rounds, alternating the order (default 2)")
     args = parser.parse_args(argv)
     if args.nodes is None:
         args.nodes = 1_000_000 if args.mode == "lattice" else 262_144
@@ -287,7 +292,7 @@ def main_reports(argv) -> int:
         print(f"trainer 1x1x1 {out['trainer_ms']:.1f} ms/epoch, fair PyG ({'fused' if out['pyg_fused'] else 'default'} "
               f"AdamW, trainable features) {out['pyg_ms']:.1f} ms/epoch: ratio {out['ratio']:.2f}")
     else:
-        out = lattice_permutations(graph, **common)
+        out = lattice_permutations(graph, rounds=args.rounds, **common)
         for name, row in out.items():
             print(f"{name:>12}: SpMM phase {row['spmm_ms']:9.1f} ms ({row['spmm_vs_none']:.2f}x natural), "
                   f"epoch {row['epoch_ms']:9.1f} ms")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from plexus_tune.cli.output import make_console
+from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
 from plexus_tune.errors import UserError, whole_number
@@ -75,16 +75,6 @@ def family_precisions(args, algorithms) -> list[str]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
 def _label(rec) -> str:
     return rec["algorithm"] + (ESTIMATE_MARK if rec["estimated"] else "")
 
@@ -133,7 +123,7 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
             cells += [_label(rec), rec["config"], rec["comm_precision"]]
             if objective != "epoch":
                 cells.append(f"{rec['objective_value']:.4g}")
-            table.add_row(*cells, *(_fmt(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+            table.add_row(*cells, *(format_ms(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
                           "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
         console.print(table)
         fam = Table(title="best of each family")
@@ -148,10 +138,13 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
                 fam.add_row(family, *(["-"] if several else []), "none fits", "-", "-", need, "-", style="red")
             else:
                 fam.add_row(_label(rec), *([str(rec["gpus"])] if several else []), rec["config"], rec["comm_precision"],
-                            _fmt(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
+                            format_ms(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
+        if any(p != "fp32" for p in ranking.precisions) and not machine.raw.get("quant"):
+            console.print(f"{machine.name} has no quant rates: the codec time of reduced precisions is not counted "
+                          "(quant 0)", highlight=False)
         if ranking.estimated_families:
             console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
                           "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
@@ -185,7 +178,7 @@ def load_graph_argument(text):
 
 
 def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None,
-                     optimizer: str | None = None) -> int:
+                     optimizer: str | None = None, plexus_options=None) -> int:
     """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
     if getattr(args, "block_rows", None):
         raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
@@ -204,7 +197,7 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             except UserError as exc:
                 raise UserError(f"{flag}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options, **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 

@@ -105,3 +105,14 @@ class ProgressReporter:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+def format_ms(value: float) -> str:
+    """A time in a table: 0, then 1 decimal from 100 (thousands separated), 2 from 1, else 3 significant digits."""
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
-from plexus_tune.cli.output import make_console
+from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
 import os
@@ -16,6 +16,7 @@ from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.planner import family_grids
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -152,16 +153,6 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
 def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
     from rich.table import Table
 
@@ -182,7 +173,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [_fmt(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
@@ -263,8 +254,13 @@ def run(args) -> int:
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
+        plexus_options = None
+        if "plexus-3d" in algorithms:
+            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+            plexus_options = {"sparsity": sparsity} if sparsity is not None else None
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
+                                plexus_options=plexus_options)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

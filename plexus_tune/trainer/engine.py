@@ -301,7 +301,8 @@ class LossShard:
 
 def accuracy_counts(z, shard: LossShard) -> torch.Tensor:
     """(correct, total) of each part of the split over this rank's rows, on the device
-    (float64, ``2 len(SPLIT_PARTS)``); the row axis is summed by :func:`accuracy_from_counts`'s caller.
+    (float64, ``2 len(SPLIT_PARTS)``); the trainer sums them over the row axis before
+    :func:`accuracy_from_counts`.
 
     The prediction of a row is its first class of largest logit: the maximum over the
     class axis, then the smallest class index that attains it (FP32 collectives over the
@@ -341,14 +342,6 @@ def accuracy_from_counts(counts) -> dict[str, float]:
     counts = [float(c) for c in counts]
     return {part: counts[2 * k] / counts[2 * k + 1] if counts[2 * k + 1] > 0 else float("nan")
             for k, part in enumerate(SPLIT_PARTS)}
-
-
-def sharded_accuracy(z, shard: LossShard) -> dict[str, float]:
-    """Accuracy on each part of the split of the sharded logits ``z`` (reads the host)."""
-    counts = accuracy_counts(z, shard)
-    if shard.comm.grid[shard.row_axis] > 1:
-        shard.comm.dist.all_reduce(counts, op=shard.comm.dist.ReduceOp.SUM, group=shard.comm.groups[shard.row_axis])
-    return accuracy_from_counts(counts.cpu().tolist())
 
 
 class ShardedCrossEntropy(torch.autograd.Function):
