@@ -286,3 +286,16 @@ def test_supergcn_memory_hand_derived():
     }
     for part, value in expected.items():
         assert pred[f"memory_{part}_bytes"][0] == pytest.approx(value), part
+
+
+def test_joint_ranking_plexus_rows_equal_plain_predict_with_a_graph():
+    common = ["--graph", "rmat:nodes=1024,edges=8192", "--gpus", "8", "--machine", "perlmutter", "--comm-precision",
+              "fp32", "--format", "json", "--top", "0"]
+    plain = cli("predict", *common)
+    joint = cli("predict", "--algorithm", "all", *common)
+    assert plain.returncode == 0 and joint.returncode == 0, plain.stderr + joint.stderr
+    by_grid = {r["grid"]: r["total_ms"] for r in json.loads(plain.stdout)}
+    rows = [r for r in json.loads(joint.stdout)["ranking"] if r["algorithm"] == "plexus-3d"]
+    assert len(rows) == len(by_grid)
+    for r in rows:
+        assert r["total_ms"] == pytest.approx(by_grid[r["grid"]])

@@ -6,6 +6,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
 from plexus_tune.measure.store import read_records
 from plexus_tune.measure.training import config_fields
+from plexus_tune.model.prediction import predict_run
 
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
@@ -138,3 +139,29 @@ def test_campaign_resumes_a_v1_log(tmp_path, monkeypatch):
             fh.write(json.dumps(v1) + "\n")
     new = run_campaign(SPEC, 2, [(2, 1, 1), (1, 2, 1)], log=log, trials=3, epochs=3, warmup=1, hidden=8, machine="perlmutter")
     assert sorted((r["grid"], r["trial"]) for r in new) == [("1x2x1", 0), ("1x2x1", 1), ("1x2x1", 2), ("2x1x1", 2)]
+
+
+def test_a_job_that_ended_early_logs_its_run_with_the_slurm_state_and_prediction(tmp_path):
+    """measure outside an allocation: the run a dead job had in flight is logged failed, with the
+    job's state, the campaign and the prediction at the run's settings."""
+    import json
+
+    from plexus_tune.launch.slurm import JobState
+    from plexus_tune.measure.campaign import campaign_config, job_failure_record, log_campaign_run
+    from plexus_tune.model.workload import Workload
+
+    config = campaign_config("rmat:nodes=64,edges=256,features=4,classes=2", (2, 1, 1), layers=2, hidden=4, epochs=2,
+                             warmup=1, options={"comm_precision": "bf16", "block_rows": 16})
+    log = tmp_path / "runs.jsonl"
+    w = Workload("g", 64, 384, (4, 4, 2))
+    for state, status, why in ((JobState("17", None, "TIMEOUT", "TimeLimit", None), "timeout", "TIMEOUT (reason TimeLimit)"),
+                               (JobState("18", 2, "FAILED", "NonZeroExitCode", 1), "failed", "exit code 1"),
+                               (JobState("19", None, "CANCELLED", "", None, signal=15), "cancelled", "signal 15")):
+        record = log_campaign_run(log, job_failure_record(config, state, launcher="slurm"), trial=1, gpus=2, trials=2,
+                                  grids=[(2, 1, 1)], machine="perlmutter", workload=w)
+        assert record["status"] == status and why in record["reason"] and record["slurm"]["state"] == state.state
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["slurm"]["job_id"] for r in logged] == ["17", "18_2", "19"] and all(r["trial"] == 1 for r in logged)
+    want = predict_run(w, "perlmutter", (2, 1, 1), comm_precision="bf16", block_rows=16)["total_ms"]
+    assert all(r["predicted"]["total_ms"] == want for r in logged)
+    assert want != predict_run(w, "perlmutter", (2, 1, 1))["total_ms"]

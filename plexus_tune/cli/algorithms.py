@@ -142,6 +142,9 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
+        if any(p != "fp32" for p in ranking.precisions) and not machine.raw.get("quant"):
+            console.print(f"{machine.name} has no quant rates: the codec time of reduced precisions is not counted "
+                          "(quant 0)", highlight=False)
         if ranking.estimated_families:
             console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
                           "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
@@ -175,7 +178,7 @@ def load_graph_argument(text):
 
 
 def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int | None, graph=None,
-                     optimizer: str | None = None) -> int:
+                     optimizer: str | None = None, plexus_options=None) -> int:
     """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
     if getattr(args, "block_rows", None):
         raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
@@ -194,7 +197,7 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
             except UserError as exc:
                 raise UserError(f"{flag}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options, **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 

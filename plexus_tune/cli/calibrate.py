@@ -9,11 +9,13 @@ from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.model.comm_precision import check_backend, parse_precision
 from plexus_tune.model.precision_choice import parse_allowed
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
+from plexus_tune.measure.bandwidth import bandwidth_benchmark
+from plexus_tune.measure.device import resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
-from plexus_tune.measure.spmm import calibrate_graph_shards, spmm_sweep, sweep_shapes
+from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, spmm_sweep, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
 from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
@@ -74,6 +76,10 @@ def register(subparsers) -> None:
     spmm.add_argument("--max-rows", type=count(1), default=65536, help="with --sweep: largest rows/common (default 65536)")
     spmm.add_argument("--max-cols", type=count(1), default=256, help="with --sweep: largest dense columns (default 256)")
     spmm.add_argument("--max-nnz", type=count(1), default=4_000_000, help="with --sweep: largest nnz (default 4e6)")
+    spmm.add_argument("--structure", choices=SWEEP_STRUCTURES, default="uniform",
+                      help="with --sweep: sparsity structure of the operands: uniform random positions (default), zipf "
+                      "(power-law column popularity, lognormal row lengths), rmat (R-MAT-like positions of random skew) "
+                      "or mixed; every record holds its structure statistics (docs/records.md)")
     spmm.add_argument("--layers", type=count(1), default=3, help="with --graph: GCN layers (default 3)")
     spmm.add_argument("--hidden", type=count(1), default=128, help="with --graph: hidden width (default 128)")
     spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
@@ -121,8 +127,6 @@ def register(subparsers) -> None:
 
 def _device(name: str):
     """The torch device of --device; one line and exit 2 when it is not there."""
-    from plexus_tune.measure.device import resolve_device
-
     try:
         return resolve_device(name)
     except UserError as exc:
@@ -130,9 +134,6 @@ def _device(name: str):
 
 
 def run_bandwidth(args) -> int:
-    from plexus_tune.errors import parse_count
-    from plexus_tune.measure.bandwidth import bandwidth_benchmark
-
     sizes = [parse_count(v, "--sizes") for v in args.sizes.split(",") if v.strip()]
     if not sizes or min(sizes) < 1:
         raise UserError(f"--sizes: expected positive element counts such as 1M,64M, got {args.sizes!r}")
@@ -328,6 +329,8 @@ def run_spmm(args) -> int:
         gpus = _positive(args.gpus, "--gpus")
         layers = _positive(args.layers, "--layers")
         hidden = _positive(args.hidden, "--hidden")
+    if args.structure != "uniform" and not args.sweep:
+        raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
     if args.all_shards and args.device.strip().lower() != "cpu":
         raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
     check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])
@@ -344,6 +347,7 @@ def run_spmm(args) -> int:
                 common=(min(256, args.max_rows), args.max_rows),
                 dense_cols=(1, limits["--max-cols"]),
                 max_nnz=limits["--max-nnz"],
+                structure=args.structure,
             )
             if device.type != "cpu":
                 records = device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),

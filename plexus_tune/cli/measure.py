@@ -15,17 +15,18 @@ from plexus_tune.measure.campaign import (
     choose_grids,
     config_identity,
     config_settings,
+    job_failure_record,
     launcher_options,
     load_stats,
+    log_campaign_run,
     logged_trials,
     pending_runs,
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.records import predict_record, run_setting, runs_table
-from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.store import read_runs
 from plexus_tune.model.machine import load_machine
-from plexus_tune.measure.training import base_record
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm
@@ -177,15 +178,9 @@ def _submit(args, launcher, graph, grids, options, machine, stats, console, err)
                                      warmup=args.warmup, options=train_options)
             if logged_trials(args.log).get((config_identity(config), int(running["trial"]))) not in (None, "cancelled"):
                 continue  # the run was logged before the job ended
-            code = f", signal {state.signal}" if state.signal else (
-                f", exit code {state.exit_code}" if state.exit_code is not None else "")
-            record = base_record(config, launcher=launcher.name, slurm=dispatch.state_fields(state))
-            record.update(status=dispatch.failure_status(state.state), trial=int(running["trial"]),
-                          reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})",
-                          campaign={"gpus": args.gpus, "trials": args.trials, "grids": ["x".join(map(str, g)) for g in grids]})
-            if workload is not None:
-                record["predicted"] = predict_record(record, machine, workload=workload)
-            append_records(args.log, [record])
+            record = log_campaign_run(args.log, job_failure_record(config, state, launcher=launcher.name),
+                                      trial=int(running["trial"]), gpus=args.gpus, trials=args.trials, grids=grids,
+                                      machine=machine, workload=workload)
             new.append(record)
             reporter.line(dispatch.describe_run(record))
 

@@ -16,6 +16,7 @@ from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.model.planner import family_grids
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -253,8 +254,13 @@ def run(args) -> int:
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
     if algorithms != ("plexus-3d",):
+        plexus_options = None
+        if "plexus-3d" in algorithms:
+            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+            plexus_options = {"sparsity": sparsity} if sparsity is not None else None
         return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer)
+                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
+                                plexus_options=plexus_options)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

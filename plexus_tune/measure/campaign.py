@@ -28,7 +28,7 @@ from plexus_tune import graph as graph_pkg
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.shards import check_shard_files
-from plexus_tune.launch import RankFailure
+from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
@@ -42,7 +42,7 @@ from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig
 from plexus_tune.trainer.algorithms import normalize_config, process_grid
 from plexus_tune.trainer.run import graph_source, validate
-from plexus_tune.measure.training import build_record, config_fields, run_training
+from plexus_tune.measure.training import base_record, build_record, config_fields, run_training
 
 
 @dataclass(frozen=True)
@@ -278,11 +278,7 @@ def run_campaign(
     new = []
 
     def finish(grid, trial, record):
-        record["trial"] = trial
-        record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
-        if workload is not None:
-            record["predicted"] = predict_record(record, machine, workload=workload)
-        append_records(log, [record])
+        log_campaign_run(log, record, trial=trial, gpus=gpus, trials=trials, grids=grids, machine=machine, workload=workload)
         new.append(record)
         if on_result is not None:
             on_result(record, grid)
@@ -302,6 +298,28 @@ def run_campaign(
             for (grid, trial, _), record in zip(chunk, records):
                 finish(grid, trial, record)
     return new
+
+
+def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None) -> dict:
+    """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
+    machine profile) the prediction at the run's settings; returns the record."""
+    record["trial"] = int(trial)
+    record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
+    if workload is not None and machine is not None:
+        record["predicted"] = predict_record(record, machine, workload=workload)
+    append_records(log, [record])
+    return record
+
+
+def job_failure_record(config, state, *, launcher: str) -> dict:
+    """The record of a run whose Slurm job ended before the run was logged: the job's state,
+    reason and exit code or signal (``state``: :class:`plexus_tune.launch.slurm` job state)."""
+    code = f", signal {state.signal}" if state.signal else (
+        f", exit code {state.exit_code}" if state.exit_code is not None else "")
+    record = base_record(config, launcher=launcher, slurm=dispatch.state_fields(state))
+    record.update(status=dispatch.failure_status(state.state),
+                  reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})")
+    return record
 
 
 def _run_batch(configs, launcher=None) -> list[dict] | None:

@@ -16,11 +16,105 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph import double_permute
+from plexus_tune.graph.structure import operand_structure
 from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, now_utc
 from plexus_tune.measure.timing import time_call
 from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 from plexus_tune.resources import check_memory
+
+
+#: Sparsity structures of the sweep (``calibrate spmm --sweep --structure``): uniform random
+#: positions; Zipf column popularity with lognormal row lengths; R-MAT-like positions.
+SWEEP_STRUCTURES = ("uniform", "zipf", "rmat", "mixed")
+#: Row-length spreads (lognormal sigma) of the ``zipf`` sweep.
+ROW_SIGMAS = (0.0, 0.5, 1.0, 1.5)
+#: Largest column-popularity exponent of the ``zipf`` sweep (drawn uniformly from 0 to it).
+MAX_ZIPF_S = 1.4
+
+
+def structure_dimensions(kind: str, rng: np.random.Generator) -> dict:
+    """The structure parameters of one sweep shape (docs/records.md, SpMM structure).
+
+    ``uniform``: none. ``zipf``: ``zipf_s`` ~ U(0, 1.4), the exponent of a power law over
+    the column ranks (columns placed at random), and ``row_sigma`` from
+    :data:`ROW_SIGMAS`, the sigma of lognormal row weights. ``rmat``: R-MAT quadrant
+    probabilities with a ~ U(0.25, 0.65), d = max(0.05, 0.25 - (a - 0.25) / 2),
+    b = c = (1 - a - d) / 2 (a = 0.25: uniform; 0.57: near Graph500). ``mixed``: one
+    of the three, equally likely.
+    """
+    if kind == "mixed":
+        kind = SWEEP_STRUCTURES[int(rng.integers(0, 3))]
+    if kind == "uniform":
+        return {"generator": "uniform"}
+    if kind == "zipf":
+        return {"generator": "zipf", "zipf_s": float(rng.uniform(0.0, MAX_ZIPF_S)),
+                "row_sigma": float(ROW_SIGMAS[int(rng.integers(0, len(ROW_SIGMAS)))])}
+    if kind == "rmat":
+        a = float(rng.uniform(0.25, 0.65))
+        d = max(0.05, 0.25 - (a - 0.25) / 2)
+        return {"generator": "rmat", "a": a, "b": (1 - a - d) / 2, "c": (1 - a - d) / 2, "d": d}
+    raise UserError(f"unknown sweep structure {kind!r}; choose one of {', '.join(SWEEP_STRUCTURES)}")
+
+
+def structured_positions(rows: int, common: int, nnz: int, dims: dict, rng: np.random.Generator):
+    """(row, column) ids of nnz nonzeros with the structure ``dims`` (:func:`structure_dimensions`).
+
+    zipf: column rank floor(x) - 1 with x a power law of exponent s on [1, common] (inverse
+    CDF), ranks mapped to random columns; rows drawn with lognormal weights of sigma
+    row_sigma (uniform for 0). rmat: one quadrant choice per bit of the next power of two
+    of each dimension, ids outside the shape redrawn, rows and columns relabelled at
+    random (as the trainer's permutation does). Repeated positions are kept (summed by CSR).
+    """
+    generator = dims.get("generator", "uniform")
+    if generator == "zipf":
+        u = rng.random(nnz)
+        s = dims["zipf_s"]
+        x = common ** u if abs(s - 1.0) < 1e-9 else ((float(common) ** (1 - s) - 1.0) * u + 1.0) ** (1.0 / (1 - s))
+        cols = rng.permutation(common)[np.clip(np.floor(x).astype(np.int64) - 1, 0, common - 1)]
+        if dims["row_sigma"] > 0:
+            w = np.exp(dims["row_sigma"] * rng.standard_normal(rows))
+            row_ids = np.repeat(np.arange(rows), rng.multinomial(nnz, w / w.sum()))
+            rng.shuffle(row_ids)
+        else:
+            row_ids = rng.integers(0, rows, nnz)
+        return row_ids.astype(np.int64), cols.astype(np.int64)
+    if generator == "rmat":
+        bits_r, bits_c = max(1, int(np.ceil(np.log2(rows)))), max(1, int(np.ceil(np.log2(common))))
+        probs = np.array([dims["a"], dims["b"], dims["c"], dims["d"]])
+        r_out, c_out, have = [], [], 0
+        while have < nnz:
+            want = int((nnz - have) * 1.3) + 16
+            r = np.zeros(want, dtype=np.int64)
+            c = np.zeros(want, dtype=np.int64)
+            for level in range(max(bits_r, bits_c)):
+                q = rng.choice(4, size=want, p=probs)
+                if level < bits_r:
+                    r = 2 * r + (q >= 2)
+                if level < bits_c:
+                    c = 2 * c + (q % 2)
+            ok = (r < rows) & (c < common)
+            r_out.append(r[ok])
+            c_out.append(c[ok])
+            have += int(ok.sum())
+        r, c = np.concatenate(r_out)[:nnz], np.concatenate(c_out)[:nnz]
+        return rng.permutation(rows)[r], rng.permutation(common)[c]
+    return rng.integers(0, rows, nnz).astype(np.int64), rng.integers(0, common, nnz).astype(np.int64)
+
+
+def structured_csr(rows: int, common: int, nnz: int, dims: dict, rng: np.random.Generator):
+    """(torch CSR float32 matrix, structure record) with the structure ``dims``; the record holds
+    ``dims`` and the statistics of the built matrix (:func:`plexus_tune.graph.structure.operand_structure`)."""
+    nnz = int(min(nnz, rows * common))
+    row_ids, cols = structured_positions(rows, common, nnz, dims, rng)
+    order = np.lexsort((cols, row_ids))
+    row_ids, cols = row_ids[order], cols[order]
+    row_counts = np.bincount(row_ids, minlength=rows)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(row_counts, out=indptr[1:])
+    vals = rng.random(nnz, dtype=np.float32)
+    structure = {**dims, **operand_structure(row_counts, np.bincount(cols, minlength=common))}
+    return _csr_tensor(indptr, cols, vals, (rows, common)), structure
 
 
 def random_csr(rows: int, common: int, nnz: int, rng: np.random.Generator):
@@ -59,9 +153,17 @@ def spmm_ms(A, B, **kw) -> float:
     return time_call(lambda: torch.sparse.mm(A, B), **kw)
 
 
-def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 65536), dense_cols=(1, 256), degree=(1.0, 64.0), max_nnz: int = 4_000_000):
-    """Random log-uniform shard shapes: rows, common, dense_cols (powers of two and odd), nnz = rows * degree."""
+def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 65536), dense_cols=(1, 256), degree=(1.0, 64.0), max_nnz: int = 4_000_000,
+                 structure: str = "uniform"):
+    """Random log-uniform shard shapes: rows, common, dense_cols (powers of two and odd), nnz = rows * degree.
+
+    ``structure`` other than uniform adds each shape's structure parameters under
+    ``"structure"`` (:func:`structure_dimensions`, drawn from a generator of its own so
+    that the shapes are those of the uniform sweep of the same seed).
+    """
     rng = np.random.default_rng(seed)
+    if structure not in SWEEP_STRUCTURES:
+        raise UserError(f"unknown sweep structure {structure!r}; choose one of {', '.join(SWEEP_STRUCTURES)}")
 
     def log_uniform(lo, hi, n):
         return np.exp(rng.uniform(np.log(lo), np.log(hi), n))
@@ -71,7 +173,12 @@ def sweep_shapes(count: int, *, seed: int = 0, rows=(256, 65536), common=(256, 6
     k = np.maximum(1, np.round(log_uniform(*dense_cols, count))).astype(np.int64)
     nnz = np.round(r * log_uniform(*degree, count)).astype(np.int64)
     nnz = np.minimum(np.minimum(nnz, max_nnz), r * c)
-    return [dict(nnz=int(a), rows=int(b), common=int(d), dense_cols=int(e)) for a, b, d, e in zip(nnz, r, c, k)]
+    shapes = [dict(nnz=int(a), rows=int(b), common=int(d), dense_cols=int(e)) for a, b, d, e in zip(nnz, r, c, k)]
+    if structure != "uniform":
+        dims_rng = np.random.default_rng([seed, 7])
+        for shape in shapes:
+            shape["structure"] = structure_dimensions(structure, dims_rng)
+    return shapes
 
 
 SWEEP_STATISTICS = ("min", "median")
@@ -106,6 +213,7 @@ def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
     passes = max(1, int(passes))
     samples = [[] for _ in shapes]
     nnz = [0] * len(shapes)
+    structures: list = [None] * len(shapes)
     keep = passes > 1 and sum(_shape_bytes(s) for s in shapes) <= cache_bytes
     cache: dict[int, tuple] = {}
     order_rng = np.random.default_rng([seed, len(shapes), passes])
@@ -114,7 +222,8 @@ def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
         if i in cache:
             return cache[i]
         shape = shapes[i]
-        A = random_csr(shape["rows"], shape["common"], shape["nnz"], np.random.default_rng([seed, i]))
+        A, structures[i] = structured_csr(shape["rows"], shape["common"], shape["nnz"],
+                                          shape.get("structure", {"generator": "uniform"}), np.random.default_rng([seed, i]))
         B = torch.rand(shape["common"], shape["dense_cols"], generator=torch.Generator().manual_seed(seed * 1_000_003 + i))
         if keep:
             cache[i] = (A, B)
@@ -148,6 +257,7 @@ def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
                 "passes": passes,
                 "repeats": repeats,
                 "kernel": "torch.sparse.mm(csr int32, dense)",
+                "structure": structures[i],
                 "measured_at": now_utc(),
             }
         )
@@ -239,8 +349,11 @@ def calibrate_graph_shards(
                 fwd = spmm_ms(_torch_csr(A), torch.rand(r_o, c_i), repeats=repeats, statistic="min")
                 bwd = spmm_ms(_torch_csr(At), torch.rand(r_d, c_i), repeats=repeats, statistic="min")
                 common = {**base, "statistic": "min over samples of >= 2 ms", "shard": [int(a), int(b)], "nnz_imbalance": imbalance, "source": "graph", "kernel": "torch.sparse.mm(csr int32, dense)"}
-                records.append({"schema": SPMM_SCHEMA, **common, "direction": "forward", "nnz": int(A.nnz), "rows": r_d, "common": r_o, "dense_cols": c_i, "time_ms": fwd})
-                records.append({"schema": SPMM_SCHEMA, **common, "direction": "backward", "nnz": int(A.nnz), "rows": r_o, "common": r_d, "dense_cols": c_i, "time_ms": bwd})
+                row_counts, col_counts = np.diff(A.indptr), np.bincount(A.indices, minlength=r_o)
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "forward", "nnz": int(A.nnz), "rows": r_d, "common": r_o, "dense_cols": c_i, "time_ms": fwd,
+                                "structure": operand_structure(row_counts, col_counts)})
+                records.append({"schema": SPMM_SCHEMA, **common, "direction": "backward", "nnz": int(A.nnz), "rows": r_o, "common": r_d, "dense_cols": c_i, "time_ms": bwd,
+                                "structure": operand_structure(col_counts, row_counts)})
             H, W, dQ = torch.rand(r_d, c_i), torch.rand(c_i, c_o), torch.rand(r_d, c_o)
             for name, fn, shape in (
                 ("forward H W", lambda: H @ W, (r_d, c_i, c_o)),

@@ -143,7 +143,7 @@ def _records(family, pred, precision, mode=None) -> list[dict]:
 
 def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, precisions=("fp32",),
                   graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None,
-                  optimizer: str | None = None) -> Ranking:
+                  optimizer: str | None = None, plexus_options=None) -> Ranking:
     """Every configuration of every family in ``algorithms`` at every precision, ranked.
 
     ``graph`` (a :class:`plexus_tune.graph.core.Graph` or its adjacency) supplies the
@@ -151,7 +151,9 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
     parts (``seed``) and the 2D/3D sparse pieces; without it those families use the
     documented estimates and their records say ``estimated``. ``replication`` keeps the
     1.5D configurations of that c (it must divide G, c c <= G), ``aggregation`` the
-    supergcn mode; ``optimizer`` the optimizer step of ``other_ms`` (default the machine's).
+    supergcn mode; ``optimizer`` the optimizer step of ``other_ms`` (default the machine's);
+    ``plexus_options`` the options of the plexus-3d model for the grids of
+    :func:`family_grids` (e.g. the graph's sparsity).
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     gpus = check_gpus(gpus)
@@ -196,6 +198,8 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=ALGORITHM_NAMES, p
                     records += _records(family, pred, precision, mode)
             else:
                 options = {"graph": pattern} if pattern is not None and family in ("cagnet-2d", "cagnet-3d") else None
+                if family == "plexus-3d":
+                    options = plexus_options
                 pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=family,
                                          optimizer=optimizer, options=options)
                 records += _records(family, pred, precision)
