@@ -105,7 +105,7 @@ def test_cli_sweep_appends_to_a_log_and_rejects_bad_input(tmp_path, capsys):
     records, problems = read_records(out)
     assert len(records) == 3 and problems == []
     assert main(["calibrate", "spmm", "--sweep", "--count", "0", "--out", str(out)]) == 2
-    assert "--count must be a positive integer" in capsys.readouterr().err
+    assert "--count: must be a whole number >= 1, got '0'" in capsys.readouterr().err
     assert main(["calibrate", "spmm", "--graph", "rmat:nodes=64,edges=256", "--out", str(out)]) == 2
     assert "needs --gpus" in capsys.readouterr().err
     assert main(["calibrate", "collectives", "--gpus", "1", "--out", str(out)]) == 2

@@ -1,5 +1,6 @@
 """``train``, ``measure`` and torchrun with ``--algorithm``: records, resumption and bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,15 @@ def test_measure_runs_a_family_and_resumes(tmp_path, capsys):
     assert main(argv) == 0  # all logged: nothing runs again
     assert "0 new run(s)" in capsys.readouterr().err
     assert len(read_records(log)[0]) == 3
+    # a partitioned run beside them: validate ranks every configuration of the (graph, G) together
+    assert main(["measure", "--synthetic", SPEC, "--gpus", "4", "--algorithm", "supergcn", "--aggregation", "pre",
+                 "--layers", "2", "--hidden", "5", "--epochs", "2", "--warmup", "1", "--trials", "1",
+                 "--log", str(log)]) == 0
+    capsys.readouterr()
+    report = tmp_path / "validation.json"
+    assert main(["validate", "--machine", "cpu-gloo-2core", "--runs", str(log), "--no-refit", "--json", str(report)]) == 0
+    groups = json.loads(report.read_text())["groups"]
+    assert [g["grids"] for g in groups] == [4]
 
 
 @pytest.mark.parametrize("args, needle", [

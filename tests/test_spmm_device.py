@@ -72,3 +72,12 @@ def test_device_csr_and_sweep():
     recs = device_spmm_sweep(shapes, torch.device("cpu"), min_samples=2, min_time_s=0.0)
     assert [(r["rows"], r["common"], r["dense_cols"]) for r in recs] == [(s["rows"], s["common"], s["dense_cols"]) for s in shapes]
     assert all(r["nnz"] <= s["nnz"] and r["time_ms"] > 0 for r, s in zip(recs, shapes))
+    assert all(len(r["structure"]["column_share"]) == 32 and r["structure"]["generator"] == "uniform" for r in recs)
+    # structured shapes: the host sweep's positions (same seed, same counts), built on the device
+    from plexus_tune.measure.spmm import structured_csr
+
+    shapes = sweep_shapes(3, rows=(64, 128), common=(64, 128), dense_cols=(1, 8), max_nnz=2000, structure="zipf", seed=2)
+    recs = device_spmm_sweep(shapes, torch.device("cpu"), seed=2, min_samples=2, min_time_s=0.0)
+    for i, (r, s) in enumerate(zip(recs, shapes)):
+        host, structure = structured_csr(s["rows"], s["common"], s["nnz"], s["structure"], np.random.default_rng([2, i]))
+        assert r["nnz"] == host.values().numel() and r["structure"] == structure

@@ -9,7 +9,9 @@ from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.model.comm_precision import check_backend, parse_precision
 from plexus_tune.model.precision_choice import parse_allowed
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, parse_count
+from plexus_tune.measure.bandwidth import bandwidth_benchmark
+from plexus_tune.measure.device import resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
@@ -125,8 +127,6 @@ def register(subparsers) -> None:
 
 def _device(name: str):
     """The torch device of --device; one line and exit 2 when it is not there."""
-    from plexus_tune.measure.device import resolve_device
-
     try:
         return resolve_device(name)
     except UserError as exc:
@@ -134,9 +134,6 @@ def _device(name: str):
 
 
 def run_bandwidth(args) -> int:
-    from plexus_tune.errors import parse_count
-    from plexus_tune.measure.bandwidth import bandwidth_benchmark
-
     sizes = [parse_count(v, "--sizes") for v in args.sizes.split(",") if v.strip()]
     if not sizes or min(sizes) < 1:
         raise UserError(f"--sizes: expected positive element counts such as 1M,64M, got {args.sizes!r}")
@@ -334,8 +331,6 @@ def run_spmm(args) -> int:
         hidden = _positive(args.hidden, "--hidden")
     if args.structure != "uniform" and not args.sweep:
         raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
-    if args.structure != "uniform" and args.device.strip().lower() != "cpu":
-        raise UserError("--structure is built on the CPU sweep; leave it out with --device cuda for now")
     if args.all_shards and args.device.strip().lower() != "cpu":
         raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
     check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])

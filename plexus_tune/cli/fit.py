@@ -10,6 +10,7 @@ from plexus_tune.cli.options import count, real
 from plexus_tune import fit as fitting
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import FIELDS
+from plexus_tune.model.other import check_optimizer
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
 
 #: flags of the arguments whose values the profile's provenance names
@@ -85,8 +86,6 @@ def run(args) -> int:
     if not args.machine_name.strip():
         raise UserError(f"--machine-name must name the profile, got {args.machine_name!r}")
     if args.optimizer is not None:
-        from plexus_tune.model.other import check_optimizer
-
         try:
             check_optimizer(args.optimizer)
         except UserError as exc:

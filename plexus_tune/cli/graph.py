@@ -12,16 +12,15 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph import (
     GENERATORS,
     PERMUTE_MODES,
-    balance_report,
     generate,
     load_graph,
     parse_blocks,
-    read_manifest,
     save_graph,
     synthetic,
     write_shards,
 )
 from plexus_tune.graph.atomic import check_output_path
+from plexus_tune.graph.stats import graph_statistics, shard_statistics
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import save_format_for
 
@@ -184,64 +183,13 @@ def run_convert(args) -> int:
     return 0
 
 
-def _graph_stats(graph, blocks, modes, seed) -> dict:
-    import numpy as np
-
-    degree = np.diff(graph.adjacency.indptr)
-    out = {
-        "name": graph.name,
-        "nodes": graph.num_nodes,
-        "edges": graph.num_edges,
-        "nnz": graph.nnz,
-        "nnz_normalized": graph.nnz + int(np.count_nonzero(graph.adjacency.diagonal() == 0)),
-        "features": graph.num_features,
-        "classes": graph.num_classes,
-        "symmetric": bool(graph.meta.get("symmetric", False)),
-        "degree_min": int(degree.min()) if degree.size else 0,
-        "degree_mean": float(degree.mean()) if degree.size else 0.0,
-        "degree_max": int(degree.max()) if degree.size else 0,
-        "isolated_nodes": int(np.count_nonzero(degree == 0)),
-        "blocks": list(blocks),
-        "balance": {},
-    }
-    for mode in modes:
-        report = balance_report(graph.adjacency, blocks, mode, seed)
-        out["balance"][mode] = {k: report[k] for k in ("max_over_mean", "max_nnz", "mean_nnz", "min_nnz", "block_nnz")}
-    return out
-
-
-def _shard_stats(path, blocks) -> dict:
-    import numpy as np
-
-    manifest = read_manifest(path)
-    fr, fc = manifest["blocks"]
-    rb, cb = blocks
-    if fr % rb or fc % cb:
-        raise UserError(f"block grid {rb}x{cb} does not divide the {fr}x{fc} shard files; "
-                        f"use sizes dividing {fr} and {fc}")
-    counts = np.asarray(manifest["block_nnz"], dtype=np.int64).reshape(rb, fr // rb, cb, fc // cb).sum(axis=(1, 3))
-    mean = counts.sum() / counts.size
-    return {
-        "name": manifest["name"],
-        "nodes": manifest["num_nodes"],
-        "nodes_padded": manifest["num_nodes_padded"],
-        "nnz_normalized": manifest["nnz"],
-        "file_blocks": [fr, fc],
-        "permutation": manifest["permutation"],
-        "blocks": [rb, cb],
-        "block_shape": [manifest["num_nodes_padded"] // rb, manifest["num_nodes_padded"] // cb],
-        "max_over_mean": float(counts.max() / mean) if mean else float("nan"),
-        "block_nnz": counts.tolist(),
-    }
-
-
 def run_stats(args) -> int:
     import json
     import os
 
     blocks = parse_blocks(args.blocks)
     if os.path.isdir(args.path) and os.path.isfile(os.path.join(args.path, "manifest.json")):
-        stats = _shard_stats(args.path, blocks)
+        stats = shard_statistics(args.path, blocks)
         if args.format == "json":
             print(json.dumps(stats, indent=1))
             return 0
@@ -250,7 +198,7 @@ def run_stats(args) -> int:
     graph = _open_graph(args.path, args)
     modes = PERMUTE_MODES if args.permute == "all" else (args.permute,)
     with _progress("balance report"):
-        stats = _graph_stats(graph, blocks, modes, args.seed)
+        stats = graph_statistics(graph, blocks, modes, args.seed)
     if args.format == "json":
         print(json.dumps(stats, indent=1))
         return 0

@@ -76,10 +76,7 @@ def run(args) -> int:
     graph = args.graph or args.synthetic
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
-    for flag, value in (("--gpus", args.gpus), ("--trials", args.trials), ("--epochs", args.epochs), ("--layers", args.layers), ("--hidden", args.hidden)):
-        if value < 1:
-            raise UserError(f"{flag} must be a positive integer, got {value}")
-    if not 0 <= args.warmup < args.epochs:
+    if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
     machine = None
     if args.machine:

@@ -57,17 +57,8 @@ def run(args) -> int:
 
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
-    if args.gpus < 1:
-        raise UserError(f"--gpus must be at least 1, got {args.gpus}")
-    if args.epochs < 1 or not 0 <= args.warmup < args.epochs:
-        raise UserError(f"need epochs >= 1 and 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
-    for flag_name, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--top", args.top)):
-        if value < 1:
-            raise UserError(f"{flag_name} must be at least 1, got {value}")
-    if args.block_rows is not None and args.block_rows < 1:
-        raise UserError(f"--block-rows must be at least 1, got {args.block_rows}")
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
+        raise UserError(f"need 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
     grid = None
     if args.grid:
         grid = tuple(int(v) for v in parse_grid(args.grid))

@@ -15,7 +15,7 @@ from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.model.precision_choice import accuracy_evidence, pick_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.paths import default_run_log
@@ -154,17 +154,11 @@ def run(args) -> int:
                 check_backend(args.backend, precision)
             except UserError as exc:
                 raise UserError(f"--comm-precision/--backend: {exc}") from None
-        if args.warm_start < 0:
-            raise UserError(f"--warm-start must be at least 0, got {args.warm_start}")
-        if args.timeout <= 0:
-            raise UserError(f"--timeout must be positive, got {args.timeout}")
         if not 0 <= args.warmup < args.epochs:
             raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
         args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     if not args.measured and (args.launcher or args.cluster or args.hosts):
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
-    if args.workers < 1:
-        raise UserError(f"--workers must be at least 1, got {args.workers}")
     launcher = launcher_from_args(args, space.gpus) if args.measured else None
     if args.workers > 1 and not submits(launcher):
         raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
@@ -181,7 +175,7 @@ def run(args) -> int:
     storage = None
     results = {}
     for precision in precisions:
-        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_grids, comm_precision=precision))
+        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_run_grids, comm_precision=precision))
         plan = None
         if not args.measured:
             plan = plan_search(space, model, budget)

@@ -38,7 +38,9 @@ from plexus_tune.measure.records import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models
-from plexus_tune.model.machine import Machine
+from plexus_tune.fit.bandwidth import epoch_latency_from_runs, fit_bandwidths, optimizer_gbps_from_runs
+from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.other import check_optimizer, trainer_optimizer
 
 # --------------------------------------------------------------------------- profiles
 
@@ -276,8 +278,6 @@ def fit_profile(
     if collectives_profile is not None:
         if collectives:
             raise UserError("give collective logs or a profile to copy the collectives from, not both")
-        from plexus_tune.model.machine import load_machine
-
         copied = load_machine(collectives_profile)
         coll_df = None
     else:
@@ -372,9 +372,6 @@ def fit_profile(
     env = environment_info()
     stamp = now_utc()
     backend = coll_df["backend"].iloc[0] if "backend" in coll_df and len(coll_df) else ("nccl" if copied is not None else "gloo")
-    from plexus_tune.fit.bandwidth import epoch_latency_from_runs, fit_bandwidths, optimizer_gbps_from_runs
-    from plexus_tune.model.other import check_optimizer, trainer_optimizer
-
     optimizer_given = optimizer is not None
     optimizer = check_optimizer(optimizer or trainer_optimizer("cpu" if cores else "cuda"))
     rates = fit_bandwidths(_bandwidth_records(bandwidth), optimizer) if bandwidth else {"samples": 0}

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.measure.device import time_on_device
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, TRAINER_PASSES
+from plexus_tune.model.spmm import spmm_traffic_bytes
 
 #: Parts of the floor report, in print order.
 FLOOR_PARTS = ("spmm", "gemm", "comm", "loss", "optimizer", "elementwise", "sync")
@@ -41,8 +43,6 @@ def measure_ceilings(device="cpu", *, copy_elements: int = 1 << 25, gemm_size: i
     matrix (GB/s, rows read + written, ``index_select``), minimum time over samples
     (:func:`plexus_tune.measure.device.time_on_device`)."""
     import torch
-
-    from plexus_tune.measure.device import time_on_device
 
     dev = torch.device(device)
     x = torch.rand(int(copy_elements), device=dev)
@@ -78,8 +78,6 @@ def floor_work(shapes, shard_nnz, *, classes_local: int, element_bytes: int = 4,
     ``shapes``: the rank's :class:`LayerShapes` on one grid (scalars), ``shard_nnz``: its
     nonzeros per layer, ``classes_local``: C, ``comm_bytes``: bytes per epoch it hands to
     the process groups, ``optimizer_passes``: accesses per parameter of the optimizer run."""
-    from plexus_tune.model.spmm import spmm_traffic_bytes
-
     u = float(element_bytes)
     spmm = gemm_bytes = gemm_flops = elementwise = 0.0
     last = len(shapes) - 1

@@ -842,10 +842,13 @@ def predict_runs(table, machine):
     groups: dict = {}
     for index, row in df.iterrows():
         workload, grid, settings = prediction_inputs(row)
-        groups.setdefault((workload, tuple(sorted(settings.items()))), []).append((index, grid))
+        # a family's own options (a dict) as sorted pairs, so that the settings form a key
+        key = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v) for k, v in settings.items()))
+        groups.setdefault((workload, key), []).append((index, grid))
     values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
     for (workload, settings), members in groups.items():
-        pred = predict_run_grids(workload, machine, [grid for _, grid in members], **dict(settings))
+        settings = {k: dict(v) if k == "options" else v for k, v in settings}
+        pred = predict_run_grids(workload, machine, [grid for _, grid in members], **settings)
         for j, (index, _) in enumerate(members):
             one = prediction_of(pred, j, machine=machine.name, algorithm=dict(settings)["algorithm"])
             for key in PREDICTED_KEYS:

@@ -18,7 +18,10 @@ import warnings
 
 import numpy as np
 
+from plexus_tune.graph.permute import grid_parts, permutations_for
+from plexus_tune.graph.structure import operand_structure
 from plexus_tune.measure.device import device_info, statistic_text, time_on_device
+from plexus_tune.measure.spmm import structured_positions
 from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, environment_info, now_utc
 from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.shapes import layer_shapes
@@ -56,17 +59,34 @@ def _kernel(info) -> str:
 
 def device_spmm_sweep(shapes, device, *, seed: int = 0, min_samples: int = 10, min_time_s: float = 0.2,
                       progress=None) -> list[dict]:
-    """Time torch.sparse.mm on random CSR matrices of ``shapes`` built on ``device``; spmm records."""
+    """Time torch.sparse.mm on random CSR matrices of ``shapes`` built on ``device``; spmm records.
+
+    A shape with ``structure`` parameters (:func:`plexus_tune.measure.spmm.sweep_shapes`)
+    gets the positions of :func:`plexus_tune.measure.spmm.structured_positions` (drawn on the
+    host, repeated positions kept as the host sweep keeps them); the rest are uniform.
+    """
     import torch
 
     info = _info(device)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     records = []
-    for shape in shapes:
-        A = random_csr_on(device, shape["rows"], shape["common"], shape["nnz"], gen)
+    for i, shape in enumerate(shapes):
+        dims = shape.get("structure") or {"generator": "uniform"}
+        if dims.get("generator", "uniform") == "uniform":
+            A = random_csr_on(device, shape["rows"], shape["common"], shape["nnz"], gen)
+        else:  # positions drawn as the host sweep draws them (same seed, same matrix), sorted and built on the device
+            nnz = int(min(shape["nnz"], shape["rows"] * shape["common"]))
+            r, c = structured_positions(shape["rows"], shape["common"], nnz, dims, np.random.default_rng([seed, i]))
+            r, c = torch.from_numpy(r).to(device), torch.from_numpy(c).to(device)
+            order = torch.argsort(r * shape["common"] + c)
+            A = _csr(torch, r[order], c[order], torch.rand(nnz, device=device, generator=gen), (shape["rows"], shape["common"]))
+            del r, c, order
         B = torch.rand(shape["common"], shape["dense_cols"], device=device, generator=gen)
         t_min, t_med, n = time_on_device(lambda: torch.sparse.mm(A, B), device, min_samples=min_samples, min_time_s=min_time_s)
-        records.append({"schema": SPMM_SCHEMA, "source": "sweep", "statistic": statistic_text(device, n),
+        crow = A.crow_indices().to(torch.int64)
+        structure = {**dims, **operand_structure((crow[1:] - crow[:-1]).cpu().numpy(),
+                                                 torch.bincount(A.col_indices().to(torch.int64), minlength=shape["common"]).cpu().numpy())}
+        records.append({"schema": SPMM_SCHEMA, "source": "sweep", "statistic": statistic_text(device, n), "structure": structure,
                         "nnz": int(A.values().numel()), "rows": shape["rows"], "common": shape["common"],
                         "dense_cols": shape["dense_cols"], "time_ms": t_min, "time_min_ms": t_min, "time_median_ms": t_med,
                         "repeats": n, "passes": 1, "threads": torch.get_num_threads(), "kernel": _kernel(info),
@@ -77,15 +97,12 @@ def device_spmm_sweep(shapes, device, *, seed: int = 0, min_samples: int = 10, m
     return records
 
 
-def _structure(torch, rows_idx, cols_idx, rows: int, cols: int) -> dict:
-    """Row-length CV, share of nonzeros in the top 1 % of columns, fraction of columns touched."""
-    nnz = max(int(rows_idx.numel()), 1)
-    lengths = torch.bincount(rows_idx, minlength=rows).double()
-    counts = torch.bincount(cols_idx, minlength=cols).double()
-    top = max(1, cols // 100)
-    return {"row_length_cv": float(lengths.std(unbiased=False) / lengths.mean().clamp(min=1e-12)),
-            "top1pct_column_share": float(torch.topk(counts, top).values.sum() / nnz),
-            "touched_column_fraction": float((counts > 0).double().mean())}
+def _structures(torch, rows_idx, cols_idx, rows: int, cols: int) -> tuple[dict, dict]:
+    """The operand structure (:func:`plexus_tune.graph.structure.operand_structure`) of a shard
+    and of its transpose, from row and column counts taken on the device."""
+    row_counts = torch.bincount(rows_idx, minlength=rows).cpu().numpy()
+    col_counts = torch.bincount(cols_idx, minlength=cols).cpu().numpy()
+    return operand_structure(row_counts, col_counts), operand_structure(col_counts, row_counts)
 
 
 def layout_on(matrix, device):
@@ -161,8 +178,6 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
     """
     import torch
 
-    from plexus_tune.graph.permute import grid_parts, permutations_for
-
     grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     parts = sorted({p for grid in grids for p in grid_parts(grid)})
     n = adjacency.shape[0]
@@ -186,16 +201,17 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
                 fwd = time_on_device(lambda: torch.sparse.mm(A, F), device, **timing)
                 bwd = time_on_device(lambda: torch.sparse.mm(At, dH), device, **timing)
                 imbalance = float(counts.max()) / max(float(counts.double().mean()), 1e-12)
-                shard_cache[key] = (int(rr.numel()), [a, b], imbalance, fwd, bwd, _structure(torch, rr, cc, r_d, r_o))
+                shard_cache[key] = (int(rr.numel()), [a, b], imbalance, fwd, bwd, _structures(torch, rr, cc, r_d, r_o))
                 del A, At, F, dH, rr, cc
-            nnz, shard, imbalance, fwd, bwd, structure = shard_cache[key]
+            nnz, shard, imbalance, fwd, bwd, (structure, structure_t) = shard_cache[key]
             base = {"graph": graph_name, "graph_nodes": n, "grid": format_grid(grid), "gx": grid[0], "gy": grid[1], "gz": grid[2],
                     "gpus": int(gpus), "layer": s.layer, "threads": torch.get_num_threads(), "measured_at": stamp,
                     "machine_info": info}
             common = {**base, "source": "graph", "kernel": _kernel(info), "shard": shard, "nnz_imbalance": imbalance,
-                      "permute": permute, "structure": structure}
-            for direction, (t_min, t_med, k), dims in (("forward", fwd, (r_d, r_o)), ("backward", bwd, (r_o, r_d))):
-                records.append({"schema": SPMM_SCHEMA, **common, "direction": direction, "nnz": nnz, "rows": dims[0],
+                      "permute": permute}
+            for direction, (t_min, t_med, k), dims, st in (("forward", fwd, (r_d, r_o), structure),
+                                                           ("backward", bwd, (r_o, r_d), structure_t)):
+                records.append({"schema": SPMM_SCHEMA, **common, "structure": st, "direction": direction, "nnz": nnz, "rows": dims[0],
                                 "common": dims[1], "dense_cols": c_i, "time_ms": t_min, "time_min_ms": t_min,
                                 "time_median_ms": t_med, "repeats": k, "statistic": statistic_text(device, k)})
             gkey = (r_d, c_i, c_o)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import numpy as np
 from plexus_tune.errors import UserError
-from plexus_tune.model.costs import predict_grids
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.search.space import Config, SearchSpace, divisors, objective_value
 
@@ -45,9 +45,9 @@ class Evaluation:
 
 
 class ModelEvaluator:
-    """Predict configurations with the cost model (``plexus_tune.model.costs.predict_grids``).
+    """Predict configurations with the cost model (:func:`plexus_tune.model.prediction.predict_run_grids`).
 
-    ``predict`` defaults to ``predict_grids``; pass another function with its signature to
+    ``predict`` defaults to ``predict_run_grids`` (FP32, the Plexus 3D grid); pass another function with its signature to
     search a different model.
     """
 
@@ -55,7 +55,7 @@ class ModelEvaluator:
 
     def __init__(self, workload, machine, predict: Callable | None = None):
         if predict is None:
-            predict = predict_grids
+            predict = predict_run_grids
         self.workload = workload
         self.machine = machine
         self._predict = predict

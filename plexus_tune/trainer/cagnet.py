@@ -25,23 +25,17 @@ dH by SUMMA with A_hat^T. The loss is sharded over class columns (as the 3D trai
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from plexus_tune.model.shapes import csr_index_dtype
+from plexus_tune.model.shapes import ceil_div, csr_index_dtype
+from plexus_tune.model.volumes import stage_chunks, summa_sizes
 from plexus_tune.trainer.engine import csr_bytes, take_block, take_dense, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
 from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
 from plexus_tune.trainer.layout import Block, block
 
 X_AXIS, Y_AXIS, Z_AXIS = 0, 1, 2
-
-
-def stage_chunk(j: int, rows: int, replication: int) -> range:
-    """Block rows whose broadcasts process column j of a 1.5D grid owns: [floor(j R / c), floor((j+1) R / c))."""
-    return range(j * rows // replication, (j + 1) * rows // replication)
 
 
 # ------------------------------------------------------------------------------ 1.5D
@@ -92,14 +86,14 @@ class Cagnet15dTrainer(FamilyTrainer):
             raise ValueError(f"1.5D grid {r}x{c} needs R c = G and c c <= G, G = {world_size}")
         self.i, self.j = divmod(rank, c)
         n = data.nodes
-        b = -(-n // r)
+        b = ceil_div(n, r)
         self.comm = comm or ExchangeComm((r, c, 1), rank, self.timer, precision=config.comm_precision,
                                          seed=config.seed, dtype=self.dtype, device=self.device)
         adj = data.pg.adjacency
         adj_t = adj.T.tocsr()
         rows = block(self.i, b, n)
         pieces, nnz = [], 0
-        for k in stage_chunk(self.j, r, c):
+        for k in stage_chunks(r, c)[self.j]:
             cols = block(k, b, n)
             a_ik = take_block(adj, rows, cols)
             at_ik = take_block(adj_t, rows, cols)
@@ -133,13 +127,6 @@ class Cagnet15dTrainer(FamilyTrainer):
 
 
 # ------------------------------------------------------------------------------ 2D
-def summa_sizes(n: int, pr: int, pc: int) -> tuple[int, int, int]:
-    """(q, N', N'/q) of a Pr x Pc SUMMA grid: q = lcm(Pr, Pc) stages, N' = q ceil(N / q)."""
-    q = pr * pc // math.gcd(pr, pc)
-    piece = -(-n // q)
-    return q, q * piece, piece
-
-
 class Cagnet2dLayer(torch.autograd.Function):
     """Z_ij = (A_hat H)_i W_j + b_j on a Pr x Pc grid (module docstring)."""
 
@@ -211,8 +198,8 @@ class Cagnet2dTrainer(FamilyTrainer):
             raise ValueError(f"2D grid {pr}x{pc} needs {pr * pc} ranks, world size is {world_size}")
         self.i, self.j = divmod(rank, pc)
         n = data.nodes
-        q, n_pad, piece = summa_sizes(n, pr, pc)
-        row_block, col_block = n_pad // pr, n_pad // pc
+        sizes = summa_sizes(n, pr, pc)
+        q, n_pad, piece, row_block = sizes["q"], sizes["n_pad"], sizes["piece"], sizes["rb"]
         self.comm = comm or ExchangeComm((pr, pc, 1), rank, self.timer, precision=config.comm_precision,
                                          seed=config.seed, dtype=self.dtype, device=self.device)
         adj = data.pg.adjacency
@@ -234,7 +221,7 @@ class Cagnet2dTrainer(FamilyTrainer):
         index_dtype = torch.int32 if csr_index_dtype(nnz_max, row_block, piece) == np.int32 else torch.int64
         local_nnz = sum(piece_nnz["fwd"][s] for s in a_pieces)
         widths = self.widths
-        blocks = [-(-w // pc) for w in widths]
+        blocks = [ceil_div(w, pc) for w in widths]
         params_w, params_b = [], []
         for layer, w in enumerate(self.weights):
             shard = FamilyShard(layer, self.comm, self.timer)
