@@ -746,6 +746,8 @@ def complete_tree(nodes, depth: int, learning_rate: float) -> tuple[list, list, 
 
 # --------------------------------------------------------------------------- structure-boosted
 
+#: Gradient boosting of ``structure-boosted``: as :data:`BOOSTING` with trees of depth 4.
+STRUCTURE_BOOSTING = {**BOOSTING, "max_depth": 4}
 #: Cache sizes (bytes) the ``structure-boosted`` kind chooses from (by its base's fit error).
 CACHE_BYTES_CANDIDATES = tuple(2**20 * m for m in (8, 16, 32, 64, 128))
 #: Granule of a gathered dense row: rows are read in 32-byte sectors.
@@ -784,14 +786,14 @@ def structure_features(nnz, rows, common, dense_cols, structure=None, *, cache_b
                        bytes_per_element: float = 4) -> tuple[np.ndarray, np.ndarray]:
     """(base terms (n, 14), tree variables (n, 8)) of the ``structure-boosted`` kind.
 
-    With s the element size, a gathered dense row takes g = 32 ceil(s k / 32) bytes; a
-    cache of ``cache_bytes`` holds C = cache / g rows, and h = share_at(column_share, C)
-    is the share of the nonzeros whose column is among the C most popular (those hit in
-    cache once loaded; docs/model.md, "Sparsity structure"). With T = touched fraction x
-    common the touched columns, the base terms are 1, nnz, rows, nnz g (1 - h),
-    nnz g h, s rows k and T g, repeated for k = 1 and k > 1 (the k = 1 copy is zero for
-    k > 1 and conversely). Tree variables: :data:`STRUCTURE_TREE_FEATURES` (miss share
-    1 - h, footprint T g).
+    With s the element size, a gathered dense row moves g = 32 ceil(s k / 32) bytes; a
+    cache of ``cache_bytes`` holds C = cache / (s k) dense rows, and
+    h = share_at(column_share, C) is the share of the nonzeros whose column is among the
+    C most popular (hit in cache once loaded; docs/model.md, "Sparsity structure"). With
+    T = touched fraction x common the touched columns, the base terms are 1, nnz, rows,
+    nnz g (1 - h), nnz g h, s rows k and T g, repeated for k = 1 and k > 1 (the k = 1
+    copy is zero for k > 1 and conversely). Tree variables:
+    :data:`STRUCTURE_TREE_FEATURES` (miss share 1 - h, footprint T s k / cache).
     """
     from plexus_tune.model.sparsity import share_at
 
@@ -801,14 +803,14 @@ def structure_features(nnz, rows, common, dense_cols, structure=None, *, cache_b
     n, r, c, kk = (a.reshape(-1) for a in (nnz, rows, common, k))
     s = float(bytes_per_element)
     granule = SECTOR_BYTES * np.ceil(s * kk / SECTOR_BYTES)
-    hit = share_at(cols["column_share"], cache_bytes / granule)
+    hit = share_at(cols["column_share"], cache_bytes / (s * kk))
     touched = cols["touched_column_fraction"] * c
     terms = np.stack([np.ones_like(n), n, r, n * granule * (1.0 - hit), n * granule * hit, s * r * kk,
                       touched * granule], axis=-1)
     one = (kk == 1)[:, None]
     terms = np.concatenate([terms * one, terms * ~one], axis=-1)
     z = np.stack([np.log(kk), np.log((n + 1) / r), np.log((n + 1) / c),
-                  np.log(np.maximum(touched, 1.0) * granule / cache_bytes), np.log1p(n), 1.0 - hit,
+                  np.log(np.maximum(touched, 1.0) * s * kk / cache_bytes), np.log1p(n), 1.0 - hit,
                   np.log1p(cols["row_length_cv"]), cols["touched_column_fraction"]], axis=-1)
     return terms.reshape(shape + terms.shape[-1:]), z.reshape(shape + z.shape[-1:])
 
@@ -833,7 +835,7 @@ class StructureBoosted(SpmmKind):
     uses_structure = True
 
     def __init__(self, boosting: Mapping | None = None, bytes_per_element: float = 4):
-        self.boosting = dict(BOOSTING if boosting is None else boosting)
+        self.boosting = dict(STRUCTURE_BOOSTING if boosting is None else boosting)
         self.bytes_per_element = bytes_per_element
         self.coefficients = self.cache_bytes = None
         self.z_min = self.z_max = None
