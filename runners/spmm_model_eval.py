@@ -83,14 +83,18 @@ def _concat(*frames):
     return pd.concat(frames, ignore_index=True)
 
 
-def fitted(kind: str, df):
+def fitted(kind: str, df, *, blind: bool = False):
+    """The kind fitted on df; ``blind``: every operand taken as uniformly random (the structure ablated)."""
     cls = SPMM_MODELS[kind]
-    return fit_kind(cls, _spmm_shapes(df), np.asarray(df["time_ms"], float), spmm_structure(df) if cls.uses_structure else None)
+    structure = spmm_structure(df) if cls.uses_structure and not blind else None
+    model = fit_kind(cls, _spmm_shapes(df), np.asarray(df["time_ms"], float), structure)
+    model.blind = blind
+    return model
 
 
 def predicted(model, df):
     if model.uses_structure:
-        return model.predict(*_spmm_shapes(df), spmm_structure(df))
+        return model.predict(*_spmm_shapes(df), None if getattr(model, "blind", False) else spmm_structure(df))
     return model.predict(*_spmm_shapes(df))
 
 
@@ -115,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parent.parent / "measurements" / "h100-2026-11-25")
     ap.add_argument("--kind", default="structure-boosted", choices=sorted(k for k, c in SPMM_MODELS.items() if c.fittable))
     ap.add_argument("--baseline", default="learned-boosted", help="the kind compared beside it (default learned-boosted)")
+    ap.add_argument("--ablate", action="store_true", help="also score the kind with every operand taken as uniformly "
+                    "random (its structure inputs ablated)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     data = Data(args.data)
@@ -128,12 +134,14 @@ def main(argv=None) -> int:
               f"both sweeps: by nnz {row[2]:5.1f} %, by dense columns {row[3]:5.1f} %", flush=True)
     profile_fit = _concat(data.sweep, data.structured, data.rmat)
     held_out = {"skewed R-MAT (a=.65 b=c=.15)": data.skewed, "uniform R-MAT (a=b=c=d=.25)": data.uniform}
-    for kind in kinds:
-        model = fitted(kind, profile_fit)
+    variants = [(kind, False) for kind in kinds] + ([(args.kind, True)] if args.ablate and SPMM_MODELS[args.kind].uses_structure else [])
+    for kind, blind in variants:
+        model = fitted(kind, profile_fit, blind=blind)
+        kind = kind + (" (structure ablated)" if blind else "")
         ratio, measured = v_over_u(model, data.rmat)
         print(f"2. {kind}: V/U predicted {ratio:.2f}x, measured {measured:.2f}x ({(ratio / measured - 1) * 100:+.1f} %; "
               f"within 25 %: {'yes' if abs(ratio / measured - 1) <= 0.25 else 'NO'})")
-        sweeps_only = fitted(kind, both)
+        sweeps_only = fitted(model.name, both, blind=blind)
         ratio_s, _ = v_over_u(sweeps_only, data.rmat)
         print(f"   fitted on the sweeps alone: V/U {ratio_s:.2f}x")
         print(f"3. {kind}, fitted on the sweeps and the Graph500 R-MAT shards; held out:")

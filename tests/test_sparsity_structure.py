@@ -145,3 +145,41 @@ def test_structure_boosted_rejects_bad_profiles():
         spmm_model_from_dict({**data, "cache_bytes": 0})
     with pytest.raises(UserError, match="z_min"):
         spmm_model_from_dict({**data, "z_min": [0.0]})
+
+
+def test_fit_reads_structure_from_records(tmp_path):
+    import json
+
+    from plexus_tune.fit.spmm import fit_spmm, spmm_structure
+    from plexus_tune.fit.tables import load_table
+
+    shapes, structure, y = _synthetic_timings(160, seed=4)
+    path = tmp_path / "spmm.jsonl"
+    with open(path, "w") as fh:
+        for i in range(len(y)):
+            rec = {"schema": "plexus-tune/spmm-v2", "source": "sweep", "nnz": int(shapes[0][i]), "rows": int(shapes[1][i]),
+                   "common": int(shapes[2][i]), "dense_cols": int(shapes[3][i]), "time_ms": float(y[i])}
+            if i % 2:  # every other record carries its structure; the rest are uniform random
+                rec["structure"] = {"row_length_cv": float(structure["row_length_cv"][i]),
+                                    "top1pct_column_share": 0.1, "touched_column_fraction": 0.5,
+                                    "column_share": structure["column_share"][i].tolist()}
+            fh.write(json.dumps(rec) + "\n")
+    df = load_table(path, schema="spmm")
+    arrays = spmm_structure(df)
+    assert np.allclose(arrays["column_share"][1], structure["column_share"][1])
+    uniform = uniform_structure(shapes[0][0], shapes[1][0], shapes[2][0])
+    assert np.allclose(arrays["column_share"][0], uniform["column_share"])
+    assert arrays["row_length_cv"][0] == pytest.approx(uniform["row_length_cv"])
+    fitted = fit_spmm(df, "structure-boosted", n_splits=0)
+    assert fitted.model.name == "structure-boosted"
+    assert np.allclose(fitted.predict(df), fitted.model.predict(*shapes, arrays))
+    # a structure without its curve is refused for this kind, and auto leaves the kind out
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[1])
+    del bad["structure"]["column_share"]
+    lines[1] = json.dumps(bad)
+    path.write_text("\n".join(lines) + "\n")
+    df = load_table(path, schema="spmm")
+    with pytest.raises(UserError, match="line 2: its structure has no 'column_share'"):
+        fit_spmm(df, "structure-boosted", n_splits=0)
+    assert fit_spmm(df, "auto", n_splits=2, kinds=["roofline", "structure-boosted"]).kind == "roofline"

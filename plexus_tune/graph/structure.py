@@ -141,6 +141,36 @@ class PermutedPattern:
         counts += np.bincount(loops, minlength=row_blocks * col_blocks).reshape(row_blocks, col_blocks)
         return counts
 
+    def block_counts_many(self, row_block_counts, col_blocks: int) -> dict:
+        """:meth:`block_counts` for several row splits of one column split, in one pass over the entries.
+
+        The rows are cut at every boundary ``r ceil(N / R)`` of every R; each segment's
+        column-block counts are summed once, and each split's blocks are differences of
+        their running sums.
+        """
+        n = self.nodes
+        bc = -(-n // col_blocks)
+        cb = self._blocks_of_columns(col_blocks)
+        splits = sorted({int(R) for R in row_block_counts})
+        cuts = sorted({min(r * -(-n // R), n) for R in splits for r in range(R + 1)} | {0, n})
+        position = {cut: i for i, cut in enumerate(cuts)}
+        running = np.zeros((len(cuts), col_blocks), dtype=np.int64)
+        for i in range(len(cuts) - 1):
+            lo, hi = self.indptr[cuts[i]], self.indptr[cuts[i + 1]]
+            segment = np.bincount(cb[lo:hi], minlength=col_blocks)[:col_blocks] if hi > lo else 0
+            running[i + 1] = running[i] + segment
+        loops_rows = np.searchsorted(np.asarray(cuts), self.loop_rows, side="right") - 1
+        loop_counts = np.zeros((len(cuts), col_blocks), dtype=np.int64)
+        np.add.at(loop_counts, (loops_rows + 1, self.loop_cols // bc), 1)
+        running += np.cumsum(loop_counts, axis=0)
+        out = {}
+        for R in splits:
+            br = -(-n // R)
+            starts = [position[min(r * br, n)] for r in range(R)]
+            stops = [position[min((r + 1) * br, n)] for r in range(R)]
+            out[R] = running[stops] - running[starts]
+        return out
+
     def block_vectors(self, row_blocks: int, col_blocks: int, r: int, c: int) -> tuple[np.ndarray, np.ndarray]:
         """(row lengths, column counts) of block (r, c), with its padded sizes ceil(N / g)."""
         n = self.nodes
@@ -157,14 +187,15 @@ class PermutedPattern:
         return np.bincount(row_ids, minlength=br)[:br], np.bincount(col_ids, minlength=bc)[:bc]
 
 
-def split_structure(pattern: PermutedPattern, row_blocks: int, col_blocks: int) -> dict:
+def split_structure(pattern: PermutedPattern, row_blocks: int, col_blocks: int, counts=None) -> dict:
     """The largest block of a row_blocks x col_blocks split of ``pattern``.
 
     ``{"nnz_max", "nnz_mean", "block": (r, c), "forward": structure, "transpose":
     structure}``: ``forward`` describes the block as a ``ceil(N/R) x ceil(N/C)``
-    operand, ``transpose`` its transpose (:func:`plexus_tune.model.sparsity.operand_structure`).
+    operand, ``transpose`` its transpose (:func:`operand_structure`). ``counts``: the
+    split's block counts when already known.
     """
-    counts = pattern.block_counts(row_blocks, col_blocks)
+    counts = pattern.block_counts(row_blocks, col_blocks) if counts is None else counts
     r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
     row_counts, col_counts = pattern.block_vectors(row_blocks, col_blocks, int(r), int(c))
     return {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (int(r), int(c)),

@@ -223,13 +223,19 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
         done: dict = {}
-        # splits of one column count share its column blocks: count them together
-        for key, (which, R, C, transposed) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[1][2], kv[1][1])):
-            if (which, R, C) not in done:
-                t0 = time.perf_counter()
-                done[(which, R, C)] = split_structure(pattern if which == "pattern" else alternate, R, C)
-                if progress is not None:
-                    progress(R, C, time.perf_counter() - t0)
+        # the splits of one column count are counted together, in one pass
+        by_columns: dict = {}
+        for which, R, C, _ in splits.values():
+            by_columns.setdefault((which, C), set()).add(R)
+        for (which, C), row_counts in sorted(by_columns.items()):
+            t0 = time.perf_counter()
+            source = pattern if which == "pattern" else alternate
+            counts = source.block_counts_many(row_counts, C)
+            for R in sorted(row_counts):
+                done[(which, R, C)] = split_structure(source, R, C, counts[R])
+            if progress is not None:
+                progress(sorted(row_counts), C, time.perf_counter() - t0)
+        for key, (which, R, C, transposed) in splits.items():
             e = done[(which, R, C)]
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
                             "forward": e["transpose"] if transposed else e["forward"],

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import AGGREGATION_MODES, check_aggregation
+from plexus_tune.model.prediction import DEFAULT_ALGORITHM
 from plexus_tune.model.volumes import check_replication
 
-DEFAULT_ALGORITHM = "plexus-3d"
 #: Families with a trainer, in the planner's names.
 TRAINED_ALGORITHMS = ("plexus-3d", "cagnet-1d", "cagnet-1.5d", "cagnet-2d", "supergcn")
 DEFAULT_AGGREGATION = "hybrid"
@@ -25,7 +25,7 @@ def check_algorithm(name) -> str:
     """The canonical name of a trained algorithm family, else UserError."""
     text = str(name if name is not None else DEFAULT_ALGORITHM).strip().lower()
     if text == "cagnet-3d":
-        raise UserError("cagnet-3d has a cost model ('plexus-tune predict --algorithm cagnet-3d') but no trainer; "
+        raise UserError("cagnet-3d has a cost model (the planner predicts it) but no trainer; "
                         f"the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
     if text not in TRAINED_ALGORITHMS:
         raise UserError(f"unknown algorithm {str(name).strip()!r}; the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
