@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plexus_tune.cli import main
-from plexus_tune.measure.records import run_identity
+from plexus_tune.measure.identity import run_identity
 from plexus_tune.measure.store import read_records
 
 SPEC = "rmat:nodes=61,edges=300,features=6,classes=3,seed=2"
