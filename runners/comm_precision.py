@@ -70,7 +70,7 @@ def measure(args) -> int:
 
     from plexus_tune.launch.launchers import make_launcher
     from plexus_tune.measure.campaign import config_identity, launcher_options
-    from plexus_tune.measure.records import run_identity
+    from plexus_tune.measure.identity import run_identity
     from plexus_tune.measure.store import read_records
     from plexus_tune.model.grid import enumerate_grids, parse_grid
     from plexus_tune.trainer import TrainConfig
@@ -131,7 +131,7 @@ def report(args) -> int:
     from plexus_tune.fit.profile import load_tables
     from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates
     from plexus_tune.measure.store import read_records
-    from plexus_tune.measure.records import predict_record
+    from plexus_tune.measure.identity import predict_record
     from plexus_tune.model.machine import load_machine
 
     out = Path(args.out)

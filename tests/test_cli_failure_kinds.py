@@ -250,6 +250,7 @@ def test_refused_in_a_fresh_process_and_nothing_outlives_it(sandbox, kind, argv,
 @pytest.mark.parametrize("signum, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
                                          (signal.SIGTERM, 143),
                                          pytest.param(signal.SIGKILL, -9, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_stopped_train_leaves_no_process(sandbox, signum, code):
     """Ctrl-C, SIGTERM and SIGKILL in the middle of training: the ranks and the fork server end too."""
     d, work, root = sandbox

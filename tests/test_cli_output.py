@@ -101,6 +101,7 @@ def test_spmm_sweep_prints_progress_lines_off_a_terminal(run_cli, tmp_path):
     assert "calibrate spmm: SpMM sweep of 4 shapes: 4/4 done" in err
 
 
+@pytest.mark.slow
 def test_train_prints_a_line_per_epoch_on_stderr(tmp_path):
     # a process of its own: the ranks' stderr is that of the process that starts them
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

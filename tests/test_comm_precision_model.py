@@ -200,6 +200,7 @@ def test_fit_call_ms_recovers_the_per_call_time_pairing_within_one_run():
     assert fit_call_ms(fp32, machine, quant) == ({"int2": quant["int2"]}, {})
 
 
+@pytest.mark.slow
 def test_calibrate_collectives_times_the_reduced_precision_scheme(tmp_path):
     from plexus_tune.model.comm_precision import wire_bytes
     from plexus_tune.measure.store import read_records

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plexus_tune.cli import main
-from plexus_tune.measure.records import run_identity
+from plexus_tune.measure.identity import run_identity
 from plexus_tune.measure.store import read_records
 
 SPEC = "rmat:nodes=61,edges=300,features=6,classes=3,seed=2"
@@ -96,6 +96,7 @@ def test_shard_directory_is_refused_for_a_family(tmp_path, capsys):
     assert "shard files" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_torchrun_runs_a_family(tmp_path):
     """runners/torchrun_train.sh with --algorithm: two torchrun ranks of the partitioned trainer."""
     from plexus_tune.launch import free_port

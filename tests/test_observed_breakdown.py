@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.table import runs_table
 from plexus_tune.trainer.comm import PARTITION_KEYS
 from plexus_tune.measure.training import partition_epoch, summarize_timers
 

@@ -14,7 +14,8 @@ import pytest
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
 from plexus_tune.model.comm_precision import COMM_PRECISIONS
-from plexus_tune.measure.records import predict_record, runs_table
+from plexus_tune.measure.identity import predict_record
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
 from plexus_tune.model.machine import load_machine

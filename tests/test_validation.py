@@ -12,10 +12,10 @@ from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.spmm import predict_spmm_ms
 from plexus_tune.measure.store import append_records
-from plexus_tune.measure.records import predict_runs
+from plexus_tune.measure.table import predict_runs
 from plexus_tune.report.metrics import regret, spearman
 from plexus_tune.report.validation import leave_one_group_out
-from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.table import runs_table
 from plexus_tune.model.workload import Workload
 
 PROFILE = {

@@ -24,7 +24,8 @@ from plexus_tune.measure.campaign import (
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.records import run_setting, runs_table
+from plexus_tune.measure.identity import run_setting
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of

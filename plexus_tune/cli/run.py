@@ -9,7 +9,8 @@ from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, next_trial
-from plexus_tune.measure.records import predict_record, run_identity, runs_table
+from plexus_tune.measure.identity import predict_record, run_identity
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import append_records, read_runs
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.prediction import predict_run_grids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plexus_tune.cli.output import check_output_file, make_console
 from plexus_tune.report.validation import leave_one_group_out
-from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.machine import load_machine
 from plexus_tune.paths import json_with_keys, make_parent

@@ -34,7 +34,7 @@ from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, mape_per
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
-from plexus_tune.measure.records import predict_runs, runs_table
+from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import scale_collectives
 from plexus_tune.model import spmm as spmm_models

@@ -9,11 +9,11 @@ given, and ``trial``.
 Trials are interleaved: every grid's trial 0 runs (in a random order) before any
 grid's trial 1, each trial in a fresh order, so that a slow spell of the host lands on
 one trial of several grids rather than on every trial of one grid (compare the median
-over trials; :func:`plexus_tune.measure.records.runs_table`).
+over trials; :func:`plexus_tune.measure.table.runs_table`).
 
 Campaigns are resumable: a (run identity, trial) already in the log is skipped (failed
 runs too, unless ``retry_failed``; everything with ``redo``). The identity is
-:func:`plexus_tune.measure.records.run_identity` (docs/records.md).
+:func:`plexus_tune.measure.identity.run_identity` (docs/records.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.records import RunIdentity, predict_record, prediction_settings, run_identity
+from plexus_tune.measure.identity import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import parse_grid
@@ -109,7 +109,7 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
                  replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :func:`~plexus_tune.measure.records.prediction_settings`) or a list ``2x2x2,1x4x2``.
+    runs' :func:`~plexus_tune.measure.identity.prediction_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
     every configuration of the family on ``gpus`` ranks (:func:`plexus_tune.model.planner.family_grids`);
@@ -168,7 +168,7 @@ def config_identity(config) -> RunIdentity:
 
 
 def config_settings(config) -> dict:
-    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.records.prediction_settings`)."""
+    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.identity.prediction_settings`)."""
     return prediction_settings({"identity": config_identity(config)})
 
 

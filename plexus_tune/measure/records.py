@@ -14,28 +14,18 @@ machine nodes a group spans, now ``nodes_spanned``. :func:`upgrade` maps an olde
 record to the current version (and fills the defaults of fields added since), so v1
 logs load everywhere.
 
-Run identity (:func:`run_identity`): the fields :data:`IDENTITY_FIELDS` of a run that
-change its measured time; trials of one identity are repeated measurements of one
-thing. :func:`runs_table` reduces run records to one row per identity: the median over
-the successful trials of every observed time (``obs_<key>``), the logged predictions
-(``pred_<key>``), the trial count and spread; failed trials are counted, never pooled.
+The identity of a run and its prediction are :mod:`plexus_tune.measure.identity`'s, the
+runs table :mod:`plexus_tune.measure.table`'s (their names import from here too).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from collections import namedtuple
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.breakdown import BREAKDOWN_KEYS
-from plexus_tune.model.machine import load_machine
-from plexus_tune.model.prediction import DEFAULT_ALGORITHM, predict_run, predict_run_grids, prediction_of
-from plexus_tune.model.workload import Workload, model_widths
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -503,363 +493,32 @@ def table_row(record: Mapping) -> dict:
     return row
 
 
-# --------------------------------------------------------------------------- run identity
-
-
-@dataclass(frozen=True)
-class IdentityField:
-    """One part of a run's identity: its name, where it sits in a record, its default."""
-
-    name: str
-    path: tuple[str, ...]
-    default: Any
-    kind: type
-
-
-#: What makes two runs the same measurement (trial aside): every option that changes
-#: the measured time. A missing field takes its default (the meaning it had before the
-#: field existed); a new option joins the identity by a new entry here.
-IDENTITY_FIELDS: tuple[IdentityField, ...] = (
-    IdentityField("graph", ("graph_source",), "", str),
-    IdentityField("gx", ("gx",), 0, int),
-    IdentityField("gy", ("gy",), 0, int),
-    IdentityField("gz", ("gz",), 0, int),
-    IdentityField("layers", ("layers",), 0, int),
-    IdentityField("hidden", ("hidden",), 0, int),
-    IdentityField("permute", ("options", "permute"), "double", str),
-    IdentityField("block_rows", ("options", "block_rows"), 0, int),
-    IdentityField("overlap", ("options", "overlap"), False, bool),
-    IdentityField("dtype", ("options", "dtype"), "float32", str),
-    IdentityField("threads_per_rank", ("options", "threads_per_rank"), 0, int),
-    IdentityField("backend", ("backend",), "gloo", str),
-    IdentityField("epochs", ("epochs",), 0, int),
-    IdentityField("warmup", ("warmup",), 0, int),
-    IdentityField("launcher", ("launcher",), "local", str),
-    IdentityField("cluster", ("cluster",), "", str),
-    IdentityField("machine", ("machine",), "", str),
-    IdentityField("comm_precision", ("comm_precision",), "fp32", str),
-    IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
-    IdentityField("algorithm", ("algorithm",), "plexus-3d", str),
-    IdentityField("replication", ("options", "replication"), 0, int),
-    IdentityField("aggregation", ("options", "aggregation"), "", str),
+# The identity of a run and the runs table have their own modules; their names stay importable from here.
+from plexus_tune.measure.identity import (  # noqa: E402,F401
+    CONFIGURATION_FIELDS,
+    GRID_FIELDS,
+    IDENTITY_FIELDS,
+    IDENTITY_NAMES,
+    SETTING_NAMES,
+    IdentityField,
+    RunIdentity,
+    grid_label,
+    predict_record,
+    prediction_inputs,
+    prediction_settings,
+    run_identity,
+    run_setting,
+    run_widths,
+    run_workload,
+    setting_labels,
 )
-IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
-GRID_FIELDS = ("gx", "gy", "gz")
-#: The identity without the configuration: the settings a choice of algorithm and grid is made under.
-#: The configuration chosen among the ways to run a setting: the algorithm family, its
-#: process grid and its own options (cagnet-1.5d's c, supergcn's aggregation).
-CONFIGURATION_FIELDS = ("algorithm", *GRID_FIELDS, "replication", "aggregation")
-SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in CONFIGURATION_FIELDS)
-RunIdentity = namedtuple("RunIdentity", IDENTITY_NAMES)
-
-
-def _lookup(record: Mapping, path: tuple[str, ...]):
-    value = record
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def _identity_value(spec: IdentityField, value):
-    if value is None:
-        return spec.default
-    if spec.name == "cluster":
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
-    if spec.kind is bool:
-        return bool(value)
-    if spec.kind is int:
-        return int(value)
-    return str(value)
-
-
-def run_identity(record: Mapping) -> RunIdentity:
-    """The identity of a run record (any version, or the fields of a run not yet made).
-
-    ``graph`` is the graph's source (file path or synthetic spec; the name when the
-    source is missing); the widths are fixed by the graph (features, classes) and
-    ``layers``, ``hidden`` (``model.workload.model_widths``); ``block_rows`` and
-    ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
-    one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
-    """
-    rec = upgrade(record, kind="run")
-    values = [_identity_value(spec, _lookup(rec, spec.path)) for spec in IDENTITY_FIELDS]
-    ident = RunIdentity(*values)
-    if not ident.graph and rec.get("graph"):
-        ident = ident._replace(graph=str(rec["graph"]))
-    if ident.gx == 0 and isinstance(rec.get("grid"), str) and rec["grid"].count("x") == 2:
-        try:
-            gx, gy, gz = (int(v) for v in rec["grid"].split("x"))
-        except ValueError:
-            pass
-        else:
-            ident = ident._replace(gx=gx, gy=gy, gz=gz)
-    return ident
-
-
-def prediction_settings(record: Mapping) -> dict:
-    """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
-    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options`` where the
-    family has its own: supergcn's ``aggregation``).
-
-    ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
-    """
-    ident = record.get("identity")
-    if not isinstance(ident, RunIdentity):
-        ident = run_identity(record)
-    settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
-                "comm_precision": ident.comm_precision,
-                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
-    if getattr(ident, "aggregation", ""):  # the family's own setting (supergcn)
-        settings["options"] = {"aggregation": ident.aggregation}
-    return settings
-
-
-def run_workload(record: Mapping) -> Workload:
-    """The workload a run trained: N, NNZ, widths and element size as logged (run record or runs-table row)."""
-    rec = record if isinstance(record.get("identity"), RunIdentity) else upgrade(record, kind="run")
-    widths = _widths(rec)
-    missing = [k for k in ("graph_nodes", "nnz") if rec.get(k) is None] + (["widths"] if widths is None else [])
-    if missing:
-        raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure, run or train)?")
-    elem = rec.get("bytes_per_element")
-    if elem is None:
-        dtype = rec.get("dtype") or (rec.get("options") or {}).get("dtype") or "float32"
-        elem = DTYPE_BYTES.get(dtype, 4)
-    return Workload(name=str(rec.get("graph_name") or rec.get("graph") or "graph"), nodes=int(rec["graph_nodes"]),
-                    nnz=int(rec["nnz"]), widths=tuple(widths), bytes_per_element=int(elem))
-
-
-def prediction_inputs(record: Mapping, *, workload: Workload | None = None) -> tuple[Workload, tuple, dict]:
-    """(workload, grid, settings) that predict a run (record, runs-table row or the fields of a run not yet made).
-
-    The workload is ``workload`` (else :func:`run_workload`) with the element size of the
-    identity's dtype; the grid and :func:`prediction_settings` come from the identity.
-    """
-    ident = record.get("identity")
-    if not isinstance(ident, RunIdentity):
-        ident = run_identity(record)
-    workload = workload if workload is not None else run_workload(record)
-    workload = replace(workload, bytes_per_element=DTYPE_BYTES.get(ident.dtype, 4))
-    return workload, (ident.gx, ident.gy, ident.gz), prediction_settings({"identity": ident, "algorithm": record.get("algorithm")})
-
-
-def predict_record(record: Mapping, machine, *, workload: Workload | None = None) -> dict:
-    """The prediction of a run at every setting of its identity (:func:`prediction_inputs`).
-
-    :func:`plexus_tune.model.prediction.predict_run`, so a logged prediction is what
-    ``plexus-tune predict`` gives for the same settings.
-    """
-    workload, grid, settings = prediction_inputs(record, workload=workload)
-    return predict_run(workload, machine, grid, **settings)
-
-
-def run_setting(identity: RunIdentity) -> tuple:
-    """The identity without the configuration (:data:`SETTING_NAMES`)."""
-    return tuple(getattr(identity, n) for n in SETTING_NAMES)
-
-
-def grid_label(identity) -> str:
-    return f"{identity.gx}x{identity.gy}x{identity.gz}"
-
-
-def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:
-    """Per row, ``name=value`` of the setting columns whose values differ between rows ("" if none do)."""
-    varying = [c for c in columns if c in frame and c not in skip and frame[c].astype(str).nunique() > 1]
-    return [", ".join(f"{c}={row[c]}" for c in varying) for _, row in frame[varying].iterrows()] if varying else [""] * len(frame)
-
-
-# --------------------------------------------------------------------------- runs table
-
-#: Observed timing keys of a run record, each reduced to ``obs_<key>``.
-OBSERVED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "fwd_ms", "bwd_ms", "loss_ms", "optimizer_ms", "wait_ms")
-#: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
-#: a phase a newer trainer adds appears as its own column.
-PARTITION_COLUMNS_PREFIX = "obs_part_"
-#: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
-PREDICTED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "overhead_ms")
-#: Graph statistics of the runs (as logged), not part of the identity.
-GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "widths")
-#: Run record fields the runs table needs from a successful run.
-REQUIRED_FIELDS = ("graph_nodes", "nnz", "gx", "gy", "gz", "epoch_ms")
-
-
-def check_run_times(record: Mapping) -> None:
-    """UserError unless a successful run's epoch_ms is finite and > 0 and its other times finite and >= 0.
-
-    The message names the run by grid, graph and timestamp.
-    """
-    for key in OBSERVED_KEYS:
-        value = record.get(key)
-        if value is None and key != "epoch_ms":
-            continue
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        if not math.isfinite(number) or number < 0 or (key == "epoch_ms" and number == 0):
-            where = f"run {record.get('gx')}x{record.get('gy')}x{record.get('gz')} of {record.get('graph_source') or record.get('graph', 'graph')}"
-            stamp = f" at {record['timestamp']}" if record.get("timestamp") else ""
-            need = "a finite time > 0" if key == "epoch_ms" else "a finite time >= 0"
-            raise UserError(f"{where}{stamp}: {key} = {value!r} is not {need}; fix or remove that record "
-                            "(a run that did not finish needs status 'failed')")
-
-
-def _widths(rec: Mapping):
-    if rec.get("widths") is not None:
-        return tuple(int(w) for w in rec["widths"])
-    needed = (rec.get("features"), rec.get("classes"), rec.get("layers"), rec.get("hidden"))
-    if any(v is None for v in needed):
-        return None
-
-    return tuple(model_widths(*needed))
-
-
-def _number(value) -> float:
-    try:
-        return float(value) if value is not None else math.nan
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
-    """One row per run identity (and graph as measured): medians over the successful trials.
-
-    Columns (docs/records.md, "Runs table"): the identity (:data:`IDENTITY_NAMES` and
-    ``identity``, the :class:`RunIdentity`), ``grid``, ``gpus``, ``bytes_per_element``,
-    the graph (:data:`GRAPH_COLUMNS`); ``trials`` (successful), ``failed`` (failed
-    trials of the identity) and ``last_failure``; ``obs_<key>`` for
-    :data:`OBSERVED_KEYS` (median over the successful trials), ``obs_epoch_ms_std``
-    (population std), ``obs_epoch_ms_min``, ``obs_epoch_ms_max``; ``pred_<key>`` for
-    :data:`PREDICTED_KEYS` from the logged predictions (median), ``pred_feasible``,
-    ``pred_machine``; ``timestamp`` of the latest successful trial.
-
-    Records of other types are ignored. A successful run with a NaN, infinite or
-    negative time (or a zero epoch) raises UserError naming it. Identities whose every
-    trial failed are left out unless ``include_failed`` (then ``trials`` is 0 and the
-    observed columns NaN).
-    """
-    import pandas as pd
-
-    rows: list[dict] = []
-    failures: dict[RunIdentity, list[dict]] = {}
-    for record in records:
-        kind = record_type(record)
-        if kind is not None and kind != "run":
-            continue
-        rec = upgrade(record, kind="run")
-        ident = run_identity(rec)
-        if rec.get("status", "ok") != "ok" or rec.get("epoch_ms") is None:
-            failures.setdefault(ident, []).append(rec)
-            continue
-        missing = [k for k in REQUIRED_FIELDS if rec.get(k) is None]
-        widths = _widths(rec)
-        if missing or widths is None:
-            name = missing[0] if missing else "widths"
-            raise UserError(f"run record lacks {name!r}; is this a trainer run log (plexus-tune measure, run or train)?")
-        check_run_times(rec)
-        predicted = rec.get("predicted") if isinstance(rec.get("predicted"), Mapping) else {}
-        row = dict(ident._asdict())
-        row.update({
-            "identity": ident,
-            "graph_name": str(rec.get("graph") or ident.graph),
-            "graph_nodes": int(rec["graph_nodes"]),
-            "nnz": int(rec["nnz"]),
-            "features": int(rec["features"]) if rec.get("features") is not None else int(widths[0]),
-            "classes": int(rec["classes"]) if rec.get("classes") is not None else int(widths[-1]),
-            "widths": widths,
-            "timestamp": str(rec.get("timestamp") or ""),
-        })
-        for key in OBSERVED_KEYS:
-            row[f"obs_{key}"] = _number(rec.get(key))
-        if isinstance(rec.get("breakdown_ms"), Mapping):
-            for key, value in rec["breakdown_ms"].items():
-                row[f"{PARTITION_COLUMNS_PREFIX}{key}"] = _number(value)
-        for key in PREDICTED_KEYS:
-            row[f"pred_{key}"] = _number(predicted.get("total_ms" if key == "epoch_ms" else key))
-        row["pred_feasible"] = bool(predicted.get("feasible", True))
-        row["pred_machine"] = str(predicted.get("machine") or "")
-        rows.append(row)
-
-    keys = ["identity", *GRAPH_COLUMNS]
-    obs = [f"obs_{k}" for k in OBSERVED_KEYS]
-    pred = [f"pred_{k}" for k in PREDICTED_KEYS]
-    out_rows = []
-    parts = list(dict.fromkeys(k for row in rows for k in row if k.startswith(PARTITION_COLUMNS_PREFIX)))
-    obs += parts
-    if rows:
-        trials = pd.DataFrame(rows)
-        for _, group in trials.groupby(keys, sort=False, dropna=False):
-            first = group.iloc[0]
-            out = {n: first[n] for n in IDENTITY_NAMES}
-            out.update({k: first[k] for k in keys})
-            out.update(group[obs + pred].median(skipna=True).to_dict())
-            epoch = group["obs_epoch_ms"].to_numpy(dtype=float)
-            out.update(obs_epoch_ms_std=float(epoch.std()), obs_epoch_ms_min=float(epoch.min()),
-                       obs_epoch_ms_max=float(epoch.max()), trials=len(group),
-                       pred_feasible=bool(group["pred_feasible"].all()), pred_machine=str(group["pred_machine"].iloc[-1]),
-                       timestamp=str(group["timestamp"].max()))
-            out_rows.append(out)
-    seen = {r["identity"] for r in out_rows}
-    for r in out_rows:
-        fails = failures.get(r["identity"], [])
-        r["failed"] = len(fails)
-        r["last_failure"] = _failure_text(fails[-1]) if fails else ""
-    if include_failed:
-        for ident, fails in failures.items():
-            if ident in seen:
-                continue
-            r = {**ident._asdict(), "identity": ident, "graph_name": str(fails[-1].get("graph") or ident.graph),
-                 "trials": 0, "failed": len(fails), "last_failure": _failure_text(fails[-1]),
-                 "timestamp": "", "pred_feasible": True, "pred_machine": ""}
-            out_rows.append(r)
-    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "trials", "failed",
-               "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
-               "pred_feasible", "pred_machine", "timestamp"]
-    table = pd.DataFrame(out_rows, columns=columns)
-    if len(table):
-        table["grid"] = [grid_label(i) for i in table["identity"]]
-        table["gpus"] = (table["gx"] * table["gy"] * table["gz"]).astype(int)
-        table["bytes_per_element"] = [DTYPE_BYTES.get(d, 4) for d in table["dtype"]]
-        table["trials"] = table["trials"].astype(int)
-        table["failed"] = table["failed"].astype(int)
-    table.attrs["failed_trials"] = sum(len(f) for f in failures.values())
-    return table
-
-
-def predict_runs(table, machine):
-    """The runs table (successful runs) with ``machine``'s predictions instead of the logged ones.
-
-    Every row is predicted at every setting of its identity (:func:`prediction_inputs`;
-    rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
-    ``pred_feasible``, ``pred_machine``. The values equal :func:`predict_record` of each row.
-    """
-    if table is None or len(table) == 0 or "trials" not in table or not (table["trials"] > 0).any():
-        raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
-    machine = load_machine(machine)
-    df = table[table["trials"] > 0].copy()
-    groups: dict = {}
-    for index, row in df.iterrows():
-        workload, grid, settings = prediction_inputs(row)
-        # a family's own options (a dict) as sorted pairs, so that the settings form a key
-        key = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v) for k, v in settings.items()))
-        groups.setdefault((workload, key), []).append((index, grid))
-    values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
-    for (workload, settings), members in groups.items():
-        settings = {k: dict(v) if k == "options" else v for k, v in settings}
-        pred = predict_run_grids(workload, machine, [grid for _, grid in members], **settings)
-        for j, (index, _) in enumerate(members):
-            one = prediction_of(pred, j, machine=machine.name, algorithm=dict(settings)["algorithm"])
-            for key in PREDICTED_KEYS:
-                values[key][index] = one["total_ms" if key == "epoch_ms" else key]
-            values["feasible"][index] = one["feasible"]
-    for key in PREDICTED_KEYS:
-        df[f"pred_{key}"] = df.index.map(values[key]).astype(float)
-    df["pred_feasible"] = df.index.map(values["feasible"]).astype(bool)
-    df["pred_machine"] = machine.name
-    return df
-
-
-def _failure_text(record: Mapping) -> str:
-    return f"{record.get('status', 'failed')}: {record.get('reason', '')}"[:200]
+from plexus_tune.measure.table import (  # noqa: E402,F401
+    GRAPH_COLUMNS,
+    OBSERVED_KEYS,
+    PARTITION_COLUMNS_PREFIX,
+    PREDICTED_KEYS,
+    REQUIRED_FIELDS,
+    check_run_times,
+    predict_runs,
+    runs_table,
+)

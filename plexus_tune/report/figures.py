@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.measure.records import predict_runs, runs_table, setting_labels
+from plexus_tune.measure.identity import setting_labels
+from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.prediction import predict_run_grids

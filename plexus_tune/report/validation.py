@@ -1,6 +1,6 @@
 """Validate a machine profile on logged trainer runs: is the recommended grid the right one?
 
-Runs are reduced to the runs table (:func:`plexus_tune.measure.records.runs_table`: one
+Runs are reduced to the runs table (:func:`plexus_tune.measure.table.runs_table`: one
 row per run identity, the median over its successful trials; failed runs left out) and
 grouped into grid choice problems: one per setting (the run identity without the grid)
 and G. For every problem held out in turn, the epoch-level coefficients (scale factors
@@ -24,7 +24,8 @@ import numpy as np
 from plexus_tune.fit.epoch import EPOCH_COMPONENTS, epoch_parameters, fit_epoch
 from plexus_tune.fit.scoring import min_rows
 from plexus_tune.report.metrics import group_scores
-from plexus_tune.measure.records import SETTING_NAMES, predict_runs, setting_labels
+from plexus_tune.measure.identity import SETTING_NAMES, setting_labels
+from plexus_tune.measure.table import predict_runs
 
 COMPONENTS = EPOCH_COMPONENTS
 
@@ -43,7 +44,7 @@ def problem_keys(df) -> list[str]:
 def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     """Per grid choice problem (setting and G) held out: Spearman, regret and MAPE; and their means.
 
-    ``df`` is the runs table (:func:`plexus_tune.measure.records.runs_table`). Returns
+    ``df`` is the runs table (:func:`plexus_tune.measure.table.runs_table`). Returns
     ``{"groups": [...], "mean": {...}, "runs": [...]}``; each group names its ``graph``,
     ``gpus`` and ``setting`` (the other setting fields that differ between groups, "" if
     none do); each run its grid, ``model_ms`` (the profile's prediction at the run's

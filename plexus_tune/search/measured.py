@@ -10,7 +10,7 @@ from plexus_tune.measure.campaign import (
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.records import runs_table
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
