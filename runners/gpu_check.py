@@ -97,7 +97,6 @@ def _predict_run(run: dict, machine, optimizer: str | None = None) -> dict:
 def from_data(directory: Path, profile: str) -> list[dict]:
     """The profile against a measured directory's 1x1x1 runs and shards."""
     from plexus_tune.model.machine import load_machine
-    from plexus_tune.model.spmm import predict_spmm_ms
 
     machine = load_machine(profile)
     rows: list[dict] = []
@@ -114,21 +113,42 @@ def from_data(directory: Path, profile: str) -> list[dict]:
         pred = _predict_run(run, machine)
         ratio = run["peak_memory_bytes"] / pred["memory_bytes"]
         _row(rows, f"memory {run['graph']}", ratio, "peak / predicted in [0.85, 1]", TARGETS["memory_low"] <= ratio <= 1.0)
-    shards = [r for r in _records(directory / "rmat-spmm-shards.jsonl", "spmm")] if (directory / "rmat-spmm-shards.jsonl").exists() else []
-    u = next((r for r in shards if r["grid"] == "1x1x64" and r["layer"] == 0 and r["direction"] == "backward"), None)
-    v = next((r for r in shards if r["grid"] == "1x1x64" and r["dense_cols"] == 2 and r["direction"] == "forward"), None)
-    if u and v:
-        measured = v["time_ms"] / u["time_ms"]
-        predicted = float(predict_spmm_ms(machine.spmm, v["nnz"], v["rows"], v["common"], v["dense_cols"])) / float(
-            predict_spmm_ms(machine.spmm, u["nnz"], u["rows"], u["common"], u["dense_cols"]))
-        _row(rows, "V/U SpMM shape ratio", predicted, f"within 25 % of the measured {measured:.2f}",
-             abs(predicted / measured - 1) <= TARGETS["vu_error"], f"{predicted / measured - 1:+.1%}")
+    shard_path = _with_structure(directory / "rmat-spmm-shards.jsonl")
+    if shard_path.exists():
+        frame, predicted_ms = _shard_predictions(shard_path, machine)
+        on_64 = frame["grid"] == "1x1x64"
+        u = frame.index[on_64 & (frame["layer"] == 0) & (frame["direction"] == "backward")]
+        v = frame.index[on_64 & (frame["dense_cols"] == 2) & (frame["direction"] == "forward")]
+        if len(u) and len(v):
+            measured = frame.loc[v[0], "time_ms"] / frame.loc[u[0], "time_ms"]
+            predicted = predicted_ms[v[0]] / predicted_ms[u[0]]
+            _row(rows, "V/U SpMM shape ratio", predicted, f"within 25 % of the measured {measured:.2f}",
+                 abs(predicted / measured - 1) <= TARGETS["vu_error"], f"{predicted / measured - 1:+.1%}")
     fitted_on = {Path(i.get("path", "")).name for i in (machine.raw.get("fit") or {}).get("inputs", {}).get("spmm", [])}
     for path in sorted(directory.glob("rmat-*spmm-shards.jsonl")):
         if path.name in fitted_on:
             continue
-        _shard_rows(rows, path, machine)
+        _shard_rows(rows, _with_structure(path), machine)
     return rows
+
+
+def _with_structure(path: Path) -> Path:
+    """The copy of a shard log whose records carry their operands' structure (``structure/``), if there is one."""
+    annotated = path.parent / "structure" / path.name
+    return annotated if annotated.exists() else path
+
+
+def _shard_predictions(path: Path, machine):
+    """(the SpMM records of a log as a table, the profile's time of each), each with its operand's structure."""
+    import numpy as np
+
+    from plexus_tune.fit.spmm import spmm_structure
+    from plexus_tune.fit.tables import load_table
+    from plexus_tune.model.spmm import predict_spmm_ms
+
+    frame = load_table(path, schema="spmm").reset_index(drop=True)
+    shapes = [np.asarray(frame[c], dtype=np.float64) for c in ("nnz", "rows", "common", "dense_cols")]
+    return frame, np.asarray(predict_spmm_ms(machine.spmm, *shapes, spmm_structure(frame)), dtype=np.float64)
 
 
 def _shard_rows(rows: list, path: Path, machine) -> None:
@@ -136,14 +156,13 @@ def _shard_rows(rows: list, path: Path, machine) -> None:
     import numpy as np
 
     from plexus_tune.report.metrics import spearman
-    from plexus_tune.model.spmm import predict_spmm_ms
 
+    frame, predicted_ms = _shard_predictions(path, machine)
     grids: dict = {}
-    for r in _records(path, "spmm"):
-        t = float(predict_spmm_ms(machine.spmm, r["nnz"], r["rows"], r["common"], r["dense_cols"]))
-        entry = grids.setdefault((r["gpus"], r["grid"]), [0.0, 0.0])
-        entry[0] += r["time_ms"]
-        entry[1] += t
+    for i in range(len(frame)):
+        entry = grids.setdefault((int(frame["gpus"].iloc[i]), str(frame["grid"].iloc[i])), [0.0, 0.0])
+        entry[0] += float(frame["time_ms"].iloc[i])
+        entry[1] += float(predicted_ms[i])
     for gpus in sorted({g for g, _ in grids}):
         obs = np.array([v[0] for (g, _), v in grids.items() if g == gpus])
         pred = np.array([v[1] for (g, _), v in grids.items() if g == gpus])
