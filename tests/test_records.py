@@ -13,6 +13,8 @@ from plexus_tune.errors import UserError
 from plexus_tune.fit import fit_collectives, load_table
 from plexus_tune.report.validation import leave_one_group_out
 from plexus_tune.measure import records as R
+from plexus_tune.measure.identity import IDENTITY_NAMES, run_identity, run_setting
+from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.campaign import campaign_config, config_identity
 from plexus_tune.measure.store import append_records, read_records, read_runs
 from plexus_tune.measure.training import base_record
@@ -85,7 +87,7 @@ def test_writers_cannot_log_a_v1_name_under_a_v2_schema(tmp_path):
     append_records(log, [_v1_run()])  # an old record keeps its old schema and loads as v2
     (rec,), _ = read_records(log)
     assert rec["schema"] == "plexus-tune/run-v1"
-    assert R.runs_table([rec])["graph_nodes"].tolist() == [100]
+    assert runs_table([rec])["graph_nodes"].tolist() == [100]
 
 
 def test_every_schema_field_is_documented():
@@ -94,7 +96,7 @@ def test_every_schema_field_is_documented():
         for f in fields(cls):
             if f.name != "extra":
                 assert re.search(rf"^\| `{f.name}` \|", doc, re.M), f"{cls.__name__}.{f.name} is not in docs/records.md"
-    for name in R.IDENTITY_NAMES:
+    for name in IDENTITY_NAMES:
         assert f"`{name}`" in doc
 
 
@@ -103,7 +105,7 @@ def test_every_schema_field_is_documented():
 
 def test_identity_separates_everything_that_changes_the_time():
     base = R.upgrade(_v1_run())
-    ident = R.run_identity(base)
+    ident = run_identity(base)
     changes = {
         "permutation": {"options": {**base["options"], "permute": "none"}},
         "overlap": {"options": {**base["options"], "block_rows": 64, "overlap": True}},
@@ -123,32 +125,32 @@ def test_identity_separates_everything_that_changes_the_time():
     }
     seen = {ident}
     for what, change in changes.items():
-        other = R.run_identity({**base, **change})
+        other = run_identity({**base, **change})
         assert other != ident, what
         seen.add(other)
     assert len(seen) == len(changes) + 1
     # what does not change the work: trial, time of day, seed, learning rate, provenance, hosts
     same = {**base, "trial": 4, "timestamp": "2030-01-01", "options": {**base["options"], "seed": 9, "lr": 0.5},
             "environment": {"host": "x"}, "hosts": ["a", "b"], "rank_nodes": [0, 1]}
-    assert R.run_identity(same) == ident
+    assert run_identity(same) == ident
     # the v1 record and its upgrade are one identity; missing new fields take their defaults
-    assert R.run_identity(_v1_run()) == ident
-    assert R.run_identity({**base, "comm_precision": "fp32", "launcher": "local", "cluster": None}) == ident
+    assert run_identity(_v1_run()) == ident
+    assert run_identity({**base, "comm_precision": "fp32", "launcher": "local", "cluster": None}) == ident
     # a cluster is the same cluster whatever the order of its keys
     a = {"kind": "emulated", "nodes": 2, "ranks_per_node": 1}
     b = dict(reversed(list(a.items())))
-    assert R.run_identity({**base, "cluster": a}) == R.run_identity({**base, "cluster": b})
+    assert run_identity({**base, "cluster": a}) == run_identity({**base, "cluster": b})
     # block_rows None and 0 are one thing; the grid string stands in for missing gx, gy, gz
-    assert R.run_identity({**base, "options": {**base["options"], "block_rows": 0}}) == ident
-    assert R.run_identity({k: v for k, v in base.items() if k not in ("gx", "gy", "gz")}) == ident
-    assert R.run_setting(R.run_identity({**base, "gx": 1, "gy": 2})) == R.run_setting(ident)
+    assert run_identity({**base, "options": {**base["options"], "block_rows": 0}}) == ident
+    assert run_identity({k: v for k, v in base.items() if k not in ("gx", "gy", "gz")}) == ident
+    assert run_setting(run_identity({**base, "gx": 1, "gy": 2})) == run_setting(ident)
 
 
 def test_the_identity_a_campaign_probes_is_the_identity_its_record_gets():
     config = campaign_config(SPEC, (2, 1, 1), layers=2, hidden=8, epochs=3, warmup=1,
                              options={"permute": "single", "block_rows": 32, "backend": "gloo"})
     ident = config_identity(config)
-    assert ident == R.run_identity(base_record(config))
+    assert ident == run_identity(base_record(config))
     assert (ident.permute, ident.block_rows, ident.layers, ident.hidden, ident.graph) == ("single", 32, 2, 8, f"synthetic:{SPEC}")
 
 
@@ -160,7 +162,7 @@ def test_runs_table_never_pools_different_permutations_and_counts_failures():
     none = [_v1_run(epoch_ms=t, trial=i, options={"permute": "none"}) for i, t in enumerate((30.0, 31.0))]
     failed = _v1_run(status="oom", reason="out of memory", epoch_ms=None, trial=2, options={"permute": "none"})
     only_failed = _v1_run(status="timeout", reason="slow", epoch_ms=None, gx=1, gy=2, grid="1x2x1")
-    table = R.runs_table(double + none + [failed, only_failed])
+    table = runs_table(double + none + [failed, only_failed])
     assert len(table) == 2 and table.attrs["failed_trials"] == 2
     d = table[table["permute"] == "double"].iloc[0]
     n = table[table["permute"] == "none"].iloc[0]
@@ -172,18 +174,18 @@ def test_runs_table_never_pools_different_permutations_and_counts_failures():
     assert d["pred_epoch_ms"] == 9.0 and d["pred_spmm_ms"] == 3.0 and np.isnan(d["pred_gemm_ms"])
     assert d["grid"] == "2x1x1" and d["gpus"] == 2 and d["widths"] == (8, 16, 16, 3) and d["bytes_per_element"] == 4
     assert not any(c.startswith(("observed_", "predicted")) for c in table.columns)
-    full = R.runs_table(double + none + [failed, only_failed], include_failed=True)
+    full = runs_table(double + none + [failed, only_failed], include_failed=True)
     gone = full[full["trials"] == 0].iloc[0]
     assert len(full) == 3 and gone["grid"] == "1x2x1" and gone["failed"] == 1 and np.isnan(gone["obs_epoch_ms"])
     # widths come from the one home of widths when a record lacks them
-    assert R.runs_table([{k: v for k, v in double[0].items() if k != "widths"}])["widths"].iloc[0] == (8, 16, 16, 3)
+    assert runs_table([{k: v for k, v in double[0].items() if k != "widths"}])["widths"].iloc[0] == (8, 16, 16, 3)
 
 
 @pytest.mark.parametrize("key, value", [("epoch_ms", float("nan")), ("spmm_ms", -1.0), ("epoch_ms", 0.0)])
 def test_runs_table_names_a_bad_time(key, value):
     bad = _v1_run(**{key: value})
     with pytest.raises(UserError, match=re.escape(f"run 2x1x1 of synthetic:g at 2026-11-23T12:00:00+00:00: {key} = {value!r}")):
-        R.runs_table([bad])
+        runs_table([bad])
 
 
 @pytest.mark.parametrize("name", sorted(LOGS))
@@ -191,7 +193,7 @@ def test_shipped_v1_run_logs_give_the_old_medians(name):
     log = ROOT / "measurements" / name / "runs.jsonl"
     raw = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert all(r["schema"] == "plexus-tune/run-v1" for r in raw)
-    table = R.runs_table(read_runs(log))
+    table = runs_table(read_runs(log))
     # brute force: group the raw lines by (graph source, grid) and take medians with numpy
     groups: dict = {}
     for r in raw:
@@ -208,7 +210,7 @@ def test_shipped_v1_run_logs_give_the_old_medians(name):
 
 @pytest.mark.parametrize("name", sorted(LOGS))
 def test_shipped_logs_validate_to_the_figures_logged_before_v2(name):
-    table = R.runs_table(read_runs(ROOT / "measurements" / name / "runs.jsonl"))
+    table = runs_table(read_runs(ROOT / "measurements" / name / "runs.jsonl"))
     for refit, ref in ((True, "validation.json"), (False, "validation-as-is.json")):
         expected = json.loads((ROOT / "measurements" / name / ref).read_text())
         got = leave_one_group_out(table, str(ROOT / LOGS[name]), refit=refit)
@@ -237,14 +239,14 @@ def test_validation_keeps_settings_apart():
 
     runs = [r for r in _runs() if r.get("status") == "ok"]
     unpermuted = [{**r, "options": {"permute": "none"}, "epoch_ms": r["epoch_ms"] * 3.0} for r in runs]
-    table = R.runs_table(runs + unpermuted)
-    assert len(table) == 2 * len(R.runs_table(runs))
+    table = runs_table(runs + unpermuted)
+    assert len(table) == 2 * len(runs_table(runs))
     result = leave_one_group_out(table, PROFILE, refit=False)
     assert result["mean"]["groups"] == 8
     assert {g["setting"] for g in result["groups"]} == {"permute=double", "permute=none"}
     # scored as is, a problem depends on its own rows only: the double-permuted problems
     # score as they do without the unpermuted runs beside them, grid counts included
-    alone = {(g["graph"], g["gpus"]): g for g in leave_one_group_out(R.runs_table(runs), PROFILE, refit=False)["groups"]}
+    alone = {(g["graph"], g["gpus"]): g for g in leave_one_group_out(runs_table(runs), PROFILE, refit=False)["groups"]}
     for g in result["groups"]:
         ref = alone[(g["graph"], g["gpus"])]
         assert g["grids"] == ref["grids"] == (6 if g["gpus"] == 4 else 10)

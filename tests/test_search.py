@@ -224,8 +224,11 @@ def test_resume_reuses_finished_trials(tmp_path):
 
 
 def test_unreachable_storage_is_user_error(tmp_path):
-    for url in (f"sqlite:///{tmp_path}/missing/dir/x.db", "nosuchdb://host/x", "postgresql://u@127.0.0.1:1/none"):
-        with pytest.raises(UserError, match="cannot open storage"):
+    (tmp_path / "a-file").write_text("not a directory")
+    cases = ((f"sqlite:///{tmp_path}/a-file/x.db", "a-file is a file, not a directory"),
+             ("nosuchdb://host/x", "cannot open storage"), ("postgresql://u@127.0.0.1:1/none", "cannot open storage"))
+    for url, message in cases:
+        with pytest.raises(UserError, match=message):
             open_storage(url)
 
 
@@ -277,3 +280,22 @@ def test_failed_runs_count_as_trials_but_dead_processes_do_not():
     dead = study.ask()
     study.tell(dead, state=optuna.trial.TrialState.FAIL)
     assert len(finished_trials(study)) == 3
+
+
+def test_run_study_resumes_and_its_best_is_never_below_the_exhaustive_optimum(tmp_path):
+    from plexus_tune.search import driver
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    space = SearchSpace(parse_gpus("8..32"))
+    model = ModelEvaluator(None, MACHINE, predict=toy_predict)
+    name = driver.study_name("toy-data", "toy", space, "epoch", measured=False)
+    assert driver.study_name("toy-data", "toy", space, "epoch", measured=False, precision="bf16") == name + "-comm-bf16"
+    assert driver.study_name("toy-data", "toy", space, "epoch", measured=False, name="mine") == "mine"
+    first = driver.run_study(name, open_storage(url), space, model, "epoch", trials=12, seed=3, starts=4)
+    assert (first.before, first.ran) == (0, 12)
+    again = driver.run_study(name, open_storage(url), space, model, "epoch", trials=20, seed=3, starts=4)
+    assert (again.before, again.ran) == (12, 8)
+    values = [t.value for t in again.study.trials if t.value is not None and t.user_attrs.get("feasible", True)]
+    _, optimum = exhaustive_optimum(space, model, "epoch")
+    assert again.best_value == pytest.approx(min(values))
+    assert again.best_value >= optimum - 1e-9

@@ -20,7 +20,7 @@ CMD = [sys.executable, "-m", "plexus_tune", "search"]
         (["--gpus", "64..8"], "empty GPU range"),
         (["--gpus", "8", "--objective", "speed"], "unknown objective"),
         (["--gpus", "8", "--exact-budget", "0", "--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
-        (["--gpus", "8", "--exact-budget", "0", "--storage", "sqlite:////no/such/dir/s.db"], "cannot open storage"),
+        (["--gpus", "8", "--exact-budget", "0", "--storage", "sqlite:////etc/hostname/s.db"], "/etc/hostname is a file, not a directory"),
         (["--gpus", "8", "--exact-budget", "0", "--storage", "nosuchdialect://h/db"], "cannot open storage"),
         (["--gpus", "8", "--exact-budget", "-1"], "--exact-budget: must be a finite number >= 0"),
     ],

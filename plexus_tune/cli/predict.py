@@ -21,8 +21,8 @@ from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
 from plexus_tune.model.machine import GIB, load_machine
-from plexus_tune.model.prediction import predict_run_grids
-from plexus_tune.model.sparsity import graph_sparsity, permutation_gain
+from plexus_tune.model.prediction import permutation_gain, predict_run_grids
+from plexus_tune.model.sparsity import graph_sparsity
 from plexus_tune.model.workload import Workload, get_dataset
 
 FORMATS = ("table", "json", "csv")

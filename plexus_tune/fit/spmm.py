@@ -11,6 +11,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, repeated_split_scores
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
+from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
 from plexus_tune.model.spmm import (  # noqa: F401  (re-exported)
     BOOSTED_FEATURE_SET,
     BOOSTING,
@@ -40,8 +41,6 @@ def spmm_structure(df) -> dict | None:
     structure without its ``column_share`` curve is refused. None when no record has a
     structure (every operand uniform).
     """
-    from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
-
     present = [c for c in df.columns if str(c).startswith("structure.")]
     if not present:
         return None

@@ -17,12 +17,13 @@ largest block of a block split and the structure of it and its transpose.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
+
+from plexus_tune.graph.shards import check_shard_files, load_shard_range
 
 #: Points of the column popularity curve: share of nonzeros in the 2^j most popular columns.
 SHARE_POINTS = 32
@@ -241,8 +242,6 @@ def normalized_nnz(adjacency) -> int:
 def shard_directory_matrix(shard_dir) -> tuple[sp.csr_matrix, dict]:
     """(B, manifest) of a shard directory: the whole stored permuted normalized adjacency
     (its first num_nodes rows and columns) and the directory's manifest."""
-    from plexus_tune.graph.shards import check_shard_files, load_shard_range
-
     manifest = check_shard_files(shard_dir)
     n = int(manifest["num_nodes"])
     matrix = load_shard_range(shard_dir, (0, n), (0, n), manifest=manifest)

@@ -491,34 +491,3 @@ def table_row(record: Mapping) -> dict:
     if record_type(row) == "collective" and "nodes_spanned" in row:
         row["nodes"] = row["nodes_spanned"]
     return row
-
-
-# The identity of a run and the runs table have their own modules; their names stay importable from here.
-from plexus_tune.measure.identity import (  # noqa: E402,F401
-    CONFIGURATION_FIELDS,
-    GRID_FIELDS,
-    IDENTITY_FIELDS,
-    IDENTITY_NAMES,
-    SETTING_NAMES,
-    IdentityField,
-    RunIdentity,
-    grid_label,
-    predict_record,
-    prediction_inputs,
-    prediction_settings,
-    run_identity,
-    run_setting,
-    run_widths,
-    run_workload,
-    setting_labels,
-)
-from plexus_tune.measure.table import (  # noqa: E402,F401
-    GRAPH_COLUMNS,
-    OBSERVED_KEYS,
-    PARTITION_COLUMNS_PREFIX,
-    PREDICTED_KEYS,
-    REQUIRED_FIELDS,
-    check_run_times,
-    predict_runs,
-    runs_table,
-)

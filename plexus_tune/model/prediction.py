@@ -29,6 +29,7 @@ from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.families import FAMILY_MODELS
 from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.sparsity import graph_sparsity
 
 __all__ = ["ALGORITHMS", "BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_KEYS", "TOTAL_PARTS",
            "algorithm_model", "predict_run", "predict_run_grids", "prediction_of"]
@@ -109,4 +110,16 @@ def prediction_of(pred: Mapping, index: int, *, machine: str, algorithm: str = D
     out["feasible"] = bool(pred["feasible"][index])
     out["machine"] = machine
     out["algorithm"] = algorithm
+    return out
+
+
+def permutation_gain(graph, workload, machine, grid, modes, *, block_rows=None, comm_precision="fp32",
+                     optimizer=None) -> dict:
+    """``{mode: {"spmm_ms", "total_ms"}}`` of one grid with the graph's shards after each permutation mode."""
+    out = {}
+    for mode in modes:
+        sparsity = graph_sparsity(graph, [grid], workload.layers, permute=mode)
+        pred = predict_run_grids(workload, machine, np.asarray([grid]), block_rows=block_rows, comm_precision=comm_precision,
+                                 optimizer=optimizer, options={"sparsity": sparsity})
+        out[mode] = {"spmm_ms": float(pred["spmm_ms"][0]), "total_ms": float(pred["total_ms"][0])}
     return out

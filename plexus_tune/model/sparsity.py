@@ -26,7 +26,17 @@ from collections.abc import Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.graph.structure import SHARE_POINTS, STRUCTURE_KEYS, column_share_curve, operand_structure  # noqa: F401
+from plexus_tune.graph.permute import TWO_SIDED_MODES, grid_parts, permutations_for
+from plexus_tune.graph.structure import (  # noqa: F401
+    SHARE_POINTS,
+    STRUCTURE_KEYS,
+    PermutedPattern,
+    column_share_curve,
+    operand_structure,
+    pattern_symmetric,
+    split_structure,
+)
+from plexus_tune.model.grid import layer_roles
 
 
 def _poisson_top_share(lam: float, common: float, m: float, nnz: float) -> float:
@@ -187,10 +197,6 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     two-sided modes multiply B^T, as the trainer reading the directory does. Every
     distinct split is counted once.
     """
-    from plexus_tune.graph.permute import TWO_SIDED_MODES, grid_parts, permutations_for
-    from plexus_tune.graph.structure import PermutedPattern, pattern_symmetric, split_structure
-    from plexus_tune.model.grid import layer_roles
-
     adjacency = getattr(graph, "adjacency", graph)
     n = adjacency.shape[0]
     grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
@@ -242,17 +248,3 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                             "backward": e["forward"] if transposed else e["transpose"]}
         del pattern, alternate
     return GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
-
-
-def permutation_gain(graph, workload, machine, grid, modes, *, block_rows=None, comm_precision="fp32",
-                     optimizer=None) -> dict:
-    """``{mode: {"spmm_ms", "total_ms"}}`` of one grid with the graph's shards after each permutation mode."""
-    from plexus_tune.model.prediction import predict_run_grids
-
-    out = {}
-    for mode in modes:
-        sparsity = graph_sparsity(graph, [grid], workload.layers, permute=mode)
-        pred = predict_run_grids(workload, machine, np.asarray([grid]), block_rows=block_rows, comm_precision=comm_precision,
-                                 optimizer=optimizer, options={"sparsity": sparsity})
-        out[mode] = {"spmm_ms": float(pred["spmm_ms"][0]), "total_ms": float(pred["total_ms"][0])}
-    return out

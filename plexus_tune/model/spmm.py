@@ -85,6 +85,7 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.model.solvers import nnls_relative, ridge_loo
+from plexus_tune.model.sparsity import SHARE_POINTS, share_at, uniform_structure
 
 #: Roofline terms: name -> (description, function of (nnz, rows, common, k, s)).
 ROOFLINE_TERMS = {
@@ -762,8 +763,6 @@ STRUCTURE_TREE_FEATURES = ("log k", "log nonzeros per row", "log nonzeros per co
 
 def _structure_columns(structure, nnz, rows, common) -> dict:
     """The structure arrays of n operands: a dict of arrays as given, None for uniform random."""
-    from plexus_tune.model.sparsity import SHARE_POINTS, uniform_structure
-
     n = nnz.size
     if structure is None:
         # uniform random nonzeros: one expectation per distinct shape
@@ -795,8 +794,6 @@ def structure_features(nnz, rows, common, dense_cols, structure=None, *, cache_b
     copy is zero for k > 1 and conversely). Tree variables:
     :data:`STRUCTURE_TREE_FEATURES` (miss share 1 - h, footprint T s k / cache).
     """
-    from plexus_tune.model.sparsity import share_at
-
     nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
     shape = nnz.shape
     cols = _structure_columns(structure, nnz, rows, common)
