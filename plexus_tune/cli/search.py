@@ -19,25 +19,21 @@ from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.paths import default_run_log
+from plexus_tune.search import driver
 from plexus_tune.search.evaluate import EXACT_BUDGET_S, exhaustive_search, plan_search
 from plexus_tune.search import (
     MeasuredEvaluator,
     ModelEvaluator,
-    Objective,
     SearchSpace,
     best_configs,
     check_objective,
     default_storage_url,
-    default_study_name,
     finished_trials,
     graph_workload,
     objective_unit,
     open_storage,
     open_study,
     parse_gpus,
-    run_search,
-    spread_starts,
-    warm_start,
 )
 
 HELP = "search grids (and GPU counts, blocking) with Optuna, model-driven or measured"
@@ -202,46 +198,37 @@ def run(args) -> int:
 
 
 def _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher):
-    """One study at one communication precision; returns its best objective value (None if none)."""
-    study_name = args.study or default_study_name(name, machine.name, space.gpus, args.objective, args.measured, space.block_rows_range)
-    if precision != "fp32":
-        study_name += f"-comm-{precision}"
+    """One study at one communication precision (search.driver.run_study); prints it and returns its best value."""
+    study_name = driver.study_name(name, machine.name, space, args.objective, measured=args.measured,
+                                   precision=precision, name=args.study)
     gpus_attr = list(space.gpus) if len(space.gpus) <= 4096 else f"{space.gpus[0]}..{space.gpus[-1]}"
     attrs = {"dataset": name, "machine": machine.name, "gpus": gpus_attr, "measured": bool(args.measured),
              "comm_precision": precision}
-    study = open_study(study_name, storage, objective=args.objective, seed=args.seed, attrs=attrs)
+    measured = None
     if args.measured:
-        evaluator = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
-                                      epochs=args.epochs, warmup=args.warmup, backend=args.backend,
-                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher,
-                                      train_options={"comm_precision": precision})
-        known = evaluator.known_runs()
-        objective = Objective(space, evaluator, args.objective, study=study, known=known)
-        if args.warm_start > 0:
-            warm_start(study, space, model.top_k(space, args.warm_start, args.objective))
-    else:
-        objective = Objective(space, model, args.objective, study=study, snap_neighbours=args.snap)
-        warm_start(study, space, spread_starts(space, args.starts))
-
-    before = len(finished_trials(study))
-    if launcher is not None:
-        with launcher:
-            ran = run_search(study, objective, args.trials, show_progress=console.is_terminal)
-    else:
-        progress = ProgressReporter(command="search")
-        try:
-            ran = run_search(study, objective, args.trials, callbacks=[
-                lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)])
-        finally:
+        measured = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
+                                     epochs=args.epochs, warmup=args.warmup, backend=args.backend,
+                                     timeout_s=args.timeout, log_path=args.log, launcher=launcher,
+                                     train_options={"comm_precision": precision})
+    progress = None if launcher is not None else ProgressReporter(command="search")
+    callbacks = None if progress is None else [
+        lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)]
+    try:
+        outcome = driver.run_study(study_name, storage, space, model, args.objective, trials=args.trials,
+                                   seed=args.seed, attrs=attrs, measured=measured, warm_start_k=args.warm_start,
+                                   snap_neighbours=args.snap, starts=args.starts, launcher=launcher,
+                                   callbacks=callbacks, show_progress=launcher is not None and console.is_terminal)
+    finally:
+        if progress is not None:
             progress.close()
     console.print("method: " + ("TPE on measured runs" if args.measured else plan.describe()), highlight=False)
     console.print(
-        f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials ({ran} run now, {before} before), "
-        + (f"{objective.evaluations} new measurements" if args.measured else f"{objective.evaluations + objective.model_evaluations} model evaluations")
+        f"study [bold]{study_name}[/bold]: {len(finished_trials(outcome.study))} trials ({outcome.ran} run now, "
+        f"{outcome.before} before), "
+        + (f"{outcome.evaluations} new measurements" if args.measured else f"{outcome.evaluations} model evaluations")
     )
-    print_best_table(study, args.objective, args.top, console, measured=args.measured)
-    best = best_configs(study, 1)
-    return None if best.empty else float(best["value"].iloc[0])
+    print_best_table(outcome.study, args.objective, args.top, console, measured=args.measured)
+    return outcome.best_value
 
 
 def _submit(args, launcher, space, storage) -> int:
@@ -268,8 +255,7 @@ def _submit(args, launcher, space, storage) -> int:
         tail = dispatch.job_output_tail(args.log, state)
         reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
                       + (f":\n{tail}" if tail else ""))
-    study_name = args.study or default_study_name(args._name, args._machine, space.gpus, args.objective, True,
-                                                  space.block_rows_range)
+    study_name = driver.study_name(args._name, args._machine, space, args.objective, measured=True, name=args.study)
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
     console = make_console()
     console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")

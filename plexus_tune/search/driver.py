@@ -1,0 +1,68 @@
+"""One search study at one communication precision: its name, objective, warm start and trials.
+
+The command line parses its arguments and prints what :func:`run_study` returns; runners
+and notebooks call the same function (docs/architecture.md, Search).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from plexus_tune.search.space import SearchSpace
+from plexus_tune.search.study import (
+    Objective,
+    best_configs,
+    default_study_name,
+    finished_trials,
+    open_study,
+    run_search,
+    spread_starts,
+    warm_start,
+)
+
+
+@dataclass
+class StudyOutcome:
+    """What one study did: its name, the study, trials run now and before, and its best objective value."""
+
+    name: str
+    study: object
+    ran: int
+    before: int
+    evaluations: int
+    best_value: float | None
+
+
+def study_name(dataset: str, machine: str, space: SearchSpace, objective: str, *, measured: bool,
+               precision: str = "fp32", name: str | None = None) -> str:
+    """``name``, else the default study name of these settings; a reduced precision adds ``-comm-P``."""
+    base = name or default_study_name(dataset, machine, space.gpus, objective, measured, space.block_rows_range)
+    return base if precision == "fp32" else f"{base}-comm-{precision}"
+
+
+def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, trials: int, seed=None,
+              attrs: dict | None = None, measured=None, warm_start_k: int = 0, snap_neighbours: int = 0,
+              starts: int = 0, launcher=None, callbacks=None, show_progress: bool = False) -> StudyOutcome:
+    """Open (or resume) study ``name`` and run it until it has ``trials`` finished trials.
+
+    Model-driven (``measured`` None): the objective evaluates ``model`` and the study is
+    warm-started with ``starts`` configurations spread over the space. Measured
+    (``measured`` a :class:`~plexus_tune.search.measured.MeasuredEvaluator`): runs already
+    in its log count as trials, and the model's best ``warm_start_k`` configurations are
+    tried first; ``launcher`` stays open for every run.
+    """
+    study = open_study(name, storage, objective=objective, seed=seed, attrs=attrs)
+    if measured is not None:
+        target = Objective(space, measured, objective, study=study, known=measured.known_runs())
+        if warm_start_k > 0:
+            warm_start(study, space, model.top_k(space, warm_start_k, objective))
+    else:
+        target = Objective(space, model, objective, study=study, snap_neighbours=snap_neighbours)
+        warm_start(study, space, spread_starts(space, starts))
+    before = len(finished_trials(study))
+    with launcher if launcher is not None else contextlib.nullcontext():
+        ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
+    evaluations = target.evaluations if measured is not None else target.evaluations + target.model_evaluations
+    best = best_configs(study, 1)
+    return StudyOutcome(name, study, ran, before, evaluations, None if best.empty else float(best["value"].iloc[0]))
