@@ -183,3 +183,70 @@ def test_fit_reads_structure_from_records(tmp_path):
     with pytest.raises(UserError, match="line 2: its structure has no 'column_share'"):
         fit_spmm(df, "structure-boosted", n_splits=0)
     assert fit_spmm(df, "auto", n_splits=2, kinds=["roofline", "structure-boosted"]).kind == "roofline"
+
+
+def test_predict_graph_uses_the_largest_shards(run_cli, tmp_path):
+    """predict --graph: same fields as without a graph; the SpMM of each grid is that of its
+    largest shards under a structure profile, and --permute changes them."""
+    import json
+
+    from plexus_tune.graph import save_graph
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.prediction import predict_run_grids
+    from plexus_tune.model.workload import Workload
+
+    g = generate("rmat", nodes=4000, edges=30000, features=16, classes=4, seed=5)
+    path = tmp_path / "g"
+    save_graph(g, path)
+    shapes, structure, y = _synthetic_timings(200)
+    profile = load_machine("h100-80gb-2026-11-25").raw
+    profile = {**profile, "name": "structure-test", "spmm": StructureBoosted().fit(shapes, y, structure).to_dict()}
+    machine_path = tmp_path / "m.json"
+    machine_path.write_text(json.dumps(profile))
+    base = ["predict", "--graph", str(path), "--gpus", "4", "-m", str(machine_path), "--format", "json", "--top", "0"]
+    code, out, err = run_cli(base)
+    assert code == 0, err
+    records = {r["grid"]: r for r in json.loads(out)}
+    code, plain, _ = run_cli(["predict", "--nodes", "4000", "--nnz", str(normalized_nnz(g.adjacency)), "--features", "16",
+                              "--classes", "4", "--gpus", "4", "-m", str(machine_path), "--format", "json", "--top", "0"])
+    assert set(json.loads(plain)[0]) == set(next(iter(records.values())))
+    # the library with the graph's own sparsity gives the same numbers (independent path: brute-force shards above)
+    workload = Workload.from_graph_stats(g.name, 4000, normalized_nnz(g.adjacency), 16, 4)
+    grids = enumerate_grids(4)
+    pred = predict_run_grids(workload, load_machine(str(machine_path)), grids,
+                             options={"sparsity": graph_sparsity(g, grids, 3, permute="double")})
+    for i, grid in enumerate(grids.tolist()):
+        assert records["x".join(map(str, grid))]["spmm_ms"] == pytest.approx(pred["spmm_ms"][i])
+    code, local, _ = run_cli(base + ["--permute", "none"])
+    assert code == 0
+    assert any(r["spmm_ms"] != pytest.approx(records[r["grid"]]["spmm_ms"]) for r in json.loads(local))
+    code, _, err = run_cli(["predict", "--dataset", "ogbn-products", "--gpus", "4", "-m", str(machine_path), "--permute", "local"])
+    assert code == 2 and "--permute needs --graph" in err
+
+
+def test_predict_graph_reads_a_shard_directory(run_cli, tmp_path):
+    import json
+
+    from plexus_tune.graph import write_shards
+
+    g = generate("rmat", nodes=3000, edges=20000, features=8, classes=4, seed=6)
+    write_shards(g, tmp_path / "shards", blocks=(2, 2), mode="double", seed=0)
+    code, out, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+                              "--format", "json", "--top", "0"])
+    assert code == 0, err
+    from_dir = {r["grid"]: r["spmm_ms"] for r in json.loads(out)}
+    code, out, _ = run_cli(["predict", "--graph", _saved(g, tmp_path), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+                            "--format", "json", "--top", "0"])
+    # the directory holds the double-permuted matrix with seed 0: the same shards as permuting the graph
+    assert {r["grid"]: r["spmm_ms"] for r in json.loads(out)} == pytest.approx(from_dir)
+    code, _, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+                            "--permute", "none"])
+    assert code == 2 and "was cut after the double permutation" in err
+
+
+def _saved(graph, tmp_path) -> str:
+    from plexus_tune.graph import save_graph
+
+    path = tmp_path / "graph"
+    save_graph(graph, path)
+    return str(path)
