@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     parser.add_argument("--gpus-per-node", type=count(1), default=None, help="default: the largest gpus_per_node (else world size) of the collective logs")
     parser.add_argument("--device-memory-gib", type=real(above=0), default=None, help="default: host memory / gpus per node")
     parser.add_argument("--gemm-tflops", type=real(above=0), default=None, help="GEMM rate when no GEMM measurements are given")
+    parser.add_argument("--memory-bandwidth-gbps", type=real(above=0), default=None,
+                        help="device memory bandwidth, GB/s: the SpMM floor's rate (docs/profiles.md); default: none")
     parser.add_argument("--elementwise-gbps", type=real(above=0), default=10.0, help="starting elementwise rate, rescaled by the run fit (default 10)")
     parser.add_argument("--description", default=None, help="one-line description stored in the profile (default: the host, backend and date of the fit)")
     parser.set_defaults(handler=run)
@@ -112,7 +114,7 @@ def run(args) -> int:
                 table=not args.no_table, collective_form=args.collective_form,
                 collective_sharing={"auto": None, "on": True, "off": False}[args.collective_sharing], host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
                 device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
-                elementwise_gbps=args.elementwise_gbps, description=args.description, source=args.out, progress=progress,
+                elementwise_gbps=args.elementwise_gbps, memory_bandwidth_gbps=args.memory_bandwidth_gbps, description=args.description, source=args.out, progress=progress,
                 collectives_profile=args.collectives_from, bandwidth=args.bandwidth, optimizer_runs=args.optimizer_runs,
                 optimizer=args.optimizer,
             )

@@ -226,6 +226,7 @@ def fit_profile(
     device_memory_gib: float | None = None,
     gemm_tflops: float | None = None,
     elementwise_gbps: float = 10.0,
+    memory_bandwidth_gbps: float | None = None,
     description: str | None = None,
     source: str = "<fitted profile>",
     progress: Progress | None = None,
@@ -392,6 +393,8 @@ def fit_profile(
         "spmm": spmm_model.to_dict(),
         "collectives": coll.to_dict() if coll is not None else json_copy(copied.raw["collectives"]),
     }
+    if memory_bandwidth_gbps:
+        profile["memory_bandwidth_gbps"] = float(memory_bandwidth_gbps)
     if "optimizer_gbps" in rates:
         profile["optimizer_gbps"] = float(rates["optimizer_gbps"])
     if "sync_us" in rates:
@@ -421,6 +424,8 @@ def fit_profile(
         "spmm": f"fit_spmm kind {spmm_model.kind} ({'chosen by lowest held-out MAPE' if kind == 'auto' else 'as asked'}) on {len(spmm_df)} SpMM timings",
         "collectives": _collectives_provenance(coll, copied, time_sharing),
     }
+    if memory_bandwidth_gbps:
+        provenance["memory_bandwidth_gbps"] = f"given: {memory_bandwidth_gbps} GB/s; the SpMM floor's rate"
     if "optimizer_gbps" in rates:
         provenance["optimizer_gbps"] = (
             f"fit_bandwidths: bytes / time of {optimizer} at {rates['optimizer_elements']} elements" if "optimizer_elements" in rates
