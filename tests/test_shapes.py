@@ -267,7 +267,8 @@ def check_rank(trainer, log, shapes, opts):
             assert sum(tensor_bytes(t) for t in stored) == model
             distinct[id(shard.a_t)] = model
     assert len(distinct) == min(len(shapes), 6 if opts["permute"] != "none" else 3)
-    work = Workload("w", nodes=trainer.layout.nodes, nnz=1, widths=tuple(trainer.widths))
+    # the dense terms below do not depend on nnz: the smallest valid one (a self-loop per node)
+    work = Workload("w", nodes=trainer.layout.nodes, nnz=trainer.layout.nodes, widths=tuple(trainer.widths))
     parts = memory_breakdown(work, [trainer.layout.grid], block_rows=opts["block_rows"],
                              double_permutation=opts["permute"] != "none")
     dense = sum(float(parts[k][0]) for k in ("weights", "features", "activations", "gathered", "labels"))
