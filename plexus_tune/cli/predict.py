@@ -17,7 +17,7 @@ from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.model.planner import family_grids
+from plexus_tune.model.planner import family_grids, joint_ranking
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -293,8 +293,6 @@ def run(args) -> int:
             minibatch.print_ranking(records, workload, machine, gpus, top or None)
             full_best = None
             if mini["epochs"] is not None:
-                from plexus_tune.model.planner import joint_ranking
-
                 feasible = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions,
                                          graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
                                          plexus_options=plexus_options).feasible

@@ -38,7 +38,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.graph.sampling import check_batch_size, expected_sampled_nnz
+from plexus_tune.graph.core import gcn_normalize
+from plexus_tune.graph.sampling import check_batch_size, expected_sampled_nnz, sampled_shard_nnz
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms, wire_message_bytes
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, check_gpus, divisors, enumerate_grids, layer_roles
@@ -343,8 +344,6 @@ def predict_configs(workload, machine, configs, *, batch_size: int, comm_precisi
 def graph_sampled_nnz(adjacency, batch: int, *, samples: int = 4, seed: int = 0):
     """A callable ``grid -> per-layer largest A_S shard nonzeros`` that samples ``adjacency``
     (:func:`plexus_tune.graph.sampling.sampled_shard_nnz`), cached per shard cut."""
-    from plexus_tune.graph.sampling import sampled_shard_nnz
-
     cache: dict[tuple[int, int], float] = {}
 
     def per_layer(grid):
@@ -415,8 +414,6 @@ def rank_minibatch(workload, machine, gpus: int, *, batch_sizes=None, dp: int | 
 
 def _normalized(adjacency):
     """The GCN-normalized adjacency the trainer samples (its nonzeros: the graph's with self-loops)."""
-    from plexus_tune.graph.core import gcn_normalize
-
     return gcn_normalize(adjacency)
 
 
