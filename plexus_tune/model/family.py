@@ -171,7 +171,7 @@ class Plexus3d(Family):
     name = "plexus-3d"
     summary = "the Plexus 3D grid Gx x Gy x Gz"
     options = ("sparsity",)  # the graph's shards (model.sparsity.GraphSparsity)
-    trainer_entry = "plexus_tune.trainer.engine:RankTrainer"
+    trainer_entry = "plexus_tune.trainer.plexus3d:Plexus3dTrainer"
     takes_block_rows = True
     trainer_options = ("block_rows", "overlap", "layer_norm", "permute")
 
