@@ -565,7 +565,8 @@ def is_shard_directory(source) -> bool:
     try:
         import json
 
-        return json.loads(path.read_text()).get("format") == "plexus-shards"
+        data = json.loads(path.read_text())
+        return isinstance(data, dict) and data.get("format") == "plexus-shards"
     except (OSError, ValueError):
         return False
 
