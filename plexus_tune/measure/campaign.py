@@ -331,7 +331,7 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
     """
     import time
 
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     configs = [normalize_config(c) for c in configs]
     first = configs[0]
