@@ -44,7 +44,7 @@ from plexus_tune.launch.launchers import make_launcher  # noqa: E402
 from plexus_tune.measure.campaign import load_stats, run_campaign, workload_of  # noqa: E402
 from plexus_tune.measure.store import read_records  # noqa: E402
 from plexus_tune.model.machine import load_machine  # noqa: E402
-from plexus_tune.model.planner import family_grids  # noqa: E402
+from plexus_tune.model.family import family_of  # noqa: E402
 from plexus_tune.model.prediction import predict_run_grids  # noqa: E402
 
 GRAPHS = ("rmat:nodes=8192,edges=65536,features=64,classes=8,seed=3",
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             with launcher:
                 for graph in graphs:
                     for family, aggregation in CONFIGURATIONS:
-                        grids = [tuple(int(v) for v in g) for g in family_grids(family, args.gpus)]
+                        grids = [tuple(int(v) for v in g) for g in family_of(family).configurations(args.gpus)]
                         print(f"== {graph}: {family} {aggregation or ''} ({len(grids)} configurations)", flush=True)
                         run_campaign(graph, args.gpus, grids, log=str(log), trials=args.trials, epochs=args.epochs,
                                      warmup=args.warmup, layers=args.layers, hidden=args.hidden, batch=args.batch,
