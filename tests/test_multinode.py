@@ -13,11 +13,12 @@ import sys
 import pandas as pd
 import pytest
 
+from netns_token import prefix_for
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import CollectiveRecord, table_row
 from plexus_tune.model.collectives import placement
 
-PREFIX = "mn"
+PREFIX = prefix_for("m")  # this run's alone (tests/netns_token.py)
 LINK_GBPS = 0.05
 
 
@@ -37,7 +38,7 @@ needs_netns = pytest.mark.skipif(_why_not() is not None, reason=f"emulated clust
 
 @pytest.fixture
 def prefix(monkeypatch):
-    """Clusters of the test get the namespace prefix ``mn``; none of them may outlive it."""
+    """Clusters of the test get this run's namespace prefix; none of them may outlive it."""
     from plexus_tune.cluster.emulated import PREFIX_ENV, namespace_re, netns_list
 
     monkeypatch.setenv(PREFIX_ENV, PREFIX)
