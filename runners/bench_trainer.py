@@ -40,16 +40,16 @@ def load_average() -> str:
 
 def _launch(graph, configs, device: str, world: int):
     from plexus_tune.launch import launch_local
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     backend = "nccl" if device == "cuda" else "gloo"
     return launch_local(rank_main, world, args=(graph, configs, device), backend=backend, timeout_s=3600,
-                        preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+                        preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
 
 
 def run_trainer(graph, grid=(1, 1, 1), *, hidden: int = 64, layers: int = 3, epochs: int = 6, warmup: int = 2,
                 permute: str = "double", device: str = "cpu", extra: dict | None = None) -> dict:
-    """One trainer run (rank 0's result of :func:`plexus_tune.trainer.engine.rank_main`)."""
+    """One trainer run (rank 0's result of :func:`plexus_tune.trainer.rank.rank_main`)."""
     from plexus_tune.trainer import TrainConfig
 
     grid = tuple(int(g) for g in grid)

@@ -27,7 +27,7 @@ from plexus_tune.model.volumes import cagnet_15d_schedule, rank_volumes
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer import TrainConfig
 from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.engine import rank_main
+from plexus_tune.trainer.rank import rank_main
 
 DEFAULT_GRAPH = "rmat:nodes=4096,edges=32768,features=64,classes=8,seed=0"
 
@@ -43,7 +43,7 @@ def measure(graph, gpus: int, *, layers: int, hidden: int, epochs: int) -> list[
                                             epochs=epochs, warmup=1, seed=0))
                for c in replication_factors(gpus)]
     results = launch_local(rank_main, gpus, args=(graph, configs, "cpu"), timeout_s=1800, threads_per_rank=1,
-                           preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+                           preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
     widths = model_widths(graph.features.shape[1], graph.num_classes, layers, hidden)
     nodes = graph.adjacency.shape[0]
     rows = []

@@ -24,7 +24,7 @@ from plexus_tune.model.collectives import (
     ring_terms,
     scale_collectives,
 )
-from plexus_tune.model.families import exchange_stats, point_to_point_ms, schedule_times
+from plexus_tune.model.family_costs import exchange_stats, point_to_point_ms, schedule_times
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.volumes import CommCall, UniformExchange

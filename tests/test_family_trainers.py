@@ -20,11 +20,11 @@ from plexus_tune.launch import launch_local
 from plexus_tune.model.volumes import VOLUME_CLASSES, cagnet_15d_schedule, cagnet_summa_schedule, rank_volumes, supergcn_schedule
 from plexus_tune.trainer import TrainConfig, model_widths
 from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.engine import rank_main
+from plexus_tune.trainer.rank import rank_main
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
 from test_trainer import CLASSES, EPOCHS, FEATURES, HIDDEN, LOSS_TOL, NODES, OUTPUT_TOL, tiny_graph
 
-PRELOAD = ("torch._dynamo", "plexus_tune.trainer.engine")
+PRELOAD = ("torch._dynamo", "plexus_tune.trainer.rank")
 COMMON = dict(hidden=HIDDEN, epochs=EPOCHS, warmup=1, lr=0.01, seed=3, collect_outputs=True)
 
 

@@ -11,7 +11,7 @@ from plexus_tune.cli import main
 from plexus_tune.measure.store import read_records
 from plexus_tune.trainer import TrainConfig
 from plexus_tune.measure.training import TrainingFailed, run_training
-from plexus_tune.trainer.engine import FAIL_ENV
+from plexus_tune.trainer.loop import FAIL_ENV
 
 SPEC = "rmat:nodes=61,edges=300,features=6,classes=3,seed=2"
 BREAKDOWN = ("spmm_ms", "gemm_ms", "comm_ms", "comm_x_ms", "comm_y_ms", "comm_z_ms", "all_reduce_ms",

@@ -1,12 +1,12 @@
 """Campaigns over every algorithm family: each family's configurations of G ranks, at each
-communication precision, on one or more graphs, through :func:`plexus_tune.measure.campaign.run_campaign`
-(docs/algorithms.md, "Validating the joint ranking").
+communication precision, on one or more graphs, through the campaign code of
+:mod:`plexus_tune.measure.campaign` (docs/algorithms.md, "Validating the joint ranking").
 
-A family configuration is (family, process grid, options): plexus-3d every grid of G,
-cagnet-1d, cagnet-1.5d (every c), cagnet-2d (every Pr x Pc), cagnet-3d (every Pr x Pc x Pl,
-Pl >= 2, when the trainer runs it) and the partitioned GCN (supergcn) with pre, post and
-hybrid aggregation. Families the trainer does not run are left out and named
-(:func:`untrained_families`).
+A family configuration is (family, process grid, options): every registered family with a
+trainer (:func:`plexus_tune.model.family.trained_families`), each of its option variants
+(:meth:`~plexus_tune.model.family.Family.variants`: supergcn's pre, post and hybrid
+aggregation) at each of its configurations (plexus-3d every grid, cagnet-1d, 1.5d, 2d,
+3d). Families without a trainer are left out and named (:func:`untrained_families`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.graph.partition import AGGREGATION_MODES
+from plexus_tune.measure.campaign import check_graph, log_campaign_run, pending_runs, run_batch
+from plexus_tune.measure.store import RUN_LOG, check_log
 from plexus_tune.model.comm_precision import parse_precision
-from plexus_tune.model.planner import family_grids
-from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
-
-#: (family, options) of a joint campaign, in report order; supergcn once per aggregation.
-FAMILY_SETTINGS: tuple[tuple[str, dict], ...] = (
-    ("plexus-3d", {}), ("cagnet-1d", {}), ("cagnet-1.5d", {}), ("cagnet-2d", {}), ("cagnet-3d", {}),
-    *(("supergcn", {"aggregation": mode}) for mode in AGGREGATION_MODES),
-)
+from plexus_tune.model.family import family_names, family_of, trained_families
 
 #: Named emulated clusters: ``NxR`` -> N nodes of R ranks, 0.05 GB/s per node link, no added latency.
 CLUSTER_SPEC = "emulated:nodes={nodes},ranks_per_node={ranks},inter_gbps=0.05,inter_latency_us=0"
@@ -44,19 +38,20 @@ def cluster_spec(text: str) -> str:
 
 
 def untrained_families() -> list[str]:
-    """Families of :data:`FAMILY_SETTINGS` the trainer does not run (left out of campaigns)."""
-    return sorted({f for f, _ in FAMILY_SETTINGS if f not in TRAINED_ALGORITHMS})
+    """Registered families the trainer does not run (left out of campaigns)."""
+    trained = set(trained_families())
+    return [name for name in family_names() if name not in trained]
+
+
+def family_settings() -> list[tuple[str, dict]]:
+    """(family, options) of every trained family's variants, in registry order."""
+    return [(name, dict(variant)) for name in trained_families() for variant in family_of(name).variants()]
 
 
 def family_configurations(gpus: int) -> list[tuple[str, tuple[int, int, int], dict]]:
     """(family, grid, options) of every trained family's configurations of ``gpus`` ranks."""
-    out = []
-    for family, options in FAMILY_SETTINGS:
-        if family not in TRAINED_ALGORITHMS:
-            continue
-        for grid in family_grids(family, gpus):
-            out.append((family, tuple(int(v) for v in grid), dict(options)))
-    return out
+    return [(name, tuple(int(v) for v in grid), options) for name, options in family_settings()
+            for grid in family_of(name).configurations(gpus)]
 
 
 def configuration_label(family: str, grid, options: dict | None = None, comm_precision: str | None = None) -> str:
@@ -82,9 +77,6 @@ def run_family_campaign(graph: str, gpus: int, *, log, precisions: Sequence[str]
     ``log`` (:func:`plexus_tune.measure.campaign.pending_runs`). ``on_start(done, total)``
     is called before each process set. Returns the new records.
     """
-    from plexus_tune.measure.campaign import check_graph, log_campaign_run, pending_runs, run_batch
-    from plexus_tune.measure.store import RUN_LOG, check_log
-
     precisions = [parse_precision(p) for p in precisions]
     if not precisions:
         raise UserError("no communication precision to measure; give fp32 and/or a reduced one")
@@ -93,10 +85,8 @@ def run_family_campaign(graph: str, gpus: int, *, log, precisions: Sequence[str]
         check_log(log, kinds=RUN_LOG, inputs=[graph])
     pending = []
     for precision in precisions:
-        for family, options in FAMILY_SETTINGS:
-            if family not in TRAINED_ALGORITHMS:
-                continue
-            grids = [tuple(int(v) for v in g) for g in family_grids(family, gpus)]
+        for family, options in family_settings():
+            grids = [tuple(int(v) for v in g) for g in family_of(family).configurations(gpus)]
             for grid, trial, config in pending_runs(
                     graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers, hidden=hidden,
                     launcher=launcher, train_options={"algorithm": family, "comm_precision": precision,

@@ -9,6 +9,7 @@ launchers, records and run identities treat every family alike.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 
 from plexus_tune.errors import UserError
@@ -123,25 +124,22 @@ def normalize_config(config):
     return replace(config, **changes)
 
 
+#: The rank trainer class of each family, as "module:class" (imported when a rank starts).
+TRAINER_ENTRY = {
+    "plexus-3d": "plexus_tune.trainer.plexus3d:Plexus3dTrainer",
+    "cagnet-1d": "plexus_tune.trainer.cagnet:Cagnet15dTrainer",
+    "cagnet-1.5d": "plexus_tune.trainer.cagnet:Cagnet15dTrainer",
+    "cagnet-2d": "plexus_tune.trainer.cagnet:Cagnet2dTrainer",
+    "supergcn": "plexus_tune.trainer.partitioned:PartitionedTrainer",
+}
+
+
 def trainer_class(algorithm: str):
-    """The rank trainer class of a family."""
-    algorithm = check_algorithm(algorithm)
-    if algorithm == "plexus-3d":
-        from plexus_tune.trainer.engine import RankTrainer
-
-        return RankTrainer
-    if algorithm in ("cagnet-1d", "cagnet-1.5d"):
-        from plexus_tune.trainer.cagnet import Cagnet15dTrainer
-
-        return Cagnet15dTrainer
-    if algorithm == "cagnet-2d":
-        from plexus_tune.trainer.cagnet import Cagnet2dTrainer
-
-        return Cagnet2dTrainer
-    from plexus_tune.trainer.partitioned import PartitionedTrainer
-
-    return PartitionedTrainer
+    """The rank trainer class of a family (:data:`TRAINER_ENTRY`, imported here: the trainers
+    load torch, the checks above do not)."""
+    module, _, name = TRAINER_ENTRY[check_algorithm(algorithm)].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = ["AGGREGATION_MODES", "DEFAULT_AGGREGATION", "DEFAULT_ALGORITHM", "TRAINED_ALGORITHMS", "check_algorithm",
-           "check_family_options", "normalize_config", "process_grid", "trainer_class"]
+           "check_family_options", "normalize_config", "process_grid", "TRAINER_ENTRY", "trainer_class"]

@@ -1,15 +1,12 @@
 """Epoch-time and memory models of the CAGNET and SuperGCN families (docs/model.md,
 "Other algorithm families"), with the parts and keys of the Plexus 3D model.
 
-Every family model has the signature of :mod:`plexus_tune.model.prediction`'s registry,
-``fn(workload, machine, grids, *, block_rows=None, comm_precision=None, options=None)``,
-and returns arrays over the rows of ``grids`` with the keys of
+The family classes of :mod:`plexus_tune.model.family` call these functions, one
+configuration at a time; each returns the keys of
 :data:`plexus_tune.model.costs.PREDICTION_KEYS` plus ``broadcast_ms``,
 ``point_to_point_ms``, ``volume_bytes`` (the most any rank sends per epoch) and
 ``estimated`` (True where partition-dependent figures were estimated, not computed from
-a graph). A configuration is a grid row: ``cagnet-1d`` (G, 1, 1), ``cagnet-1.5d``
-(G/c, c, 1), ``cagnet-2d`` (Pr, Pc, 1), ``cagnet-3d`` (Pr, Pc, Pl), ``supergcn`` (G, 1, 1)
-with ``options["aggregation"]`` pre, post or hybrid.
+a graph).
 
 Parts, per rank (the busiest one where ranks differ):
 
@@ -39,16 +36,15 @@ import numpy as np
 
 from plexus_tune.model.comm_precision import (
     CommPrecision,
-    parse_comm_precision,
     quant_rates,
     quant_time_ms,
     wire_message_bytes,
 )
 from plexus_tune.errors import UserError
-from plexus_tune.graph.partition import PiecePattern, check_aggregation, partition_exchange
+from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.collectives import Network, exchange_time_ms
-from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
@@ -61,8 +57,6 @@ from plexus_tune.model.volumes import (
     UniformExchange,
 )
 
-#: The families this module models, in report order.
-FAMILIES = ("cagnet-1d", "cagnet-1.5d", "cagnet-2d", "cagnet-3d", "supergcn")
 #: Times the oversubscription factor stretches.
 _TIME_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
 #: Memory parts, as :func:`plexus_tune.model.memory.memory_breakdown`.
@@ -405,131 +399,3 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
                    _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer)
 
-
-# ----------------------------------------------------------------------------- registry entries
-
-
-def _grids(grids) -> np.ndarray:
-    arr = np.asarray(grids, dtype=np.int64)
-    if arr.ndim == 1 and arr.size == 3:
-        arr = arr.reshape(1, 3)
-    if arr.ndim != 2 or arr.shape[1] != 3 or (arr.size and arr.min() < 1):
-        raise UserError("configurations must be rows of three positive axis sizes (Gx, Gy, Gz)")
-    return arr
-
-
-def _stack(records: list[dict]) -> dict[str, np.ndarray]:
-    if not records:
-        return {}
-    return {key: np.asarray([rec[key] for rec in records]) for key in records[0]}
-
-
-def _precision(comm_precision) -> CommPrecision:
-    if isinstance(comm_precision, CommPrecision):
-        return comm_precision
-    return parse_comm_precision(comm_precision or "fp32")
-
-
-def _no_blocks(name, block_rows):
-    if block_rows:
-        raise UserError(f"{name} has no blocked aggregation; leave out the block rows")
-
-
-def _check_options(name: str, options: Mapping | None, allowed: tuple[str, ...]) -> dict:
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise UserError(f"{name} takes no option {', '.join(unknown)}"
-                        + (f"; its options: {', '.join(allowed)}" if allowed else ""))
-    return options
-
-
-def _summa_pieces(options, pr, pc, pl):
-    graph = options.get("graph")
-    if graph is None:
-        return None
-    pattern = graph if isinstance(graph, PiecePattern) else PiecePattern(getattr(graph, "adjacency", graph))
-    return pattern.pieces(pr, pc, pl), pattern.pieces(pr, pc, pl, transpose=True)
-
-
-def _prepare(name, machine, block_rows, comm_precision, options, allowed):
-    machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    _no_blocks(name, block_rows)
-    return machine, _precision(comm_precision), _check_options(name, options, allowed)
-
-
-def predict_cagnet_1d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """CAGNET 1D on (G, 1, 1) rows."""
-    machine, choice, options = _prepare("cagnet-1d", machine, block_rows, comm_precision, options, ("graph", "replication"))
-    out = []
-    for gx, gy, gz in _grids(grids):
-        if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
-            raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {gx}x{gy}x{gz}")
-        out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer))
-    return _stack(out)
-
-
-def predict_cagnet_15d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """CAGNET 1.5D on (G/c, c, 1) rows; ``options["replication"]``, when given, must be the rows' c."""
-    machine, choice, options = _prepare("cagnet-1.5d", machine, block_rows, comm_precision, options,
-                                        ("graph", "replication"))
-    out = []
-    for gx, gy, gz in _grids(grids):
-        if gz != 1 or ("replication" in options and int(options["replication"]) != gy):
-            raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {gx}x{gy}x{gz}"
-                            + (f" with replication {options['replication']}" if "replication" in options else ""))
-        out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer))
-    return _stack(out)
-
-
-def predict_cagnet_2d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """CAGNET 2D (SUMMA) on (Pr, Pc, 1) rows; ``options["graph"]`` (a graph, its adjacency or a
-    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces."""
-    machine, choice, options = _prepare("cagnet-2d", machine, block_rows, comm_precision, options, ("graph",))
-    out = []
-    for gx, gy, gz in _grids(grids):
-        if gz != 1:
-            raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {gx}x{gy}x{gz}")
-        out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), 1, choice,
-                                       _summa_pieces(options, int(gx), int(gy), 1), optimizer))
-    return _stack(out)
-
-
-def predict_cagnet_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """CAGNET split-3D on (Pr, Pc, Pl) rows, Pl >= 2."""
-    machine, choice, options = _prepare("cagnet-3d", machine, block_rows, comm_precision, options, ("graph",))
-    out = []
-    for gx, gy, gz in _grids(grids):
-        if gz < 2:
-            raise UserError(f"cagnet-3d needs Pl >= 2 mesh layers (Pr x Pc x Pl), not {gx}x{gy}x{gz}; use cagnet-2d")
-        out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), int(gz), choice,
-                                       _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer))
-    return _stack(out)
-
-
-def predict_supergcn(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    """The partitioned GCN on (G, 1, 1) rows. Options: ``aggregation`` (pre, post, hybrid; default
-    hybrid), ``plan`` (an ExchangePlan of G parts) or ``graph`` (partitioned here, ``seed``)."""
-    machine, choice, options = _prepare("supergcn", machine, block_rows, comm_precision, options,
-                                        ("aggregation", "plan", "graph", "seed"))
-    mode = check_aggregation(options.get("aggregation", "hybrid"))
-    out = []
-    for gx, gy, gz in _grids(grids):
-        if gy != 1 or gz != 1:
-            raise UserError(f"supergcn runs on G x 1 x 1 (one part per GPU), not {gx}x{gy}x{gz}")
-        plan = options.get("plan")
-        if plan is None and options.get("graph") is not None:
-            graph = options["graph"]
-            plan = partition_exchange(getattr(graph, "adjacency", graph), int(gx), seed=int(options.get("seed", 0)))
-        out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer))
-    return _stack(out)
-
-
-#: Family name -> vectorized model (the registry signature of model/prediction.py).
-FAMILY_MODELS = {
-    "cagnet-1d": predict_cagnet_1d,
-    "cagnet-1.5d": predict_cagnet_15d,
-    "cagnet-2d": predict_cagnet_2d,
-    "cagnet-3d": predict_cagnet_3d,
-    "supergcn": predict_supergcn,
-}
