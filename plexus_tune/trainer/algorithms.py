@@ -18,7 +18,9 @@ from plexus_tune.model.prediction import DEFAULT_ALGORITHM
 from plexus_tune.model.volumes import check_replication
 
 #: Families with a trainer, in the planner's names.
-TRAINED_ALGORITHMS = ("plexus-3d", "cagnet-1d", "cagnet-1.5d", "cagnet-2d", "supergcn")
+TRAINED_ALGORITHMS = ("plexus-3d", "cagnet-1d", "cagnet-1.5d", "cagnet-2d", "supergcn", "scalegnn-4d")
+#: Families whose runs are data-parallel groups of a 3D grid trained on samples (``dp``, ``batch_size``).
+MINIBATCH_ALGORITHMS = ("scalegnn-4d",)
 DEFAULT_AGGREGATION = "hybrid"
 
 
@@ -45,9 +47,9 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
         grid = tuple(int(g) for g in grid)
         if len(grid) != 3 or any(g < 1 for g in grid):
             raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
-    if algorithm == "plexus-3d":
+    if algorithm in ("plexus-3d", *MINIBATCH_ALGORITHMS):
         if grid is None:
-            raise UserError("plexus-3d needs a grid Gx x Gy x Gz")
+            raise UserError(f"{algorithm} needs a grid Gx x Gy x Gz", parameter="grid")
         return grid
     if grid is not None:
         total = grid[0] * grid[1] * grid[2]
@@ -85,6 +87,18 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
 def check_family_options(config) -> None:
     """UserError if ``config`` sets an option its algorithm family does not have."""
     algorithm = check_algorithm(config.algorithm)
+    if algorithm in MINIBATCH_ALGORITHMS:
+        if config.batch_size is None:
+            raise UserError(f"{algorithm} samples B vertices per step: give the batch size", parameter="batch_size")
+        if int(config.dp or 0) < 1:
+            raise UserError(f"the data-parallel degree must be at least 1, got {config.dp}", parameter="dp")
+    else:
+        if int(config.dp or 1) != 1:
+            raise UserError(f"data-parallel groups are an option of {', '.join(MINIBATCH_ALGORITHMS)}, not of {algorithm}",
+                            parameter="dp")
+        if config.batch_size is not None:
+            raise UserError(f"the batch size is an option of {', '.join(MINIBATCH_ALGORITHMS)}, not of {algorithm} "
+                            "(which trains on the whole graph)", parameter="batch_size")
     if config.aggregation is not None:
         if algorithm != "supergcn":
             raise UserError(f"the aggregation mode is an option of supergcn, not of {algorithm}",
@@ -111,7 +125,7 @@ def normalize_config(config):
     algorithm = check_algorithm(config.algorithm)
     check_family_options(config)
     given = tuple(int(g) for g in config.grid) if config.grid is not None else None
-    if algorithm != "plexus-3d" and given == (1, 1, 1) and config.gpus not in (None, 1):
+    if algorithm not in ("plexus-3d", *MINIBATCH_ALGORITHMS) and given == (1, 1, 1) and config.gpus not in (None, 1):
         given = None  # the dataclass default: the family's grid follows from the GPU count
     grid = process_grid(algorithm, grid=given, gpus=config.gpus, replication=config.replication)
     changes = {"algorithm": algorithm, "grid": grid}
@@ -131,6 +145,7 @@ TRAINER_ENTRY = {
     "cagnet-1.5d": "plexus_tune.trainer.cagnet:Cagnet15dTrainer",
     "cagnet-2d": "plexus_tune.trainer.cagnet:Cagnet2dTrainer",
     "supergcn": "plexus_tune.trainer.partitioned:PartitionedTrainer",
+    "scalegnn-4d": "plexus_tune.trainer.scalegnn:ScaleGnnTrainer",
 }
 
 
@@ -141,5 +156,5 @@ def trainer_class(algorithm: str):
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AGGREGATION_MODES", "DEFAULT_AGGREGATION", "DEFAULT_ALGORITHM", "TRAINED_ALGORITHMS", "check_algorithm",
+__all__ = ["MINIBATCH_ALGORITHMS", "AGGREGATION_MODES", "DEFAULT_AGGREGATION", "DEFAULT_ALGORITHM", "TRAINED_ALGORITHMS", "check_algorithm",
            "check_family_options", "normalize_config", "process_grid", "TRAINER_ENTRY", "trainer_class"]
