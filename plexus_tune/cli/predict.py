@@ -17,7 +17,8 @@ from plexus_tune.errors import UserError, whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.model.planner import family_grids, joint_ranking
+from plexus_tune.model.family import DEFAULT_FAMILY, family_of
+from plexus_tune.model.planner import joint_ranking
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -275,10 +276,10 @@ def run(args) -> int:
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
-    if algorithms != ("plexus-3d",):
+    if algorithms != (DEFAULT_FAMILY,):
         plexus_options = None
-        if "plexus-3d" in algorithms:
-            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+        if DEFAULT_FAMILY in algorithms:
+            sparsity, _ = graph_shards(args, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
             plexus_options = {"sparsity": sparsity} if sparsity is not None else None
         code = predict_families(args, workload, machine, gpus, algorithms, top=top or None,
                                 graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
