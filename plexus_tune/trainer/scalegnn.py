@@ -37,6 +37,7 @@ from plexus_tune.graph.sampling import rescale_factor, sample_range, sample_vert
 from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, random_split
 from plexus_tune.model.grid import coords_of, layer_roles, rank_of
 from plexus_tune.model.scalegnn import steps_per_epoch
+from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.layout import Block, block
 from plexus_tune.trainer.loop import RankTrainer, _current_rss_bytes, _maybe_fail, make_adamw
@@ -260,7 +261,8 @@ class ScaleGnnTrainer(RankTrainer):
         n = self.nodes = data.nodes
         self.features_in, self.classes = data.num_features, data.num_classes
         self.hidden, self.layers = int(config.hidden), int(config.layers)
-        self.widths = [self.features_in] + [self.hidden] * (self.layers + 1) + [self.classes]
+        # the record's widths, as every family's (model.workload.model_widths): the planner's workload
+        self.widths = model_widths(self.features_in, self.classes, self.layers, self.hidden)
         self.split = random_split(n, config.seed) if split is None else np.asarray(split, dtype=np.int8)
         self.labels = np.asarray(data.pg.labels, dtype=np.int64)
         # the group's replica of the graph: this rank's shard of each distinct layer layout
@@ -531,7 +533,7 @@ class ScaleGnnTrainer(RankTrainer):
 
     def assemble_check(self, payloads) -> dict:
         """The ranks' ``--check`` blocks assembled (:func:`assemble_check`)."""
-        return assemble_check(payloads, self.nodes, self.widths)
+        return assemble_check(payloads, self.nodes, (self.features_in, self.hidden, self.classes))
 
     def record_shapes(self) -> dict:
         return {"n_pad": self.nodes, "padded_widths": list(self.widths), "w_split": [False] * self.layers,
@@ -553,7 +555,8 @@ class _SpMM(torch.autograd.Function):
 
 def assemble_check(payloads, nodes: int, widths) -> dict:
     """Rank 0's view of ``--check``: per group its loss and sample, group 0's (B, C) logits,
-    and the full gradient matrices after the data-parallel average (from any group)."""
+    and the full gradient matrices after the data-parallel average (from any group);
+    ``widths`` = (D_0, h, C)."""
     groups = {}
     logits = None
     grads: dict[str, np.ndarray] = {}
