@@ -25,9 +25,9 @@ from plexus_tune.trainer import TrainConfig
 from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
-    MINIBATCH_ALGORITHMS,
     TRAINED_ALGORITHMS,
     check_algorithm,
+    family_of,
     normalize_config,
     process_grid,
 )
@@ -132,10 +132,6 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 def _config(args: argparse.Namespace):
     algorithm = check_algorithm(args.algorithm)
-    if args.grid is None and algorithm in ("plexus-3d", "cagnet-2d", *MINIBATCH_ALGORITHMS):
-        raise UserError(f"{algorithm} needs --grid ({'PRxPCx1' if algorithm == 'cagnet-2d' else 'GXxGYxGZ'})")
-    if args.grid is None and args.gpus is None:
-        raise UserError(f"{algorithm} needs --gpus (or --grid)")
     grid = process_grid(algorithm, grid=parse_grid(args.grid) if args.grid else None, gpus=args.gpus,
                         replication=args.replication)
     comm_precision = comm_precision_of(args)
@@ -148,10 +144,11 @@ def _config(args: argparse.Namespace):
         timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
         aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size,
     )
-    if algorithm in MINIBATCH_ALGORITHMS:
+    if "batch_size" in family_of(algorithm).options:  # the mini-batch family's switchable components
         config.extra["minibatch"] = minibatch_options(args)
     elif args.dropout is not None or args.no_rmsnorm or args.no_residual:
-        raise UserError(f"--dropout, --no-rmsnorm and --no-residual are options of {', '.join(MINIBATCH_ALGORITHMS)}")
+        raise UserError(f"--dropout, --no-rmsnorm and --no-residual are options of --algorithm scalegnn-4d, "
+                        f"not of {algorithm}")
     return normalize_config(config)
 
 

@@ -25,7 +25,7 @@ from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
 
@@ -64,9 +64,7 @@ def graph_source(config: TrainConfig):
         from plexus_tune.trainer.data import is_shard_directory
 
         if is_shard_directory(path):
-            if config.algorithm not in (None, "plexus-3d"):
-                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
-                                "give the graph file")
+            check_shard_input(config.algorithm, path)
             _check_shards(path, config)
         return str(path)
     return config.graph
