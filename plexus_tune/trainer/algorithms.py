@@ -24,7 +24,8 @@ DEFAULT_AGGREGATION = "hybrid"
 #: Options of one family only, with their names in messages: a family accepts those in its ``options``.
 FAMILY_OPTIONS = {"replication": "the replication factor", "aggregation": "the aggregation mode",
                   "block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
-                  "permute": "a permutation", "shards": "2D shard files"}
+                  "permute": "a permutation", "shards": "2D shard files",
+                  "dp": "data-parallel groups", "batch_size": "the batch size"}
 
 
 def _text(grid) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.graph import gcn_normalize
+from plexus_tune.graph.sampling import sampled_subgraph
 from plexus_tune.graph.splits import random_split
 from plexus_tune.model.workload import model_widths
 
@@ -148,8 +150,6 @@ def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: 
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.graph import gcn_normalize
-    from plexus_tune.graph.sampling import sampled_subgraph
     from plexus_tune.trainer.scalegnn import RMS_EPS, dropout_mask, minibatch_weights
 
     tdtype = torch.float64 if dtype == "float64" else torch.float32

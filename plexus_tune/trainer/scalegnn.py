@@ -35,13 +35,15 @@ import torch
 
 from plexus_tune.graph.sampling import rescale_factor, sample_range, sample_vertices, sampled_block
 from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, random_split
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import coords_of, layer_roles, rank_of
 from plexus_tune.model.scalegnn import steps_per_epoch
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.layout import Block, block
 from plexus_tune.trainer.loop import RankTrainer, _current_rss_bytes, _maybe_fail, make_adamw
-from plexus_tune.trainer.loss import LossShard, ShardedCrossEntropy, accuracy_from_counts
+from plexus_tune.trainer.loss import LossShard, ShardedCrossEntropy, accuracy_counts, accuracy_from_counts
+from plexus_tune.trainer.precision import CommCounter
 from plexus_tune.trainer.tensors import glorot_weights, torch_csr
 
 #: RMSNorm's epsilon.
@@ -69,9 +71,6 @@ class GroupComm(GridComm):
 
     def __init__(self, grid, dp: int, rank: int, timer: PhaseTimer, backend=None, precision=None, seed: int = 0):
         import torch.distributed as dist
-
-        from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
-        from plexus_tune.trainer.precision import CommCounter
 
         self.dist = dist
         self.grid = tuple(int(g) for g in grid)
@@ -473,8 +472,6 @@ class ScaleGnnTrainer(RankTrainer):
     def evaluate(self) -> list[float]:
         """Accuracy counts (correct, total per split part) of a full-graph forward pass (B = N,
         no rescaling, no dropout), summed over the head's row axis; untimed."""
-        from plexus_tune.trainer.loss import accuracy_counts
-
         saved = self.timer
         self.timer = self.comm.timer = PhaseTimer(cuda=self.device.type == "cuda")
         try:
