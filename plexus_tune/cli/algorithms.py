@@ -18,7 +18,7 @@ from plexus_tune.search.joint import search_ranking
 from plexus_tune.search.space import objective_unit
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
-ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names())}, or {ALL} (one ranking over every family, "
+ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
 CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}

@@ -95,6 +95,8 @@ def steps_per_epoch(nodes: int, batch: int, dp: int) -> int:
 
 
 def _hidden(workload) -> int:
+    """The hidden width h: D_1 of the workload's widths (model.workload.model_widths; a
+    one-layer workload names no hidden width and is taken as h = C)."""
     return int(workload.widths[1]) if workload.layers > 1 else int(workload.widths[-1])
 
 
