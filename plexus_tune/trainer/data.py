@@ -8,7 +8,6 @@ alternate layout, by parity) and the matching feature and label rows (docs/train
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,13 +145,9 @@ class ShardData:
 
 
 def is_shard_directory(source) -> bool:
+    """Whether ``source`` is a directory with a ``manifest.json`` (read and checked by
+    :func:`plexus_tune.graph.shards.read_manifest`, which refuses one of another kind)."""
     if not isinstance(source, (str, os.PathLike)):
         return False
-    path = Path(source) / "manifest.json"
-    if not path.is_file():
-        return False
-    try:
-        return json.loads(path.read_text()).get("format") == "plexus-shards"
-    except (OSError, ValueError):
-        return False
+    return (Path(source) / "manifest.json").is_file()
 

@@ -20,12 +20,12 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.permute import TWO_SIDED_MODES
-from plexus_tune.graph.shards import read_manifest
+from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
 
@@ -64,9 +64,7 @@ def graph_source(config: TrainConfig):
         from plexus_tune.trainer.data import is_shard_directory
 
         if is_shard_directory(path):
-            if config.algorithm not in (None, "plexus-3d"):
-                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
-                                "give the graph file")
+            check_shard_input(config.algorithm, path)
             _check_shards(path, config)
         return str(path)
     return config.graph
@@ -74,7 +72,7 @@ def graph_source(config: TrainConfig):
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
     """A shard directory must carry node data and (double or local permutation) a symmetric graph; no --check."""
-    manifest = read_manifest(path)
+    manifest = check_shard_files(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
     if manifest["permutation"]["mode"] in TWO_SIDED_MODES and not manifest.get("symmetric"):
