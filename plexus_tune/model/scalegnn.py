@@ -246,7 +246,7 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
     for s, zi in zip(sizes, z):
         r_d, r_o, c_n, c_o = s["r_d"], s["r_o"], s["c_n"], s["c_o"]
         ib = float(csr_index_bytes(zi, r_d, r_o))
-        spmm += float(predict_spmm_ms(machine.spmm, zi, r_d, r_o, c_n)) + float(predict_spmm_ms(machine.spmm, zi, r_o, r_d, c_n))
+        spmm += float(predict_spmm_ms(machine.spmm, zi, r_d, r_o, c_n)) + float(predict_spmm_ms(machine.spmm, zi, r_o, r_d, c_n, backward=True))
         traffic += float(spmm_traffic_bytes(zi, r_d, r_o, c_n, u, ib)) + float(spmm_traffic_bytes(zi, r_o, r_d, c_n, u, ib))
         flops += 6.0 * r_d * c_n * c_o
         act += 2.0 * u * (r_o * c_n + r_d * c_n + 5.0 * r_d * c_o)
