@@ -301,6 +301,15 @@ def run_campaign(
     return new
 
 
+def run_batch(configs, launcher=None) -> list[dict]:
+    """The records of ``configs`` (one world size) trained in one process set, or one by one
+    where there is one or the set failed (so that the failing run is logged as such)."""
+    records = _run_batch(list(configs), launcher) if len(configs) > 1 else None
+    if records is None:
+        records = [run_training(config, raise_on_failure=False, launcher=launcher) for config in configs]
+    return records
+
+
 def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None) -> dict:
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
     machine profile) the prediction at the run's settings; returns the record."""
