@@ -23,7 +23,8 @@ DEFAULT_ALGORITHM = DEFAULT_FAMILY
 #: Families with a trainer, in the registry's order.
 TRAINED_ALGORITHMS = trained_families()
 #: Run options (TrainConfig fields) some family's trainer has, with their names in messages.
-TRAINER_OPTIONS = {"block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm"}
+TRAINER_OPTIONS = {"block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
+                   "dp": "data-parallel groups", "batch_size": "the batch size"}
 
 
 def _owners(option: str, attribute: str = "choices") -> str:
@@ -60,7 +61,7 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
         if len(grid) != 3 or any(g < 1 for g in grid):
             raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
         total = grid[0] * grid[1] * grid[2]
-        if gpus is not None and int(gpus) != total:
+        if gpus is not None and int(gpus) != total and "dp" not in family.choices:  # dp groups: checked by the run
             raise UserError(f"grid {format_grid(grid)} has {total} ranks but the GPU count is {gpus}; "
                             "make the product of the grid equal the GPU count", parameter="gpus")
         gpus = total
@@ -113,6 +114,15 @@ def check_family_options(config) -> None:
     if config.replication is not None and "replication" not in family.choices:
         raise UserError(f"the replication factor is an option of {_owners('replication')}, not of {family.name}",
                         parameter="replication")
+    if "batch_size" in family.choices and config.batch_size is None:
+        raise UserError(f"{family.name} samples B vertices per step: give the batch size", parameter="batch_size")
+    if int(config.dp or 1) < 1:
+        raise UserError(f"the data-parallel degree must be at least 1, got {config.dp}", parameter="dp")
+    for key, on in (("dp", int(config.dp or 1) != 1), ("batch_size", config.batch_size is not None)):
+        if on and key not in family.trainer_options:
+            raise UserError(f"{TRAINER_OPTIONS[key]} is an option of {_owners(key, 'trainer_options')}, not of "
+                            f"{family.name}" + (" (which trains on the whole graph)" if key == "batch_size" else ""),
+                            parameter=key)
     given = {"block_rows": config.block_rows is not None, "overlap": bool(config.overlap),
              "layer_norm": bool(config.layer_norm)}
     unsupported = [key for key, on in given.items() if on and key not in family.trainer_options]
