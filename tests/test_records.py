@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit import fit_collectives, load_table
+from plexus_tune.fit.collectives import fit_collectives
+from plexus_tune.fit.tables import load_table
 from plexus_tune.report.validation import leave_one_group_out
 from plexus_tune.measure import records as R
 from plexus_tune.measure.identity import IDENTITY_NAMES, run_identity, run_setting
