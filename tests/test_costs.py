@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plexus_tune.model.costs import CostModel, PREDICTION_KEYS, predict_grids, predict_table, rank_order
+from plexus_tune.model.costs import PREDICTION_KEYS, predict_grids, rank_order
+from plexus_tune.model.estimator import CostModel, predict_table
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.workload import Workload, workload_from_dataset

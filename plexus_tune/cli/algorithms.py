@@ -8,7 +8,8 @@ import sys
 from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families

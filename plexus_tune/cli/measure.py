@@ -31,7 +31,7 @@ from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
-from plexus_tune.trainer.algorithms import check_algorithm
+from plexus_tune.trainer.algorithms import check_algorithm, some_grid
 
 
 def register(subparsers) -> None:
@@ -96,7 +96,7 @@ def run(args) -> int:
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
                "aggregation": args.aggregation, **family_options}
-    settings = config_settings(campaign_config(graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+    settings = config_settings(campaign_config(graph, some_grid(options["algorithm"], args.gpus), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
                          replication=args.replication)

@@ -262,18 +262,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     return out
 
 
-class CostModel:
-    """Estimator-style wrapper: ``CostModel(machine).predict(workload, grids)``."""
-
-    def __init__(self, machine, *, block_rows=None):
-        self.machine = load_machine(machine)
-        self.block_rows = _check_block_rows(block_rows)
-
-    def predict(self, workload, grids) -> dict[str, np.ndarray]:
-        """Breakdown of every grid (``grids`` may also be a GPU count: all its grids)."""
-        return predict_grids(workload, self.machine, grids, block_rows=self.block_rows)
-
-
 def rank_order(pred: dict) -> np.ndarray:
     """Indices ranking grids: feasible ones first, each group by increasing total_ms."""
     total = np.asarray(pred["total_ms"], dtype=np.float64)
@@ -301,11 +289,3 @@ def prediction_records(pred: dict, order=None, top: int | None = None) -> list[d
                 rec[key] = float(value)
         records.append(rec)
     return records
-
-
-def predict_table(workload, machine, grids, *, block_rows=None, top: int | None = None):
-    """Ranked predictions as a pandas DataFrame (one row per grid, columns rank, grid, keys)."""
-    import pandas as pd
-
-    pred = predict_grids(workload, machine, grids, block_rows=block_rows)
-    return pd.DataFrame.from_records(prediction_records(pred, top=top))
