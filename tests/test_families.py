@@ -448,3 +448,65 @@ def test_the_codec_estimate_is_marked_in_the_table_and_json():
     table = subprocess.run([sys.executable, "-m", "plexus_tune", *args], capture_output=True, text=True,
                            env={**__import__("os").environ, "COLUMNS": "250"}).stdout
     assert "(estimated)" in table and "quant (estimated): perlmutter has no measured codec rates for int8" in table
+
+
+def _dense_words(calls):
+    return float(sum(c.sent_bytes for c in calls if c.comm_class != "adjacency").max()) / 4
+
+
+def test_cagnet_schedules_word_counts_on_ogbn_products_by_hand():
+    # ogbn-products with every width 128 (the paper's constant f), 3 layers, FP32 words per process
+    from plexus_tune.model.volumes import cagnet_summa_schedule
+
+    n, nnz = 2449029, 126167053
+    widths = (128, 128, 128, 128)
+    # 2D 8x8: q = 8, N' = 8 ceil(N / 8) = 2449032, rb = rf = 306129 rows, d = 128 / 8 = 16 columns.
+    # bundled, per layer: SUMMA broadcast of F and of dT over the column, all-gather of T and
+    # reduce-scatter of dT over the row: 4 units of (8 - 1) rb d; all-reduce of dW, db
+    # ((128 + 1) x 16) over the column: 2 (8 - 1) ceil(2064 / 8)
+    unit = 7 * 306129 * 16
+    bundled = 3 * (4 * unit + 2 * 7 * 258)
+    # paper: the same 4 units, plus the log_softmax all-gather of Z, the sigma'(Z) all-gather and
+    # the dense SUMMA of dW (H along the row, A G along the column): 8 units; and the f x f
+    # result all-gathered on all 64 ranks, 63 ceil(129 * 128 / 64), instead of the all-reduce
+    paper = 3 * (8 * unit + 63 * 258)
+    got_b = _dense_words(cagnet_summa_schedule(n, widths, 8, 8, 1, nnz=nnz))
+    got_p = _dense_words(cagnet_summa_schedule(n, widths, 8, 8, 1, nnz=nnz, schedule="paper"))
+    assert got_b == bundled and got_p == paper
+    assert round(got_b / 1e8, 1) == 4.1  # the bundled trainers' 4.1e8
+    # CAGNET's own count, L (8 n f / sqrt(P)) = 9.4e8, counts every broadcast block in full;
+    # the collectives send (sqrt(P) - 1) / sqrt(P) of it
+    formula = 3 * 8 * 2449032 * 128 / 8
+    assert round(3 * 8 * n * 128 / 8 / 1e8, 1) == 9.4
+    assert got_p == pytest.approx(formula * 7 / 8 + 3 * 63 * 258, rel=1e-12)
+    # split-3D 4x4x4: q = 4, N' = 16 ceil(N / 16) = 2449040, rb = 612260, rf = 153065, d = 32.
+    # bundled, per layer: 6 units of (4 - 1) rf d (SUMMA and fibre reduce-scatter, all-gather of
+    # T forward; their backward counterparts) and the dW all-reduces over column and fibre
+    unit = 3 * 153065 * 32
+    bundled = 3 * (6 * unit + 2 * (2 * 3 * 1032))
+    # paper: CAGNET's 12 units (the partial 3D product's fibre all-gather forward and backward,
+    # log_softmax and sigma' all-gathers, the dense SUMMA of dW) and the f x f all-gather
+    paper = 3 * (12 * unit + 63 * 258)
+    got_b = _dense_words(cagnet_summa_schedule(n, widths, 4, 4, 4, nnz=nnz))
+    got_p = _dense_words(cagnet_summa_schedule(n, widths, 4, 4, 4, nnz=nnz, schedule="paper"))
+    assert got_b == bundled and got_p == paper
+    assert round(got_b / 1e8, 1) == 2.6 and round(3 * 12 * n * 128 / 16 / 1e8, 1) == 7.1
+    assert got_p == pytest.approx(3 * 12 * 2449040 * 128 / 16 * 3 / 4 + 3 * 63 * 258, rel=1e-12)
+
+
+def test_the_paper_schedule_is_an_option_of_the_summa_families():
+    w = workload_from_dataset("ogbn-products")
+    bundled = joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d", "cagnet-3d"))
+    paper = joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d", "cagnet-3d"), schedule="paper")
+    assert {r["schedule"] for r in bundled.records} == {"bundled"}
+    assert {r["schedule"] for r in paper.records} == {"paper"}
+    by = {(r["algorithm"], r["grid"]): r for r in bundled.records}
+    for rec in paper.records:
+        base = by[(rec["algorithm"], rec["grid"])]
+        assert rec["config"].endswith("paper schedule")
+        assert rec["comm_ms"] > base["comm_ms"]  # more collectives
+        assert rec["spmm_ms"] == base["spmm_ms"] and rec["gemm_ms"] == base["gemm_ms"]
+    with pytest.raises(UserError, match="schedule"):
+        joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-1d",), schedule="paper")
+    with pytest.raises(UserError, match="unknown CAGNET schedule"):
+        joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d",), schedule="theirs")

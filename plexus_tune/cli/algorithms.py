@@ -21,7 +21,7 @@ from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
-CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
+CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation", "schedule": "--schedule"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
@@ -34,6 +34,10 @@ def add_algorithm_argument(parser) -> None:
     parser.add_argument("--replication", metavar="C",
                         help=f"{', '.join(families_choosing('replication'))}: only the replication factor C "
                              "(C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--schedule", metavar="NAME",
+                        help=f"{', '.join(families_choosing('schedule'))}: the communication schedule priced, "
+                             "bundled (the bundled trainers', default) or paper (CAGNET's own: log_softmax "
+                             "all-gathers, dense SUMMA for the weight gradient; docs/model.md, CAGNET schedules)")
     parser.add_argument("--aggregation", metavar="MODE",
                         help=f"{', '.join(families_choosing('aggregation'))}: only the aggregation mode pre, post "
                              "or hybrid (default: all three)")

@@ -57,6 +57,8 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("algorithm", ("algorithm",), DEFAULT_FAMILY, str),
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
+    IdentityField("schedule", ("options", "schedule"), "", str),
+    IdentityField("fixed_features", ("options", "fixed_features"), False, bool),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
 )

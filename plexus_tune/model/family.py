@@ -32,7 +32,7 @@ from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format
 from plexus_tune.model.machine import Machine, load_machine
 from plexus_tune.model.scalegnn import config_label as minibatch_label
 from plexus_tune.model.scalegnn import predict_configs as predict_minibatch
-from plexus_tune.model.volumes import check_replication
+from plexus_tune.model.volumes import check_replication, check_schedule
 
 #: Options every family's model takes (docs/model.md, "Algorithm families").
 COMMON_OPTIONS: tuple[str, ...] = ()
@@ -262,12 +262,33 @@ def _summa_pieces(options, pr, pc, pl):
 
 class _Summa(Family):
     """CAGNET's SUMMA families: ``options["graph"]`` (a graph, its adjacency or a
-    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces."""
+    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces; ``schedule``
+    is the bundled trainers' (default) or CAGNET's own as its paper counts it
+    (docs/model.md, "CAGNET schedules")."""
 
-    options = ("graph",)
+    options = ("graph", "schedule")
+    choices = ("schedule",)
+    identity_options = ("schedule",)
+    default_schedule = "bundled"
 
     def graph_options(self, context, gpus):
         return {"graph": context.pattern}
+
+    def variants(self, **fixed):
+        return [{"schedule": check_schedule(fixed.get("schedule") or self.default_schedule)}]
+
+    def check_choice(self, option, value, gpus):
+        if option != "schedule":
+            return super().check_choice(option, value, gpus)
+        return check_schedule(value)
+
+    def record_fields(self, grid, options=None):
+        return {"schedule": check_schedule((options or {}).get("schedule") or self.default_schedule)}
+
+    def label(self, grid, options=None):
+        text = format_grid(tuple(int(g) for g in grid)) if grid[2] > 1 else f"{int(grid[0])}x{int(grid[1])}"
+        paper = check_schedule((options or {}).get("schedule") or self.default_schedule) == "paper"
+        return text + (", paper schedule" if paper else "")
 
     def check_grid(self, gx, gy, gz) -> None:
         raise NotImplementedError
@@ -277,7 +298,8 @@ class _Summa(Family):
         for gx, gy, gz in grids:
             self.check_grid(gx, gy, gz)
             out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), int(gz), choice,
-                                           _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer))
+                                           _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer,
+                                           check_schedule(options.get("schedule") or self.default_schedule)))
         return _stack(out)
 
 
@@ -293,9 +315,6 @@ class Cagnet2d(_Summa):
     def check_grid(self, gx, gy, gz):
         if gz != 1:
             raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {format_grid((gx, gy, gz))}")
-
-    def label(self, grid, options=None):
-        return f"{int(grid[0])}x{int(grid[1])}"
 
 
 class Cagnet3d(_Summa):

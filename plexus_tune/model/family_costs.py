@@ -293,15 +293,15 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
 
 
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
-                        optimizer=None) -> dict:
+                        optimizer=None, schedule: str = "bundled") -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
     piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
-    NNZ spread evenly."""
+    NNZ spread evenly; ``schedule`` bundled or paper (:func:`plexus_tune.model.volumes.cagnet_summa_schedule`)."""
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     gpus = pr * pc * pl
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
     calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
-                                  at_pieces=at_pieces, nnz=nnz)
+                                  at_pieces=at_pieces, nnz=nnz, schedule=schedule)
     times = schedule_times(machine, calls, choice, u)
     sizes = summa_sizes(n, pr, pc, pl)
     q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
