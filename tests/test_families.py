@@ -510,3 +510,33 @@ def test_the_paper_schedule_is_an_option_of_the_summa_families():
         joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-1d",), schedule="paper")
     with pytest.raises(UserError, match="unknown CAGNET schedule"):
         joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d",), schedule="theirs")
+
+
+@pytest.mark.parametrize("name", ["perlmutter", "frontier", "h100-80gb-fitted"])
+def test_fixed_features_lower_every_family_and_stay_alike_at_one_gpu(name):
+    w = workload_from_dataset("ogbn-products")
+    one = joint_ranking(w, name, 1, fixed_features=True)
+    totals = {r["algorithm"]: r["total_ms"] for r in one.records}
+    assert max(totals.values()) <= 1.01 * min(totals.values()), totals
+    trained = {r["algorithm"]: r["total_ms"] for r in joint_ranking(w, name, 1).records}
+    assert all(totals[f] < trained[f] for f in totals)
+    for family in ("cagnet-1.5d", "cagnet-2d", "cagnet-3d", "supergcn"):
+        grid = family_of(family).configurations(16)[:1]
+        a = family_of(family).predict(w, name, grid)
+        b = family_of(family).predict(w, name, grid, options={"fixed_features": True})
+        assert b["spmm_ms"][0] < a["spmm_ms"][0] and b["gemm_ms"][0] < a["gemm_ms"][0]
+        assert b["comm_ms"][0] < a["comm_ms"][0] and b["memory_bytes"][0] < a["memory_bytes"][0]
+        assert b["memory_features_bytes"][0] == pytest.approx(a["memory_features_bytes"][0] / 4)
+
+
+def test_run_identity_carries_fixed_features_and_old_records_read_as_trainable():
+    from plexus_tune.measure.identity import prediction_settings, run_identity
+
+    old = {"graph_source": "rmat:nodes=64", "gx": 2, "gy": 1, "gz": 1, "algorithm": "cagnet-2d", "options": {}}
+    new = {**old, "options": {"fixed_features": True}}
+    assert run_identity(old).fixed_features is False and run_identity(new).fixed_features is True
+    assert run_identity(old) != run_identity(new)
+    assert prediction_settings(old)["fixed_features"] is False
+    assert prediction_settings(new)["fixed_features"] is True
+    paper = {**old, "options": {"schedule": "paper"}}
+    assert prediction_settings(paper)["options"] == {"schedule": "paper"}

@@ -34,6 +34,10 @@ def add_algorithm_argument(parser) -> None:
     parser.add_argument("--replication", metavar="C",
                         help=f"{', '.join(families_choosing('replication'))}: only the replication factor C "
                              "(C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="the input features are not trained: no layer-0 feature gradient, backward SpMM "
+                             "and collectives, nor the features' optimizer state (default: trained, as the "
+                             "Plexus paper trains; docs/model.md, Fixed features)")
     parser.add_argument("--schedule", metavar="NAME",
                         help=f"{', '.join(families_choosing('schedule'))}: the communication schedule priced, "
                              "bundled (the bundled trainers', default) or paper (CAGNET's own: log_softmax "
@@ -218,7 +222,8 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
         except UserError as exc:
             raise UserError(f"{CHOICE_FLAGS[key]}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, plexus_options=plexus_options, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options,
+                            fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 
@@ -234,6 +239,7 @@ def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=N
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
     ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
-                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
+                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0),
+                             fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
     return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
                          objective=args.objective)

@@ -34,8 +34,10 @@ from plexus_tune.model.scalegnn import config_label as minibatch_label
 from plexus_tune.model.scalegnn import predict_configs as predict_minibatch
 from plexus_tune.model.volumes import check_replication, check_schedule
 
-#: Options every family's model takes (docs/model.md, "Algorithm families").
-COMMON_OPTIONS: tuple[str, ...] = ()
+#: Options every family's model takes (docs/model.md, "Algorithm families"): ``fixed_features``
+#: (the input features are not trained: no layer-0 feature gradient, its backward SpMM and
+#: collectives, nor the features' optimizer state).
+COMMON_OPTIONS: tuple[str, ...] = ("fixed_features",)
 
 
 def _grids(grids) -> np.ndarray:
@@ -179,7 +181,7 @@ class Family:
 class Plexus3d(Family):
     name = "plexus-3d"
     summary = "the Plexus 3D grid Gx x Gy x Gz"
-    options = ("sparsity",)  # the graph's shards (model.sparsity.GraphSparsity)
+    options = ("sparsity", "overlap")  # the graph's shards (model.sparsity.GraphSparsity); overlapped blocks
     trainer_entry = "plexus_tune.trainer.plexus3d:Plexus3dTrainer"
     takes_block_rows = True
     trainer_options = ("block_rows", "overlap", "layer_norm", "permute")
@@ -190,7 +192,8 @@ class Plexus3d(Family):
 
     def evaluate(self, workload, machine, grids, *, block_rows, choice, optimizer, options):
         return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=choice,
-                             optimizer=optimizer, sparsity=options.get("sparsity"))
+                             optimizer=optimizer, sparsity=options.get("sparsity"),
+                             fixed_features=bool(options.get("fixed_features")), overlap=bool(options.get("overlap")))
 
 
 class Cagnet1d(Family):
@@ -211,7 +214,8 @@ class Cagnet1d(Family):
         for gx, gy, gz in grids:
             if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
                 raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {format_grid((gx, gy, gz))}")
-            out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer))
+            out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer,
+                                         bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -248,7 +252,8 @@ class Cagnet15d(Family):
             if gz != 1 or ("replication" in options and int(options["replication"]) != gy):
                 raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {format_grid((gx, gy, gz))}"
                                 + (f" with replication {options['replication']}" if "replication" in options else ""))
-            out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer))
+            out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer,
+                                         bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -299,7 +304,8 @@ class _Summa(Family):
             self.check_grid(gx, gy, gz)
             out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), int(gz), choice,
                                            _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer,
-                                           check_schedule(options.get("schedule") or self.default_schedule)))
+                                           check_schedule(options.get("schedule") or self.default_schedule),
+                                           bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -374,7 +380,8 @@ class SuperGcn(Family):
             if plan is None and options.get("graph") is not None:
                 graph = options["graph"]
                 plan = partition_exchange(getattr(graph, "adjacency", graph), int(gx), seed=int(options.get("seed", 0)))
-            out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer))
+            out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer,
+                                       bool(options.get("fixed_features"))))
         return _stack(out)
 
 

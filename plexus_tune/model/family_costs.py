@@ -214,7 +214,7 @@ def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
 
 
 def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
-            optimizer=None, choice=None):
+            optimizer=None, choice=None, fixed_features=False):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -226,7 +226,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
     out["spmm_clipped"] = spmm_ms < 0
     out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
-                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer, fixed_features=fixed_features)
     for key in ("other_ms", *OTHER_PARTS):
         out[key] = float(other[key])
     gpus = int(np.prod(grid))
@@ -257,25 +257,27 @@ def _max_volume(calls, gpus):
     return float(per_rank.max()) if gpus else 0.0
 
 
-def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None) -> dict:
-    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks."""
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None,
+                      fixed_features: bool = False) -> dict:
+    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks (``fixed_features``: layer 0
+    computes no feature gradient, :func:`feature_gradient_dropped`)."""
     c = check_replication(gpus, c)
     r = gpus // c
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     b = ceil_div(n, r)
     stages = max(len(range(j * r // c, (j + 1) * r // c)) for j in range(c))
-    calls = cagnet_15d_schedule(n, widths, gpus, c, u)
+    calls = feature_gradient_dropped(cagnet_15d_schedule(n, widths, gpus, c, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
     z_stage = nnz / (r * r)
     spmm = floor = flops = 0.0
     act = 0.0
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        for backward in (False, True):
+        for backward in (False, True) if not (fixed_features and i == 0) else (False,):
             t, f = _spmm(machine, z_stage, b, b, d_in, u, stages, backward)
             spmm += t
             floor += f
-        flops += 6.0 * b * d_in * d_out
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * b * d_in * d_out
         act += (2.0 * b * d_in + 2.0 * b * d_out) * u
     params = _weights_elements(widths)
     z_rank = nnz * stages / (r * r)
@@ -283,17 +285,17 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
     memory = {
         "adjacency": 2.0 * csr_bytes(z_rank, b * stages, u, ib, stages),
         "weights": 4.0 * params * u,
-        "features": 4.0 * b * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * b * widths[0] * u,
         "activations": act,
         "gathered": float(max(widths[:-1])) * b * u if r > 1 else 0.0,
         "labels": 8.0 * b,
     }
     return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
-                   _max_volume(calls, gpus), False, optimizer, choice)
+                   _max_volume(calls, gpus), False, optimizer, choice, fixed_features)
 
 
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
-                        optimizer=None, schedule: str = "bundled") -> dict:
+                        optimizer=None, schedule: str = "bundled", fixed_features: bool = False) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
     piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
     NNZ spread evenly; ``schedule`` bundled or paper (:func:`plexus_tune.model.volumes.cagnet_summa_schedule`)."""
@@ -302,6 +304,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
     calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
                                   at_pieces=at_pieces, nnz=nnz, schedule=schedule)
+    calls = feature_gradient_dropped(calls, fixed_features)
     times = schedule_times(machine, calls, choice, u)
     sizes = summa_sizes(n, pr, pc, pl)
     q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
@@ -316,25 +319,34 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
-        for backward in (False, True):
+        for backward in (False, True) if not (fixed_features and i == 0) else (False,):
             t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
             spmm += t
             floor += f
-        flops += 6.0 * rf * pc * d_in * d_out
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * rf * pc * d_in * d_out
         act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
         gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
     params = _weights_elements(widths, lambda d: ceil_div(d, pc))
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z_rank, rb * (q // pc), u, csr_index_bytes(z_rank, rb, n), q // pc)),
         "weights": 4.0 * params * u,
-        "features": 4.0 * rf * ceil_div(widths[0], pc) * u,
+        "features": (1.0 if fixed_features else 4.0) * rf * ceil_div(widths[0], pc) * u,
         "activations": act,
         "gathered": gathered if gpus > 1 else 0.0,
         "labels": 8.0 * rf,
     }
     return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
                    _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
-                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice)
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice, fixed_features)
+
+
+def feature_gradient_dropped(calls, fixed_features: bool):
+    """``calls`` without what only the input features' gradient needs when they are fixed: layer 0's
+    backward communication other than its weight gradient (``gather`` class)."""
+    if not fixed_features:
+        return calls
+    return [c for c in calls if not (c.name.startswith("layer 0 ") and c.direction == "backward"
+                                     and c.comm_class != "gather")]
 
 
 def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
@@ -353,7 +365,8 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
     return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
 
 
-def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
+def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None,
+                    fixed_features: bool = False) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
     mode = check_aggregation(mode)
@@ -368,7 +381,7 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         rows = estimated_boundary_rows(n, nnz, gpus)
         nodes_p = np.full(gpus, float(ceil_div(n, gpus)))
         local_nnz = np.full(gpus, nnz / gpus)
-    calls = supergcn_schedule(widths, rows, u)
+    calls = feature_gradient_dropped(supergcn_schedule(widths, rows, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
     if isinstance(rows, UniformExchange):
         sent = recv = rows.sent()
@@ -378,27 +391,30 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
     floor_p = np.zeros(gpus)
     ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
     for i in range(workload.layers):
+        directions = (False,) if fixed_features and i == 0 else (False, True)  # forward A F, backward A^T dH
         t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
-                for back in (False, True))  # forward A F and backward A^T dH
+                for back in directions)
         f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
         spmm_p += t
-        floor_p += 2.0 * f
+        floor_p += len(directions) * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)
     busiest = int(np.argmax(np.maximum(spmm_p, floor_ms)))
     n_max = float(nodes_p.max())
-    flops = sum(6.0 * n_max * widths[i] * widths[i + 1] for i in range(workload.layers))
+    flops = sum((4.0 if fixed_features and i == 0 else 6.0) * n_max * widths[i] * widths[i + 1]
+                for i in range(workload.layers))
     params = _weights_elements(widths)
     z = float(local_nnz.max())
     halo = float((recv + sent).max())
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z, n_max, u, csr_index_bytes(z, n_max, n))),
         "weights": 4.0 * params * u,
-        "features": 4.0 * n_max * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * n_max * widths[0] * u,
         "activations": sum((2.0 * n_max * widths[i] + 2.0 * n_max * widths[i + 1]) * u for i in range(workload.layers)),
         "gathered": halo * max(widths[:-1]) * u,
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice,
+                   fixed_features)
 

@@ -18,7 +18,7 @@ MAX_SEARCH_CONFIGURATIONS = 20_000
 
 def search_ranking(workload, machine, gpus_counts, *, objective: str = "epoch", algorithms=None,
                    precisions=("fp32",), graph=None, seed: int = 0, replication=None, aggregation=None,
-                   schedule=None) -> Ranking:
+                   schedule=None, fixed_features: bool = False) -> Ranking:
     """:func:`joint_ranking` over several GPU counts, ranked by ``objective`` (epoch time, or
     GPU-hours per 100 epochs: :func:`plexus_tune.search.space.objective_value`'s formula,
     ``objective_value`` in each record). Exact; UserError past
@@ -43,7 +43,8 @@ def search_ranking(workload, machine, gpus_counts, *, objective: str = "epoch", 
             refused = exc  # a choice this count does not allow (e.g. c must divide G, c c <= G)
             continue
         part = joint_ranking(workload, machine, g, algorithms=algorithms, precisions=precisions, graph=graph, seed=seed,
-                             replication=replication, aggregation=aggregation, schedule=schedule)
+                             replication=replication, aggregation=aggregation, schedule=schedule,
+                             fixed_features=fixed_features)
         records += part.records
         estimated.update(part.estimated_families)
     if not records:
