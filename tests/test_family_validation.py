@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from plexus_tune.errors import UserError
-from plexus_tune.measure.families import cluster_spec, configuration_label, family_configurations, untrained_families
-from plexus_tune.model.family import family_of, trained_families
+from plexus_tune.measure.families import (cluster_spec, configuration_label, family_configurations, trained_families,
+                                          untrained_families)
+from plexus_tune.model.family import family_names
+from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
 from plexus_tune.report.families import score_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +30,9 @@ def test_every_trained_family_and_variant_is_a_configuration():
     assert len(by_family["plexus-3d"]) == 10  # every ordered factorization of 8 into three axes
     assert sorted(a for _, a in by_family["supergcn"]) == ["hybrid", "post", "pre"]
     assert sorted(g for g, _ in by_family["cagnet-2d"]) == [(1, 8, 1), (2, 4, 1), (4, 2, 1), (8, 1, 1)]
-    assert set(untrained_families()) == {n for n in ("cagnet-3d",) if not family_of(n).trainer_entry}
+    assert set(untrained_families()) == set(family_names()) - set(TRAINED_ALGORITHMS)
+    if "cagnet-3d" in by_family:  # split-3D: every Pr x Pc x Pl with Pl >= 2
+        assert sorted(g for g, _ in by_family["cagnet-3d"]) == [(1, 1, 8), (1, 2, 4), (1, 4, 2), (2, 1, 4), (2, 2, 2), (4, 1, 2)]
 
 
 def test_named_clusters():

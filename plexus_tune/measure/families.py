@@ -2,8 +2,8 @@
 communication precision, on one or more graphs, through the campaign code of
 :mod:`plexus_tune.measure.campaign` (docs/algorithms.md, "Validating the joint ranking").
 
-A family configuration is (family, process grid, options): every registered family with a
-trainer (:func:`plexus_tune.model.family.trained_families`), each of its option variants
+A family configuration is (family, process grid, options): every registered family the
+trainer runs (:func:`trained_families`), each of its option variants
 (:meth:`~plexus_tune.model.family.Family.variants`: supergcn's pre, post and hybrid
 aggregation) at each of its configurations (plexus-3d every grid, cagnet-1d, 1.5d, 2d,
 3d). Families without a trainer are left out and named (:func:`untrained_families`).
@@ -19,7 +19,8 @@ from plexus_tune.errors import UserError
 from plexus_tune.measure.campaign import check_graph, log_campaign_run, pending_runs, run_batch
 from plexus_tune.measure.store import RUN_LOG, check_log
 from plexus_tune.model.comm_precision import parse_precision
-from plexus_tune.model.family import family_names, family_of, trained_families
+from plexus_tune.model.family import family_names, family_of
+from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
 
 #: Named emulated clusters: ``NxR`` -> N nodes of R ranks, 0.05 GB/s per node link, no added latency.
 CLUSTER_SPEC = "emulated:nodes={nodes},ranks_per_node={ranks},inter_gbps=0.05,inter_latency_us=0"
@@ -37,10 +38,14 @@ def cluster_spec(text: str) -> str:
     return CLUSTER_SPEC.format(nodes=int(parts[0]), ranks=int(parts[1]))
 
 
+def trained_families() -> list[str]:
+    """Registered families the trainer runs (:data:`plexus_tune.trainer.algorithms.TRAINED_ALGORITHMS`), in registry order."""
+    return [name for name in family_names() if name in TRAINED_ALGORITHMS]
+
+
 def untrained_families() -> list[str]:
     """Registered families the trainer does not run (left out of campaigns)."""
-    trained = set(trained_families())
-    return [name for name in family_names() if name not in trained]
+    return [name for name in family_names() if name not in TRAINED_ALGORITHMS]
 
 
 def family_settings() -> list[tuple[str, dict]]:
