@@ -96,3 +96,28 @@ def test_tiny_campaign_on_the_emulated_cluster(tmp_path):
     assert set(graph["families"]) == set(trained_families())
     assert float(last.split()[2].rstrip(",")) == pytest.approx(graph["spearman"], abs=5e-4)
     assert -1.0 <= graph["spearman"] <= 1.0 and graph["regret"] >= 1.0
+
+
+@pytest.mark.slow  # trains on 2 local ranks: about 2 minutes on the loaded 2-core host
+def test_measured_search_over_families_trains_the_models_best_first(tmp_path):
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.search.joint import measured_joint_search, search_ranking
+    from plexus_tune.measure.campaign import load_stats, workload_of
+
+    graph = "rmat:nodes=512,edges=2048,features=8,classes=2,seed=1"
+    workload = workload_of(load_stats(graph), 2, 8)
+    ranking = search_ranking(workload, "cpu-gloo-2core-fitted", [2], algorithms=("cagnet-1d", "supergcn"))
+    log = tmp_path / "runs.jsonl"
+    rows = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
+    expected = [r for r in ranking.records if r["feasible"]][:2]
+    assert [(r["algorithm"], r["config"]) for r in rows] == [(r["algorithm"], r["config"]) for r in expected]
+    records, _ = read_records(log, schema="run")
+    assert sorted(r["algorithm"] for r in records) == sorted(r["algorithm"] for r in expected)
+    for row in rows:
+        mine = [r for r in records if r["algorithm"] == row["algorithm"]
+                and (r.get("options") or {}).get("aggregation") == row.get("aggregation")]
+        assert row["trials_ok"] == 1 and row["observed_ms"] == pytest.approx(mine[0]["epoch_ms"])
+    # a second call reuses the logged runs: nothing new is trained
+    again = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
+    assert len(read_records(log, schema="run")[0]) == len(records)
+    assert [r["observed_ms"] for r in again] == [r["observed_ms"] for r in rows]

@@ -524,7 +524,7 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
             + ("; times divided by the oversubscription of each calibration run" if time_sharing else "")
             + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
-                      f"{fit['intra'] + fit['inter']} {op} timings ({fit['intra']} intra-node, {fit['inter']} inter-node; "
+                      f"{fit['rows']} {op} timings ({fit['intra']} with intra-node and {fit['inter']} with inter-node messages; "
                       + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
                       + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
 
