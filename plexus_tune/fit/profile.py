@@ -459,6 +459,8 @@ def fit_profile(
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
         "collectives": ({"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
                          "epoch_scores": coll.epoch_scores or None,
+                         "op_tiers": ({op: {**dict(coll.network.op_tiers)[op], **fit} for op, fit in coll.op_fit.items()}
+                                      or None),
                          "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                          "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
                         if coll is not None else {"copied_from": copied.name}),

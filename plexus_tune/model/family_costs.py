@@ -170,10 +170,11 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
             timed_op, timed_bytes = call.op, wire
             if precision != "fp32":
                 out["quant_ms"] += float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u, call.calls))
-        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op))
+        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op,
+                                                 call.messages))
     for timed_op, rows in batches.items():
-        g, stride, size, count, axis, op = (np.asarray(col) for col in zip(*rows))
-        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size), dtype=np.float64) * count
+        g, stride, size, count, axis, op, messages = (np.asarray(col) for col in zip(*rows))
+        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size, messages), dtype=np.float64) * count
         for t, a, o in zip(times.tolist(), axis.tolist(), op.tolist()):
             out["comm_ms"] += t
             out[COMM_AXIS_KEYS[a]] += t

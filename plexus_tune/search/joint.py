@@ -7,6 +7,9 @@ from __future__ import annotations
 import time
 
 from plexus_tune.errors import UserError
+from plexus_tune.measure.campaign import graph_source_text
+from plexus_tune.measure.families import configuration_label, measure_configurations, trained_families
+from plexus_tune.report.families import observed_rows
 from plexus_tune.model.planner import Ranking, check_choices, joint_ranking, joint_space_size
 from plexus_tune.model.family import family_names, family_of
 from plexus_tune.search.space import check_objective, objective_value
@@ -68,10 +71,6 @@ def measured_joint_search(ranking: Ranking, graph: str, *, log, count: int = 10,
     ranked record, ``observed_ms`` (median over its successful trials in ``log``, nan if
     none) and ``trials_ok``; families without a trainer are skipped.
     """
-    from plexus_tune.measure.campaign import graph_source_text
-    from plexus_tune.measure.families import configuration_label, measure_configurations, trained_families
-    from plexus_tune.report.families import observed_rows
-
     if count < 1:
         raise UserError(f"the number of configurations to measure must be at least 1, got {count}")
     trained = set(trained_families())
