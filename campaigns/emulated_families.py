@@ -119,7 +119,7 @@ def main(argv=None) -> int:
             source, _, _ = graph_source_text(graph)
             workload = workload_of(load_stats(graph), args.layers, args.hidden)
             rows = predict_rows(observed_rows(log, source, gpus=args.gpus), workload, machine, load_graph_source(graph))
-            rows.sort(key=lambda r: r["observed_ms"])
+            rows.sort(key=lambda r: r["epoch_ms"])
             entry = {"graph": graph, **score_rows(rows), "rows": rows}
             summary["graphs"].append(entry)
             print(f"\n{graph}: {entry['configurations']} configurations, Spearman {entry['spearman']:.3f}, "
@@ -127,11 +127,11 @@ def main(argv=None) -> int:
                   f"observed best {entry.get('observed_best')}")
             print(f"{'family':<12} {'observed best':<28} {'ms':>8} {'predicted best':<28} {'ms':>8}")
             for family, f in entry["families"].items():
-                print(f"{family:<12} {f['observed_best']:<28} {f['observed_ms']:>8.1f} {f['predicted_best']:<28} "
-                      f"{f['predicted_ms']:>8.1f}")
+                print(f"{family:<12} {f['observed_best']:<28} {f['epoch_ms']:>8.1f} {f['predicted_best']:<28} "
+                      f"{f['total_ms']:>8.1f}")
             print(f"{'configuration':<34} {'observed ms':>12} {'predicted ms':>13}")
             for r in rows:
-                print(f"{r['label']:<34} {r['observed_ms']:>12.1f} {r['predicted_ms']:>13.1f}")
+                print(f"{r['label']:<34} {r['epoch_ms']:>12.1f} {r['total_ms']:>13.1f}")
         scores = [g for g in summary["graphs"] if g["configurations"]]
         summary["mean_spearman"] = float(np.mean([g["spearman"] for g in scores])) if scores else float("nan")
         summary["mean_regret"] = float(np.mean([g["regret"] for g in scores])) if scores else float("nan")

@@ -30,8 +30,8 @@ def workload():
     return Workload.from_graph_stats("g", GRAPH.num_nodes, nnz, GRAPH.num_features, 2, 2, HIDDEN)
 
 
-def spmm(nnz, rows, common, k):
-    return float(predict_spmm_ms(SPMM, nnz, rows, common, k))
+def spmm(nnz, rows, common, k, backward=False):
+    return float(predict_spmm_ms(SPMM, nnz, rows, common, k, backward=backward))
 
 
 def predicted_spmm(family, grid, **options):
@@ -60,8 +60,9 @@ def test_partitioned_spmm_is_the_busiest_ranks_own_matrices(mode):
         back = [rp.local_t] + [pre_t for _, pre_t in rp.sends_t.values() if pre_t is not None] + list(rp.receives_t.values())
         total = 0.0
         for d in widths[:-1]:
-            for m in calls + back:
-                total += spmm(m._nnz(), m.shape[0], m.shape[1], d)
+            for backward, group in ((False, calls), (True, back)):
+                for m in group:
+                    total += spmm(m._nnz(), m.shape[0], m.shape[1], d, backward)
         per_rank.append(total)
     assert predicted_spmm("supergcn", (parts, 1, 1), aggregation=mode) == pytest.approx(max(per_rank), rel=1e-9)
 
@@ -78,7 +79,8 @@ def test_block_row_spmm_is_the_busiest_ranks_stage_chunks(gpus, c):
     for i in range(r):
         for j in range(c):
             stages = range(j * r // c, (j + 1) * r // c)
-            t = sum(2 * spmm(blocks[i, k], b, b, d) for d in widths[:-1] for k in stages)  # A and A^T (symmetric)
+            t = sum(spmm(blocks[i, k], b, b, d, back) for d in widths[:-1] for k in stages
+                    for back in (False, True))  # A, then A^T (symmetric: the same blocks)
             worst = max(worst, t)
     family = "cagnet-1d" if c == 1 else "cagnet-1.5d"
     assert predicted_spmm(family, (r, c, 1)) == pytest.approx(worst, rel=1e-9)
@@ -98,6 +100,6 @@ def test_summa_spmm_is_the_busiest_block_rows_pieces(pr, pc):
     worst = 0.0
     for i in range(pr):
         nnz = [a[i * rb:(i + 1) * rb, s * piece:(s + 1) * piece].nnz for s in range(q)]
-        t = sum(2 * spmm(z, rb, piece, math.ceil(d / pc)) for d in widths[:-1] for z in nnz)
+        t = sum(spmm(z, rb, piece, math.ceil(d / pc), back) for d in widths[:-1] for z in nnz for back in (False, True))
         worst = max(worst, t)
     assert predicted_spmm("cagnet-2d", (pr, pc, 1)) == pytest.approx(worst, rel=1e-9)

@@ -47,8 +47,8 @@ def test_named_clusters():
 def test_scores_by_hand():
     def row(family, grid, agg, precision, observed, predicted):
         options = {"aggregation": agg} if agg else {}
-        return {"family": family, "grid": grid, "options": options, "comm_precision": precision, "observed_ms": observed,
-                "predicted_ms": predicted, "label": configuration_label(family, grid, options, precision)}
+        return {"family": family, "grid": grid, "options": options, "comm_precision": precision, "epoch_ms": observed,
+                "total_ms": predicted, "label": configuration_label(family, grid, options, precision)}
 
     rows = [row("plexus-3d", (2, 2, 2), None, "fp32", 100.0, 90.0),
             row("plexus-3d", (8, 1, 1), None, "bf16", 120.0, 80.0),  # predicted best, observed second
@@ -62,7 +62,7 @@ def test_scores_by_hand():
     assert scores["predicted_best"] == "plexus-3d 8x1x1 bf16" and scores["observed_best"] == "plexus-3d 2x2x2"
     fam = scores["families"]
     assert fam["plexus-3d"]["observed_best"] == "plexus-3d 2x2x2" and fam["plexus-3d"]["predicted_best"] == "plexus-3d 8x1x1 bf16"
-    assert fam["plexus-3d"]["observed_of_predicted_ms"] == 120.0
+    assert fam["plexus-3d"]["predicted_best_epoch_ms"] == 120.0
     assert fam["supergcn"]["observed_best"] == "supergcn 8x1x1 post"
 
 
@@ -116,8 +116,8 @@ def test_measured_search_over_families_trains_the_models_best_first(tmp_path):
     for row in rows:
         mine = [r for r in records if r["algorithm"] == row["algorithm"]
                 and (r.get("options") or {}).get("aggregation") == row.get("aggregation")]
-        assert row["trials_ok"] == 1 and row["observed_ms"] == pytest.approx(mine[0]["epoch_ms"])
+        assert row["trials_ok"] == 1 and row["epoch_ms"] == pytest.approx(mine[0]["epoch_ms"])
     # a second call reuses the logged runs: nothing new is trained
     again = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
     assert len(read_records(log, schema="run")[0]) == len(records)
-    assert [r["observed_ms"] for r in again] == [r["observed_ms"] for r in rows]
+    assert [r["epoch_ms"] for r in again] == [r["epoch_ms"] for r in rows]

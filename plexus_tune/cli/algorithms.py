@@ -8,7 +8,8 @@ import sys
 from plexus_tune.cli.output import check_log, format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families
@@ -19,16 +20,16 @@ from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.paths import default_run_log
 from plexus_tune.search.joint import measured_joint_search, search_ranking
 from plexus_tune.search.space import objective_unit
+from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
-ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names())}, or {ALL} (one ranking over every family, "
+ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
 CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
-COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-           ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"))
+COLUMNS = labelled(("total_ms", *TOTAL_PARTS))
 
 
 def add_algorithm_argument(parser) -> None:
@@ -256,12 +257,12 @@ def print_measured(ranking, args, launcher) -> int:
     for r in rows:
         table.add_row(str(r["rank"]), r["algorithm"], r["config"], r["comm_precision"], str(r["gpus"]),
                       format_ms(r["total_ms"]),
-                      "failed" if r["trials_ok"] == 0 else format_ms(r["observed_ms"]))
+                      "failed" if r["trials_ok"] == 0 else format_ms(r["epoch_ms"]))
     console.print(table)
     ok = [r for r in rows if r["trials_ok"]]
     if not ok:
         raise UserError("no measured configuration ran successfully; see the run log for the failures")
-    best = min(ok, key=lambda r: r["observed_ms"])
+    best = min(ok, key=lambda r: r["epoch_ms"])
     console.print(f"measured best: {best['algorithm']} {best['config']} {best['comm_precision']} on {best['gpus']} GPUs, "
-                  f"{format_ms(best['observed_ms'])} ms per epoch (model rank {best['rank']})", highlight=False)
+                  f"{format_ms(best['epoch_ms'])} ms per epoch (model rank {best['rank']})", highlight=False)
     return 0

@@ -633,7 +633,7 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
     if progress:
         progress(0, 1)
     frame = predict_runs(runs_tbl, profile)
-    raw_mape = mape_percent(frame["pred_epoch_ms"], frame["obs_epoch_ms"])
+    raw_mape = mape_percent(frame["pred_total_ms"], frame["obs_epoch_ms"])
     epoch = fit_epoch(frame, n_splits=n_splits, seed=seed)
     if progress:
         progress(1, 1)

@@ -34,7 +34,7 @@ from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.identity import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
-from plexus_tune.model.grid import parse_grid
+from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.family import DEFAULT_FAMILY, families_choosing, family_of
 from plexus_tune.model.prediction import predict_run_grids
@@ -314,7 +314,7 @@ def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, g
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
     machine profile) the prediction at the run's settings; returns the record."""
     record["trial"] = int(trial)
-    record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
+    record["campaign"] = {"gpus": gpus, "trials": trials, "grids": [format_grid(g) for g in grids]}
     if workload is not None and machine is not None:
         record["predicted"] = predict_record(record, machine, workload=workload)
     append_records(log, [record])

@@ -185,10 +185,10 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
 # ----------------------------------------------------------------------------- per family
 
 
-def _spmm(machine, nnz, rows, common, cols, u, calls=1):
-    """(model ms, floor bytes) of ``calls`` equal local SpMMs."""
+def _spmm(machine, nnz, rows, common, cols, u, calls=1, backward=False):
+    """(model ms, floor bytes) of ``calls`` equal local SpMMs (``backward``: a layer's A^T dH)."""
     ib = csr_index_bytes(nnz, rows, common)
-    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols)) * calls
+    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)) * calls
     traffic = float(spmm_traffic_bytes(nnz, rows, common, cols, u, ib)) * calls
     return t, traffic
 
@@ -276,9 +276,9 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         spmm_rank = np.zeros((r, c))
         floor_rank = np.zeros((r, c))
         for i in range(workload.layers):
-            for direction in mine:
+            for backward, direction in zip((False, True), mine):
                 for j, z in enumerate(direction):
-                    t, f = _pieces_spmm(machine, z, b, b, widths[i], u)
+                    t, f = _pieces_spmm(machine, z, b, b, widths[i], u, backward=backward)
                     spmm_rank[:, j] += t
                     floor_rank[:, j] += f
         busiest = np.unravel_index(int(np.argmax(spmm_rank)), spmm_rank.shape)
@@ -289,8 +289,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         z_stage = nnz / (r * r)
         spmm = floor = 0.0
         for i in range(workload.layers):
-            for _ in ("forward", "backward"):
-                t, f = _spmm(machine, z_stage, b, b, widths[i], u, stages)
+            for backward in (False, True):
+                t, f = _spmm(machine, z_stage, b, b, widths[i], u, stages, backward)
                 spmm += t
                 floor += f
         z_rank = nnz * stages / (r * r)
@@ -337,8 +337,9 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         per_row = np.zeros((pl, pr))
         floor_row = np.zeros((pl, pr))
         for i in range(workload.layers):
-            for z in (a_pieces, at_pieces):
-                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u)
+            for backward, z in ((False, a_pieces), (True, at_pieces)):
+                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u,
+                                    backward=backward)
                 per_row += t
                 floor_row += f
         busiest = np.unravel_index(int(np.argmax(per_row)), per_row.shape)
@@ -347,8 +348,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
         if a_pieces is None:
-            for _ in ("forward", "backward"):
-                t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q)
+            for backward in (False, True):
+                t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
                 spmm += t
                 floor += f
         flops += 6.0 * rf * pc * d_in * d_out
@@ -384,14 +385,15 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
     return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
 
 
-def _pieces_spmm(machine, nnz, rows, common, cols, u, used=None):
+def _pieces_spmm(machine, nnz, rows, common, cols, u, used=None, *, backward=False):
     """(model ms, floor bytes) of one SpMM per entry of the broadcast shape arrays, summed over
-    the last axis; entries where ``used`` is False cost nothing (no call is made)."""
+    the last axis; entries where ``used`` is False cost nothing (no call is made);
+    ``backward``: the SpMMs are a layer's backward ones."""
     nnz, rows, common = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (nnz, rows, common)))
     if used is not None:  # shapes of calls not made stay valid for the model
         nnz, rows, common = (np.where(used, a, 1.0) for a in (nnz, rows, common))
     ib = csr_index_bytes(nnz, rows, common)
-    t = predict_spmm_ms(machine.spmm, nnz, rows, common, cols)
+    t = predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)
     f = spmm_traffic_bytes(nnz, rows, common, cols, u, ib)
     if used is not None:
         t, f = np.where(used, t, 0.0), np.where(used, f, 0.0)
@@ -412,11 +414,11 @@ def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u) -> tu
     total_f = np.zeros(n.size)
     for i in range(layers):
         d = widths[i]
-        for rows_pre, common_pre, rows_msg, common_msg in ((pre_r, n[:, None], n[:, None], msg_rows),
-                                                           (n[:, None], pre_r, msg_rows, n[:, None])):
-            t0, f0 = _pieces_spmm(machine, local[:, None], n[:, None], n[:, None], d, u)  # forward, then backward
-            t1, f1 = _pieces_spmm(machine, pre_e, rows_pre, common_pre, d, u, pre_e > 0)
-            t2, f2 = _pieces_spmm(machine, msg_nnz, rows_msg, common_msg, d, u, msg_rows > 0)
+        for backward, rows_pre, common_pre, rows_msg, common_msg in ((False, pre_r, n[:, None], n[:, None], msg_rows),
+                                                                     (True, n[:, None], pre_r, msg_rows, n[:, None])):
+            t0, f0 = _pieces_spmm(machine, local[:, None], n[:, None], n[:, None], d, u, backward=backward)
+            t1, f1 = _pieces_spmm(machine, pre_e, rows_pre, common_pre, d, u, pre_e > 0, backward=backward)
+            t2, f2 = _pieces_spmm(machine, msg_nnz, rows_msg, common_msg, d, u, msg_rows > 0, backward=backward)
             total_t += t0 + t1 + t2
             total_f += f0 + f1 + f2
     return total_t, total_f
@@ -450,9 +452,10 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         floor_p = np.zeros(gpus)
         ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
         for i in range(workload.layers):
-            t = predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i])
+            t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
+                    for back in (False, True))  # forward A F and backward A^T dH
             f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
-            spmm_p += 2.0 * t  # forward A F and backward A^T dH
+            spmm_p += t
             floor_p += 2.0 * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)

@@ -27,7 +27,7 @@ def _options_key(record: dict) -> tuple:
 
 def observed_rows(log, graph_source: str, *, gpus: int | None = None) -> list[dict]:
     """One row per configuration of ``graph_source`` (as the records name it) in ``log``:
-    family, grid, options, comm_precision, observed_ms (median over ok trials), trials."""
+    family, grid, options, comm_precision, epoch_ms (median over ok trials), trials."""
     records, _ = read_records(log, schema="run")
     times: dict = {}
     for r in records:
@@ -41,13 +41,13 @@ def observed_rows(log, graph_source: str, *, gpus: int | None = None) -> list[di
     rows = []
     for (family, grid, opts, precision), values in times.items():
         rows.append({"family": family, "grid": grid, "options": dict(opts), "comm_precision": precision,
-                     "observed_ms": float(np.median(values)), "trials": len(values),
+                     "epoch_ms": float(np.median(values)), "trials": len(values),
                      "label": configuration_label(family, grid, dict(opts), precision)})
     return rows
 
 
 def predict_rows(rows: list[dict], workload, machine, graph=None) -> list[dict]:
-    """``rows`` with ``predicted_ms`` (the family's model at the row's settings, ``graph`` given
+    """``rows`` with ``total_ms`` (the predicted total: the family's model at the row's settings, ``graph`` given
     to the families whose model takes one) and the predicted parts."""
     out = []
     for row in rows:
@@ -58,7 +58,7 @@ def predict_rows(rows: list[dict], workload, machine, graph=None) -> list[dict]:
                                  comm_precision=row["comm_precision"], options=options)
         parts = {k: float(v[0]) for k, v in pred.items()
                  if k.endswith("_ms") and np.ndim(v) == 1 and np.issubdtype(np.asarray(v).dtype, np.number)}
-        out.append({**row, "predicted_ms": float(pred["total_ms"][0]), "predicted": parts})
+        out.append({**row, "total_ms": float(pred["total_ms"][0]), "predicted": parts})
     return out
 
 
@@ -66,18 +66,18 @@ def score_rows(rows: list[dict]) -> dict:
     """Spearman, regret, best predicted and observed over all rows, and per family."""
     if not rows:
         return {"configurations": 0, "spearman": float("nan"), "regret": float("nan"), "families": {}}
-    p = np.array([r["predicted_ms"] for r in rows])
-    o = np.array([r["observed_ms"] for r in rows])
+    p = np.array([r["total_ms"] for r in rows])
+    o = np.array([r["epoch_ms"] for r in rows])
     families: dict = {}
     for r in rows:
-        f = families.setdefault(r["family"], {"observed_best": None, "observed_ms": np.inf,
-                                              "predicted_best": None, "predicted_ms": np.inf})
-        if r["observed_ms"] < f["observed_ms"]:
-            f["observed_best"], f["observed_ms"] = r["label"], r["observed_ms"]
-        if r["predicted_ms"] < f["predicted_ms"]:
-            f["predicted_best"], f["predicted_ms"] = r["label"], r["predicted_ms"]
+        f = families.setdefault(r["family"], {"observed_best": None, "epoch_ms": np.inf,
+                                              "predicted_best": None, "total_ms": np.inf})
+        if r["epoch_ms"] < f["epoch_ms"]:
+            f["observed_best"], f["epoch_ms"] = r["label"], r["epoch_ms"]
+        if r["total_ms"] < f["total_ms"]:
+            f["predicted_best"], f["total_ms"] = r["label"], r["total_ms"]
     for f in families.values():  # the observed time of the family's predicted best
-        f["observed_of_predicted_ms"] = next(r["observed_ms"] for r in rows if r["label"] == f["predicted_best"])
+        f["predicted_best_epoch_ms"] = next(r["epoch_ms"] for r in rows if r["label"] == f["predicted_best"])
     return {"configurations": len(rows), "spearman": float(spearman(p, o)), "regret": float(regret(p, o)),
             "predicted_best": rows[int(np.argmin(p))]["label"], "observed_best": rows[int(np.argmin(o))]["label"],
             "families": families}

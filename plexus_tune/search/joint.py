@@ -68,7 +68,7 @@ def measured_joint_search(ranking: Ranking, graph: str, *, log, count: int = 10,
     ``graph`` through the campaign code and ``launcher``
     (:func:`plexus_tune.measure.families.measure_configurations`; runs already in ``log``
     are reused). Returns one row per measured configuration, in the model's order: the
-    ranked record, ``observed_ms`` (median over its successful trials in ``log``, nan if
+    ranked record (``total_ms`` predicted), ``epoch_ms`` (observed: the median over its successful trials in ``log``, nan if
     none) and ``trials_ok``; families without a trainer are skipped.
     """
     if count < 1:
@@ -92,6 +92,6 @@ def measured_joint_search(ranking: Ranking, graph: str, *, log, count: int = 10,
     for rec, (family, grid, options, precision) in zip(chosen, configs):
         row = observed.get(configuration_label(family, grid, options, precision))
         out.append({**rec, "label": configuration_label(family, grid, options, precision),
-                    "observed_ms": float("nan") if row is None else row["observed_ms"],
+                    "epoch_ms": float("nan") if row is None else row["epoch_ms"],
                     "trials_ok": 0 if row is None else row["trials"]})
     return out
