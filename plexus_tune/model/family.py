@@ -486,9 +486,10 @@ def families_choosing(option: str) -> tuple[str, ...]:
     return tuple(n for n, f in FAMILIES.items() if option in f.choices)
 
 
-def trained_families() -> tuple[str, ...]:
-    """Families with a trainer."""
-    return tuple(n for n, f in FAMILIES.items() if f.trainer_entry)
+def trained_families(epoch: str | None = "full-graph") -> tuple[str, ...]:
+    """Families with a trainer whose epoch is ``epoch`` (None: every one; as :func:`family_names`,
+    campaigns across families compare full-graph epochs)."""
+    return tuple(n for n, f in FAMILIES.items() if f.trainer_entry and (epoch is None or f.epoch == epoch))
 
 
 def record_field_names() -> tuple[str, ...]:
