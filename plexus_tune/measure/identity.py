@@ -59,7 +59,6 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
     IdentityField("schedule", ("options", "schedule"), "", str),
-    IdentityField("fixed_features", ("options", "fixed_features"), False, bool),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
 )
