@@ -540,3 +540,21 @@ def test_run_identity_carries_fixed_features_and_old_records_read_as_trainable()
     assert prediction_settings(new)["fixed_features"] is True
     paper = {**old, "options": {"schedule": "paper"}}
     assert prediction_settings(paper)["options"] == {"schedule": "paper"}
+
+
+def test_measure_logs_and_predicts_fixed_features():
+    # measure's --fixed-features is a TrainConfig field: the run identity carries it and the
+    # prediction logged beside the run is predict's with fixed features
+    from plexus_tune.measure.campaign import campaign_config, config_settings
+    from plexus_tune.model.prediction import predict_run
+
+    spec = "rmat:nodes=256,edges=2048,features=8,classes=4,seed=1"
+    config = campaign_config(spec, (2, 1, 1), layers=2, hidden=8, epochs=3, warmup=1,
+                             options={"fixed_features": True, "algorithm": "cagnet-1d"})
+    settings = config_settings(config)
+    assert settings["fixed_features"] is True
+    w = Workload("g", 256, 2304, (8, 8, 4))
+    logged = predict_run(w, "perlmutter", (2, 1, 1), **settings)
+    own = FAMILIES["cagnet-1d"].predict(w, "perlmutter", [(2, 1, 1)], options={"fixed_features": True})
+    assert logged["total_ms"] == pytest.approx(float(own["total_ms"][0]))
+    assert logged["total_ms"] < predict_run(w, "perlmutter", (2, 1, 1), algorithm="cagnet-1d")["total_ms"]
