@@ -171,10 +171,7 @@ def run_quant(args) -> int:
         raise UserError("--precisions: give reduced precisions (bf16, fp16, int8, int4, int2); fp32 has no codec")
     sizes = {}
     for flag, text in (("--rows", args.rows), ("--cols", args.cols)):
-        try:
-            sizes[flag] = [int(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise UserError(f"{flag}: expected a comma-separated list of positive integers, got {text!r}") from None
+        sizes[flag] = [parse_count(v, flag) for v in text.split(",") if v.strip()]
         if not sizes[flag] or min(sizes[flag]) < 1:
             raise UserError(f"{flag}: expected positive integers, got {text!r}")
     _positive(args.repeats, "--repeats")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from plexus_tune.errors import Interrupted
 from plexus_tune.search.space import SearchSpace
 from plexus_tune.search.study import (
     Objective,
@@ -61,8 +62,14 @@ def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, 
         target = Objective(space, model, objective, study=study, snap_neighbours=snap_neighbours)
         warm_start(study, space, spread_starts(space, starts))
     before = len(finished_trials(study))
-    with launcher if launcher is not None else contextlib.nullcontext():
-        ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
+    try:
+        with launcher if launcher is not None else contextlib.nullcontext():
+            ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
+    except KeyboardInterrupt:
+        kept = f"study {name} keeps its {len(finished_trials(study))} finished trials"
+        if measured is not None:
+            kept += f"; the finished runs are in {measured.log_path}"
+        raise Interrupted(kept) from None
     evaluations = target.evaluations if measured is not None else target.evaluations + target.model_evaluations
     best = best_configs(study, 1)
     return StudyOutcome(name, study, ran, before, evaluations, None if best.empty else float(best["value"].iloc[0]))

@@ -309,6 +309,15 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     return out
 
 
+def _no_interrupt_traceback(record) -> bool:
+    """A logging filter: drop Optuna's report of a trial that Ctrl-C or SIGTERM stopped (a
+    traceback, then "failed with value None"); the command says it was interrupted."""
+    text = record.getMessage()
+    return not ((record.exc_info and not isinstance(record.exc_info[1], Exception))
+                or "KeyboardInterrupt" in text or "Terminated" in text
+                or (text.endswith("failed with value None.") and record.levelname == "WARNING"))
+
+
 def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
     """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now.
 
@@ -320,6 +329,8 @@ def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=No
     remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
     if remaining:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        for handler in optuna.logging.get_logger("optuna").handlers:  # records of its child loggers pass here
+            handler.addFilter(_no_interrupt_traceback)
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
         stop = optuna.study.MaxTrialsCallback(int(n_trials_total), states=states)
         before = {t.number for t in study.get_trials(deepcopy=False, states=states)}
