@@ -60,8 +60,8 @@ def test_paper_spmm_kind_recovers_its_coefficients():
     # one hand-computed point: nnz=100, k=4 -> sqrt(f)=20; common=400, rows=200
     one = pd.DataFrame({"nnz": [100], "rows": [200], "common": [400], "dense_cols": [4]})
     assert model.predict(one)[0] == pytest.approx(20 * (2e-3 + 3e-6 * 100 + 1e-6 * 50))
-    # 'paper' names the epoch-level form in profiles: fit says which kind to ask for
-    with pytest.raises(UserError, match="its per-SpMM form is 'paper-spmm'"):
+    # 'paper' keeps the paper's coefficients in profiles: fit says which kind to ask for
+    with pytest.raises(UserError, match="its fitted per-SpMM form is 'paper-spmm'"):
         fit_spmm(df, "paper", n_splits=5)
 
 
@@ -217,8 +217,8 @@ def test_load_table_names_file_lines(tmp_path):
         fit_spmm(df, "paper-spmm", n_splits=5)
     with pytest.raises(UserError, match="does not exist"):
         load_table(tmp_path / "nope.csv")
-    with pytest.raises(UserError, match="unknown collective op 'broadcast'"):
-        fit_collectives(pd.DataFrame({"op": ["broadcast", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
+    with pytest.raises(UserError, match="unknown collective op 'gather'"):
+        fit_collectives(pd.DataFrame({"op": ["gather", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
 
 
 def test_collective_time_sharing_of_each_calibration_run():
@@ -369,7 +369,7 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
     machine = load_machine(profile)
     assert machine.name == "shipped-logs" and machine.host_cores == 2 and machine.gpus_per_node == 8
     # the inputs are the files the shipped profile names (same hashes) and every score is recorded
-    shipped = json.loads((logs.parents[1] / "models" / "cpu-gloo-2core-fitted-2026-11-23.json").read_text())
+    shipped = json.loads((logs / "profiles" / "cpu-gloo-2core-fitted-2026-11-23.json").read_text())
     assert [i["sha256"] for i in profile["fit"]["inputs"]["spmm"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["spmm"]]
     assert [i["sha256"] for i in profile["fit"]["inputs"]["runs"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["runs"]]
     assert set(profile["fit"]["spmm"]["scores"]) == set(SPMM_KINDS)

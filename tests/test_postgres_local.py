@@ -1,5 +1,5 @@
 """An Optuna study shared by two processes through PostgreSQL
-(runners/postgres/local-server.sh, URL in PLEXUS_TUNE_PG_URL or its default).
+(.ci/postgres/local-server.sh, URL in PLEXUS_TUNE_PG_URL or its default).
 
 Skips without a PostgreSQL driver for SQLAlchemy, and without a server outside CI;
 under PLEXUS_TUNE_CI=1 a missing server fails.
@@ -42,7 +42,7 @@ def pg_url():
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
     except Exception as exc:  # noqa: BLE001 - any failure means no usable server
-        message = (f"postgres not reachable at {URL}: start it with runners/postgres/local-server.sh "
+        message = (f"postgres not reachable at {URL}: start it with .ci/postgres/local-server.sh "
                    f"start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
         if IN_CI:
             pytest.fail(message)
@@ -101,6 +101,6 @@ def test_two_measured_search_workers_share_a_study_without_measuring_twice(pg_ur
         done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
         assert len(done) >= 5
         assert {t.user_attrs["config"].split(" ")[0] for t in done} >= set(grids)
-        assert all("observed_ms" in t.user_attrs for t in done if t.state == optuna.trial.TrialState.COMPLETE)
+        assert all("epoch_ms" in t.user_attrs for t in done if t.state == optuna.trial.TrialState.COMPLETE)
     finally:
         optuna.delete_study(study_name=name, storage=pg_url)

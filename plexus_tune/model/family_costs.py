@@ -12,9 +12,9 @@ Parts, per rank (the busiest one where ranks differ):
 
 - communication: every :class:`plexus_tune.model.volumes.CommCall` of the family's
   schedule, timed by the machine's network model: collectives as for Plexus; a
-  broadcast of M bytes on g ranks as a pipelined ring, (g-1) alpha + M / beta, which is
-  the ring all-gather of a g M / (g-1) buffer on the same group and stride; the
-  point-to-point exchange per rank p (:func:`point_to_point_ms`); each collective
+  broadcast of M bytes on g ranks as a pipelined ring, (g-1) alpha + M / beta; the
+  point-to-point exchange per rank p (:func:`point_to_point_ms`), both with their own
+  calibrated tier parameters where the profile has them (``collectives.op_tiers``); each collective
   class at its communication precision (wire bytes and codec time as for Plexus);
   sparse pieces always at their own size;
 - SpMM: the machine's per-SpMM model on each local product, floored at the memory
@@ -43,7 +43,7 @@ from plexus_tune.model.comm_precision import (
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.collectives import Network
+from plexus_tune.model.collectives import Network, exchange_time_ms
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
@@ -110,12 +110,12 @@ def point_to_point_ms(machine: Machine, stats: Mapping, row_bytes: float) -> flo
     m and R the messages and rows p sends inside its node and to other nodes, w the row
     bytes, s_p the ranks of p's node that send across nodes (they share its inter-node
     bandwidth; 1 without ``sharing``). The exchange takes max_p T_p (SuperGCN's
-    bottleneck form with the machine's two tiers).
+    bottleneck form), with the point_to_point tiers of the machine's network
+    (:meth:`plexus_tune.model.collectives.Network.tiers`).
     """
-    net = _network(machine)
-    t = (1e-3 * (stats["intra_msgs"] * net.alpha_intra_us + stats["inter_msgs"] * net.alpha_inter_us)
-         + 1e-6 * row_bytes * (stats["intra_rows"] / net.beta_intra_gbps
-                               + stats["inter_rows"] * stats["share"] / net.beta_inter_gbps))
+    tiers = _network(machine).tiers("point_to_point")
+    t = exchange_time_ms(tiers, stats["intra_msgs"], stats["inter_msgs"], row_bytes * stats["intra_rows"],
+                         row_bytes * stats["inter_rows"] * stats["share"])
     return float(t.max()) if t.size else 0.0
 
 
@@ -129,8 +129,8 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     """Communication and codec time (ms) of a schedule, split by axis and operation.
 
     Collectives of one operation are timed in one vectorized call of the network model;
-    a broadcast of M bytes on g ranks is the ring all-gather of a g M / (g-1) buffer,
-    (g-1) alpha + M / beta."""
+    a broadcast of M bytes on g ranks takes (g-1) alpha + M / beta with the broadcast's
+    tier parameters (the collectives' where the profile has none)."""
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
     quant = machine.raw.get("quant")
     net = _network(machine)
@@ -163,7 +163,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
         m = call.message_bytes
         wire = m if precision == "fp32" else float(wire_message_bytes(m, call.rows, precision, u))
         if call.op == "broadcast":
-            timed_op, timed_bytes = "all_gather", wire * g / (g - 1)
+            timed_op, timed_bytes = "broadcast", wire
             if precision != "fp32":
                 out["quant_ms"] += _codec_ms(quant_rates(quant, precision), m * 4.0 / u, m * 4.0 / u, call.calls)
         else:
@@ -184,10 +184,10 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
 # ----------------------------------------------------------------------------- per family
 
 
-def _spmm(machine, nnz, rows, common, cols, u, calls=1):
-    """(model ms, floor bytes) of ``calls`` equal local SpMMs."""
+def _spmm(machine, nnz, rows, common, cols, u, calls=1, backward=False):
+    """(model ms, floor bytes) of ``calls`` equal local SpMMs (``backward``: a layer's A^T dH)."""
     ib = csr_index_bytes(nnz, rows, common)
-    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols)) * calls
+    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)) * calls
     traffic = float(spmm_traffic_bytes(nnz, rows, common, cols, u, ib)) * calls
     return t, traffic
 
@@ -269,8 +269,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
     act = 0.0
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        for _ in ("forward", "backward"):
-            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages)
+        for backward in (False, True):
+            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages, backward)
             spmm += t
             floor += f
         flops += 6.0 * b * d_in * d_out
@@ -314,8 +314,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
-        for _ in ("forward", "backward"):
-            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q)
+        for backward in (False, True):
+            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
             spmm += t
             floor += f
         flops += 6.0 * rf * pc * d_in * d_out
@@ -376,9 +376,10 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
     floor_p = np.zeros(gpus)
     ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
     for i in range(workload.layers):
-        t = predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i])
+        t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
+                for back in (False, True))  # forward A F and backward A^T dH
         f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
-        spmm_p += 2.0 * t  # forward A F and backward A^T dH
+        spmm_p += t
         floor_p += 2.0 * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)

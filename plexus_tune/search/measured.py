@@ -11,6 +11,8 @@ from plexus_tune.measure.campaign import (
     workload_of,
 )
 from plexus_tune.measure.table import runs_table
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.paths import default_run_log
 from plexus_tune.measure.store import read_runs
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
@@ -52,7 +54,7 @@ def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidd
             continue
         base = model.evaluate(cfg)
         if int(row["trials"]) > 0:
-            base.observed_ms = float(row["obs_epoch_ms"])
+            base.epoch_ms = float(row["obs_epoch_ms"])
             base.run_id = str(row["timestamp"])
         else:
             base.failure = str(row["last_failure"])
@@ -73,13 +75,13 @@ class MeasuredEvaluator:
 
     def __init__(self, model: ModelEvaluator, graph: str, *, stats=None, layers: int = 3, hidden: int = 128,
                  epochs: int = 10, warmup: int = 2, backend: str = "gloo", timeout_s: float = 600.0,
-                 log_path: str = os.path.join("measurements", "runs.jsonl"), train_options: dict | None = None,
+                 log_path: str | None = None, train_options: dict | None = None,
                  launcher=None):
         self.model = model
         self.graph = graph
         self.stats = stats
         self.layers, self.hidden, self.epochs, self.warmup = layers, hidden, epochs, warmup
-        self.log_path = log_path
+        self.log_path = str(log_path or default_run_log())  # the default run log (plexus_tune.paths)
         self.options = {"backend": backend, "timeout_s": float(timeout_s), **(train_options or {})}
         self.launcher = launcher
         self.runs = 0
@@ -104,12 +106,12 @@ class MeasuredEvaluator:
                            stats=self.stats, train_options=options, launcher=self.launcher)
         self.runs += len(new)
         if not new:  # logged meanwhile (another worker): read it back
-            return self.known_runs().get(config, Evaluation(ev.predicted_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
+            return self.known_runs().get(config, Evaluation(ev.total_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
         record = new[-1]
         ev.run_id = str(record.get("timestamp"))
         if record.get("status", "ok") == "ok" and record.get("epoch_ms") is not None:
-            ev.observed_ms = float(record["epoch_ms"])
-            ev.breakdown = {k: float(v) for k, v in record.items() if k.endswith("_ms") and isinstance(v, (int, float))}
+            ev.epoch_ms = float(record["epoch_ms"])
+            ev.breakdown = {k: float(record[k]) for k in BREAKDOWN_KEYS if isinstance(record.get(k), (int, float))}
         else:
             ev.failure = f"{record.get('status')}: {record.get('reason', '')}"[:200]
         return ev

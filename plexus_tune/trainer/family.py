@@ -76,7 +76,7 @@ class FamilyTrainer(RankTrainer):
         return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)
 
     def _finish(self, data, params, *, out_perm, rows: Block, cols: Block, split, class_axis: int,
-                row_axis: int, padded_nodes: int, padded_widths) -> None:
+                row_axis, padded_nodes: int, padded_widths) -> None:
         """Loss shard, optimizer and accounting once the parameters are placed.
 
         ``rows`` are this rank's logit rows in the order ``out_perm`` (padding past

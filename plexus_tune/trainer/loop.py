@@ -102,8 +102,8 @@ class RankTrainer:
             return
         shard = self.loss_shard
         counts = torch.stack(count_list)
-        if self.comm.grid[shard.row_axis] > 1:
-            self.comm.dist.all_reduce(counts, op=self.comm.dist.ReduceOp.SUM, group=self.comm.groups[shard.row_axis])
+        dist = self.comm.dist
+        shard.sum_rows(counts, lambda t, group: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group))
         host = torch.cat([torch.stack(losses).to(torch.float64).reshape(-1, 1), counts.to(torch.float64)], dim=1)
         host = host.cpu().tolist()
         self.timer.resolve(wait=True)

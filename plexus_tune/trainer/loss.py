@@ -28,7 +28,7 @@ class LossShard:
     classes: int  # true number of classes C
     nodes: int  # true number of nodes N (the mean's denominator)
     class_axis: int
-    row_axis: int
+    row_axis: int | tuple  # the axis (or axes) that split the rows
     comm: GridComm
     timer: PhaseTimer
     all_labels: torch.Tensor | None = None  # (rows,) label of every local row, -1 for padding rows
@@ -54,6 +54,18 @@ class LossShard:
             self.part_masks = self.split.unsqueeze(0) == codes.unsqueeze(1)  # (parts, rows)
             self.part_sizes = self.part_masks.sum(dim=1).to(torch.float64)
         return self
+
+    def sum_rows(self, t, collective=None):
+        """``t`` summed in place over the axes that split the rows (FP32, no class);
+        ``collective(t, group)``: the reduction to use instead of the timed all-reduce."""
+        axes = self.row_axis if isinstance(self.row_axis, tuple) else (self.row_axis,)
+        for axis in axes:
+            if self.comm.grid[axis] > 1:
+                if collective is None:
+                    self.comm.all_reduce(t, axis)
+                else:
+                    collective(t, self.comm.groups[axis])
+        return t
 
     def masked_logits(self, z):
         """``z`` with the padding classes at -inf (``z`` itself when every column is a class)."""
@@ -127,7 +139,7 @@ class ShardedCrossEntropy(torch.autograd.Function):
             logp = torch.log_softmax(shard.masked_logits(z), dim=1)
             total = -logp[shard.target_rows, shard.target_cols].sum().reshape(1)
             shard.timer.add(t0, "loss_ms")
-            comm.all_reduce(total, shard.row_axis)
+            shard.sum_rows(total)
             ctx.save_for_backward(logp, None)
             ctx.shard = shard
             return (total / shard.nodes).reshape(())
@@ -151,7 +163,7 @@ class ShardedCrossEntropy(torch.autograd.Function):
         row_loss = torch.log(sums[:, 0]) + row_max - sums[:, 1]
         total = torch.where(shard.row_valid, row_loss, 0.0).sum().reshape(1)
         shard.timer.add(t0, "loss_ms")
-        comm.all_reduce(total, shard.row_axis)
+        shard.sum_rows(total)
         ctx.save_for_backward(exp, sums[:, 0].clone())
         ctx.shard = shard
         return (total / shard.nodes).reshape(())

@@ -26,7 +26,7 @@ from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.resources import check_memory
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
 
@@ -65,9 +65,7 @@ def graph_source(config: TrainConfig):
         from plexus_tune.trainer.data import is_shard_directory
 
         if is_shard_directory(path):
-            if config.algorithm not in (None, "plexus-3d"):
-                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
-                                "give the graph file")
+            check_shard_input(config.algorithm, path)
             _check_shards(path, config)
         return str(path)
     return config.graph
@@ -99,7 +97,7 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     grid = tuple(config.grid)
     if len(grid) != 3 or any(int(g) < 1 for g in grid):
         raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
-    total = int(np.prod(grid))
+    total = config.world_size
     if config.gpus is not None and int(config.gpus) != total:
         raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the GPU count is {config.gpus}; "
                         "make the product of the grid equal the GPU count", parameter="gpus")
@@ -159,7 +157,7 @@ def prepare(config: TrainConfig, launcher=None, env=None) -> tuple[TrainConfig, 
     config = normalize_config(config)
     if env is None:
         launcher = launcher or Launcher()
-        launcher.check(int(np.prod(config.grid)))
+        launcher.check(config.world_size)
         if launcher.name in ("local", "emulated"):  # the ranks share this host's memory
             check_training_memory(config, allow=bool(getattr(launcher, "oversubscribe", False)))
         config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
@@ -193,7 +191,7 @@ def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None
 
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
-    world = int(np.prod(config.grid))
+    world = config.world_size
     start = time.perf_counter()
     if env is not None:
         results, placement = run_in_environment(_rank_main_placed, env, args=(env, source, [config], device_kind),
