@@ -32,6 +32,7 @@ from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm, some_grid
+from plexus_tune.trainer.run import check_training_memory
 
 
 def register(subparsers) -> None:
@@ -98,6 +99,8 @@ def run(args) -> int:
     err = make_console(stderr=True)
     total = len(grids) * args.trials
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    check_training_memory(campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                          warmup=args.warmup, options=options), launcher)
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     rows = []
