@@ -59,6 +59,7 @@ def inputs(tmp_path_factory):
     _edit_line(d / "coll.jsonl", d / "coll_neg.jsonl", 5, time_ms=-1.0)
     _edit_line(d / "coll.jsonl", d / "coll_g0.jsonl", 6, group_size=0)
     _edit_line(d / "runs.jsonl", d / "runs_nan.jsonl", 2, epoch_ms=float("nan"))
+    _edit_line(d / "runs.jsonl", d / "runs_huge.jsonl", 2, epoch_ms=1e308)
     (d / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (d / "adir").mkdir()
     profile = json.loads((REPO / "models" / "perlmutter.json").read_text())
@@ -120,6 +121,17 @@ PROFILES = [
     (["search", "--dataset", "reddit", "--gpus", "8", "--machine", "{d}/mem.json"], "beyond any machine"),
     (["machines", "{d}/overflow.json"], "coefficients that overflow"),
 ]
+SMALL = [
+    (["search", "--dataset", "reddit", "--gpus", "8", "--study", ""], "the study name is empty"),
+    (["measure", "--graph", "{d}/g.npz", "--gpus", "2", "--grids", "", "--log", "{d}/new.jsonl"], "no grids given"),
+    (["predict", "--nodes", "1000", "--nnz", "1e20", "--features", "4", "--classes", "2", "--gpus", "8", "--machine",
+      "perlmutter"], "--nnz '1e20' is too large (at most 2^63 - 1 = 9,223,372,036,854,775,807)"),
+    (["predict", "--nodes", "1000", "--nnz", "2000000", "--features", "4", "--classes", "2", "--gpus", "8", "--machine",
+      "perlmutter"], "an N x N adjacency holds at most N^2 = 1,000,000"),
+    (["calibrate", "collectives", "--backend", "nccl", "--gpus", "2", "--out", "{d}/new.jsonl"],
+     "the nccl backend needs CUDA GPUs"),
+    (["validate", "--machine", "perlmutter", "--runs", "{d}/runs_huge.jsonl"], "epoch_ms = 1e+308 is not a finite time"),
+]
 ENVIRONMENT = [  # (environment, command line, error)
     ({"PLEXUS_TUNE_DATA": "{d}/g.npz"}, ["search", "--dataset", "reddit", "--gpus", "8", "--trials", "3"],
      "PLEXUS_TUNE_DATA={d}/g.npz: {d}/g.npz is a file, not a directory"),
@@ -128,7 +140,8 @@ ENVIRONMENT = [  # (environment, command line, error)
     ({"PLEXUS_TUNE_DATA": "{d}/g.npz/data"}, ["run", "--graph", "{d}/g.npz", "--gpus", "2"], "is a file, not a directory"),
 ]
 CASES = ([("fit", {}, *c) for c in FIT_CASES] + [("sizes", {}, *c) for c in SIZES]
-         + [("profiles", {}, *c) for c in PROFILES] + [("environment", *c) for c in ENVIRONMENT])
+         + [("profiles", {}, *c) for c in PROFILES] + [("small", {}, *c) for c in SMALL]
+         + [("environment", *c) for c in ENVIRONMENT])
 
 
 def _snapshot(*roots) -> dict:
@@ -141,7 +154,7 @@ def _fill(text, d):
 
 
 def test_every_mechanism_has_cases():
-    assert {kind for kind, *_ in CASES} == {"fit", "sizes", "profiles", "environment"}
+    assert {kind for kind, *_ in CASES} == {"fit", "sizes", "profiles", "small", "environment"}
     commands = {argv[0] + (" " + argv[1] if argv[0] == "calibrate" else "") for _, _, argv, _ in CASES}
     assert {"calibrate bandwidth", "calibrate spmm", "calibrate quant", "train", "measure", "predict", "fit"} <= commands
 
@@ -166,6 +179,18 @@ def test_refused_before_any_work(inputs, tmp_path, monkeypatch, capsys, kind, en
     assert _fill(expected, d) in lines[0], lines[0]
     assert out == ""
     assert _snapshot(d, tmp_path) == before, "files changed"
+
+
+def test_in_memory_storage_and_an_exact_search_leave_no_data_directory(tmp_path, monkeypatch, capsys):
+    """sqlite:// keeps the study in memory; an exact search saves no study, so no data directory appears."""
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["search", "--dataset", "reddit", "--gpus", "8", "--trials", "3", "--exact-budget", "0",
+                 "--storage", "sqlite://", "--top", "1"]) == 0
+    assert main(["search", "--dataset", "reddit", "--gpus", "8", "--top", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "exhaustive" in out + err
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- G factorized in bounded time: the grids are those of brute force, for every G

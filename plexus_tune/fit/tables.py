@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import table_row
+from plexus_tune.measure.table import MAX_TIME_MS
 from plexus_tune.measure.store import check_is_log, parse_lines, record_type, warn_bad_lines
 from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 
@@ -12,9 +13,9 @@ from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 SPMM_COLUMNS = ("nnz", "rows", "common", "dense_cols", "time_ms")
 COLLECTIVE_COLUMNS = ("op", "group_size", "nodes", "message_bytes", "time_ms")
 GEMM_COLUMNS = ("rows", "inner", "cols", "time_ms")
-#: the largest value a measurement column may hold (ms, bytes or a count): 1e15 ms is 30,000
-#: years, and fits stay finite in float64 (squares of 1e30)
-MAX_MEASURED = 1e15
+#: the largest value a measurement column may hold (ms, bytes or a count): as a run's times
+#: (:data:`plexus_tune.measure.table.MAX_TIME_MS`), and fits stay finite in float64 (squares of 1e30)
+MAX_MEASURED = MAX_TIME_MS
 # --------------------------------------------------------------------------- input checks
 
 

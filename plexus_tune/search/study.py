@@ -21,9 +21,9 @@ from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, Search
 
 def default_storage_url(directory: str | None = None) -> str:
     """SQLite file ``<directory>/studies.db``, by default in the per-user data directory
-    (:func:`plexus_tune.paths.data_dir`); the directory is created."""
+    (:func:`plexus_tune.paths.data_dir`); the directory is created by :func:`open_storage`, when a
+    study is written (an exhaustive search, which writes none, leaves no directory)."""
     path = default_studies_path() if directory is None else os.path.join(directory, "studies.db")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return "sqlite:///" + os.path.abspath(path)
 
 
@@ -43,6 +43,8 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
     if not url and not create:  # a reader: no data directory made
         url = "sqlite:///" + os.path.abspath(default_studies_path())
     url = url or default_storage_url()
+    if url in ("sqlite://", "sqlite:///:memory:"):  # SQLite in memory: one connection per thread would see
+        return optuna.storages.InMemoryStorage()  # a database of its own; Optuna's own in-memory storage
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         directory = os.path.dirname(path) or "."
