@@ -119,7 +119,7 @@ def run(args) -> int:
             pred = record.get("predicted", {}).get("total_ms")
             if record.get("status") == "ok":
                 obs = record["epoch_ms"]
-                extra = f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%})" if pred is not None else ""
+                extra = (f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%} of the observed)" if pred is not None else "")
                 progress.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
             else:
                 progress.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")
