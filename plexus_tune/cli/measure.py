@@ -104,7 +104,7 @@ def run(args) -> int:
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * int(family_options.get("dp", 1)) for g in grids}))
     check_training_memory(campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                                           warmup=args.warmup, options=options), launcher)
     if submits(launcher):
