@@ -142,6 +142,7 @@ def run(args) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
+    driver.check_study_name(args.study)
     precisions, auto = precision_choices(args)
     if minibatch.only(args):
         raise UserError(f"search ranks full-graph epochs; rank {args.algorithm}'s Gd, grids and batch sizes with "
