@@ -79,6 +79,10 @@ def real_number(value, what: str, *, minimum: float | None = None, above: float 
     return number
 
 
+class CorruptCacheWarning(UserWarning):
+    """A cache entry could not be read: it is ignored and recomputed (shown as one line)."""
+
+
 class SkippedLinesWarning(UserWarning):
     """Lines of an input file that were skipped (e.g. malformed lines of a measurement log).
 

@@ -187,6 +187,38 @@ def structure_arrays(structures, nnz, rows, common) -> dict:
     return {key: np.asarray(v, dtype=np.float64) for key, v in out.items()}
 
 
+def graph_summary(graph, cache=None) -> dict:
+    """``{"name", "nodes", "nnz", "normalized_nnz", "symmetric_pattern"}`` of a graph (read from
+    ``cache`` when it holds them, else counted in one scan and stored there).
+    ``symmetric_pattern`` is True when the graph's metadata says its values are symmetric,
+    else None until :func:`graph_pattern_symmetric` checks it."""
+    if cache is not None:
+        known = cache.summary()
+        if known is not None:
+            return known
+    adjacency = getattr(graph, "adjacency", graph)
+    summary = {"name": getattr(graph, "name", "graph"), "nodes": int(adjacency.shape[0]), "nnz": int(adjacency.nnz),
+               "normalized_nnz": int(adjacency.nnz + adjacency.shape[0] - int(diagonal_rows(adjacency).sum())),
+               "symmetric_pattern": True if getattr(graph, "meta", {}).get("symmetric") else None}
+    if cache is not None:
+        cache.store_summary(summary)
+    return summary
+
+
+def graph_pattern_symmetric(graph, cache=None) -> bool:
+    """Whether a graph's pattern equals its transpose's: True when its metadata says its values
+    are symmetric, else checked (:func:`plexus_tune.graph.structure.pattern_symmetric`) once and cached."""
+    if getattr(graph, "meta", {}).get("symmetric"):
+        return True
+    summary = graph_summary(graph, cache) if cache is not None else None
+    if summary is not None and summary["symmetric_pattern"] is not None:
+        return bool(summary["symmetric_pattern"])
+    symmetric = pattern_symmetric(getattr(graph, "adjacency", graph))
+    if cache is not None:
+        cache.store_summary({**summary, "symmetric_pattern": bool(symmetric)})
+    return symmetric
+
+
 class GraphSparsity:
     """The shards of one graph after the trainer's permutation: for each layer parity and
     (g_d, g_o), the nonzeros of the largest shard and the structure of the SpMM operands
@@ -227,7 +259,7 @@ class GraphSparsity:
 
 
 def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
-                   stored: bool = False) -> GraphSparsity:
+                   stored: bool = False, cache=None) -> GraphSparsity:
     """The :class:`GraphSparsity` of a graph on the given grids.
 
     For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
@@ -246,8 +278,7 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     two_sided = permute in TWO_SIDED_MODES
     # a graph whose values are symmetric (its metadata says so) has a symmetric pattern
-    symmetric = (True if stored or not two_sided or getattr(graph, "meta", {}).get("symmetric")
-                 else pattern_symmetric(adjacency))
+    symmetric = True if stored or not two_sided else graph_pattern_symmetric(graph, cache)
     # the permutations: one pair for every mode but local, one per grid's parts for local
     wanted: dict = {}
     for grid in grids.tolist():
@@ -256,13 +287,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             o, _, d = layer_roles(i)
             wanted.setdefault(perm_key, set()).add((i % 2, grid[d], grid[o]))
     entries = {}
-    has_diagonal = None if stored else diagonal_rows(adjacency)
+    has_diagonal = None
     for perm_key, keys in wanted.items():
-        if stored:
-            row_perm = col_perm = None
-        else:
-            row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
-                                  else permutations_for(permute, n, seed))
         splits: dict = {}
         for parity, g_d, g_o in keys:
             if parity == 0 or not two_sided:
@@ -271,16 +297,30 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 splits[(parity, g_d, g_o)] = ("alternate", g_d, g_o, False)
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
-        done: dict = {}
-        for which in ("pattern", "alternate"):
-            wanted_splits = {(R, C) for w, R, C, _ in splits.values() if w == which}
-            if not wanted_splits:
-                continue
-            rows, cols = (row_perm, col_perm) if which == "pattern" else (col_perm, row_perm)
-            report = None if progress is None else (lambda stage, seconds: progress(sorted(wanted_splits), stage, seconds))
-            found = split_statistics(adjacency, wanted_splits, rows, cols, self_loops=not stored,
-                                     has_diagonal=has_diagonal, progress=report)
-            done.update({(which, R, C): e for (R, C), e in found.items()})
+        name = cache.entry_name(permute, seed, perm_key, stored) if cache is not None else None
+        done: dict = cache.splits(name) if cache is not None else {}
+        missing = {(w, R, C) for w, R, C, _ in splits.values()} - set(done)
+        if missing:
+            if stored:
+                row_perm = col_perm = None
+            else:
+                row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
+                                      else permutations_for(permute, n, seed))
+                if has_diagonal is None:
+                    has_diagonal = diagonal_rows(adjacency)
+            computed = {}
+            for which in ("pattern", "alternate"):
+                wanted_splits = {(R, C) for w, R, C in missing if w == which}
+                if not wanted_splits:
+                    continue
+                rows, cols = (row_perm, col_perm) if which == "pattern" else (col_perm, row_perm)
+                report = None if progress is None else (lambda stage, seconds: progress(sorted(wanted_splits), stage, seconds))
+                found = split_statistics(adjacency, wanted_splits, rows, cols, self_loops=not stored,
+                                         has_diagonal=has_diagonal, progress=report)
+                computed.update({(which, R, C): e for (R, C), e in found.items()})
+            done.update(computed)
+            if cache is not None:
+                cache.store_splits(name, computed)
         for key, (which, R, C, transposed) in splits.items():
             e = done[(which, R, C)]
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
