@@ -187,9 +187,8 @@ class StructureCache:
         return out
 
     def store_splits(self, name: str, entries: dict) -> None:
-        """Add ``{(layout, R, C): entry}`` to one permutation's cached splits."""
-        known = self.splits(name)
-        known.update(entries)
+        """Write one permutation's cached splits, ``{(layout, R, C): entry}`` (those read, with those added)."""
+        known = entries
         data = {"version": CACHE_VERSION,
                 "splits": {f"{layout}:{r}x{c}": {**entry, "block": list(entry["block"])}
                            for (layout, r, c), entry in sorted(known.items())}}

@@ -320,7 +320,7 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 computed.update({(which, R, C): e for (R, C), e in found.items()})
             done.update(computed)
             if cache is not None:
-                cache.store_splits(name, computed)
+                cache.store_splits(name, done)
         for key, (which, R, C, transposed) in splits.items():
             e = done[(which, R, C)]
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
