@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from netns_token import prefix_for
 from plexus_tune.cluster.spec import ClusterSpec, check_world, parse_cluster
 from plexus_tune.errors import UserError
 
@@ -162,9 +163,10 @@ _WHY_NOT = _can_make_namespaces() if sys.platform.startswith("linux") else "Linu
 needs_netns = pytest.mark.skipif(_WHY_NOT is not None, reason=f"emulated cluster: {_WHY_NOT}")
 
 
-#: namespace prefix of this module's clusters, so that other users' clusters on a shared host
-#: (default prefix ``pt``) neither count as left behind nor get removed by its cleanup tests
-PREFIX = "pte"
+#: namespace prefix of this module's clusters in this run, so that other users' clusters on a shared
+#: host (default prefix ``pt``) and a concurrent test run neither count as left behind nor get
+#: removed by its cleanup tests
+PREFIX = prefix_for("e")
 
 
 def _ours(names):
@@ -234,7 +236,7 @@ def _pid_alive(pid):
         return False
 
 
-def _wait_gone(pids, timeout_s=5.0):
+def _wait_gone(pids, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
         time.sleep(0.05)

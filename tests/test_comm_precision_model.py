@@ -174,7 +174,7 @@ def test_fit_call_ms_recovers_the_per_call_time_pairing_within_one_run():
     from plexus_tune.fit.quant import fit_call_ms
     from plexus_tune.model.machine import load_machine
 
-    machine = load_machine("models/emulated-2x4-quiet-fitted.json")
+    machine = load_machine("models/emulated-2x4-fitted.json")
     quant = {"int2": {"encode_gbps": 1.5, "decode_gbps": 5.0}}
     df = pd.DataFrame(_collective_rows(machine, quant, 2.5, "2026-01-01T00:00:00+00:00"))
     got, report = fit_call_ms(df, machine, quant)

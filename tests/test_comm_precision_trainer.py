@@ -12,7 +12,7 @@ SPEC = "rmat:nodes=64,edges=512,features=16,classes=4,seed=1"
 
 def _train_precisions(rank, world_size, grid, precisions):
     from plexus_tune.trainer import TrainConfig
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     configs = [TrainConfig(grid=grid, synthetic=SPEC, layers=1, hidden=8, epochs=2, warmup=0, seed=2,
                            comm_precision=p) for p in precisions]

@@ -12,14 +12,14 @@ import scipy.sparse as sp
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import exchange_plan
 from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.families import (
-    FAMILY_MODELS,
+from plexus_tune.model.family import FAMILIES, family_names, family_of
+from plexus_tune.model.family_costs import (
     exchange_stats,
     point_to_point_ms,
     schedule_times,
 )
 from plexus_tune.model.machine import Machine, load_machine
-from plexus_tune.model.planner import ALGORITHM_NAMES, family_grids, joint_ranking, joint_space_size
+from plexus_tune.model.planner import joint_ranking, joint_space_size
 from plexus_tune.model.volumes import CommCall, UniformExchange
 from plexus_tune.model.workload import Workload, workload_from_dataset
 from plexus_tune.model.comm_precision import parse_comm_precision
@@ -68,7 +68,7 @@ def test_15d_memory_hand_derived():
     # N = 10, NNZ = 30, widths 3 -> 2 on 4 ranks, c = 1: b = 3 rows; a rank runs all 4 stages and
     # keeps its block row as 4 pieces of 3 rows and 30/16 nonzeros each
     w = Workload("t", 10, 30, (3, 2))
-    pred = FAMILY_MODELS["cagnet-1d"](w, load_machine("perlmutter"), [(4, 1, 1)])
+    pred = FAMILIES["cagnet-1d"].predict(w, load_machine("perlmutter"), [(4, 1, 1)])
     z = 4 * 30 / 16
     expected = {
         "adjacency": 2 * (z * 8 + (4 * 3 + 4) * 4),  # A and A^T: nnz (4 + 4) + (rows + one per piece) 4
@@ -88,7 +88,7 @@ def test_15d_memory_hand_derived():
 def test_parts_add_up(family, grid):
     w = workload_from_dataset("ogbn-products")
     for precision in ("fp32", "int8"):
-        pred = FAMILY_MODELS[family](w, load_machine("perlmutter"), [grid], comm_precision=precision)
+        pred = FAMILIES[family].predict(w, load_machine("perlmutter"), [grid], comm_precision=precision)
         assert pred["total_ms"][0] == pytest.approx(sum(pred[k][0] for k in TOTAL_PARTS))
         assert pred["comm_ms"][0] == pytest.approx(sum(pred[k][0] for k in COMM_OP_KEYS))
         assert pred["comm_ms"][0] == pytest.approx(pred["comm_x_ms"][0] + pred["comm_y_ms"][0] + pred["comm_z_ms"][0])
@@ -98,8 +98,8 @@ def test_parts_add_up(family, grid):
 def test_reduced_precision_shortens_the_exchange():
     w = workload_from_dataset("ogbn-products")
     m = load_machine("perlmutter")
-    fp32 = FAMILY_MODELS["supergcn"](w, m, [(64, 1, 1)], comm_precision="fp32")
-    int2 = FAMILY_MODELS["supergcn"](w, m, [(64, 1, 1)], comm_precision="int2")
+    fp32 = FAMILIES["supergcn"].predict(w, m, [(64, 1, 1)], comm_precision="fp32")
+    int2 = FAMILIES["supergcn"].predict(w, m, [(64, 1, 1)], comm_precision="int2")
     assert int2["point_to_point_ms"][0] < fp32["point_to_point_ms"][0] / 4
 
 
@@ -116,11 +116,11 @@ def test_supergcn_from_a_graph_uses_its_partition():
     part = np.repeat(np.arange(4), 16)  # contiguous arcs: each part sends one row to each neighbour part
     plan = exchange_plan(a, part)
     assert plan.rows["hybrid"].sum() == 8
-    pred = FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)], options={"aggregation": "hybrid", "plan": plan})
+    pred = FAMILIES["supergcn"].predict(w, m, [(4, 1, 1)], options={"aggregation": "hybrid", "plan": plan})
     assert not pred["estimated"][0]
     # busiest rank sends 2 rows of 4 (layer 0) and 2 rows of 2... forward and backward, plus the dW all-reduce
     assert pred["volume_bytes"][0] == (2 * 2 * 4 * 4) + 2 * 3 * math.ceil(10 / 4) * 4
-    est = FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)])
+    est = FAMILIES["supergcn"].predict(w, m, [(4, 1, 1)])
     assert est["estimated"][0]
 
 
@@ -133,7 +133,7 @@ def test_joint_ranking_matches_each_family_and_is_sorted():
     assert feasible == sorted(feasible)
     assert [r["rank"] for r in ranking.records] == list(range(1, len(ranking.records) + 1))
     best = ranking.best_per_family()
-    for family in ALGORITHM_NAMES:
+    for family in family_names():
         mine = [r for r in ranking.records if r["algorithm"] == family and r["feasible"]]
         assert best[family]["total_ms"] == min(r["total_ms"] for r in mine)
     for rec in ranking.records[:40]:
@@ -141,29 +141,29 @@ def test_joint_ranking_matches_each_family_and_is_sorted():
             continue
         grid = (rec["gx"], rec["gy"], rec["gz"])
         options = {"aggregation": rec["aggregation"]} if rec["algorithm"] == "supergcn" else None
-        own = FAMILY_MODELS[rec["algorithm"]](w, m, [grid], comm_precision=rec["comm_precision"], options=options)
+        own = FAMILIES[rec["algorithm"]].predict(w, m, [grid], comm_precision=rec["comm_precision"], options=options)
         assert rec["total_ms"] == pytest.approx(own["total_ms"][0])
         assert rec["memory_bytes"] == round(own["memory_bytes"][0])
 
 
 def test_family_grids():
-    assert family_grids("cagnet-1.5d", 64).tolist() == [[32, 2, 1], [16, 4, 1], [8, 8, 1]]
-    assert len(family_grids("cagnet-2d", 12)) == 6
-    assert all(g[2] >= 2 for g in family_grids("cagnet-3d", 8))
-    assert family_grids("cagnet-1.5d", 3).size == 0
+    assert family_of("cagnet-1.5d").configurations(64).tolist() == [[32, 2, 1], [16, 4, 1], [8, 8, 1]]
+    assert len(family_of("cagnet-2d").configurations(12)) == 6
+    assert all(g[2] >= 2 for g in family_of("cagnet-3d").configurations(8))
+    assert family_of("cagnet-1.5d").configurations(3).size == 0
 
 
 def test_bad_family_inputs():
     w = workload_from_dataset("ogbn-products")
     m = load_machine("perlmutter")
     with pytest.raises(UserError):
-        FAMILY_MODELS["cagnet-1.5d"](w, m, [(2, 4, 1)])  # c*c > G
+        FAMILIES["cagnet-1.5d"].predict(w, m, [(2, 4, 1)])  # c*c > G
     with pytest.raises(UserError):
-        FAMILY_MODELS["cagnet-3d"](w, m, [(4, 4, 1)])
+        FAMILIES["cagnet-3d"].predict(w, m, [(4, 4, 1)])
     with pytest.raises(UserError):
-        FAMILY_MODELS["supergcn"](w, m, [(4, 1, 1)], options={"aggregation": "sideways"})
+        FAMILIES["supergcn"].predict(w, m, [(4, 1, 1)], options={"aggregation": "sideways"})
     with pytest.raises(UserError):
-        FAMILY_MODELS["cagnet-2d"](w, m, [(4, 4, 1)], block_rows=128)
+        FAMILIES["cagnet-2d"].predict(w, m, [(4, 4, 1)], block_rows=128)
     with pytest.raises(UserError):
         joint_ranking(w, m, 64, algorithms=("cagnet-1.5d",), replication=3)
 
@@ -176,7 +176,7 @@ def test_predict_all_prints_joint_ranking_and_family_bests():
     out = cli("predict", "--algorithm", "all", "--dataset", "ogbn-products", "--gpus", "64", "--machine", "perlmutter")
     assert out.returncode == 0, out.stderr
     assert "joint ranking" in out.stdout and "best of each family" in out.stdout
-    for family in ALGORITHM_NAMES:
+    for family in family_names():
         assert family in out.stdout
     assert "estimated" in out.stdout and "Recommended:" in out.stdout
 
@@ -223,7 +223,7 @@ def test_search_families_refuses_measured_and_block_rows():
 
 
 def test_search_ranking_objective_gpu_hours():
-    from plexus_tune.search.families import search_ranking
+    from plexus_tune.search.joint import search_ranking
 
     w = workload_from_dataset("ogbn-products")
     r = search_ranking(w, "perlmutter", [8, 16], objective="gpu-hours", algorithms=("cagnet-1.5d", "cagnet-2d"))
@@ -234,23 +234,22 @@ def test_search_ranking_objective_gpu_hours():
 
 
 def test_run_prediction_of_a_family_run_is_the_family_model():
-    from plexus_tune.model.prediction import ALGORITHMS, predict_run
+    from plexus_tune.model.prediction import predict_run
 
-    assert set(ALGORITHMS) == set(ALGORITHM_NAMES)
     w = Workload("ring", 64, 64 * 3, (4, 2))
     g = ring_graph()
     run = predict_run(w, "perlmutter", (4, 1, 1), algorithm="supergcn", options={"aggregation": "pre", "graph": g})
-    own = FAMILY_MODELS["supergcn"](w, load_machine("perlmutter"), [(4, 1, 1)],
+    own = FAMILIES["supergcn"].predict(w, load_machine("perlmutter"), [(4, 1, 1)],
                                     options={"aggregation": "pre", "graph": g})
     assert run["total_ms"] == pytest.approx(own["total_ms"][0]) and run["algorithm"] == "supergcn"
     run = predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 2})
-    assert run["total_ms"] == pytest.approx(FAMILY_MODELS["cagnet-1.5d"](w, "perlmutter", [(2, 2, 1)])["total_ms"][0])
+    assert run["total_ms"] == pytest.approx(FAMILIES["cagnet-1.5d"].predict(w, "perlmutter", [(2, 2, 1)])["total_ms"][0])
     with pytest.raises(UserError):
         predict_run(w, "perlmutter", (2, 2, 1), algorithm="cagnet-1.5d", options={"replication": 4})
 
 
 def test_supergcn_estimate_hand_derived():
-    from plexus_tune.model.families import estimated_boundary_rows
+    from plexus_tune.model.family_costs import estimated_boundary_rows
 
     est = estimated_boundary_rows(100, 500, 4)
     # 400 off-diagonal nonzeros, 25 per ordered pair, hitting 25 possible sources: 25 (1 - e^-1)
@@ -275,7 +274,7 @@ def test_supergcn_memory_hand_derived():
     a = ring_graph()
     w = Workload("ring", 64, 64 * 3, (4, 2))
     plan = exchange_plan(a, np.repeat(np.arange(4), 16))
-    pred = FAMILY_MODELS["supergcn"](w, load_machine("perlmutter"), [(4, 1, 1)], options={"plan": plan})
+    pred = FAMILIES["supergcn"].predict(w, load_machine("perlmutter"), [(4, 1, 1)], options={"plan": plan})
     expected = {
         "adjacency": 2 * (48 * 8 + (16 + 1) * 4),  # A and A^T of the part, CSR int32
         "weights": 4 * (4 + 1) * 2 * 4,
@@ -299,3 +298,47 @@ def test_joint_ranking_plexus_rows_equal_plain_predict_with_a_graph():
     assert len(rows) == len(by_grid)
     for r in rows:
         assert r["total_ms"] == pytest.approx(by_grid[r["grid"]])
+
+
+def test_a_registered_family_joins_the_planner_and_the_records():
+    # a seventh family: one subclass, one register call; the planner, the space size, the
+    # labels and the run identity take it from the registry with no change elsewhere
+    from plexus_tune.model.family import Family, register
+    from plexus_tune.model.family_costs import cagnet_15d_config
+    from plexus_tune.model.family import _stack
+
+    class Rows(Family):
+        name = "test-rows"
+        options = ("graph",)
+        choices = ("replication",)
+
+        def configurations(self, gpus, **fixed):
+            return np.asarray([(gpus, 1, 1)], dtype=np.int64)
+
+        def check_choice(self, option, value, gpus):
+            return int(value)
+
+        def label(self, grid, options=None):
+            return f"{grid[0]} rows"
+
+        def record_fields(self, grid, options=None):
+            return {"replication": 1}
+
+        def evaluate(self, workload, machine, grids, *, block_rows, choice, optimizer, options):
+            return _stack([cagnet_15d_config(workload, machine, int(g[0]), 1, choice, optimizer) for g in grids])
+
+    register(Rows())
+    try:
+        w = workload_from_dataset("ogbn-products")
+        ranking = joint_ranking(w, "perlmutter", 8, algorithms=("test-rows", "cagnet-1d"))
+        mine = [r for r in ranking.records if r["algorithm"] == "test-rows"]
+        theirs = [r for r in ranking.records if r["algorithm"] == "cagnet-1d"]
+        assert len(mine) == 1 and mine[0]["config"] == "8 rows" and mine[0]["replication"] == 1
+        assert mine[0]["total_ms"] == pytest.approx(theirs[0]["total_ms"])  # the same schedule, priced alike
+        assert joint_space_size(8, 2, ("test-rows",))["total"] == 2
+        with pytest.raises(ValueError):
+            register(Rows())  # names are unique
+    finally:
+        FAMILIES.pop("test-rows")
+    with pytest.raises(UserError, match="unknown algorithm"):
+        family_of("test-rows")

@@ -1,4 +1,4 @@
-"""The CAGNET 1D/1.5D/2D and partitioned trainers equal serial PyTorch Geometric, and send
+"""The CAGNET 1D/1.5D/2D/3D and partitioned trainers equal serial PyTorch Geometric, and send
 exactly the bytes of the volume model.
 
 Every configuration of G = 1..8 each family allows trains the 37-node directed graph of
@@ -20,11 +20,11 @@ from plexus_tune.launch import launch_local
 from plexus_tune.model.volumes import VOLUME_CLASSES, cagnet_15d_schedule, cagnet_summa_schedule, rank_volumes, supergcn_schedule
 from plexus_tune.trainer import TrainConfig, model_widths
 from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.engine import rank_main
+from plexus_tune.trainer.rank import rank_main
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
 from test_trainer import CLASSES, EPOCHS, FEATURES, HIDDEN, LOSS_TOL, NODES, OUTPUT_TOL, tiny_graph
 
-PRELOAD = ("torch._dynamo", "plexus_tune.trainer.engine")
+PRELOAD = ("torch._dynamo", "plexus_tune.trainer.rank")
 COMMON = dict(hidden=HIDDEN, epochs=EPOCHS, warmup=1, lr=0.01, seed=3, collect_outputs=True)
 
 
@@ -49,10 +49,10 @@ def model_volumes(config: TrainConfig, graph: Graph) -> dict:
     gpus = int(np.prod(config.grid))
     if config.algorithm in ("cagnet-1d", "cagnet-1.5d"):
         calls = cagnet_15d_schedule(n, widths, gpus, config.grid[1])
-    elif config.algorithm == "cagnet-2d":
-        pr, pc = config.grid[:2]
-        calls = cagnet_summa_schedule(n, widths, pr, pc, a_pieces=summa_piece_nnz(graph.adjacency, pr, pc),
-                                      at_pieces=summa_piece_nnz(graph.adjacency, pr, pc, transpose=True))
+    elif config.algorithm in ("cagnet-2d", "cagnet-3d"):
+        pr, pc, pl = config.grid
+        calls = cagnet_summa_schedule(n, widths, pr, pc, pl, a_pieces=summa_piece_nnz(graph.adjacency, pr, pc, pl),
+                                      at_pieces=summa_piece_nnz(graph.adjacency, pr, pc, pl, transpose=True))
     else:
         plan = partition_exchange(gcn_normalize(graph.adjacency), gpus, seed=config.seed)
         calls = supergcn_schedule(widths, plan.forward_rows(config.aggregation))
@@ -80,9 +80,28 @@ def reference(graph):
     return reference_train(graph, layers=3, hidden=HIDDEN, epochs=EPOCHS, lr=0.01, weight_decay=0.01, seed=3)
 
 
+def split_3d_configs(gpus: int, **common) -> list[TrainConfig]:
+    """cagnet-3d on every Pr x Pc x Pl = G with Pl >= 2."""
+    common = {**COMMON, **common}
+    grids = [(pr, pc, gpus // (pr * pc)) for pr in range(1, gpus + 1) for pc in range(1, gpus + 1)
+             if gpus % (pr * pc) == 0 and gpus // (pr * pc) >= 2]
+    return [normalize_config(TrainConfig(algorithm="cagnet-3d", grid=grid, **common)) for grid in grids]
+
+
 @pytest.mark.parametrize("gpus", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_every_family_configuration_equals_serial_pyg(gpus, graph, reference):
-    configs = family_configs(gpus)
+    check_against_serial(graph, reference, gpus, family_configs(gpus))
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 4, 5, 6, 7, 8])
+def test_every_split_3d_grid_equals_serial_pyg(gpus, graph, reference):
+    """cagnet-3d (Pl >= 2) on every grid of G ranks: the same losses, logits and model bytes."""
+    configs = split_3d_configs(gpus)
+    assert configs and all(c.grid[2] >= 2 for c in configs)
+    check_against_serial(graph, reference, gpus, configs)
+
+
+def check_against_serial(graph, reference, gpus, configs):
     results = train(graph, gpus, configs)
     assert len(results) == len(configs)
     for config, result in zip(configs, results):
@@ -182,6 +201,37 @@ def test_hand_derived_bytes_on_two_cliques():
         assert got["gather"].tolist() == [104, 104], mode
 
 
+def test_hand_derived_split_3d_bytes_on_two_cliques():
+    """cagnet-3d on 2 x 2 x 2, widths 3 -> 4 -> 2, u = 4: q = 2, N' = 8, rb = 4, rf = 2, piece 2,
+    d = ceil(D / 2) = 2, 2, 1. Node v = 4 i + 2 k + t sits at inner position 4 k + 2 i + t, so
+    pieces (k, s) hold the columns of nodes {0, 1}, {4, 5} (k = 0) and {2, 3}, {6, 7} (k = 1).
+
+    Aggregation per layer: forward broadcasts down the column (Pr-1) rf d u = 16 and
+    reduce-scatter over the fibre 16; backward all-gather over the fibre 16 and
+    reduce-scatter over the column 16: 2 (64) = 128. Combination: all-gather of T and
+    reduce-scatter of dT over the row, 16 each: 64. Gather: dW, db all-reduced over the
+    column and over the fibre, 2 ceil(X / 2) 4 each, X = 4 x 2 = 8 and 5 x 1 = 5: 2 (32) + 2 (24) = 112.
+    Adjacency: rank (i, j, k) owns piece (k, s = j) of block row i (rows 4 i .. 4 i + 3),
+    8 nnz + 4 (rb + 1) bytes, sent once per layer and direction (Pc - 1 = 1): block 0 holds
+    8, 0, 8, 2 nonzeros in pieces {0,1}, {4,5}, {2,3}, {6,7} (its cut edges 6 -> 0, 6 -> 1),
+    block 1 holds 2, 8, 2, 8 (0, 1, 2 -> 4 and 3 -> 5). Rank k Pr Pc + i Pc + j:
+    4 (8 nnz + 20) = 336, 80, 144, 336, 336, 144, 144, 336. (The node order would give rank 1
+    the 8 nonzeros of {2, 3}.)
+    """
+    graph = two_cliques()
+    common = dict(layers=2, hidden=4, epochs=3, warmup=1, lr=0.01, seed=0, collect_outputs=True)
+    config = normalize_config(TrainConfig(algorithm="cagnet-3d", grid=(2, 2, 2), **common))
+    result = train(graph, 8, [config])[0]
+    ref = reference_train(graph, layers=2, hidden=4, epochs=3, lr=0.01, weight_decay=0.01, seed=0)
+    assert max_relative_difference(result["losses"], ref["losses"]) < LOSS_TOL
+    assert max_relative_difference(result["outputs"], ref["outputs"], normwise=True) < OUTPUT_TOL
+    got = logged_volumes(result)
+    assert got["aggregation"].tolist() == [128] * 8
+    assert got["combination"].tolist() == [64] * 8
+    assert got["gather"].tolist() == [112] * 8
+    assert got["adjacency"].tolist() == [336, 80, 144, 336, 336, 144, 144, 336]
+
+
 def test_family_checks_refuse_bad_settings():
     from plexus_tune.errors import UserError
 
@@ -195,7 +245,10 @@ def test_family_checks_refuse_bad_settings():
            dict(algorithm="supergcn", gpus=4, block_rows=8),
            dict(algorithm="cagnet-1d", gpus=4, grid=(2, 2, 1)),
            dict(algorithm="cagnet-1d", gpus=4, permute="single"),
-           dict(algorithm="plexus-2d", gpus=4)]
+           dict(algorithm="plexus-2d", gpus=4),
+           dict(algorithm="cagnet-3d", grid=(2, 2, 1)),  # Pl = 1 is cagnet-2d
+           dict(algorithm="cagnet-3d", gpus=8),  # no Pr x Pc x Pl grid
+           dict(algorithm="cagnet-3d", grid=(1, 1, 2), overlap=True)]
     for options in bad:
         with pytest.raises(UserError):
             normalize_config(TrainConfig(**options))

@@ -369,7 +369,7 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
     machine = load_machine(profile)
     assert machine.name == "shipped-logs" and machine.host_cores == 2 and machine.gpus_per_node == 8
     # the inputs are the files the shipped profile names (same hashes) and every score is recorded
-    shipped = json.loads((logs.parents[1] / "models" / "cpu-gloo-2core-fitted-2026-11-23.json").read_text())
+    shipped = json.loads((logs / "profiles" / "cpu-gloo-2core-fitted-2026-11-23.json").read_text())
     assert [i["sha256"] for i in profile["fit"]["inputs"]["spmm"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["spmm"]]
     assert [i["sha256"] for i in profile["fit"]["inputs"]["runs"]] == [i["sha256"] for i in shipped["fit"]["inputs"]["runs"]]
     assert set(profile["fit"]["spmm"]["scores"]) == set(SPMM_KINDS)

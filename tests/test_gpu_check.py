@@ -1,4 +1,4 @@
-"""runners/gpu_check.py: bad devices refused, the H100 profile against the shipped H100 data, the tiny CPU run."""
+"""campaigns/gpu_check.py: bad devices refused, the H100 profile against the shipped H100 data, the tiny CPU run."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "runners" / "gpu_check.py"
+SCRIPT = REPO / "campaigns" / "gpu_check.py"
 H100 = REPO / "measurements" / "h100-2026-11-25"
 
 
@@ -56,7 +56,7 @@ def test_the_h100_profile_against_the_h100_data():
 def test_predict_with_the_graph_matches_the_measured_262k_epoch(run_cli):
     # the 262K-node R-MAT of trainer-runs.jsonl: 11.44 ms measured (the runs stepped the foreach AdamW)
     code, out, err = run_cli(["predict", "--gpus", "1", "--graph", "rmat:nodes=262144,edges=2097152,features=128,classes=16",
-                              "--hidden", "128", "--machine", str(REPO / "models" / "h100-80gb-2026-11-25.json"),
+                              "--hidden", "128", "--machine", str(REPO / "models" / "h100-80gb-fitted.json"),
                               "--optimizer", "adamw-foreach", "--format", "json"])
     assert code == 0, err
     (rec,) = json.loads(out)

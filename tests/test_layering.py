@@ -21,7 +21,7 @@ STAGES = ("graph", "model", "launch", "trainer", "measure", "fit", "report", "se
 SAME_STAGE = {"cluster": "launch"}
 #: Modules every stage may import: errors, paths and resources (no stage's logic), the
 #: package itself and its entry point.
-STAGE_FREE = {"errors", "paths", "resources", "allocator", "__init__", "__main__"}
+STAGE_FREE = {"errors", "paths", "resources", "allocator", "jsonfile", "__init__", "__main__"}
 
 
 def stage_of(module: str) -> str | None:

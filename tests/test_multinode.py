@@ -13,11 +13,12 @@ import sys
 import pandas as pd
 import pytest
 
+from netns_token import prefix_for
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import CollectiveRecord, table_row
 from plexus_tune.model.collectives import placement
 
-PREFIX = "mn"
+PREFIX = prefix_for("m")  # this run's alone (tests/netns_token.py)
 LINK_GBPS = 0.05
 
 
@@ -37,7 +38,7 @@ needs_netns = pytest.mark.skipif(_why_not() is not None, reason=f"emulated clust
 
 @pytest.fixture
 def prefix(monkeypatch):
-    """Clusters of the test get the namespace prefix ``mn``; none of them may outlive it."""
+    """Clusters of the test get this run's namespace prefix; none of them may outlive it."""
     from plexus_tune.cluster.emulated import PREFIX_ENV, namespace_re, netns_list
 
     monkeypatch.setenv(PREFIX_ENV, PREFIX)
@@ -260,7 +261,7 @@ def test_a_cut_link_stops_a_measured_run_within_its_timeout_and_logs_it(prefix, 
 @needs_netns
 @pytest.mark.timeout(300)
 def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
-    """runners/torchrun_train.sh started on each node of a 2 x 2 emulated cluster, as a user
+    """examples/torchrun_train.sh started on each node of a 2 x 2 emulated cluster, as a user
     would on two hosts (NODE_RANK, MASTER_ADDR = node 0): grid 1x2x2 trains across the link,
     equals serial PyG, and the record carries each rank's node with the placement checked."""
     from pathlib import Path
@@ -279,7 +280,7 @@ def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
         procs = []
         for node in range(2):
             env = {**base, "NODE_RANK": str(node), "GLOO_SOCKET_IFNAME": cluster.nic(node)}
-            argv = cluster.exec_argv(node, [str(root / "runners" / "torchrun_train.sh"), "2", "2", "1x2x2",
+            argv = cluster.exec_argv(node, [str(root / "examples" / "torchrun_train.sh"), "2", "2", "1x2x2",
                                             "--synthetic", "rmat:nodes=61,edges=300,features=6,classes=3,seed=2",
                                             "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1",
                                             "--check", "--timeout", "120", "--log", str(log)])

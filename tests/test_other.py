@@ -195,7 +195,7 @@ def test_calibrate_bandwidth_cli(tmp_path, run_cli):
 
 
 def test_predict_optimizer_option(run_cli):
-    base = ["predict", "--gpus", "1", "--machine", str(REPO / "models" / "h100-80gb-2026-11-25.json"), "--nodes", "262144",
+    base = ["predict", "--gpus", "1", "--machine", str(REPO / "models" / "h100-80gb-fitted.json"), "--nodes", "262144",
             "--nnz", "4456448", "--features", "128", "--classes", "16", "--format", "json"]
     code, out, err = run_cli(base)
     assert code == 0, err
@@ -211,7 +211,7 @@ def test_predict_optimizer_option(run_cli):
 
 
 def test_the_h100_profile_says_where_every_number_came_from():
-    profile = json.loads((REPO / "models" / "h100-80gb-2026-11-25.json").read_text())
+    profile = json.loads((REPO / "models" / "h100-80gb-fitted.json").read_text())
     numbers = [k for k in profile if k not in ("schema", "name", "description", "provenance", "fit")]
     assert set(numbers) <= set(profile["provenance"]), set(numbers) - set(profile["provenance"])
     assert "NOT measured" in profile["provenance"]["collectives"]

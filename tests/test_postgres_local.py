@@ -1,5 +1,5 @@
 """An Optuna study shared by two processes through PostgreSQL
-(runners/postgres/local-server.sh, URL in PLEXUS_TUNE_PG_URL or its default).
+(.ci/postgres/local-server.sh, URL in PLEXUS_TUNE_PG_URL or its default).
 
 Skips without a PostgreSQL driver for SQLAlchemy, and without a server outside CI;
 under PLEXUS_TUNE_CI=1 a missing server fails.
@@ -42,7 +42,7 @@ def pg_url():
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
     except Exception as exc:  # noqa: BLE001 - any failure means no usable server
-        message = (f"postgres not reachable at {URL}: start it with runners/postgres/local-server.sh "
+        message = (f"postgres not reachable at {URL}: start it with .ci/postgres/local-server.sh "
                    f"start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
         if IN_CI:
             pytest.fail(message)

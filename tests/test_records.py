@@ -21,7 +21,7 @@ from plexus_tune.measure.training import base_record
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = {
-    "cpu-gloo-2026-11-23": "models/cpu-gloo-2core-fitted-2026-11-23.json",
+    "cpu-gloo-2026-11-23": "measurements/cpu-gloo-2026-11-23/profiles/cpu-gloo-2core-fitted-2026-11-23.json",
     "cpu-gloo": "models/cpu-gloo-2core-fitted.json",
 }
 SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"

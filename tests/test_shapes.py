@@ -1,7 +1,7 @@
 """model/shapes.py against hand-derived values and against the trainer's real per-rank tensors.
 
 The trainer part builds every rank of every grid of G = 1..8 with the trainer's own
-construction code (:class:`RankTrainer`) and trains one epoch through its own layer and
+construction code (:class:`Plexus3dTrainer`) and trains one epoch through its own layer and
 loss functions, with a stand-in for torch.distributed that runs each rank alone and keeps
 every collective's shapes (gathers return g pieces, reduce-scatters keep one, all-reduces
 change nothing). Autograd checks every gradient's shape against its parameter; the test
@@ -197,7 +197,7 @@ CONFIGS = ({"layers": 4, "permute": "double", "block_rows": None}, {"layers": 3,
 
 @pytest.fixture(scope="module")
 def datasets():
-    from plexus_tune.trainer.engine import MemoryData, prepare_graph
+    from plexus_tune.trainer.data import MemoryData, prepare_graph
 
     out = {}
     for nodes in (37, 13):
@@ -212,11 +212,11 @@ def build_rank(data, grid, rank, opts):
 
     from plexus_tune.trainer import TrainConfig
     from plexus_tune.trainer.comm import PhaseTimer
-    from plexus_tune.trainer.engine import RankTrainer
+    from plexus_tune.trainer.plexus3d import Plexus3dTrainer
 
     torch.set_num_threads(1)
     config = TrainConfig(grid=grid, hidden=HIDDEN, epochs=1, warmup=0, seed=3, **opts)
-    trainer = RankTrainer(data, config, rank, int(np.prod(grid)), comm=shape_comm(grid, rank, PhaseTimer()))
+    trainer = Plexus3dTrainer(data, config, rank, int(np.prod(grid)), comm=shape_comm(grid, rank, PhaseTimer()))
     log = []
     for shard in trainer.shards:
         record_calls(shard, log)
@@ -226,7 +226,7 @@ def build_rank(data, grid, rank, opts):
 
 def check_rank(trainer, log, shapes, opts):
     """Every tensor and operand of one rank against model/shapes.py."""
-    from plexus_tune.trainer.engine import csr_bytes as tensor_bytes
+    from plexus_tune.trainer.tensors import csr_bytes as tensor_bytes
 
     for s, shard, w, b in zip(shapes, trainer.shards, trainer.params_w, trainer.params_b):
         i = s.layer

@@ -1,4 +1,4 @@
-"""measure/run/search through a real Slurm (runners/slurm/local-cluster.sh): inside salloc (srun
+"""measure/run/search through a real Slurm (.ci/slurm/local-cluster.sh): inside salloc (srun
 steps) and outside (a submitted batch job), resume, scancel, failed steps; and the pure parts.
 
 The Slurm tests skip without a running Slurm, except under PLEXUS_TUNE_CI=1 where they fail

@@ -1,5 +1,5 @@
 """Slurm primitives (plexus_tune.launch.slurm): parsing on recorded outputs, and the real
-thing against a running Slurm (runners/slurm/local-cluster.sh).
+thing against a running Slurm (.ci/slurm/local-cluster.sh).
 
 Without a running Slurm the tests that need one skip, except under PLEXUS_TUNE_CI=1,
 where they fail (and the fixture first tries to start the local cluster itself).
@@ -23,13 +23,13 @@ from plexus_tune.errors import UserError
 pytestmark = pytest.mark.slow  # a local Slurm cluster
 
 REPO = Path(__file__).resolve().parents[1]
-CLUSTER_SCRIPT = REPO / "runners" / "slurm" / "local-cluster.sh"
+CLUSTER_SCRIPT = REPO / ".ci" / "slurm" / "local-cluster.sh"
 IN_CI = os.environ.get("PLEXUS_TUNE_CI") == "1"
 POLL_S = 0.25
 
 # ----------------------------------------------------------------------------- recorded outputs
 # `scontrol show job -o ID` and the jobcomp/filetxt log of Slurm 22.05.8 (Debian 12),
-# recorded on the local cluster of runners/slurm/local-cluster.sh.
+# recorded on the local cluster of .ci/slurm/local-cluster.sh.
 
 SCONTROL_FAILED = (
     "JobId=1 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 Nice=0 "
@@ -276,7 +276,7 @@ def slurm():
         started = subprocess.run([str(CLUSTER_SCRIPT), "start"], check=False).returncode == 0
         reason = _slurm_down_reason()
     if reason:
-        message = f"slurm not running: start it with runners/slurm/local-cluster.sh start ({reason})"
+        message = f"slurm not running: start it with .ci/slurm/local-cluster.sh start ({reason})"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -373,7 +373,7 @@ def test_slurm_train_sbatch_runs_the_trainer(slurm, tmp_path):
     env = dict(os.environ, BACKEND="gloo", PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     job = ls.submit(
-        REPO / "runners" / "slurm_train.sbatch",
+        REPO / "examples" / "slurm_train.sbatch",
         ["2x1x1", "--synthetic", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0",
          "--epochs", "3", "--hidden", "16", "--log", str(log)],
         nodes=1, ntasks_per_node=2, gpus_per_node=0, output=str(tmp_path / "train-%j.out"),
@@ -409,7 +409,7 @@ print("RESULT " + json.dumps({"nodes": alloc.nodes, "tasks": alloc.tasks, "rc": 
 
 def test_srun_step_across_two_nodes(slurm):
     if _partition_nodes("multi") < 2:
-        pytest.skip("no partition 'multi' with 2 nodes (runners/slurm/local-cluster.sh makes one)")
+        pytest.skip("no partition 'multi' with 2 nodes (.ci/slurm/local-cluster.sh makes one)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(["salloc", "-p", "multi", "-N", "2", "--ntasks-per-node=2", "-J", "pt-salloc2",
                              sys.executable, "-c", _TWO_NODE_SNIPPET],

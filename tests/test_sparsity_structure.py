@@ -199,7 +199,7 @@ def test_predict_graph_uses_the_largest_shards(run_cli, tmp_path):
     path = tmp_path / "g"
     save_graph(g, path)
     shapes, structure, y = _synthetic_timings(200)
-    profile = load_machine("h100-80gb-2026-11-25").raw
+    profile = load_machine("h100-80gb-fitted").raw
     profile = {**profile, "name": "structure-test", "spmm": StructureBoosted().fit(shapes, y, structure).to_dict()}
     machine_path = tmp_path / "m.json"
     machine_path.write_text(json.dumps(profile))
@@ -231,15 +231,15 @@ def test_predict_graph_reads_a_shard_directory(run_cli, tmp_path):
 
     g = generate("rmat", nodes=3000, edges=20000, features=8, classes=4, seed=6)
     write_shards(g, tmp_path / "shards", blocks=(2, 2), mode="double", seed=0)
-    code, out, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+    code, out, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-fitted",
                               "--format", "json", "--top", "0"])
     assert code == 0, err
     from_dir = {r["grid"]: r["spmm_ms"] for r in json.loads(out)}
-    code, out, _ = run_cli(["predict", "--graph", _saved(g, tmp_path), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+    code, out, _ = run_cli(["predict", "--graph", _saved(g, tmp_path), "--gpus", "4", "-m", "h100-80gb-fitted",
                             "--format", "json", "--top", "0"])
     # the directory holds the double-permuted matrix with seed 0: the same shards as permuting the graph
     assert {r["grid"]: r["spmm_ms"] for r in json.loads(out)} == pytest.approx(from_dir)
-    code, _, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-2026-11-25",
+    code, _, err = run_cli(["predict", "--graph", str(tmp_path / "shards"), "--gpus", "4", "-m", "h100-80gb-fitted",
                             "--permute", "none"])
     assert code == 2 and "was cut after the double permutation" in err
 

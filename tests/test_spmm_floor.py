@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,9 @@ from plexus_tune.model.costs import predict_grids, rank_order
 from plexus_tune.model.machine import Machine, load_machine
 from plexus_tune.model.spmm import spmm_traffic_bytes
 from plexus_tune.model.workload import Workload, list_datasets, workload_from_dataset
+
+CPU_2026_11_23 = (Path(__file__).resolve().parents[1] / "measurements" / "cpu-gloo-2026-11-23" / "profiles"
+                  / "cpu-gloo-2core-fitted-2026-11-23.json")
 
 
 def machine(**over):
@@ -87,7 +91,7 @@ def test_papers100m_frontier_ranks_floored_grids_only_on_their_floored_total():
                 assert total[i] <= total[j]  # ranked above only with a genuinely lower (floored) total
 
 
-@pytest.mark.parametrize("name", ["perlmutter", "frontier", "cpu-gloo-2core-fitted-2026-11-23"])
+@pytest.mark.parametrize("name", ["perlmutter", "frontier", str(CPU_2026_11_23)])
 def test_predicted_parts_add_up_to_the_total(name):
     pred = predict_grids(workload_from_dataset("reddit"), name, 48)
     parts = pred["spmm_ms"] + pred["gemm_ms"] + pred["comm_ms"] + pred["other_ms"] + pred["overhead_ms"]
@@ -115,7 +119,7 @@ def test_predict_marks_floored_grids_in_every_format(run_cli):
 
 def test_predict_table_shows_overhead_and_parts_add_up(run_cli):
     code, out, err = run_cli(["predict", "--dataset", "reddit", "--gpus", "8", "--machine",
-                              "cpu-gloo-2core-fitted-2026-11-23", "--top", "0"])
+                              str(CPU_2026_11_23), "--top", "0"])
     assert code == 0, err
     header = next(ln for ln in out.splitlines() if "total ms" in ln)
     cells = [c.strip() for c in header.strip("┃").split("┃")]
@@ -132,7 +136,7 @@ def test_predict_table_shows_overhead_and_parts_add_up(run_cli):
         assert parts == pytest.approx(number(row[idx["total ms"]]), rel=0.01, abs=0.05)
         assert number(row[idx["overhead"]]) == pytest.approx(49.80, abs=0.01)
     code, out, _ = run_cli(["predict", "--dataset", "reddit", "--gpus", "8", "--machine",
-                            "cpu-gloo-2core-fitted-2026-11-23", "--top", "0", "--format", "json"])
+                            str(CPU_2026_11_23), "--top", "0", "--format", "json"])
     for r in json.loads(out):
         assert r["spmm_ms"] + r["gemm_ms"] + r["comm_ms"] + r["other_ms"] + r["overhead_ms"] == pytest.approx(r["total_ms"], rel=1e-12)
 

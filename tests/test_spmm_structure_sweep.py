@@ -1,4 +1,4 @@
-"""The structured SpMM sweep and the model evaluation runner's scoring.
+"""The structured SpMM sweep and the SpMM model evaluation (plexus_tune.report.spmm_eval).
 
 References: counts of the built CSR matrices, the power law's own CDF, scipy's
 Spearman, hand sums.
@@ -6,7 +6,6 @@ Spearman, hand sums.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,13 +16,6 @@ from plexus_tune.cli import main
 from plexus_tune.measure.spmm import structured_csr, structure_dimensions, sweep_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _runner(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "runners" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_structured_csr_records_the_statistics_of_the_built_matrix():
@@ -77,28 +69,31 @@ def test_eval_runner_grid_errors_and_spearman():
     import pandas as pd
     from scipy.stats import spearmanr
 
-    ev = _runner("spmm_model_eval")
+    from plexus_tune.fit.scoring import mape_percent
+    from plexus_tune.report.spmm_eval import grid_epoch_errors
+
     df = pd.DataFrame({"gpus": [4] * 6, "grid": ["a", "a", "b", "b", "c", "c"],
                        "time_ms": [1.0, 1.0, 2.0, 2.0, 3.0, 1.0]})
     pred = [1.1, 1.1, 1.8, 1.8, 4.0, 0.8]
-    e = ev.grid_epoch_errors(df, pred)[4]
+    e = grid_epoch_errors(df, pred)[4]
     # grid sums: observed a 2, b 4, c 4; predicted 2.2, 3.6, 4.8
     assert e["max_abs_error_pct"] == pytest.approx(20.0)
     assert e["spearman"] == pytest.approx(spearmanr([2, 4, 4], [2.2, 3.6, 4.8])[0])
-    assert ev.mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(10.0)
+    assert mape_percent([1.1, 0.9], [1.0, 1.0]) == pytest.approx(10.0)
 
 
 def test_structure_boosted_meets_the_h100_checks():
     """The measured H100 shards: the kind fitted as the profile is (sweeps + Graph500 R-MAT
     shards) predicts V/U within 25 % of the measured 7.3x and, on the skewed and uniform
     R-MAT shards it never saw, every grid's SpMM within 15 % and Spearman >= 0.95 per G."""
-    ev = _runner("spmm_model_eval")
-    data = ev.Data(ROOT / "measurements" / "h100-2026-11-25")
-    model = ev.fitted("structure-boosted", ev._concat(data.sweep, data.structured, data.rmat))
+    from plexus_tune.report import spmm_eval as ev
+
+    data = ev.SpmmData(ROOT / "measurements" / "h100-2026-11-25")
+    model = ev.fitted_kind("structure-boosted", ev.concat_tables(data.sweep, data.structured, data.rmat))
     ratio, measured = ev.v_over_u(model, data.rmat)
     assert measured == pytest.approx(7.3, abs=0.05)
     assert abs(ratio / measured - 1) <= 0.25
     for held_out in (data.skewed, data.uniform):
-        for gpus, e in ev.grid_epoch_errors(held_out, ev.predicted(model, held_out)).items():
+        for gpus, e in ev.grid_epoch_errors(held_out, ev.predicted_ms(model, held_out)).items():
             assert e["max_abs_error_pct"] <= 15, gpus
             assert e["spearman"] >= 0.95, gpus

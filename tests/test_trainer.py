@@ -15,7 +15,7 @@ from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.launch import launch_local
 from plexus_tune.model.shapes import layer_shapes
 from plexus_tune.trainer import TrainConfig, model_widths
-from plexus_tune.trainer.engine import rank_main
+from plexus_tune.trainer.rank import rank_main
 from plexus_tune.trainer.layout import make_layout
 from plexus_tune.trainer.reference import max_relative_difference, reference_train
 
@@ -85,7 +85,7 @@ def references(graph):
 def test_every_grid_equals_serial_pyg(gpus, graph, references):
     configs = configs_for(gpus)
     results = launch_local(rank_main, gpus, args=(graph, configs, "cpu"), timeout_s=400, threads_per_rank=1,
-                           preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+                           preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
     assert len(results) == len(configs)
     for config, result in zip(configs, results):
         ref = references(config.layers)
@@ -175,7 +175,7 @@ def test_shard_files_train_like_the_whole_graph(tmp_path, mode):
     configs = [TrainConfig(grid=grid, layers=3, hidden=HIDDEN, epochs=EPOCHS, warmup=1, seed=3, collect_outputs=True)
                for grid in [(2, 1, 2), (1, 4, 1), (2, 2, 1)]]
     results = launch_local(rank_main, 4, args=(str(shard_dir), configs, "cpu"), timeout_s=300, threads_per_rank=1,
-                           preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+                           preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
     ref = reference_train(g, layers=3, hidden=HIDDEN, epochs=EPOCHS, lr=0.01, weight_decay=0.01, seed=3)
     for config, result in zip(configs, results):
         assert result["permute"] == mode

@@ -4,7 +4,8 @@ import numpy as np
 
 from plexus_tune.launch import launch_local
 from plexus_tune.trainer import TrainConfig
-from plexus_tune.trainer.engine import make_adamw, rank_main
+from plexus_tune.trainer.loop import make_adamw
+from plexus_tune.trainer.rank import rank_main
 
 
 def test_stats_cadence_does_not_change_the_numbers():
@@ -14,7 +15,7 @@ def test_stats_cadence_does_not_change_the_numbers():
     common = dict(grid=(1, 2, 1), layers=3, hidden=8, epochs=5, warmup=1, seed=1)
     configs = [TrainConfig(**common, extra={"stats_every": every}) for every in (1, 2, 0)]
     results = launch_local(rank_main, 2, args=(g, configs, "cpu"), timeout_s=300, threads_per_rank=1,
-                           preload=("torch._dynamo", "plexus_tune.trainer.engine"))[0]
+                           preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
     first = results[0]
     assert first["optimizer"] == "adamw-fused"
     assert len(first["losses"]) == 5 and all(len(v) == 5 for v in first["accuracy"].values())

@@ -11,5 +11,5 @@ COMMON="--graph $GRAPH --layers 3 --hidden 32 --epochs 10 --warmup 2 --launcher 
 for g in 2 3 4; do
   $PT measure $COMMON --gpus $g --grids all --trials 3 --log $OUT/sweep.jsonl || exit 1
 done
-$PT search --measured $COMMON --gpus 2..4 --trials 8 --workers 2 --machine cpu-gloo-2core-fitted-2026-11-23 \
+$PT search --measured $COMMON --gpus 2..4 --trials 8 --workers 2 --machine measurements/cpu-gloo-2026-11-23/profiles/cpu-gloo-2core-fitted-2026-11-23.json \
    --log $OUT/search.jsonl --storage sqlite:///$OUT/studies.db --study slurm-search --top 12

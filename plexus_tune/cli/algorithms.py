@@ -9,16 +9,17 @@ from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
 from plexus_tune.errors import UserError, whole_number
-from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
-from plexus_tune.model.planner import ALGORITHM_NAMES, ALL, joint_ranking, parse_algorithms
-from plexus_tune.model.volumes import check_replication
-from plexus_tune.search.families import search_ranking
+from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families
+from plexus_tune.model.planner import check_choices, joint_ranking
+from plexus_tune.search.joint import search_ranking
 from plexus_tune.search.space import objective_unit
 
-ALGORITHM_HELP = (f"algorithm family: {', '.join(ALGORITHM_NAMES)}, or {ALL} (one ranking over every family, "
-                  "configuration and communication precision; default plexus-3d; docs/model.md, Planner)")
+ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names())}, or {ALL} (one ranking over every family, "
+                  f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
+#: The planner's family choices and their flags.
+CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
@@ -28,24 +29,26 @@ COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), (
 
 def add_algorithm_argument(parser) -> None:
     """``--algorithm`` and the families' own filters ``--replication``, ``--aggregation``."""
-    parser.add_argument("--algorithm", default="plexus-3d", metavar="NAME", help=ALGORITHM_HELP)
+    parser.add_argument("--algorithm", default=DEFAULT_FAMILY, metavar="NAME", help=ALGORITHM_HELP)
     parser.add_argument("--replication", metavar="C",
-                        help="cagnet-1.5d: only the replication factor C (C divides G, C*C <= G; 1 is cagnet-1d)")
+                        help=f"{', '.join(families_choosing('replication'))}: only the replication factor C "
+                             "(C divides G, C*C <= G; 1 is cagnet-1d)")
     parser.add_argument("--aggregation", metavar="MODE",
-                        help="supergcn: only the aggregation mode pre, post or hybrid (default: all three)")
+                        help=f"{', '.join(families_choosing('aggregation'))}: only the aggregation mode pre, post "
+                             "or hybrid (default: all three)")
 
 
 def family_filters(args, algorithms) -> dict:
     """The planner's ``replication`` and ``aggregation`` from the flags (UserError naming the flag)."""
     out = {}
-    if getattr(args, "replication", None) is not None:
-        if "cagnet-1.5d" not in algorithms:
-            raise UserError("--replication applies to --algorithm cagnet-1.5d (or all)")
-        out["replication"] = whole_number(args.replication, "--replication", minimum=1)
-    if getattr(args, "aggregation", None) is not None:
-        if "supergcn" not in algorithms:
-            raise UserError("--aggregation applies to --algorithm supergcn (or all)")
-        out["aggregation"] = str(args.aggregation)
+    for option, flag in CHOICE_FLAGS.items():
+        value = getattr(args, option, None)
+        if value is None:
+            continue
+        takers = families_choosing(option)
+        if not set(takers) & set(algorithms):
+            raise UserError(f"{flag} applies to --algorithm {' or '.join(takers)} (or all)")
+        out[option] = whole_number(value, flag, minimum=1) if option == "replication" else str(value)
     return out
 
 
@@ -53,7 +56,7 @@ def selected_algorithms(args) -> tuple[str, ...]:
     """The families ``--algorithm`` names (UserError naming the flag; also when a family's
     own flag is given for a family that does not take it)."""
     try:
-        algorithms = parse_algorithms(getattr(args, "algorithm", None))
+        algorithms = parse_families(getattr(args, "algorithm", None))
     except UserError as exc:
         raise UserError(f"--algorithm: {exc}") from None
     family_filters(args, algorithms)
@@ -181,21 +184,19 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
                      optimizer: str | None = None, plexus_options=None) -> int:
     """``predict --algorithm NAME|all``: the planner's ranking of the families on G GPUs."""
     if getattr(args, "block_rows", None):
-        raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm "
-                        + getattr(args, "algorithm", ALL))
+        raise UserError(f"--block-rows applies to {' and '.join(families_with('takes_block_rows'))} only; "
+                        "leave it out with --algorithm " + getattr(args, "algorithm", ALL))
     for flag in ("powers_of_two", "max_x", "max_y", "max_z"):
         if getattr(args, flag, None):
-            raise UserError(f"--{flag.replace('_', '-')} filters plexus-3d grids only; leave it out with --algorithm "
-                            + getattr(args, "algorithm", ALL))
+            raise UserError(f"--{flag.replace('_', '-')} filters {DEFAULT_FAMILY} grids only; leave it out with "
+                            "--algorithm " + getattr(args, "algorithm", ALL))
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
-    for key, flag, check in (("replication", "--replication", lambda c: check_replication(gpus, c)),
-                             ("aggregation", "--aggregation", check_aggregation)):
-        if key in filters:
-            try:
-                check(filters[key])
-            except UserError as exc:
-                raise UserError(f"{flag}: {exc}") from None
+    for key, value in filters.items():
+        try:
+            check_choices(gpus, algorithms, {key: value})
+        except UserError as exc:
+            raise UserError(f"{CHOICE_FLAGS[key]}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
                             optimizer=optimizer, plexus_options=plexus_options, **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
@@ -205,10 +206,11 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
 def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
     """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
     if getattr(args, "measured", False):
-        raise UserError("--measured trains plexus-3d grids; the other families are searched by the model: "
-                        "leave out --measured or use --algorithm plexus-3d")
+        raise UserError(f"--measured trains {DEFAULT_FAMILY} grids; the other families are searched by the model: "
+                        f"leave out --measured or use --algorithm {DEFAULT_FAMILY}")
     if getattr(args, "block_rows", None):
-        raise UserError("--block-rows applies to plexus-3d only; leave it out with --algorithm " + args.algorithm)
+        raise UserError(f"--block-rows applies to {' and '.join(families_with('takes_block_rows'))} only; "
+                        "leave it out with --algorithm " + args.algorithm)
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
     ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,

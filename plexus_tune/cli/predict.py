@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plexus_tune.cli import minibatch
 from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
 from plexus_tune.cli.output import format_ms, make_console
 
@@ -17,7 +18,8 @@ from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.cache import StructureCache
 from plexus_tune.graph.structure import shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
-from plexus_tune.model.planner import family_grids
+from plexus_tune.model.family import DEFAULT_FAMILY, family_of
+from plexus_tune.model.planner import joint_ranking
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids
@@ -133,6 +135,7 @@ def register(subparsers) -> None:
                         "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
     add_algorithm_argument(parser)
+    minibatch.add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -240,6 +243,23 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
           f"with --permute {text}")
 
 
+def _predict_minibatch(args, mini, gpus, top, precisions, optimizer) -> int:
+    """``predict --algorithm scalegnn-4d``: the ranked (Gd, grid, B) (cli/minibatch)."""
+    for flag in ("block_rows", "powers_of_two", "max_x", "max_y", "max_z", "permute", "replication", "aggregation"):
+        if getattr(args, flag, None):
+            raise UserError(f"--{flag.replace('_', '-')} does not apply to --algorithm {minibatch.NAME}; leave it out")
+    machine = load_machine(args.machine)
+    workload = workload_from_args(args)  # last: --graph loads the graph
+    if getattr(args, "stored_shards", None) is not None:
+        raise UserError(f"--graph: {minibatch.NAME} samples the whole graph; give the graph file, not its shards")
+    records = [r for p in precisions for r in minibatch.rank(args, mini, workload, machine, gpus, p, optimizer)]
+    records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
+    for k, rec in enumerate(records, start=1):
+        rec["rank"] = k
+    minibatch.print_ranking(records, workload, machine, gpus, top or None, fmt=args.format)
+    return 0
+
+
 def run(args) -> int:
     import json
     import sys
@@ -256,17 +276,36 @@ def run(args) -> int:
             optimizer = check_optimizer(args.optimizer.strip())
         except UserError as exc:
             raise UserError(f"--optimizer: {exc}") from None
+    mini = minibatch.check_flags(args)
+    if minibatch.only(args):
+        return _predict_minibatch(args, mini, gpus, top, precisions, optimizer)
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
-    if algorithms != ("plexus-3d",):
+    if algorithms != (DEFAULT_FAMILY,):
         plexus_options = None
-        if "plexus-3d" in algorithms:
-            sparsity, _ = graph_shards(args, family_grids("plexus-3d", gpus), workload)
+        if DEFAULT_FAMILY in algorithms:
+            sparsity, _ = graph_shards(args, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
             plexus_options = {"sparsity": sparsity} if sparsity is not None else None
-        return predict_families(args, workload, machine, gpus, algorithms, top=top or None,
+        code = predict_families(args, workload, machine, gpus, algorithms, top=top or None,
                                 graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
                                 plexus_options=plexus_options)
+        if minibatch.requested(args) and args.format == "table":
+            records = [r for p in precisions
+                       for r in minibatch.rank(args, mini, workload, machine, gpus, p, optimizer)]
+            records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
+            for k, rec in enumerate(records, start=1):
+                rec["rank"] = k
+            print()
+            minibatch.print_ranking(records, workload, machine, gpus, top or None)
+            full_best = None
+            if mini["epochs"] is not None:
+                feasible = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions,
+                                         graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
+                                         plexus_options=plexus_options).feasible
+                full_best = feasible[0] if feasible else None
+            minibatch.print_comparison(full_best, records, mini["epochs"])
+        return code
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")

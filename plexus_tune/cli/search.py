@@ -15,6 +15,7 @@ from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.model.precision_choice import accuracy_evidence, pick_precision
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
+from plexus_tune.model.family import DEFAULT_FAMILY
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
@@ -139,7 +140,7 @@ def run(args) -> int:
     precisions, auto = precision_choices(args)
     algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
-    if algorithms != ("plexus-3d",):
+    if algorithms != (DEFAULT_FAMILY,):
         return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:

@@ -115,10 +115,6 @@ def comm_precision_of(args: argparse.Namespace) -> str:
 
 def _config(args: argparse.Namespace):
     algorithm = check_algorithm(args.algorithm)
-    if args.grid is None and algorithm in ("plexus-3d", "cagnet-2d"):
-        raise UserError(f"{algorithm} needs --grid ({'GXxGYxGZ' if algorithm == 'plexus-3d' else 'PRxPCx1'})")
-    if args.grid is None and args.gpus is None:
-        raise UserError(f"{algorithm} needs --gpus (or --grid)")
     grid = process_grid(algorithm, grid=parse_grid(args.grid) if args.grid else None, gpus=args.gpus,
                         replication=args.replication)
     comm_precision = comm_precision_of(args)

@@ -29,7 +29,7 @@ SPMM_KINDS = FIT_KINDS
 SPMM_PARAMETERS = {kind: SPMM_MODELS[kind].n_parameters for kind in SPMM_KINDS}
 
 
-def _spmm_shapes(df) -> tuple[np.ndarray, ...]:
+def spmm_shapes(df) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(df[c], dtype=np.float64) for c in ("nnz", "rows", "common", "dense_cols"))
 
 
@@ -58,7 +58,7 @@ def spmm_structure(df) -> dict | None:
         entry = {key: df[f"structure.{key}"].iloc[pos] if f"structure.{key}" in df.columns else None for key in STRUCTURE_KEYS}
         entry["column_share"] = list(curve)
         records.append(check_structure(entry, _where(df, pos)))
-    shapes = _spmm_shapes(df)
+    shapes = spmm_shapes(df)
     return structure_arrays(records, shapes[0], shapes[1], shapes[2])
 
 
@@ -103,8 +103,8 @@ class SpmmModel:
 
     def predict(self, df) -> np.ndarray:
         if self.model.uses_structure:
-            return np.asarray(self.model.predict(*_spmm_shapes(df), spmm_structure(df)), dtype=np.float64)
-        return np.asarray(self.model.predict(*_spmm_shapes(df)), dtype=np.float64)
+            return np.asarray(self.model.predict(*spmm_shapes(df), spmm_structure(df)), dtype=np.float64)
+        return np.asarray(self.model.predict(*spmm_shapes(df)), dtype=np.float64)
 
     def to_dict(self) -> dict:
         """The machine profile's ``spmm`` entry (evaluated by plexus_tune.model.spmm)."""
@@ -180,7 +180,7 @@ def fit_spmm(
     candidates = [k for k in compared if len(df) >= min_rows(SPMM_PARAMETERS[k])]
     if kind != "auto" and kind not in candidates:
         candidates.append(kind)
-    shapes = _spmm_shapes(df)
+    shapes = spmm_shapes(df)
     structure = None
     if any(SPMM_MODELS[k].uses_structure for k in candidates):
         try:

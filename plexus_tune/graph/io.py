@@ -36,6 +36,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
+from plexus_tune.jsonfile import read_json
+from plexus_tune.graph import checks
 from plexus_tune.graph.atomic import atomic_directory, atomic_file
 from plexus_tune.graph.core import Graph, as_csr, edge_index_to_adjacency, is_symmetric
 from plexus_tune.graph.generators import DEFAULT_CLASSES, DEFAULT_FEATURES, degree_labels, random_features, synthetic
@@ -44,6 +46,22 @@ FORMATS = ("plexus", "npz", "mtx", "edgelist", "ogb", "pyg")
 PLEXUS_FORMAT = "plexus-graph"
 PLEXUS_VERSION = 1
 _EDGELIST_SUFFIXES = (".txt", ".csv", ".tsv", ".edges", ".el")
+_ARRAY = {"type": "object", "required": ["shape", "dtype"],
+          "properties": {"shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 2},
+                         "dtype": {"type": "string"}}}
+#: schema of a plexus graph's metadata.json (plexus_tune.jsonfile)
+METADATA_SCHEMA = {
+    "type": "object",
+    "required": ["format", "version", "num_nodes", "num_classes", "arrays"],
+    "properties": {
+        "format": {"type": "string"}, "version": {"type": "integer"}, "name": {"type": "string"},
+        "num_nodes": {"type": "integer", "minimum": 1}, "nnz": {"type": "integer", "minimum": 0},
+        "num_features": {"type": "integer", "minimum": 1}, "num_classes": {"type": "integer", "minimum": 1},
+        "symmetric": {"type": "boolean"}, "meta": {"type": "object"},
+        "arrays": {"type": "object", "required": ["indptr", "indices", "data", "features", "labels"],
+                   "properties": {k: _ARRAY for k in ("indptr", "indices", "data", "features", "labels")}},
+    },
+}
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, TypeError, zlib.error,
                 zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError)
 
@@ -77,17 +95,6 @@ def detect_format(path) -> str:
 
 # --- helpers -----------------------------------------------------------------------
 
-def _check_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, where: str) -> None:
-    if src.size == 0:
-        return
-    low = min(int(src.min()), int(dst.min()))
-    high = max(int(src.max()), int(dst.max()))
-    if low < 0 or high >= num_nodes:
-        bad = low if low < 0 else high
-        raise UserError(f"{where}: edge endpoint {bad} is out of range for {num_nodes} nodes "
-                        f"(ids must be 0..{num_nodes - 1})")
-
-
 def _undirected(src: np.ndarray, dst: np.ndarray, weights, num_nodes: int) -> sp.csr_matrix:
     """Each unordered pair once (first occurrence's weight), mirrored; self-loops once."""
     lo = np.minimum(src, dst)
@@ -115,29 +122,31 @@ def _first_index(keys: np.ndarray):
 
 
 def _edges_to_adjacency(src, dst, weights, num_nodes: int, directed: bool, where: str) -> sp.csr_matrix:
+    checks.check_ids(np.asarray(src), num_nodes, where, "edge source")
+    checks.check_ids(np.asarray(dst), num_nodes, where, "edge target")
+    if weights is not None:
+        weights = np.asarray(weights)
+        if weights.shape != np.shape(src):
+            raise UserError(f"{where}: {weights.shape} edge weights for {np.shape(src)[0]:,} edges")
+        checks.check_finite(weights, where, "edge weight")
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    _check_edges(src, dst, num_nodes, where)
     if directed:
         return edge_index_to_adjacency(np.vstack([src, dst]), num_nodes, weights)
     return _undirected(src, dst, weights, num_nodes)
 
 
-def check_finite_features(features, name: str, *, chunk_rows: int = 1 << 16) -> None:
-    """UserError if any feature is NaN or infinite (a model trained on them has a NaN loss); read in row chunks."""
-    for start in range(0, features.shape[0], chunk_rows):
-        bad = ~np.isfinite(features[start:start + chunk_rows])
-        if bad.any():
-            rows = np.flatnonzero(bad.any(axis=1))
-            raise UserError(f"{name}: features of node {start + int(rows[0])} (and {int(bad.sum()) - 1} more values) are "
-                            f"NaN or infinite; clean the features (training on them gives a NaN loss)")
+def check_finite_features(features, name: str) -> None:
+    """UserError if any feature is NaN or infinite (:func:`plexus_tune.graph.checks.check_finite`)."""
+    checks.check_finite(features, name, "features")
 
 
 def _finish(adj, features, labels, num_classes, name, meta, *, features_width, classes, seed) -> Graph:
     adj = as_csr(adj)
     n = adj.shape[0]
+    where = str(meta.get("source", name))  # the file a refusal names
     if n == 0:
-        raise UserError(f"{name}: the graph has no nodes (empty input?)")
+        raise UserError(f"{where}: the graph has no nodes (empty input?)")
     meta = dict(meta)
     if features is None:
         features = random_features(n, features_width or DEFAULT_FEATURES, seed)
@@ -147,14 +156,14 @@ def _finish(adj, features, labels, num_classes, name, meta, *, features_width, c
         if features.ndim == 1:
             features = features[:, None]
         if features.shape[0] != n:
-            raise UserError(f"{name}: {features.shape[0]} feature rows for {n} nodes")
+            raise UserError(f"{where}: {features.shape[0]} feature rows for {n} nodes")
+        checks.check_features(features, n, where)
         if features.dtype != np.float32:
             features = features.astype(np.float32)
-        check_finite_features(features, name)
     if labels is None:
         num_classes = classes or DEFAULT_CLASSES
         if classes is not None and classes > n:
-            raise UserError(f"{name}: {classes} classes for {n} nodes: some classes would have no node; use at most {n}")
+            raise UserError(f"{where}: {classes} classes for {n} nodes: some classes would have no node; use at most {n}")
         labels = degree_labels(adj, num_classes, seed)
         meta["labels"] = f"degree classes, {num_classes}, seed {seed}"
     else:
@@ -162,41 +171,35 @@ def _finish(adj, features, labels, num_classes, name, meta, *, features_width, c
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
         if labels.ndim != 1:
-            raise UserError(f"{name}: labels must be one class per node, got shape {labels.shape}")
+            raise UserError(f"{where}: labels must be one class per node, got shape {labels.shape}")
         if labels.shape[0] != n:
-            raise UserError(f"{name}: {labels.shape[0]} labels for {n} nodes")
+            raise UserError(f"{where}: {labels.shape[0]} labels for {n} nodes")
         if labels.dtype.kind == "f":
-            missing = np.isnan(labels)
-            labels = np.where(missing, -1, labels)
-            if np.any(labels != np.round(labels)):
-                raise UserError(f"{name}: labels must be whole numbers")
-        labels = labels.astype(np.int64)
-        if labels.size and labels.min() < -1:
-            raise UserError(f"{name}: labels must be >= 0 (or -1 for unlabelled nodes)")
-        top = int(labels.max()) + 1 if labels.size else 0
+            labels = np.where(np.isnan(labels), -1, labels)  # NaN: unlabelled
         if num_classes is None:
-            num_classes = max(top, 1)
-        elif top > num_classes:
-            raise UserError(f"{name}: label {top - 1} is not below num_classes {num_classes}")
+            top = labels.max()
+            num_classes = int(top) + 1 if np.isfinite(top) and top >= 0 else 1
+        checks.check_labels(labels, n, num_classes, where)
+        labels = labels.astype(np.int64)
+    graph = Graph(adj, features, labels, int(num_classes), name=name, meta=meta)
+    checks.check_graph(graph, where)
     meta.setdefault("symmetric", bool(is_symmetric(adj)))
-    return Graph(adj, features, labels, int(num_classes), name=name, meta=meta)
+    return graph
 
 
 # --- readers -----------------------------------------------------------------------
 
 def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
-    try:
-        info = json.loads((path / "metadata.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}/metadata.json is not valid JSON ({exc}); the graph is corrupt") from None
-    if info.get("format") != PLEXUS_FORMAT:
-        raise UserError(f"{path}/metadata.json is not a plexus graph (format {info.get('format')!r})")
-    if info.get("version") != PLEXUS_VERSION:
-        raise UserError(f"{path}: plexus graph version {info.get('version')} is not supported "
+    info = read_json(path / "metadata.json", METADATA_SCHEMA, fix="the graph is corrupt: convert it again")
+    if info["format"] != PLEXUS_FORMAT:
+        raise UserError(f"{path}/metadata.json is not a plexus graph (format {info['format']!r})")
+    if info["version"] != PLEXUS_VERSION:
+        raise UserError(f"{path}: plexus graph version {info['version']} is not supported "
                         f"(this plexus-tune reads {PLEXUS_VERSION})")
     mode = "r" if mmap else None
     arrays = {}
-    for key, spec in info["arrays"].items():
+    for key in ("indptr", "indices", "data", "features", "labels"):
+        spec = info["arrays"][key]
         file = path / f"{key}.npy"
         if not file.is_file():
             raise UserError(f"{path}: missing {file.name}; the graph is incomplete")
@@ -209,8 +212,10 @@ def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
                             f"{tuple(spec['shape'])} {spec['dtype']}; the graph is corrupt")
         arrays[key] = arr
     n = int(info["num_nodes"])
-    if arrays["indptr"].shape[0] != n + 1 or int(arrays["indptr"][-1]) != arrays["indices"].shape[0]:
-        raise UserError(f"{path}: indptr does not match indices; the graph is corrupt")
+    files = {key: str(path / f"{key}.npy") for key in arrays}
+    checks.check_csr(arrays["indptr"], arrays["indices"], arrays["data"], n, where=str(path), files=files)
+    checks.check_features(arrays["features"], n, files["features"])
+    checks.check_labels(arrays["labels"], n, int(info["num_classes"]), files["labels"])
     adj = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=(n, n), copy=False)
     adj.has_sorted_indices = True
     meta = dict(info.get("meta", {}))
@@ -253,11 +258,8 @@ def _read_npz(path: Path, *, directed: bool, **opts) -> Graph:
         elif "indptr" in keys and "indices" in keys:
             indptr, indices = z["indptr"], z["indices"]
             n = indptr.shape[0] - 1 if n is None else n
-            if indptr.shape[0] != n + 1 or int(indptr[-1]) != indices.shape[0]:
-                raise UserError(f"{path}: indptr/indices are inconsistent with {n} nodes")
-            if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
-                raise UserError(f"{path}: column index out of range for {n} nodes")
             data = z["data"] if "data" in keys else np.ones(indices.shape[0], dtype=np.float32)
+            checks.check_csr(indptr, indices, data, n, where=str(path))
             adj = sp.csr_matrix((data, indices, indptr), shape=(n, n))
         else:
             raise UserError(f"{path}: an .npz graph needs scipy save_npz arrays, edge_index, or "

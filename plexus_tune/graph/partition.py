@@ -228,6 +228,23 @@ def partition_exchange(adjacency, parts: int, *, seed: int = 0) -> ExchangePlan:
     return exchange_plan(adjacency, partition_graph(adjacency, parts, seed=seed), parts)
 
 
+def split3d_positions(n_pad: int, pr: int, pl: int) -> np.ndarray:
+    """Inner (column) position of every padded node in split-3D SUMMA on Pr x Pc x Pl ranks.
+
+    Output rows keep the node order: rank (i, j, k) ends a layer with the rows
+    [i rb + k rf, i rb + (k+1) rf) (rb = N'/Pr, rf = rb/Pl). It starts the next layer
+    owning the inner positions [k N'/Pl + i rf, k N'/Pl + (i+1) rf) of mesh layer k's
+    slab, so node i rb + k rf + t sits at position k N'/Pl + i rf + t and the
+    layer's output is the next layer's input without communication (docs/algorithms.md).
+    """
+    n_pad, pr, pl = int(n_pad), int(pr), int(pl)
+    rb = n_pad // pr
+    rf = rb // pl
+    v = np.arange(n_pad, dtype=np.int64)
+    i, k, t = v // rb, (v % rb) // rf, v % rf
+    return k * (n_pad // pl) + i * rf + t
+
+
 class PiecePattern:
     """The nonzero pattern of A + I (what GCN normalization stores), kept to count the
     SUMMA pieces of many grids (:meth:`pieces`) without rebuilding it."""
@@ -245,6 +262,8 @@ class PiecePattern:
         n_pad = pl * q * -(-self.nodes // (pl * q))
         rb, piece = n_pad // pr, n_pad // (pl * q)
         rows, cols = (self.cols, self.rows) if transpose else (self.rows, self.cols)
+        if pl > 1:
+            cols = split3d_positions(n_pad, pr, pl)[cols]
         counts = np.bincount((rows // rb) * (pl * q) + cols // piece, minlength=pr * pl * q)
         return counts.reshape(pr, pl, q).transpose(1, 0, 2).copy()
 
@@ -255,6 +274,7 @@ def summa_piece_nnz(adjacency, pr: int, pc: int, pl: int = 1, *, transpose: bool
     q = lcm(Pr, Pc), N' = Pl q ceil(N / (Pl q)): block row i holds rows [i N'/Pr, (i+1) N'/Pr),
     piece s of mesh layer k the columns [(k q + s) p, (k q + s + 1) p) with p = N' / (Pl q)
     (:func:`plexus_tune.model.volumes.summa_sizes`); rows and columns past N are padding.
+    For Pl >= 2 the columns are in split-3D order (:func:`split3d_positions`).
     ``adjacency`` may be a :class:`PiecePattern`.
     """
     pattern = adjacency if isinstance(adjacency, PiecePattern) else PiecePattern(adjacency)

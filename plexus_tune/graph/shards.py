@@ -33,12 +33,41 @@ import numpy as np
 import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
+from plexus_tune.jsonfile import read_json
+from plexus_tune.graph import checks
 from plexus_tune.graph.atomic import atomic_directory
 from plexus_tune.graph.core import Graph, gcn_normalize, is_symmetric
 from plexus_tune.graph.permute import invert_permutation, permutations_for, permute_matrix
 
 SHARD_FORMAT = "plexus-shards"
 SHARD_VERSION = 1
+_COUNT = {"type": "integer", "minimum": 0}
+_SIZE = {"type": "integer", "minimum": 1}
+#: schema of a shard directory's manifest.json (plexus_tune.jsonfile); the fields' agreement
+#: (padding, block sizes, files, nonzeros) is checked by :func:`read_manifest`
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "required": ["format", "version", "num_nodes", "num_nodes_padded", "nnz", "blocks", "block_rows", "block_cols",
+                 "permutation", "block_nnz", "files"],
+    "properties": {
+        "format": {"type": "string"}, "version": {"type": "integer"}, "name": {"type": "string"},
+        "num_nodes": _SIZE, "num_nodes_padded": _SIZE, "nnz": _COUNT,
+        "blocks": {"type": "array", "items": _SIZE, "minItems": 2, "maxItems": 2},
+        "block_rows": _SIZE, "block_cols": _SIZE, "symmetric": {"type": "boolean"},
+        "permutation": {"type": "object", "required": ["mode", "row_file", "col_file"],
+                        "properties": {"mode": {"type": "string"}, "seed": {"type": "integer"},
+                                       "row_file": {"type": "string"}, "col_file": {"type": "string"}}},
+        "block_nnz": {"type": "array", "items": {"type": "array", "items": _COUNT}},
+        "files": {"type": "array", "items": {
+            "type": "object", "required": ["row", "col", "file", "nnz"],
+            "properties": {"row": _COUNT, "col": _COUNT, "file": {"type": "string"}, "nnz": _COUNT,
+                           "bytes": _COUNT, "sha256": {"type": "string"}}}},
+        "node_data": {"type": "object", "properties": {
+            "features_col": {"type": "string"}, "labels_row": {"type": "string"}, "labels_col": {"type": "string"},
+            "num_features": _SIZE, "num_classes": _SIZE}},
+    },
+}
+_NODE_DATA = ("features_col", "labels_row", "labels_col", "num_features", "num_classes")
 
 
 def _sha256(path: Path) -> str:
@@ -140,33 +169,80 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
 
 
 def read_manifest(shard_dir) -> dict:
-    """The validated manifest of a shard directory (UserError if missing or corrupt)."""
+    """The checked manifest of a shard directory: its schema (:data:`MANIFEST_SCHEMA`) and the
+    agreement of its fields (UserError naming the file and the field otherwise)."""
     shard_dir = Path(shard_dir)
     path = shard_dir / "manifest.json"
     if not path.is_file():
         raise UserError(f"{shard_dir} is not a shard directory (no manifest.json); create one with "
                         "plexus-tune graph shard")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is corrupt ({exc}); re-create the shards") from None
+    fix = "re-create the shards"
+    manifest = read_json(path, MANIFEST_SCHEMA, fix=fix)
     if manifest.get("format") != SHARD_FORMAT or manifest.get("version") != SHARD_VERSION:
         raise UserError(f"{path}: not a version-{SHARD_VERSION} plexus shard manifest")
+    n, n_pad, (rb, cb) = manifest["num_nodes"], manifest["num_nodes_padded"], manifest["blocks"]
+    expected = {"num_nodes_padded": padded_size(n, rb, cb) if max(rb, cb) <= n else None}
+    if expected["num_nodes_padded"] is not None:
+        expected.update(block_rows=n_pad // rb, block_cols=n_pad // cb)
+    for key, value in expected.items():
+        if manifest[key] != value:
+            raise UserError(f"{path}: field {key} is {manifest[key]}, {value} agrees with num_nodes {n:,} "
+                            f"and blocks {rb}x{cb}; {fix}")
+    counts = manifest["block_nnz"]
+    if len(counts) != rb or any(len(row) != cb for row in counts):
+        raise UserError(f"{path}: field block_nnz is not {rb} rows of {cb} counts (blocks {rb}x{cb}); {fix}")
+    if sum(map(sum, counts)) != manifest["nnz"]:
+        raise UserError(f"{path}: field nnz is {manifest['nnz']:,}, the blocks hold {sum(map(sum, counts)):,}; {fix}")
+    seen = set()
+    for i, entry in enumerate(manifest["files"]):
+        r, c = entry["row"], entry["col"]
+        if r >= rb or c >= cb or (r, c) in seen:
+            raise UserError(f"{path}: field files[{i}] is block ({r}, {c}), "
+                            + ("again" if (r, c) in seen else f"outside the {rb}x{cb} blocks") + f"; {fix}")
+        seen.add((r, c))
+        if entry["nnz"] != counts[r][c]:
+            raise UserError(f"{path}: field files[{i}].nnz is {entry['nnz']:,}, block_nnz[{r}][{c}] is "
+                            f"{counts[r][c]:,}; {fix}")
+        if Path(entry["file"]).name != entry["file"]:
+            raise UserError(f"{path}: field files[{i}].file {entry['file']!r} is not a file name of the directory; {fix}")
+    if len(seen) != rb * cb:
+        raise UserError(f"{path}: field files lists {len(seen)} blocks, the {rb}x{cb} grid has {rb * cb}; {fix}")
+    node_data = manifest.get("node_data") or {}
+    missing = [key for key in _NODE_DATA if key not in node_data]
+    if node_data and missing:
+        raise UserError(f"{path}: field node_data lacks {missing[0]!r}; {fix}")
     return manifest
 
 
 def check_shard_files(shard_dir, manifest: dict | None = None) -> dict:
-    """The manifest of a shard directory whose block files are all present with their recorded
-    sizes (UserError naming the first missing or truncated one); checksums are left to readers."""
+    """The manifest of a shard directory whose contents are usable, checked before any rank starts:
+    every block file present with its recorded size and a valid block (:func:`_read_block`), the
+    permutations permutations of the nodes, node data of the recorded shapes, finite features and
+    labels below the class count (:mod:`plexus_tune.graph.checks`); checksums are left to the ranks."""
     shard_dir = Path(shard_dir)
     manifest = manifest or read_manifest(shard_dir)
-    for entry in manifest.get("files", []):
+    for entry in manifest["files"]:
         path = shard_dir / entry["file"]
         if not path.is_file():
             raise UserError(f"{shard_dir}: shard file {entry['file']} is missing; re-create the shards")
         if "bytes" in entry and path.stat().st_size != int(entry["bytes"]):
             raise UserError(f"{path}: {path.stat().st_size} bytes, the manifest says {entry['bytes']} "
                             "(truncated or corrupt); re-create the shards")
+    for entry in manifest["files"]:
+        _read_block(shard_dir, entry, manifest["block_rows"], manifest["block_cols"], verify=False)
+    n = manifest["num_nodes"]
+    for key, perm in zip(("row_file", "col_file"), load_permutations(shard_dir, manifest)):
+        checks.check_permutation(perm, n, str(shard_dir / manifest["permutation"][key]))
+    node_data = manifest.get("node_data")
+    if node_data:
+        feats, labels = _node_arrays(shard_dir, node_data, "col")
+        checks.check_features(feats, n, str(shard_dir / node_data["features_col"]))
+        if feats.shape[1] != node_data["num_features"]:
+            raise UserError(f"{shard_dir / node_data['features_col']}: {feats.shape[1]} features per node, the "
+                            f"manifest says {node_data['num_features']}; re-create the shards")
+        for perm in ("row", "col"):
+            labels = _node_arrays(shard_dir, node_data, perm)[1]
+            checks.check_labels(labels, n, node_data["num_classes"], str(shard_dir / node_data[f"labels_{perm}"]))
     return manifest
 
 
@@ -174,15 +250,16 @@ def _read_block(shard_dir: Path, entry: dict, br: int, bc: int, verify: bool) ->
     path = shard_dir / entry["file"]
     if not path.is_file():
         raise UserError(f"{shard_dir}: shard file {entry['file']} is missing; re-create the shards")
-    if verify and _sha256(path) != entry["sha256"]:
+    if verify and _sha256(path) != entry.get("sha256"):
         raise UserError(f"{path}: checksum mismatch (truncated or corrupt); re-create the shards")
     try:
         with np.load(path, allow_pickle=False) as z:
             indptr, indices, data = z["indptr"], z["indices"], z["data"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise UserError(f"{path}: cannot read shard file ({exc}); re-create the shards") from None
-    if indptr.shape != (br + 1,) or indices.shape != data.shape or int(indptr[-1]) != indices.shape[0]:
-        raise UserError(f"{path}: shard arrays are inconsistent; re-create the shards")
+    checks.check_csr(indptr, indices, data, br, num_cols=bc, where=str(path))
+    if indices.shape[0] != entry["nnz"]:
+        raise UserError(f"{path}: {indices.shape[0]:,} nonzeros, the manifest says {entry['nnz']:,}; re-create the shards")
     return sp.csr_matrix((data, indices, indptr), shape=(br, bc))
 
 
@@ -252,15 +329,24 @@ def load_shard(shard_dir, row_block: int, col_block: int, row_blocks: int, col_b
     return load_shard_range(shard_dir, rows, cols, manifest=manifest, verify=verify)
 
 
-def load_permutations(shard_dir) -> tuple[np.ndarray, np.ndarray]:
+def load_permutations(shard_dir, manifest: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(row_perm, col_perm)`` stored with the shards."""
     shard_dir = Path(shard_dir)
-    manifest = read_manifest(shard_dir)
+    manifest = manifest or read_manifest(shard_dir)
     try:
         return (np.load(shard_dir / manifest["permutation"]["row_file"], allow_pickle=False),
                 np.load(shard_dir / manifest["permutation"]["col_file"], allow_pickle=False))
     except (OSError, ValueError) as exc:
         raise UserError(f"{shard_dir}: cannot read the permutations ({exc}); re-create the shards") from None
+
+
+def _node_arrays(shard_dir: Path, node_data: dict, perm: str):
+    """Memory-mapped ``features_col`` and ``labels_<perm>`` of a shard directory."""
+    try:
+        return (np.load(shard_dir / node_data["features_col"], mmap_mode="r", allow_pickle=False),
+                np.load(shard_dir / node_data[f"labels_{perm}"], mmap_mode="r", allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{shard_dir}: cannot read node data ({exc}); re-create the shards") from None
 
 
 def load_node_rows(shard_dir, start: int, stop: int, *, perm: str = "col"):
@@ -281,11 +367,7 @@ def load_node_rows(shard_dir, start: int, stop: int, *, perm: str = "col"):
     if not 0 <= start <= stop:
         raise UserError(f"bad node range [{start}, {stop})")
     lo, hi = min(start, n), min(stop, n)
-    try:
-        feats = np.load(shard_dir / node_data["features_col"], mmap_mode="r")
-        labels = np.load(shard_dir / node_data[f"labels_{perm}"], mmap_mode="r")
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{shard_dir}: cannot read node data ({exc}); re-create the shards") from None
+    feats, labels = _node_arrays(shard_dir, node_data, perm)
     out_f = np.zeros((stop - start, feats.shape[1]), dtype=np.float32)
     out_l = np.full(stop - start, -1, dtype=np.int64)
     if perm == "col":

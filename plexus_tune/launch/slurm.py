@@ -64,7 +64,7 @@ HOPELESS_REASONS = {
 #: special step ids of Slurm 20.11 and later: extern, batch, interactive
 _SPECIAL_STEP_IDS = {"4294967292", "4294967291", "4294967290", "extern", "batch", "interactive"}
 _NO_SLURM_HINT = ("run this on a Slurm login node or inside an allocation, or start a local "
-                  "test cluster with runners/slurm/local-cluster.sh start")
+                  "test cluster with .ci/slurm/local-cluster.sh start")
 _COMMAND_TIMEOUT_S = 60.0
 
 

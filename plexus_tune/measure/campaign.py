@@ -36,7 +36,7 @@ from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_r
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.model.machine import load_machine
-from plexus_tune.model.planner import family_grids
+from plexus_tune.model.family import DEFAULT_FAMILY, families_choosing, family_of
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig
@@ -112,16 +112,17 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
     runs' :func:`~plexus_tune.measure.identity.prediction_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
-    every configuration of the family on ``gpus`` ranks (:func:`plexus_tune.model.planner.family_grids`);
-    ``replication`` keeps cagnet-1.5d's grids of that c.
+    every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
+    ``replication`` keeps the grid of that replication factor (cagnet-1.5d's c).
     """
     spec = (spec or "all").strip()
-    algorithm = (settings or {}).get("algorithm") or "plexus-3d"
-    grids = [tuple(int(v) for v in g) for g in family_grids(algorithm, gpus)]
+    algorithm = (settings or {}).get("algorithm") or DEFAULT_FAMILY
+    family = family_of(algorithm)
+    grids = [tuple(int(v) for v in g) for g in family.configurations(gpus)]
     if replication is not None:
-        if algorithm != "cagnet-1.5d":
-            raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {algorithm}",
-                            parameter="replication")
+        if "replication" not in family.choices:
+            raise UserError(f"the replication factor is an option of {', '.join(families_choosing('replication'))}, "
+                            f"not of {algorithm}", parameter="replication")
         grids = [process_grid(algorithm, gpus=gpus, replication=replication)]
     if spec == "all":
         return grids
@@ -331,7 +332,7 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
     """
     import time
 
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     configs = [normalize_config(c) for c in configs]
     first = configs[0]

@@ -15,7 +15,8 @@ from typing import Any
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
-from plexus_tune.model.prediction import DEFAULT_ALGORITHM, predict_run
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, record_field_names
+from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
 
 
@@ -52,7 +53,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
     IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
-    IdentityField("algorithm", ("algorithm",), "plexus-3d", str),
+    IdentityField("algorithm", ("algorithm",), DEFAULT_FAMILY, str),
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
 )
@@ -61,7 +62,7 @@ GRID_FIELDS = ("gx", "gy", "gz")
 #: The identity without the configuration: the settings a choice of algorithm and grid is made under.
 #: The configuration chosen among the ways to run a setting: the algorithm family, its
 #: process grid and its own options (cagnet-1.5d's c, supergcn's aggregation).
-CONFIGURATION_FIELDS = ("algorithm", *GRID_FIELDS, "replication", "aggregation")
+CONFIGURATION_FIELDS = ("algorithm", *GRID_FIELDS, *record_field_names())
 SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in CONFIGURATION_FIELDS)
 RunIdentity = namedtuple("RunIdentity", IDENTITY_NAMES)
 
@@ -113,8 +114,8 @@ def run_identity(record: Mapping) -> RunIdentity:
 
 def prediction_settings(record: Mapping) -> dict:
     """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
-    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options`` where the
-    family has its own: supergcn's ``aggregation``).
+    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options``: the
+    identity fields the family passes to its model, :attr:`plexus_tune.model.family.Family.identity_options`).
 
     ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
     """
@@ -123,9 +124,11 @@ def prediction_settings(record: Mapping) -> dict:
         ident = run_identity(record)
     settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
                 "comm_precision": ident.comm_precision,
-                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_ALGORITHM}
-    if getattr(ident, "aggregation", ""):  # the family's own setting (supergcn)
-        settings["options"] = {"aggregation": ident.aggregation}
+                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_FAMILY}
+    family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
+    options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name, None)}
+    if options:
+        settings["options"] = options
     return settings
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from plexus_tune.errors import UserError
+from plexus_tune.model.family import DEFAULT_FAMILY
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
@@ -58,7 +59,7 @@ RENAMES: dict[tuple[str, int], dict[str, str]] = {
 #: what every record written before these fields existed means.
 CONTEXT_DEFAULTS = {"launcher": "local", "cluster": None, "rank_nodes": None, "hosts": None, "comm_precision": "fp32"}
 #: What a run record written before the algorithm families existed ran.
-RUN_DEFAULTS = {"algorithm": "plexus-3d"}
+RUN_DEFAULTS = {"algorithm": DEFAULT_FAMILY}
 #: Bytes of one element of each trainer dtype.
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
@@ -241,7 +242,7 @@ class RunRecord(_Record):
     hosts: list | None = _f(None, doc="host name of each node index")
     placement_ok: bool | None = _f(None, doc="whether ranks ran where the model assumes (consecutive ranks fill a node: Y, then X, then Z); rank_nodes says where they ran")
     comm_precision: str = _f("fp32", doc="precision of the collectives' payloads")
-    algorithm: str = _f("plexus-3d", doc="algorithm family: plexus-3d, cagnet-1d, cagnet-1.5d, cagnet-2d or supergcn; the grid is its process grid (docs/algorithms.md)")
+    algorithm: str = _f(DEFAULT_FAMILY, doc="algorithm family, a name of the family registry (plexus_tune.model.family); the grid is its process grid (docs/algorithms.md)")
     slurm: dict | None = _f(None, doc="Slurm runs: job_id and step_id; for a failed step also its state, exit_code and reason")
     # what
     graph_source: str | None = _f(None, doc="graph file path or 'synthetic:<spec>'")

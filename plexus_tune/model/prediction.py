@@ -7,10 +7,8 @@ place that turns those settings into a prediction; every command that logs, comp
 validates or plots a prediction of a run calls it, so a logged prediction is what
 ``plexus-tune predict`` gives for the same settings (docs/model.md, Epoch time).
 
-Algorithm families (:data:`ALGORITHMS`) map a family name to its vectorized model,
-``fn(workload, machine, grids, *, block_rows, comm_precision, optimizer, options) -> dict`` of
-arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`; the Plexus 3D
-grid (:data:`DEFAULT_ALGORITHM`) is :func:`plexus_tune.model.costs.predict_grids`.
+The family of a run is a :class:`plexus_tune.model.family.Family` of the registry; its
+``predict`` returns arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`.
 
 ``overlap`` (the trainer's all-reduce of a row block overlapped with the next block's
 SpMM) is part of a run's identity; the model does not credit it, so its prediction is
@@ -19,49 +17,25 @@ that of the same run without overlap (an upper bound on the overlapped run).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
-from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
-from plexus_tune.model.costs import predict_grids
-from plexus_tune.model.families import FAMILY_MODELS
+from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.machine import Machine, load_machine
 from plexus_tune.model.sparsity import graph_sparsity
 
-__all__ = ["ALGORITHMS", "BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_KEYS", "TOTAL_PARTS",
-           "algorithm_model", "predict_run", "predict_run_grids", "prediction_of"]
+__all__ = ["BREAKDOWN_KEYS", "DEFAULT_ALGORITHM", "PREDICTED_TIME_KEYS", "TOTAL_PARTS",
+           "predict_run", "predict_run_grids", "prediction_of"]
 
 #: The family of a run that names none: the Plexus 3D grid.
-DEFAULT_ALGORITHM = "plexus-3d"
-
-
-def _plexus_3d(workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None, options=None):
-    options = dict(options or {})
-    sparsity = options.pop("sparsity", None)  # the graph's shards (model.sparsity.GraphSparsity)
-    if options:
-        raise UserError(f"the {DEFAULT_ALGORITHM} algorithm takes no options but 'sparsity', got {', '.join(sorted(options))}")
-    return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=comm_precision,
-                         optimizer=optimizer, sparsity=sparsity)
-
-
-#: Algorithm family -> its vectorized model (see the module docstring).
-ALGORITHMS: dict[str, Callable[..., dict]] = {DEFAULT_ALGORITHM: _plexus_3d, **FAMILY_MODELS}
+DEFAULT_ALGORITHM = DEFAULT_FAMILY
 
 #: The times of a run's prediction, in report order (ms per epoch): its parts, the
 #: fixed overhead, and their sum ``total_ms``.
 PREDICTED_TIME_KEYS = (*BREAKDOWN_KEYS, "overhead_ms", "total_ms")
-
-
-def algorithm_model(name: str | None) -> Callable[..., dict]:
-    """The vectorized model of an algorithm family (default :data:`DEFAULT_ALGORITHM`)."""
-    name = name or DEFAULT_ALGORITHM
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}") from None
 
 
 def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None, overlap: bool = False,
@@ -74,11 +48,13 @@ def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None
     :func:`predict_run`.
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
-    model = algorithm_model(algorithm)
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
     del overlap  # part of the identity; not credited by the model (module docstring)
-    return model(workload, machine, grids, block_rows=int(block_rows) if block_rows else None,
-                 comm_precision=choice, optimizer=optimizer, options=dict(options or {}))
+    family = family_of(algorithm)
+    if np.ndim(grids) == 0:  # a GPU count: every configuration of it
+        grids = family.configurations(int(grids))
+    return family.predict(workload, machine, grids, block_rows=int(block_rows) if block_rows else None,
+                                        comm_precision=choice, optimizer=optimizer, options=dict(options or {}))
 
 
 def predict_run(workload, machine, grid, *, block_rows: int | None = None, overlap: bool = False,

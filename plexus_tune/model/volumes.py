@@ -42,15 +42,19 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
                   combination: reduce-scatter of dT over the row, (Pc-1) rb d_l u;
                   aggregation and adjacency as forward, with A^T pieces
 
-``cagnet-3d`` (Pr, Pc, Pl), Pl >= 2: split-3D SUMMA (model only). q = lcm(Pr, Pc),
+``cagnet-3d`` (Pr, Pc, Pl), Pl >= 2: split-3D SUMMA. q = lcm(Pr, Pc),
     N' = Pl q ceil(N / (Pl q)), rb = N' / Pr, rf = rb / Pl, piece N' / (Pl q). Each of
-    the Pl layers of the mesh runs the 2D SUMMA on its slab of the inner dimension, then
-    a reduce-scatter over the fibre (Pl ranks, stride Pr Pc). Per layer::
+    the Pl layers of the mesh runs the 2D SUMMA on its slab of the inner dimension (in
+    the split-3D column order, :func:`plexus_tune.graph.partition.split3d_positions`),
+    then a reduce-scatter over the fibre (Pl ranks, stride Pr Pc). The backward is its
+    transpose: dT all-gathered over the fibre, the same A pieces broadcast along the row,
+    each rank's partial A^T dT of its slab reduce-scattered over the column. Per layer::
 
         forward   aggregation (Pr-1) rf d_l u + (Pl-1) rf d_l u; adjacency (Pc-1) sum of pieces;
                   combination (Pc-1) rf d_l u
         backward  gather 2 (Pr-1) ceil(X / Pr) u + 2 (Pl-1) ceil(X / Pl) u, X = (D_l+1) d_{l+1};
-                  combination (Pc-1) rf d_l u; aggregation and adjacency as forward (A^T)
+                  combination (Pc-1) rf d_l u; aggregation (Pl-1) rf d_l u (all-gather) +
+                  (Pr-1) rf d_l u (reduce-scatter of Pr rf rows); adjacency as forward (A's pieces)
 
 ``supergcn`` (P, 1, 1): a partition (:mod:`plexus_tune.graph.partition`); rows[p, q]
     boundary rows p sends q per aggregation (pre, post or hybrid). Per layer::
@@ -215,7 +219,12 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
     calls = []
     q, rb, piece = sizes["q"], sizes["rb"], sizes["piece"]
     rows_owned = rb // pl
-    if pr > 1:
+    if pr > 1 and pl > 1 and direction == "backward":  # the transpose of the forward's broadcasts
+        m = pr * rows_owned * d_cols * u
+        calls.append(CommCall(f"layer {layer} reduce-scatter partial A^T dT over the column", "reduce_scatter",
+                              "aggregation", direction, 0, pr, pc, m, pr * rows_owned, 1,
+                              np.full(gpus, (pr - 1) * rows_owned * d_cols * u, dtype=np.float64)))
+    elif pr > 1:
         m = piece * d_cols * u
         calls.append(CommCall(f"layer {layer} broadcast {what} pieces", "broadcast", "aggregation", direction, 0, pr, pc,
                               m, piece, q, np.full(gpus, (pr - 1) * rows_owned * d_cols * u, dtype=np.float64)))
@@ -230,7 +239,7 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
             own = piece_bytes.reshape(pl, pr, pc, per_col).sum(axis=3)  # (pl, pr, pc)
             sent = ((pc - 1) * own).reshape(-1)  # rank = k Pr Pc + i Pc + j
             busiest_row = float(piece_bytes.sum(axis=2).max())
-        calls.append(CommCall(f"layer {layer} broadcast {'A' if what in ('F',) else 'A^T'} pieces", "broadcast",
+        calls.append(CommCall(f"layer {layer} broadcast {'A' if what == 'F' or pl > 1 else 'A^T'} pieces", "broadcast",
                               "adjacency", direction, 1, pc, 1, busiest_row / q, 0, q, np.asarray(sent, dtype=np.float64)))
     return calls
 
@@ -240,6 +249,7 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
     """The epoch's communication of CAGNET 2D (``pl`` = 1) or split-3D on Pr x Pc x Pl ranks.
 
     ``a_pieces`` / ``at_pieces``: nonzeros of every piece of A and A^T, shape (Pl, Pr, q)
+    (``at_pieces`` serves 2D only: split-3D broadcasts A's pieces in both directions)
     (:func:`plexus_tune.graph.partition.summa_piece_nnz`), or one number for every piece;
     without them ``nnz`` spread evenly (:func:`uniform_pieces`).
     """
@@ -260,7 +270,8 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
     for layer in range(layers):
         d_in = ceil_div(int(widths[layer]), pc)
         d_out = ceil_div(int(widths[layer + 1]), pc)
-        for direction, what, pieces in (("forward", "F", a_pieces), ("backward", "dT", at_pieces)):
+        # split-3D multiplies by the transposes of the forward's pieces (module docstring)
+        for direction, what, pieces in (("forward", "F", a_pieces), ("backward", "dT", at_pieces if pl == 1 else a_pieces)):
             if direction == "backward":
                 if pr > 1 or pl > 1:
                     x = (int(widths[layer]) + 1) * d_out

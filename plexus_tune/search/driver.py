@@ -1,6 +1,6 @@
 """One search study at one communication precision: its name, objective, warm start and trials.
 
-The command line parses its arguments and prints what :func:`run_study` returns; runners
+The command line parses its arguments and prints what :func:`run_study` returns; scripts
 and notebooks call the same function (docs/architecture.md, Search).
 """
 

@@ -30,7 +30,7 @@ import torch
 
 from plexus_tune.model.shapes import ceil_div, csr_index_dtype
 from plexus_tune.model.volumes import stage_chunks, summa_sizes
-from plexus_tune.trainer.engine import csr_bytes, take_block, take_dense, torch_csr
+from plexus_tune.trainer.tensors import csr_bytes, take_block, take_dense, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
 from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
 from plexus_tune.trainer.layout import Block, block

@@ -1,10 +1,10 @@
 """What the trainers of every algorithm family share beyond the training loop.
 
 A family trainer (:mod:`plexus_tune.trainer.cagnet`, :mod:`plexus_tune.trainer.partitioned`)
-is a :class:`plexus_tune.trainer.engine.RankTrainer` whose constructor lays out the
+is a :class:`plexus_tune.trainer.loop.RankTrainer` whose constructor lays out the
 graph its own way and whose ``forward`` runs its own layer; the epoch loop, the
-sharded loss and accuracy, the timers, the byte counter and the memory accounting are
-the 3D trainer's. Each family places the rows of its logits in some order
+sharded loss and accuracy (:mod:`plexus_tune.trainer.loss`), the timers, the byte
+counter and the memory accounting are shared with the 3D trainer. Each family places the rows of its logits in some order
 (``out_perm``: row k of that order is original node ``out_perm[k]``) and returns its
 output block in it.
 """
@@ -19,7 +19,9 @@ import torch
 from plexus_tune.graph.splits import TRAIN, random_split
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import PhaseTimer
-from plexus_tune.trainer.engine import LossShard, RankTrainer, glorot_weights, make_adamw
+from plexus_tune.trainer.loop import RankTrainer, make_adamw
+from plexus_tune.trainer.loss import LossShard
+from plexus_tune.trainer.tensors import glorot_weights
 from plexus_tune.trainer.layout import Block
 
 
@@ -74,7 +76,7 @@ class FamilyTrainer(RankTrainer):
         return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)
 
     def _finish(self, data, params, *, out_perm, rows: Block, cols: Block, split, class_axis: int,
-                row_axis: int, padded_nodes: int, padded_widths) -> None:
+                row_axis, padded_nodes: int, padded_widths) -> None:
         """Loss shard, optimizer and accounting once the parameters are placed.
 
         ``rows`` are this rank's logit rows in the order ``out_perm`` (padding past

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 import torch
 
 from plexus_tune.graph.partition import check_aggregation, partition_exchange
-from plexus_tune.trainer.engine import csr_bytes, torch_csr
+from plexus_tune.trainer.tensors import csr_bytes, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
 from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
 from plexus_tune.trainer.layout import Block

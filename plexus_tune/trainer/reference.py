@@ -6,7 +6,7 @@ normalization, bias), ReLU between layers and none after the last; loss
 ``cross_entropy(logits, labels)`` over the training nodes of the split (the trainer's
 default: :func:`plexus_tune.graph.splits.random_split` with the run's seed); optionally ``layer_norm`` (no scale and shift) on each layer's input;
 AdamW on every parameter. The weights
-start at :func:`plexus_tune.trainer.engine.glorot_weights` (the same draw as every
+start at :func:`plexus_tune.trainer.tensors.glorot_weights` (the same draw as every
 rank of the sharded model) and the biases at zero, as GCNConv initializes them.
 """
 
@@ -34,7 +34,7 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from plexus_tune.trainer.engine import glorot_weights
+    from plexus_tune.trainer.tensors import glorot_weights
 
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     adj = graph.adjacency.tocoo()

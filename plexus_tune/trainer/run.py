@@ -3,7 +3,7 @@
 :func:`validate` checks a configuration at the edge; :func:`train` starts ``prod(grid)``
 ranks with a launcher (local processes, an emulated cluster, torchrun, Slurm; see
 :mod:`plexus_tune.launch.launchers`) or joins the process set torchrun or srun started,
-and returns every rank's timers, losses and memory as the engine reports them
+and returns every rank's timers, losses and memory as the ranks report them
 (:class:`TrainResult`). Turning them into a run record is the measurement stage's
 (:mod:`plexus_tune.measure.training`).
 """
@@ -20,12 +20,12 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.permute import TWO_SIDED_MODES
-from plexus_tune.graph.shards import read_manifest
+from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
 
@@ -34,8 +34,8 @@ class TrainResult:
     """What the ranks of one run returned, before any record is made.
 
     ``config``: the configuration as run (its launcher, cluster and machine filled in);
-    ``results``: rank 0's result per configuration (per-rank timers, losses, memory: the
-    engine's :func:`~plexus_tune.trainer.engine.rank_main`); ``placement``: each rank's
+    ``results``: rank 0's result per configuration (per-rank timers, losses, memory, as
+    :func:`~plexus_tune.trainer.rank.rank_main` returns them); ``placement``: each rank's
     placement report; ``ranks_per_node``: what the placement is checked against;
     ``launcher``: who started the ranks; ``wall_s``: the whole run; ``device``: cpu or the
     CUDA device name; ``source``: the graph source the ranks loaded.
@@ -61,12 +61,10 @@ def graph_source(config: TrainConfig):
         path = Path(config.graph)
         if not path.exists():
             raise UserError(f"graph file {path} does not exist; check the path or make one with 'plexus-tune graph'")
-        from plexus_tune.trainer.engine import is_shard_directory
+        from plexus_tune.trainer.data import is_shard_directory
 
         if is_shard_directory(path):
-            if config.algorithm not in (None, "plexus-3d"):
-                raise UserError(f"{path}: {config.algorithm} reads the whole graph, not 2D shard files; "
-                                "give the graph file")
+            check_shard_input(config.algorithm, path)
             _check_shards(path, config)
         return str(path)
     return config.graph
@@ -74,7 +72,7 @@ def graph_source(config: TrainConfig):
 
 def _check_shards(path: Path, config: TrainConfig) -> None:
     """A shard directory must carry node data and (double or local permutation) a symmetric graph; no --check."""
-    manifest = read_manifest(path)
+    manifest = check_shard_files(path)
     if not manifest.get("node_data"):
         raise UserError(f"{path}: the shards were written without features and labels; re-shard with node data")
     if manifest["permutation"]["mode"] in TWO_SIDED_MODES and not manifest.get("symmetric"):
@@ -143,7 +141,7 @@ def _rank_main_placed(rank: int, world_size: int, env, *args) -> tuple:
     (a rank of the process set that torchrun or srun started, ``env`` its place in it)."""
     import torch.distributed as dist
 
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     value = rank_main(rank, world_size, *args)
     placement: list = [None] * world_size
@@ -173,7 +171,7 @@ def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None
     only rank 0 gets the result (others None). A failing rank raises
     :class:`plexus_tune.launch.RankFailure`.
     """
-    from plexus_tune.trainer.engine import rank_main
+    from plexus_tune.trainer.rank import rank_main
 
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
@@ -189,7 +187,7 @@ def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None
     else:
         launched = launcher.run(rank_main, world, (source, [config], device_kind), backend=config.backend,
                                 timeout_s=config.timeout_s, threads_per_rank=config.threads_per_rank,
-                                preload=("torch._dynamo", "plexus_tune.trainer.engine"))
+                                preload=("torch._dynamo", "plexus_tune.trainer.rank"))
         results, placement, per_node, who = launched.values[0], launched.placement, launcher.ranks_per_node, None
     device = "cpu"
     if device_kind == "cuda":

@@ -1,0 +1,401 @@
+"""Epoch-time and memory models of the CAGNET and SuperGCN families (docs/model.md,
+"Other algorithm families"), with the parts and keys of the Plexus 3D model.
+
+The family classes of :mod:`plexus_tune.model.family` call these functions, one
+configuration at a time; each returns the keys of
+:data:`plexus_tune.model.costs.PREDICTION_KEYS` plus ``broadcast_ms``,
+``point_to_point_ms``, ``volume_bytes`` (the most any rank sends per epoch) and
+``estimated`` (True where partition-dependent figures were estimated, not computed from
+a graph).
+
+Parts, per rank (the busiest one where ranks differ):
+
+- communication: every :class:`plexus_tune.model.volumes.CommCall` of the family's
+  schedule, timed by the machine's network model: collectives as for Plexus; a
+  broadcast of M bytes on g ranks as a pipelined ring, (g-1) alpha + M / beta, which is
+  the ring all-gather of a g M / (g-1) buffer on the same group and stride; the
+  point-to-point exchange per rank p (:func:`point_to_point_ms`); each collective
+  class at its communication precision (wire bytes and codec time as for Plexus);
+  sparse pieces always at their own size;
+- SpMM: the machine's per-SpMM model on each local product, floored at the memory
+  traffic bound (as for Plexus);
+- GEMM: 6 rows D_in D_out flops per layer at ``gemm_tflops``;
+- other: :func:`plexus_tune.model.other.other_ms` (elementwise passes, optimizer, syncs) on
+  the rank's rows, weight columns and input-feature block;
+- memory: adjacency, weights (value, gradient, two moments), trainable input
+  features, activations, receive buffers, labels (docs/model.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from plexus_tune.model.comm_precision import (
+    CommPrecision,
+    quant_rates,
+    quant_time_ms,
+    wire_message_bytes,
+)
+from plexus_tune.errors import UserError
+from plexus_tune.graph.partition import check_aggregation
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
+from plexus_tune.model.collectives import Network
+from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
+from plexus_tune.model.other import OTHER_PARTS, other_ms
+from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
+from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
+from plexus_tune.model.volumes import (
+    cagnet_15d_schedule,
+    cagnet_summa_schedule,
+    check_replication,
+    summa_sizes,
+    supergcn_schedule,
+    UniformExchange,
+)
+
+#: Times the oversubscription factor stretches.
+_TIME_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
+#: Memory parts, as :func:`plexus_tune.model.memory.memory_breakdown`.
+MEMORY_PARTS = ("adjacency", "weights", "features", "activations", "gathered", "labels")
+
+
+# ----------------------------------------------------------------------------- network
+
+
+def _network(machine: Machine) -> Network:
+    return machine.network or Network.from_checked(machine.collectives, machine.gpus_per_node)
+
+
+def exchange_stats(pair_rows, gpus_per_node: int, sharing: bool = True) -> dict[str, np.ndarray]:
+    """Per-rank figures of a point-to-point exchange (``pair_rows[p, q]`` rows p sends q):
+    rows and messages to ranks of its own node (intra) and of other nodes (inter), the
+    inter-node senders sharing its node (``share``) and the rows it receives."""
+    n = int(gpus_per_node)
+    if isinstance(pair_rows, UniformExchange):
+        g, r = pair_rows.parts, float(pair_rows.rows)
+        local = min(n, g)
+        ones = np.ones(g)
+        sends = 1.0 if r > 0 else 0.0
+        return {"intra_rows": r * (local - 1) * ones, "inter_rows": r * (g - local) * ones,
+                "intra_msgs": sends * (local - 1) * ones, "inter_msgs": sends * (g - local) * ones,
+                "share": (local if (sharing and g > local and r > 0) else 1.0) * ones,
+                "recv_rows": r * (g - 1) * ones}
+    mat = np.asarray(pair_rows, dtype=np.float64)
+    g = mat.shape[0]
+    node = np.arange(g) // n
+    same = node[:, None] == node[None, :]
+    active = mat > 0
+    np.fill_diagonal(active, False)
+    inter_active = active & ~same
+    sender = inter_active.any(axis=1).astype(np.float64)
+    per_node = np.bincount(node, weights=sender)
+    share = np.maximum(per_node[node], 1.0) if sharing else np.ones(g)
+    off = np.where(active, mat, 0.0)
+    return {"intra_rows": np.where(same, off, 0.0).sum(axis=1), "inter_rows": np.where(~same, off, 0.0).sum(axis=1),
+            "intra_msgs": (active & same).sum(axis=1).astype(np.float64),
+            "inter_msgs": inter_active.sum(axis=1).astype(np.float64), "share": share, "recv_rows": off.sum(axis=0)}
+
+
+def point_to_point_ms(machine: Machine, stats: Mapping, row_bytes: float) -> float:
+    """Time (ms) of an exchange of rows of ``row_bytes`` bytes with the :func:`exchange_stats` ``stats``.
+
+    Per sender p (node of p: p // gpus_per_node), every message is one send::
+
+        T_p = m_intra alpha_intra + R_intra w / beta_intra + m_inter alpha_inter + R_inter w s_p / beta_inter
+
+    m and R the messages and rows p sends inside its node and to other nodes, w the row
+    bytes, s_p the ranks of p's node that send across nodes (they share its inter-node
+    bandwidth; 1 without ``sharing``). The exchange takes max_p T_p (SuperGCN's
+    bottleneck form with the machine's two tiers).
+    """
+    net = _network(machine)
+    t = (1e-3 * (stats["intra_msgs"] * net.alpha_intra_us + stats["inter_msgs"] * net.alpha_inter_us)
+         + 1e-6 * row_bytes * (stats["intra_rows"] / net.beta_intra_gbps
+                               + stats["inter_rows"] * stats["share"] / net.beta_inter_gbps))
+    return float(t.max()) if t.size else 0.0
+
+
+def _codec_ms(rates, encoded_bytes, decoded_bytes, calls):
+    if rates is None:
+        return 0.0
+    return (encoded_bytes / (rates[0] * 1e9) + decoded_bytes / (rates[1] * 1e9)) * 1e3 + calls * rates[2]
+
+
+def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> dict[str, float]:
+    """Communication and codec time (ms) of a schedule, split by axis and operation.
+
+    Collectives of one operation are timed in one vectorized call of the network model;
+    a broadcast of M bytes on g ranks is the ring all-gather of a g M / (g-1) buffer,
+    (g-1) alpha + M / beta."""
+    out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
+    quant = machine.raw.get("quant")
+    net = _network(machine)
+    batches: dict[str, list] = {}
+    stats_of: dict[int, dict] = {}
+    for call in calls:
+        precision = "fp32" if call.comm_class == "adjacency" else choice.of(call.comm_class)
+        g = call.group_size
+        if g <= 1 or call.calls == 0:
+            continue
+        if call.op == "point_to_point":
+            key = id(call.pair_rows)
+            if key not in stats_of:
+                stats_of[key] = exchange_stats(call.pair_rows, machine.gpus_per_node, net.sharing)
+            stats = stats_of[key]
+            w = call.row_bytes if precision == "fp32" else float(wire_message_bytes(call.row_bytes, 1, precision, u))
+            t = point_to_point_ms(machine, stats, w)
+            q = 0.0
+            if precision != "fp32":
+                sent = stats["intra_rows"] + stats["inter_rows"]
+                worst = int(np.argmax(sent + stats["recv_rows"]))
+                scale = call.row_bytes * 4.0 / u
+                q = _codec_ms(quant_rates(quant, precision), sent[worst] * scale, stats["recv_rows"][worst] * scale,
+                              stats["intra_msgs"][worst] + stats["inter_msgs"][worst])
+            out["comm_ms"] += t
+            out[COMM_AXIS_KEYS[call.axis]] += t
+            out["point_to_point_ms"] += t
+            out["quant_ms"] += q
+            continue
+        m = call.message_bytes
+        wire = m if precision == "fp32" else float(wire_message_bytes(m, call.rows, precision, u))
+        if call.op == "broadcast":
+            timed_op, timed_bytes = "all_gather", wire * g / (g - 1)
+            if precision != "fp32":
+                out["quant_ms"] += _codec_ms(quant_rates(quant, precision), m * 4.0 / u, m * 4.0 / u, call.calls)
+        else:
+            timed_op, timed_bytes = call.op, wire
+            if precision != "fp32":
+                out["quant_ms"] += float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u, call.calls))
+        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op))
+    for timed_op, rows in batches.items():
+        g, stride, size, count, axis, op = (np.asarray(col) for col in zip(*rows))
+        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size), dtype=np.float64) * count
+        for t, a, o in zip(times.tolist(), axis.tolist(), op.tolist()):
+            out["comm_ms"] += t
+            out[COMM_AXIS_KEYS[a]] += t
+            out[f"{o}_ms"] += t
+    return out
+
+
+# ----------------------------------------------------------------------------- per family
+
+
+def _spmm(machine, nnz, rows, common, cols, u, calls=1):
+    """(model ms, floor bytes) of ``calls`` equal local SpMMs."""
+    ib = csr_index_bytes(nnz, rows, common)
+    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols)) * calls
+    traffic = float(spmm_traffic_bytes(nnz, rows, common, cols, u, ib)) * calls
+    return t, traffic
+
+
+def _weights_elements(widths, cols_of=lambda d: d):
+    return sum((int(widths[i]) + 1) * cols_of(int(widths[i + 1])) for i in range(len(widths) - 1))
+
+
+class _Shape(NamedTuple):
+    """A layer's local sizes as :func:`plexus_tune.model.other.other_ms` reads them."""
+
+    layer: int
+    r_d: float  # rows of the layer's output on the rank
+    c_o: float  # its columns
+    w_rows: float  # rows of W_i the rank updates
+    c_i: float  # columns of the input features (layer 0)
+    feature_rows: float  # rows of the input features the rank updates
+
+
+def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
+    return [_Shape(i, float(rows), float(cols_of(int(widths[i + 1]))), float(widths[i]), float(cols_of(int(widths[0]))),
+                   float(feature_rows)) for i in range(len(widths) - 1)]
+
+
+def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
+            optimizer=None):
+    u = workload.bytes_per_element
+    bandwidth = machine.memory_bandwidth_gbps
+    floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
+    spmm = max(max(spmm_ms, 0.0), floor)
+    out = dict(times)
+    out["spmm_ms"] = spmm
+    out["spmm_floor_ms"] = floor
+    out["spmm_floored"] = floor > spmm_ms
+    out["spmm_clipped"] = spmm_ms < 0
+    out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
+    other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
+    for key in ("other_ms", *OTHER_PARTS):
+        out[key] = float(other[key])
+    gpus = int(np.prod(grid))
+    stretch = float(oversubscription(machine, np.asarray([gpus]))[0])
+    for key in _TIME_KEYS:
+        out[key] = out[key] * stretch
+    out["oversubscription"] = stretch
+    out["overhead_ms"] = machine.epoch_overhead_ms
+    out["total_ms"] = sum(out[key] for key in TOTAL_PARTS)
+    total = sum(memory.values())
+    out["memory_bytes"] = total
+    out["memory_gib"] = total / GIB
+    out["feasible"] = total <= machine.usable_memory_bytes
+    for part in MEMORY_PARTS:
+        out[f"memory_{part}_bytes"] = memory[part]
+    out["volume_bytes"] = volume
+    out["estimated"] = estimated
+    out["gx"], out["gy"], out["gz"] = (int(g) for g in grid)
+    del u
+    return out
+
+
+def _max_volume(calls, gpus):
+    per_rank = np.zeros(gpus)
+    for call in calls:
+        per_rank += call.sent_bytes
+    return float(per_rank.max()) if gpus else 0.0
+
+
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None) -> dict:
+    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks."""
+    c = check_replication(gpus, c)
+    r = gpus // c
+    n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
+    b = ceil_div(n, r)
+    stages = max(len(range(j * r // c, (j + 1) * r // c)) for j in range(c))
+    calls = cagnet_15d_schedule(n, widths, gpus, c, u)
+    times = schedule_times(machine, calls, choice, u)
+    z_stage = nnz / (r * r)
+    spmm = floor = flops = 0.0
+    act = 0.0
+    for i in range(workload.layers):
+        d_in, d_out = widths[i], widths[i + 1]
+        for _ in ("forward", "backward"):
+            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages)
+            spmm += t
+            floor += f
+        flops += 6.0 * b * d_in * d_out
+        act += (2.0 * b * d_in + 2.0 * b * d_out) * u
+    params = _weights_elements(widths)
+    z_rank = nnz * stages / (r * r)
+    ib = csr_index_bytes(z_rank, b, n)
+    memory = {
+        "adjacency": 2.0 * csr_bytes(z_rank, b * stages, u, ib, stages),
+        "weights": 4.0 * params * u,
+        "features": 4.0 * b * widths[0] * u,
+        "activations": act,
+        "gathered": float(max(widths[:-1])) * b * u if r > 1 else 0.0,
+        "labels": 8.0 * b,
+    }
+    return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
+                   _max_volume(calls, gpus), False, optimizer)
+
+
+def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
+                        optimizer=None) -> dict:
+    """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
+    piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
+    NNZ spread evenly."""
+    n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
+    gpus = pr * pc * pl
+    a_pieces, at_pieces = pieces if pieces is not None else (None, None)
+    calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
+                                  at_pieces=at_pieces, nnz=nnz)
+    times = schedule_times(machine, calls, choice, u)
+    sizes = summa_sizes(n, pr, pc, pl)
+    q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
+    if a_pieces is not None:
+        z_piece = float(np.max(a_pieces))
+        z_rank = float(np.asarray(a_pieces).reshape(pl, pr, pc, q // pc).sum(axis=3).max())
+    else:
+        z_piece = nnz / (pr * pl * q)
+        z_rank = nnz / gpus
+    spmm = floor = flops = act = 0.0
+    gathered = 0.0
+    for i in range(workload.layers):
+        d_in = ceil_div(widths[i], pc)
+        d_out = ceil_div(widths[i + 1], pc)
+        for _ in ("forward", "backward"):
+            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q)
+            spmm += t
+            floor += f
+        flops += 6.0 * rf * pc * d_in * d_out
+        act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
+        gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
+    params = _weights_elements(widths, lambda d: ceil_div(d, pc))
+    memory = {
+        "adjacency": 2.0 * float(csr_bytes(z_rank, rb * (q // pc), u, csr_index_bytes(z_rank, rb, n), q // pc)),
+        "weights": 4.0 * params * u,
+        "features": 4.0 * rf * ceil_div(widths[0], pc) * u,
+        "activations": act,
+        "gathered": gathered if gpus > 1 else 0.0,
+        "labels": 8.0 * rf,
+    }
+    return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
+                   _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer)
+
+
+def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
+    """Boundary rows (P, P) per aggregation when no graph is given: the documented estimate.
+
+    Nodes assigned to parts at random (no partitioner): the E = NNZ - N off-diagonal
+    nonzeros spread evenly, E / P^2 per ordered pair, each pair's N/P possible sources
+    hit E / P^2 times at random, so post = pre = (N/P)(1 - exp(-E / (P N))) rows per pair;
+    hybrid is taken equal (no gain assumed). An upper bound on what METIS achieves on a
+    graph with locality (docs/model.md, SuperGCN).
+    """
+    if parts <= 1:
+        return UniformExchange(1, 0.0)
+    per_part = nodes / parts
+    edges = max(nnz - nodes, 0) / parts**2
+    return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
+
+
+def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
+    """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
+    :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
+    mode = check_aggregation(mode)
+    n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
+    if plan is not None:
+        if plan.parts != gpus:
+            raise UserError(f"the partition has {plan.parts} parts but the run has {gpus} GPUs; partition into {gpus}")
+        rows = plan.forward_rows(mode).astype(np.float64)
+        nodes_p = plan.nodes.astype(np.float64)
+        local_nnz = plan.local_nnz.astype(np.float64)
+    else:
+        rows = estimated_boundary_rows(n, nnz, gpus)
+        nodes_p = np.full(gpus, float(ceil_div(n, gpus)))
+        local_nnz = np.full(gpus, nnz / gpus)
+    calls = supergcn_schedule(widths, rows, u)
+    times = schedule_times(machine, calls, choice, u)
+    if isinstance(rows, UniformExchange):
+        sent = recv = rows.sent()
+    else:
+        recv, sent = rows.sum(axis=0) - np.diag(rows), rows.sum(axis=1) - np.diag(rows)
+    spmm_p = np.zeros(gpus)
+    floor_p = np.zeros(gpus)
+    ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
+    for i in range(workload.layers):
+        t = predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i])
+        f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
+        spmm_p += 2.0 * t  # forward A F and backward A^T dH
+        floor_p += 2.0 * f
+    rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
+    floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)
+    busiest = int(np.argmax(np.maximum(spmm_p, floor_ms)))
+    n_max = float(nodes_p.max())
+    flops = sum(6.0 * n_max * widths[i] * widths[i + 1] for i in range(workload.layers))
+    params = _weights_elements(widths)
+    z = float(local_nnz.max())
+    halo = float((recv + sent).max())
+    memory = {
+        "adjacency": 2.0 * float(csr_bytes(z, n_max, u, csr_index_bytes(z, n_max, n))),
+        "weights": 4.0 * params * u,
+        "features": 4.0 * n_max * widths[0] * u,
+        "activations": sum((2.0 * n_max * widths[i] + 2.0 * n_max * widths[i + 1]) * u for i in range(workload.layers)),
+        "gathered": halo * max(widths[:-1]) * u,
+        "labels": 8.0 * n_max,
+    }
+    return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer)
+
