@@ -159,7 +159,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.graph:
         if args.machine == "perlmutter-paper":
-            args.machine = "h100-80gb-2026-11-25"
+            args.machine = "h100-80gb-fitted"
         return bench_graph(args)
 
     from plexus_tune.model.costs import predict_grids, rank_order

@@ -83,7 +83,7 @@ def test_a_corrupt_entry_is_ignored_with_one_warning_and_rewritten(tmp_path):
 def test_predict_graph_twice_and_the_cache_listing(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
     path = _saved(tmp_path)
-    argv = ["predict", "--graph", str(path), "--gpus", "8", "--machine", "h100-80gb-2026-11-25", "--format", "json"]
+    argv = ["predict", "--graph", str(path), "--gpus", "8", "--machine", "h100-80gb-fitted", "--format", "json"]
     code, cold, _ = run_cli(argv)
     assert code == 0
     code, listing, _ = run_cli(["graph", "cache", "--format", "json"])

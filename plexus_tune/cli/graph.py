@@ -20,6 +20,7 @@ from plexus_tune.graph import (
     write_shards,
 )
 from plexus_tune.graph.atomic import check_output_path
+from plexus_tune.graph.cache import cache_listing, cache_root
 from plexus_tune.graph.stats import graph_statistics, shard_statistics
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import save_format_for
@@ -197,8 +198,6 @@ def run_convert(args) -> int:
 def run_cache(args) -> int:
     import json
     import shutil
-
-    from plexus_tune.graph.cache import cache_listing, cache_root
 
     root = cache_root()
     listing = cache_listing(root)
