@@ -54,13 +54,13 @@ def main(argv=None) -> int:
     for objective in args.objectives.split(","):
         from plexus_tune.search import objective_value
 
-        frame["value"] = objective_value(frame["predicted_ms"].to_numpy(), frame["gpus"].to_numpy(), objective)
+        frame["value"] = objective_value(frame["total_ms"].to_numpy(), frame["gpus"].to_numpy(), objective)
         feas = frame[frame["feasible"]].sort_values("value")
         opt = float(feas["value"].iloc[0])
         within = int((feas["value"] <= opt + 0.01 * abs(opt)).sum())
         best = feas.iloc[0]
         print(f"\n[{objective}] exhaustive optimum {best['grid']} (G={int(best['gpus'])}): {opt:.6g} {objective_unit(objective)}; "
-              f"epoch {best['predicted_ms']:.2f} ms, {best['memory_gib']:.1f} GiB; {within} configuration(s) within 1%")
+              f"epoch {best['total_ms']:.2f} ms, {best['memory_gib']:.1f} GiB; {within} configuration(s) within 1%")
         reached = []
         for seed in range(args.seeds):
             study = optuna.create_study(direction="minimize", sampler=make_sampler(seed))

@@ -28,7 +28,7 @@ from pathlib import Path
 from plexus_tune.model.spmm import SPMM_MODELS
 from plexus_tune.fit.scoring import mape_percent as mape
 from plexus_tune.report.spmm_eval import (SpmmData, concat_tables, extrapolation_mape, fitted_kind,
-                                          grid_epoch_errors, predicted_ms, v_over_u)
+                                          grid_epoch_errors, spmm_time_ms, v_over_u)
 
 
 def main(argv=None) -> int:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         print(f"   fitted on the sweeps alone: V/U {ratio_s:.2f}x")
         print(f"3. {kind}, fitted on the sweeps and the Graph500 R-MAT shards; held out:")
         for name, df in held_out.items():
-            pred = predicted_ms(model, df)
+            pred = spmm_time_ms(model, df)
             print(f"   {name}: per-SpMM MAPE {mape(pred, df['time_ms']):.1f} % over {len(df)} timings")
             for gpus, e in grid_epoch_errors(df, pred).items():
                 ok = e["max_abs_error_pct"] <= 15 and e["spearman"] >= 0.95

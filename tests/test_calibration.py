@@ -48,12 +48,12 @@ def test_parse_sizes():
 def test_collectives_on_two_local_ranks(tmp_path):
     records = calibrate_collectives(2, sizes=[1024, 65536], warmup=1, repeats=3, backend="gloo")
     assert {(r["op"], r["message_bytes"]) for r in records} == {
-        (op, m) for op in ("all_reduce", "all_gather", "reduce_scatter") for m in (1024, 65536)
+        (op, m) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "point_to_point") for m in (1024, 65536)
     }
     for r in records:
         assert r["group_size"] == 2 and r["stride"] == 1 and r["nodes_spanned"] == 1 and r["contiguous"]
         assert r["time_min_ms"] <= r["time_ms"] <= r["time_max_ms"]
-        factor = 1.0 if r["op"] == "all_reduce" else 0.5
+        factor = 1.0 if r["op"] in ("all_reduce", "broadcast") else 0.5  # nccl-tests: 2(g-1)/g, 1, (g-1)/g
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
         assert r["algbw_gbps"] == pytest.approx(r["message_bytes"] / (r["time_ms"] * 1e6))
 

@@ -217,8 +217,8 @@ def test_load_table_names_file_lines(tmp_path):
         fit_spmm(df, "paper-spmm", n_splits=5)
     with pytest.raises(UserError, match="does not exist"):
         load_table(tmp_path / "nope.csv")
-    with pytest.raises(UserError, match="unknown collective op 'broadcast'"):
-        fit_collectives(pd.DataFrame({"op": ["broadcast", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
+    with pytest.raises(UserError, match="unknown collective op 'gather'"):
+        fit_collectives(pd.DataFrame({"op": ["gather", "all_reduce"], "group_size": [2, 2], "nodes": [1, 1], "message_bytes": [8, 8], "time_ms": [1, 1]}))
 
 
 def test_collective_time_sharing_of_each_calibration_run():

@@ -113,7 +113,7 @@ def test_collective_formulas_by_hand():
     # a group of one costs nothing
     assert collective_time_ms(m, "all_reduce", 1, 1, M) == 0
     with pytest.raises(UserError):
-        collective_time_ms(m, "broadcast", 2, 1, M)
+        collective_time_ms(m, "gather", 2, 1, M)
 
 
 def write(tmp_path, text, name="m.json"):

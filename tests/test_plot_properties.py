@@ -13,7 +13,7 @@ def crowded_frame(n=14, seed=3):
     pred = 100 + np.sort(rng.uniform(0, 12, n))
     obs = pred * 1.6 + rng.uniform(-3, 3, n)  # a constant offset: R^2 says little, the median ratio does
     grids = [f"{a}x{b}x{c}" for a, b, c in rng.integers(1, 64, (n, 3))]
-    return pd.DataFrame({"grid": grids, "pred_epoch_ms": pred, "obs_epoch_ms": obs, "pred_feasible": True})
+    return pd.DataFrame({"grid": grids, "pred_total_ms": pred, "obs_epoch_ms": obs, "pred_feasible": True})
 
 
 def _boxes_intersect(a, b) -> bool:
@@ -49,8 +49,8 @@ def test_pred_vs_obs_legend_gives_mape_and_median_ratio():
     frame = crowded_frame()
     fig = plotting.plot_pred_vs_obs(frame)
     text = " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
-    ratio = np.median(frame["obs_epoch_ms"] / frame["pred_epoch_ms"])
-    mape = 100 * np.mean(np.abs(frame["pred_epoch_ms"] - frame["obs_epoch_ms"]) / frame["obs_epoch_ms"])
+    ratio = np.median(frame["obs_epoch_ms"] / frame["pred_total_ms"])
+    mape = 100 * np.mean(np.abs(frame["pred_total_ms"] - frame["obs_epoch_ms"]) / frame["obs_epoch_ms"])
     assert f"median obs/pred {ratio:.2f}" in text and f"MAPE {mape:.1f} %" in text and "R$^2$" in text
 
 
@@ -71,7 +71,7 @@ def test_predicted_breakdown_does_not_clip_its_tallest_bar_and_shows_overhead():
 
 
 def test_observed_breakdown_is_sorted_by_time_and_marks_the_epoch():
-    frame = pd.DataFrame({"grid": ["z", "a", "m"], "obs_epoch_ms": [50.0, 90.0, 20.0], "pred_epoch_ms": [40.0, 60.0, 30.0],
+    frame = pd.DataFrame({"grid": ["z", "a", "m"], "obs_epoch_ms": [50.0, 90.0, 20.0], "pred_total_ms": [40.0, 60.0, 30.0],
                           "obs_spmm_ms": [20.0, 40.0, 5.0], "obs_wait_ms": [30.0, 50.0, 15.0],
                           "pred_spmm_ms": [40.0, 60.0, 30.0]})
     fig = plotting.plot_breakdown(frame)
@@ -87,7 +87,7 @@ def test_observed_breakdown_is_sorted_by_time_and_marks_the_epoch():
 
 def test_scaling_plot_uses_plain_ms_ticks():
     pred = pd.DataFrame({"dataset": ["d"] * 5, "gpus": [8, 16, 32, 64, 128],
-                         "pred_epoch_ms": [95.0, 70.0, 61.0, 58.0, 64.0]})
+                         "pred_total_ms": [95.0, 70.0, 61.0, 58.0, 64.0]})
     fig = plotting.plot_strong_scaling(pred)
     ax = fig.axes[0]
     fig.canvas.draw()

@@ -84,14 +84,14 @@ def test_pred_vs_obs_points_stats_and_marks(tmp_path):
     assert len(ax.collections[0].get_offsets()) == len(GRIDS_8)
     assert sorted(t.get_text() for t in ax.texts) == sorted(frame["grid"])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    pred, obs = frame["pred_epoch_ms"].to_numpy(), frame["obs_epoch_ms"].to_numpy()
+    pred, obs = frame["pred_total_ms"].to_numpy(), frame["obs_epoch_ms"].to_numpy()
     # hand references: Spearman = Pearson of ranks (no ties); R^2 about y = x
     rho = np.corrcoef(ranks(pred), ranks(obs))[0, 1]
     r2 = 1 - ((obs - pred) ** 2).sum() / ((obs - obs.mean()) ** 2).sum()
     assert f"Spearman {rho:.3f}" in legend[0] and f"R$^2$ {r2:.3f}" in legend[0]
     # recommended = best predicted feasible (8x1x1 is infeasible in the log); observed best = lowest mean
     feas = frame[frame["pred_feasible"]]
-    assert any(f"recommended {feas.loc[feas['pred_epoch_ms'].idxmin(), 'grid']}" == s for s in legend)
+    assert any(f"recommended {feas.loc[feas['pred_total_ms'].idxmin(), 'grid']}" == s for s in legend)
     assert any(f"observed best {frame.loc[frame['obs_epoch_ms'].idxmin(), 'grid']}" == s for s in legend)
     check_files(plotting.save_figure(fig, tmp_path / "out", "pred-vs-obs_tiny_G8"))
 
@@ -130,7 +130,7 @@ def test_strong_scaling_lines_and_observed_points(tmp_path):
     p = predict_grids(workload_from_dataset("ogbn-products"), load_machine("perlmutter"), grids)
     best = min(t for t, f in zip(p["total_ms"], p["feasible"]) if f)
     row = pred[(pred["dataset"] == "ogbn-products") & (pred["gpus"] == 64)]
-    assert row["pred_epoch_ms"].iloc[0] == pytest.approx(best)
+    assert row["pred_total_ms"].iloc[0] == pytest.approx(best)
     observed = plotting.observed_scaling_frame(plotting.runs_frame(write_log(tmp_path / "runs.jsonl")))
     assert list(observed["gpus"]) == [4, 8] and observed["obs_epoch_ms"].iloc[1] == pytest.approx(100.5)
     observed["dataset"] = "ogbn-products"

@@ -101,6 +101,6 @@ def test_two_measured_search_workers_share_a_study_without_measuring_twice(pg_ur
         done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
         assert len(done) >= 5
         assert {t.user_attrs["config"].split(" ")[0] for t in done} >= set(grids)
-        assert all("observed_ms" in t.user_attrs for t in done if t.state == optuna.trial.TrialState.COMPLETE)
+        assert all("epoch_ms" in t.user_attrs for t in done if t.state == optuna.trial.TrialState.COMPLETE)
     finally:
         optuna.delete_study(study_name=name, storage=pg_url)

@@ -171,7 +171,7 @@ def test_runs_table_never_pools_different_permutations_and_counts_failures():
     assert d["obs_epoch_ms_std"] == pytest.approx(np.sqrt(8 / 3))  # population std of 10, 12, 14
     assert (d["obs_epoch_ms_min"], d["obs_epoch_ms_max"]) == (10.0, 14.0)
     assert n["last_failure"] == "oom: out of memory" and d["last_failure"] == ""
-    assert d["pred_epoch_ms"] == 9.0 and d["pred_spmm_ms"] == 3.0 and np.isnan(d["pred_gemm_ms"])
+    assert d["pred_total_ms"] == 9.0 and d["pred_spmm_ms"] == 3.0 and np.isnan(d["pred_gemm_ms"])
     assert d["grid"] == "2x1x1" and d["gpus"] == 2 and d["widths"] == (8, 16, 16, 3) and d["bytes_per_element"] == 4
     assert not any(c.startswith(("observed_", "predicted")) for c in table.columns)
     full = runs_table(double + none + [failed, only_failed], include_failed=True)
@@ -204,7 +204,7 @@ def test_shipped_v1_run_logs_give_the_old_medians(name):
         assert row["trials"] == len(trials) and row["failed"] == 0
         for key in ("epoch_ms", "spmm_ms", "comm_ms", "other_ms"):
             assert row[f"obs_{key}"] == pytest.approx(float(np.median([t[key] for t in trials])), rel=1e-12)
-        assert row["pred_epoch_ms"] == pytest.approx(float(np.median([t["predicted"]["total_ms"] for t in trials])), rel=1e-12)
+        assert row["pred_total_ms"] == pytest.approx(float(np.median([t["predicted"]["total_ms"] for t in trials])), rel=1e-12)
         assert row["graph_nodes"] == trials[0]["nodes"] and row["machine"] == trials[0]["environment"]["host"]
 
 

@@ -93,7 +93,7 @@ def log_and_check(tmp_path, capsys, settings, grids=("1x2x1", "2x1x1")):
     # run's comparison table and last line print the same total
     assert f"{by_setting[settings[-1]]['1x2x1']['total_ms']:.2f} ms predicted" in run_out
 
-    # validate: the profile's prediction of every run (model_ms; as is, predicted_ms too)
+    # validate: the profile's prediction of every run (profile_total_ms; as is, total_ms too)
     out = tmp_path / "validate.json"
     assert main(["validate", "--machine", machine, "--runs", log, "--no-refit", "--json", str(out)]) == 0
     capsys.readouterr()
@@ -101,7 +101,7 @@ def log_and_check(tmp_path, capsys, settings, grids=("1x2x1", "2x1x1")):
     assert len(runs) == len(grids) * len(settings)
     for r in runs:
         expected = by_setting[(r["comm_precision"], r["block_rows"] or None)][r["grid"]]["total_ms"]
-        assert r["model_ms"] == pytest.approx(expected, rel=1e-12) and r["predicted_ms"] == pytest.approx(expected, rel=1e-12)
+        assert r["profile_total_ms"] == pytest.approx(expected, rel=1e-12) and r["total_ms"] == pytest.approx(expected, rel=1e-12)
 
     # plot: the points of pred-vs-obs, predicted again (--machine) and as logged
     want = sorted(e["total_ms"] for grids in by_setting.values() for e in grids.values())

@@ -26,7 +26,7 @@ def test_measured_search_never_trains_a_config_twice(tmp_path, capsys, monkeypat
     top = ModelEvaluator(workload, load_machine("cpu-gloo-2core")).top_k(SearchSpace((2,)), 2)
     assert grids[:2] == [c.label for c in top]  # the enqueued warm start ran first
     study = open_study("m", open_storage(f"sqlite:///{tmp_path / 'measurements' / 'studies.db'}"), objective="epoch")
-    obs = {t.user_attrs["config"]: t.user_attrs.get("observed_ms") for t in study.trials}
+    obs = {t.user_attrs["config"]: t.user_attrs.get("epoch_ms") for t in study.trials}
     for r in records:
         assert obs[r["grid"]] == r["epoch_ms"]
         assert r["predicted"]["total_ms"] > 0
@@ -66,12 +66,12 @@ def test_known_runs_reuse_only_the_identity_the_search_would_train(tmp_path):
     ])
     known = known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=2, warmup=1)
     assert set(known) == {Config(2, 1, 1), Config(1, 1, 2, 16), Config(1, 2, 1)}
-    assert known[Config(2, 1, 1)].observed_ms == 11.0 and known[Config(2, 1, 1)].run_id == "t2"
-    assert known[Config(1, 1, 2, 16)].observed_ms == 7.0
-    assert known[Config(1, 2, 1)].observed_ms is None and known[Config(1, 2, 1)].failure == "oom: out of memory"
+    assert known[Config(2, 1, 1)].epoch_ms == 11.0 and known[Config(2, 1, 1)].run_id == "t2"
+    assert known[Config(1, 1, 2, 16)].epoch_ms == 7.0
+    assert known[Config(1, 2, 1)].epoch_ms is None and known[Config(1, 2, 1)].failure == "oom: out of memory"
     # a search on the nccl backend sees the nccl run (and not the gloo ones)
     nccl = known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=2, warmup=1, train_options={"backend": "nccl"})
-    assert set(nccl) == {Config(1, 2, 1)} and nccl[Config(1, 2, 1)].observed_ms == 2.0
+    assert set(nccl) == {Config(1, 2, 1)} and nccl[Config(1, 2, 1)].epoch_ms == 2.0
     # different epochs: nothing to reuse
     assert known_runs(log, GRAPH, model, layers=2, hidden=4, epochs=3, warmup=1) == {}
 
@@ -89,7 +89,7 @@ def test_measured_search_at_a_precision_trains_at_it_and_auto_picks_a_measured_o
     assert len(records) == 2 and {r["comm_precision"] for r in records} == {"bf16"}
     assert all(r["status"] == "ok" and r["comm_bytes"] for r in records)
     study = open_study("m-comm-bf16", open_storage(f"sqlite:///{tmp_path / 'measurements' / 'studies.db'}"), objective="epoch")
-    assert len(study.trials) == 2 and {t.user_attrs.get("observed_ms") for t in study.trials} == {r["epoch_ms"] for r in records}
+    assert len(study.trials) == 2 and {t.user_attrs.get("epoch_ms") for t in study.trials} == {r["epoch_ms"] for r in records}
     capsys.readouterr()
     assert main(ARGS + ["--trials", "2", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16"]) == 0
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, fam
 from plexus_tune.model.planner import check_choices, joint_ranking
 from plexus_tune.search.joint import search_ranking
 from plexus_tune.search.space import objective_unit
+from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
 ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names())}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
@@ -23,8 +24,7 @@ CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
-COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-           ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"))
+COLUMNS = labelled(("total_ms", *TOTAL_PARTS))
 
 
 def add_algorithm_argument(parser) -> None:

@@ -19,7 +19,7 @@ from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, s
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
 from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
-from plexus_tune.model.collectives import COLLECTIVE_OPS
+from plexus_tune.model.collectives import ALL_OPS
 from plexus_tune.model.grid import enumerate_grids
 
 
@@ -48,7 +48,9 @@ def register(subparsers) -> None:
     coll.add_argument("--modes", default="auto", help="concurrent (all groups of a shape at once), alone (one group), both "
                       "comma-separated, or auto (default: both when the ranks span several nodes)")
     coll.add_argument("--sizes", default="1K:64M", help="message sizes: LOW:HIGH[:xFACTOR] (default 1K:64M, factor 4) or a list 4K,1M")
-    coll.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", help="comma-separated collectives (default: all three)")
+    coll.add_argument("--ops", default=",".join(ALL_OPS),
+                      help="comma-separated ops (default: all_reduce, all_gather, reduce_scatter and the families' "
+                           "broadcast and point_to_point)")
     coll.add_argument("--warmup", type=count(0), default=2, help="untimed calls per size (default 2)")
     coll.add_argument("--repeats", type=count(1), default=5, help="timed calls per size (default 5)")
     coll.add_argument("--comm-precision", default="fp32", metavar="LIST",
@@ -229,9 +231,9 @@ def run_collectives(args) -> int:
         raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
     sizes = parse_sizes(args.sizes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in ops if o not in COLLECTIVE_OPS]
+    bad = [o for o in ops if o not in ALL_OPS]
     if bad or not ops:
-        raise UserError(f"--ops: unknown collective {(bad or [args.ops])[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
+        raise UserError(f"--ops: unknown collective {(bad or [args.ops])[0]!r}; choose from {', '.join(ALL_OPS)}")
     _positive(args.repeats, "--repeats")
     _positive(args.cols, "--cols")
     try:

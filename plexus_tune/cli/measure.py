@@ -27,6 +27,7 @@ from plexus_tune.measure.campaign import (
 from plexus_tune.measure.identity import run_setting
 from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
+from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
 from plexus_tune.model.comm_precision import check_backend
@@ -111,7 +112,7 @@ def run(args) -> int:
 
         def on_result(record, grid):
             progress.advance(task)
-            name = "x".join(map(str, grid))
+            name = format_grid(grid)
             pred = record.get("predicted", {}).get("total_ms")
             if record.get("status") == "ok":
                 obs = record["epoch_ms"]
@@ -238,7 +239,7 @@ def _summary(console, log, config, gpus) -> None:
         out.add_column(col, justify="left" if col == "grid" else "right")
     for _, row in mine.iterrows():
         ok = int(row["trials"]) > 0
-        pred = row["pred_epoch_ms"]
+        pred = row["pred_total_ms"]
         out.add_row(
             row["grid"],
             str(int(row["trials"]) + int(row["failed"])),

@@ -10,11 +10,10 @@ from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.errors import UserError, whole_number
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.scalegnn import NAME, parse_epochs_to_accuracy, rank_minibatch, time_to_accuracy
+from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
 #: Columns of the table: total, its parts, the data-parallel share of comm, sampling.
-COLUMNS = (("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-           ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"), ("comm_dp_ms", "comm DP"),
-           ("sampling_ms", "sampling"), ("sampling_hidden_ms", "hidden"))
+COLUMNS = labelled(("total_ms", *TOTAL_PARTS, "comm_dp_ms", "sampling_ms", "sampling_hidden_ms"))
 NOT_COMPARABLE = ("a mini-batch epoch (N / (B Gd) steps on sampled subgraphs) is not a full-graph epoch: their "
                   "times compare only with the epochs each needs to reach the same accuracy "
                   "(--epochs-to-accuracy full=E1,minibatch=E2)")

@@ -22,19 +22,16 @@ from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.planner import joint_ranking
 from plexus_tune.model.costs import prediction_records, rank_order
 from plexus_tune.model.other import check_optimizer
-from plexus_tune.model.grid import check_gpus, enumerate_grids
+from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import permutation_gain, predict_run_grids
 from plexus_tune.model.sparsity import graph_sparsity, graph_summary
 from plexus_tune.model.workload import Workload, get_dataset
+from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
 FORMATS = ("table", "json", "csv")
 #: Table columns: total, then its parts (which add up to it), then the split of comm by axis.
-TABLE_COLUMNS = (
-    ("total_ms", "total ms"), ("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_ms", "comm"),
-    ("quant_ms", "quant"), ("other_ms", "other"), ("overhead_ms", "overhead"),
-    ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"), ("comm_z_ms", "comm Z"),
-)
+TABLE_COLUMNS = labelled(("total_ms", *TOTAL_PARTS, *COMM_AXIS_KEYS))
 #: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
 FLOOR_MARK = "*"
 
@@ -239,7 +236,7 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
                              optimizer=optimizer, cache=getattr(args, "structure_cache", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
-    print(f"SpMM of {grid[0]}x{grid[1]}x{grid[2]} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
+    print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
           f"with --permute {text}")
 
 
@@ -355,7 +352,7 @@ def run(args) -> int:
         have = machine.usable_memory_bytes / GIB
         raise UserError(
             f"no grid of {gpus} GPUs fits: the smallest estimate is {need:.1f} GiB per GPU "
-            f"(grid {pred['gx'][smallest]}x{pred['gy'][smallest]}x{pred['gz'][smallest]}) but {machine.name} "
+            f"(grid {format_grid((pred['gx'][smallest], pred['gy'][smallest], pred['gz'][smallest]))}) but {machine.name} "
             f"offers {have:.1f} GiB; use more GPUs or a machine with more device memory"
         )
     if args.format == "table":

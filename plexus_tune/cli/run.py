@@ -24,6 +24,7 @@ from plexus_tune.trainer.algorithms import check_algorithm
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
 from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.model.breakdown import COMM_AXIS_KEYS, LABELS, labelled
 
 
 def register(subparsers) -> None:
@@ -121,9 +122,8 @@ def run(args) -> int:
     cmp = Table(title=f"{format_grid(grid)}: predicted vs observed (ms per epoch, observed = max over ranks)")
     for col in ("part", "predicted", "observed", "observed/predicted"):
         cmp.add_column(col, justify="left" if col == "part" else "right")
-    for key, label in (("spmm_ms", "SpMM"), ("gemm_ms", "GEMM"), ("comm_x_ms", "comm X"), ("comm_y_ms", "comm Y"),
-                       ("comm_z_ms", "comm Z"), ("comm_ms", "comm"), ("quant_ms", "quant"), ("other_ms", "other"),
-                       ("overhead_ms", "overhead"), ("epoch", "epoch")):
+    for key, label in (*labelled(("spmm_ms", "gemm_ms", *COMM_AXIS_KEYS, "comm_ms", "quant_ms", "other_ms",
+                                  "overhead_ms")), ("epoch", LABELS["epoch_ms"])):
         p = predicted["total_ms" if key == "epoch" else key]
         o = record.get("epoch_ms" if key == "epoch" else key)
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"

@@ -285,7 +285,7 @@ def run_exhaustive(args, name, machine, space, model, plan, console, precision: 
     for col in ("rank", "config", "G", "predicted ms", "memory GiB", args.objective):
         table.add_column(col, justify="left" if col == "config" else "right")
     for _, row in best.iterrows():
-        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}",
+        table.add_row(str(int(row["rank"])), str(row["config"]), str(int(row["gpus"])), f"{row['total_ms']:.2f}",
                       f"{row['memory_gib']:.2f}", f"{row['value']:.4g}")
     console.print(table)
     if args.storage or args.study:
@@ -305,9 +305,9 @@ def print_best_table(study, objective: str, top: int, console, *, measured: bool
     for col in ("rank", "config", "G", "predicted ms") + (("observed ms",) if measured else ()) + ("memory GiB", objective, "trial"):
         table.add_column(col, justify="left" if col == "config" else "right")
     for i, row in best.iterrows():
-        cells = [str(i + 1), str(row["config"]), str(int(row["gpus"])), f"{row['predicted_ms']:.2f}"]
+        cells = [str(i + 1), str(row["config"]), str(int(row["gpus"])), f"{row['total_ms']:.2f}"]
         if measured:
-            obs = row.get("observed_ms")
+            obs = row.get("epoch_ms")
             cells.append("-" if obs is None or obs != obs else f"{obs:.2f}")
         cells += [f"{row['memory_gib']:.2f}", f"{row['value']:.4g}", str(int(row["number"]))]
         table.add_row(*cells)

@@ -11,6 +11,11 @@ the rows, and leave-whole-message-sizes-out (for each distinct message size, fit
 other sizes and predict it; MAPE over all rows). ``form="auto"`` keeps the candidate
 with the lowest leave-sizes-out MAPE (random-split MAPE when fewer than 3 sizes were
 measured); a more complex candidate must beat a simpler one by more than 1e-6 points.
+
+Broadcast and point-to-point timings (ops of ``EXCHANGE_OPS``) are fitted apart, per op:
+the four tier parameters by the same relative NNLS on their per-rank terms
+(:func:`~plexus_tune.model.collectives.exchange_terms`, sharing as the network's), kept
+in the network's ``op_tiers`` (:func:`fit_op_tiers`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ from plexus_tune.fit.scoring import (
 from plexus_tune.fit.solvers import nnls_relative
 from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, check_frame, pd_numeric
 from plexus_tune.model.collectives import (  # noqa: F401  (ring_terms, bus_bandwidth_gbps: re-exported)
+    BROADCAST_FORMS,
     COLLECTIVE_OPS,
+    EXCHANGE_OPS,
+    exchange_terms,
     FORMS,
     HierarchicalNetwork,
     Network,
@@ -372,6 +380,8 @@ class CollectiveModel:
     same_as: dict = field(default_factory=dict)
     candidates: dict = field(default_factory=dict)
     epoch_scores: dict = field(default_factory=dict)
+    #: per op of EXCHANGE_OPS fitted: rows per tier and the in-sample MAPE (%)
+    op_fit: dict = field(default_factory=dict)
 
     def choose(self, name: str, selected_by: str) -> "CollectiveModel":
         """The same fit with candidate ``name`` as the chosen network."""
@@ -450,6 +460,42 @@ def _gpus_per_node(df, gpus_per_node) -> int | None:
     return None
 
 
+def fit_op_tiers(df, gpus_per_node: int | None, sharing: bool) -> tuple[tuple, dict]:
+    """Tier parameters of each op of :data:`EXCHANGE_OPS` in ``df`` (the columns of
+    :func:`fit_collectives`): relative NNLS of time_ms on the op's
+    :func:`~plexus_tune.model.collectives.exchange_terms`; a tier without rows copies the
+    other. A broadcast is fitted in each of :data:`BROADCAST_FORMS` and keeps the form of
+    the lower MAPE. Returns (``op_tiers`` as a Network holds them, {op: {"intra", "inter"
+    (rows per tier), "mape" (%, in sample), "form" (broadcast)}})."""
+    place, _ = frame_placement(df, gpus_per_node)
+    op = np.asarray(df["op"]).astype(str)
+    g = np.asarray(df["group_size"], dtype=np.float64).astype(np.int64)
+    m = np.asarray(df["message_bytes"], dtype=np.float64)
+    msgs = np.asarray(df["messages"], dtype=np.float64) if "messages" in df else np.ones(len(df))
+    y = np.asarray(df["time_ms"], dtype=np.float64)
+    tiers, report = [], {}
+    for name in EXCHANGE_OPS:
+        rows = op == name
+        if not np.any(rows):
+            continue
+        if int(rows.sum()) < 2:
+            raise UserError(f"collective measurements: one {name} timing; time it at two or more message sizes")
+        best = None
+        for form in (BROADCAST_FORMS if name == "broadcast" else ("ring",)):
+            t = exchange_terms(op[rows], g[rows], place[rows], m[rows], msgs[rows], sharing, form)
+            X = np.stack([1e-3 * t.lat_intra, 1e-3 * t.lat_inter, 1e-6 * t.bytes_intra, 1e-6 * t.bytes_inter], axis=1)
+            fitted, samples = _fit_tiers(X, y[rows])
+            w = np.array([fitted["alpha_intra_us"], fitted["alpha_inter_us"], 1 / fitted["beta_intra_gbps"],
+                          1 / fitted["beta_inter_gbps"]])
+            mape = float(np.mean(np.abs(X @ w - y[rows]) / y[rows]) * 100)
+            if best is None or mape < best[2]["mape"] - MIN_GAIN:
+                extra = {"form": form} if name == "broadcast" else {}
+                best = ({**fitted, **extra}, samples, {**samples, "mape": mape, **extra})
+        tiers.append((name, best[0]))
+        report[name] = best[2]
+    return tuple(tiers), report
+
+
 def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: str = "auto", table: bool = False,
                     gpus_per_node: int | None = None, sharing: bool | None = None) -> CollectiveModel:
     """Fit the collective network model to timings and score every candidate form on held-out data.
@@ -474,8 +520,11 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     check_frame(df, COLLECTIVE_COLUMNS, positive=("group_size", "nodes", "message_bytes", "time_ms"), min_count=2, what="collective measurements")
     op_array(np.asarray(df["op"]))
     df = df[np.asarray(df["group_size"], dtype=np.float64) > 1].reset_index(drop=True)
+    exchange = np.isin(np.asarray(df["op"]).astype(str), EXCHANGE_OPS)
+    exchange_df, df = df[exchange].reset_index(drop=True), df[~exchange].reset_index(drop=True)
     if len(df) < 2:
-        raise UserError("collective measurements: fewer than 2 rows with group_size > 1; measure groups of 2 or more ranks")
+        raise UserError("collective measurements: fewer than 2 all-reduce, all-gather or reduce-scatter rows with group_size > 1; "
+                        "measure these collectives on groups of 2 or more ranks")
     if table and _stride_column(df) is None:
         raise UserError("collective measurements: missing column 'stride' (needed for a bandwidth table)")
     n = _gpus_per_node(df, gpus_per_node)
@@ -513,8 +562,13 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
             chosen = c
     everything = np.arange(len(rows.y))
     networks = {c.name: fitter.fit(c, everything) for c in usable}
+    op_fit: dict = {}
+    if len(exchange_df):
+        own = {flag: fit_op_tiers(exchange_df, n, flag) for flag in {net.sharing for net, _ in networks.values()}}
+        networks = {name: (replace(net, op_tiers=own[net.sharing][0]), samples) for name, (net, samples) in networks.items()}
+        op_fit = own[networks[chosen.name][0].sharing][1]
     network, samples = networks[chosen.name]
     return CollectiveModel(network=network, name=chosen.name, scores=all_scores[chosen.name], all_scores=all_scores,
                            n_samples=len(rows.y), tier_samples=samples, placement_mismatches=mismatches,
                            selected_by=decide if len(usable) > 1 else "", same_as=same_as,
-                           candidates={name: net for name, (net, _) in networks.items()})
+                           candidates={name: net for name, (net, _) in networks.items()}, op_fit=op_fit)

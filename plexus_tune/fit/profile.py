@@ -36,7 +36,7 @@ from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load
 from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
 from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
-from plexus_tune.model.collectives import scale_collectives
+from plexus_tune.model.collectives import BROADCAST_FORMS, scale_collectives
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.fit.bandwidth import epoch_latency_from_runs, fit_bandwidths, optimizer_gbps_from_runs
 from plexus_tune.model.machine import Machine, load_machine
@@ -522,7 +522,11 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + (f"lowest {coll.selected_by} of {len(coll.candidates)} candidates" if coll.selected_by else "as asked")
             + f"; relative least squares) on {coll.n_samples} timings"
             + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
-            + ("; times divided by the oversubscription of each calibration run" if time_sharing else ""))
+            + ("; times divided by the oversubscription of each calibration run" if time_sharing else "")
+            + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
+                      f"{fit['intra'] + fit['inter']} {op} timings ({fit['intra']} intra-node, {fit['inter']} inter-node; "
+                      + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
+                      + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
 
 
 def _bandwidth_records(sources) -> list[dict]:
@@ -627,7 +631,7 @@ def _fit_epoch(profile: Mapping, runs_tbl, *, n_splits: int, seed: int, progress
     if progress:
         progress(0, 1)
     frame = predict_runs(runs_tbl, profile)
-    raw_mape = mape_percent(frame["pred_epoch_ms"], frame["obs_epoch_ms"])
+    raw_mape = mape_percent(frame["pred_total_ms"], frame["obs_epoch_ms"])
     epoch = fit_epoch(frame, n_splits=n_splits, seed=seed)
     if progress:
         progress(1, 1)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from plexus_tune.errors import UserError
 from plexus_tune.launch import slurm
+from plexus_tune.model.grid import format_grid
 
 #: Environment variable naming the state directory, set by the batch script for the command it runs.
 DISPATCH_DIR_VARIABLE = "PLEXUS_TUNE_DISPATCH_DIR"
@@ -78,7 +79,7 @@ def mark_running(grid, trial: int, environ=None) -> None:
     directory, job = env.get(DISPATCH_DIR_VARIABLE), env.get("SLURM_JOB_ID")
     if not directory or not job:
         return
-    text = json.dumps({"grid": "x".join(map(str, grid)), "trial": int(trial), "started": time.time()})
+    text = json.dumps({"grid": format_grid(grid), "trial": int(trial), "started": time.time()})
     path = Path(directory) / f"running-{job}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

@@ -34,7 +34,7 @@ from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.identity import RunIdentity, predict_record, prediction_settings, run_identity
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
 from plexus_tune.model.costs import rank_order
-from plexus_tune.model.grid import parse_grid
+from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.family import DEFAULT_FAMILY, families_choosing, family_of
 from plexus_tune.model.prediction import predict_run_grids
@@ -301,11 +301,20 @@ def run_campaign(
     return new
 
 
+def run_batch(configs, launcher=None) -> list[dict]:
+    """The records of ``configs`` (one world size) trained in one process set, or one by one
+    where there is one or the set failed (so that the failing run is logged as such)."""
+    records = _run_batch(list(configs), launcher) if len(configs) > 1 else None
+    if records is None:
+        records = [run_training(config, raise_on_failure=False, launcher=launcher) for config in configs]
+    return records
+
+
 def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None) -> dict:
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
     machine profile) the prediction at the run's settings; returns the record."""
     record["trial"] = int(trial)
-    record["campaign"] = {"gpus": gpus, "trials": trials, "grids": ["x".join(map(str, g)) for g in grids]}
+    record["campaign"] = {"gpus": gpus, "trials": trials, "grids": [format_grid(g) for g in grids]}
     if workload is not None and machine is not None:
         record["predicted"] = predict_record(record, machine, workload=workload)
     append_records(log, [record])

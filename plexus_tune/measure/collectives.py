@@ -7,11 +7,16 @@ ranks into the G / g groups of that axis (ranks r, r + p, ..., the placement ran
 z Gx Gy + x Gy + y) and times all-reduce, all-gather and reduce-scatter on all groups at
 once, as training does (``concurrent``), and on one group while the others wait
 (``alone``; by default only when the ranks span several nodes): the ratio of the two is
-the link sharing of eq. 4.6. Per message size: warm-up calls, then ``repeats`` timed
+the link sharing of eq. 4.6. Besides the collectives, the families' operations:
+``broadcast`` (one root's buffer to its group, the root moving round the group call by
+call, as the CAGNET trainers broadcast each block row from its owner) and
+``point_to_point`` (every member sends M / g bytes to each other member at once with
+batched isend/irecv, as the partitioned trainer exchanges its boundary rows). Per message size: warm-up calls, then ``repeats`` timed
 calls each started after a barrier; a call's time is the slowest taking part, the
 reported time is the median over calls. M is the full buffer (the reduced or gathered
-result); algbw = M / t and busbw = algbw * 2(g-1)/g for all-reduce, (g-1)/g for the
-others (nccl-tests). Records (schema collective of :mod:`plexus_tune.measure.records`;
+result; a broadcast's buffer; a point-to-point exchange's send buffer per rank, own block
+included); algbw = M / t and busbw = algbw * 2(g-1)/g for all-reduce, 1 for broadcast,
+(g-1)/g for the others (nccl-tests; point_to_point as its alltoall). Records (schema collective of :mod:`plexus_tune.measure.records`;
 docs/records.md) say where the active groups sat: nodes spanned, ranks per node, groups
 sharing a node's NICs (``concurrent``), from the node each rank ran on (on one host:
 blocks of ``gpus_per_node`` consecutive ranks).
@@ -31,7 +36,7 @@ from plexus_tune.launch import RankFailure, default_threads_per_rank
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.store import COLLECTIVE_SCHEMA, environment_info, now_utc
-from plexus_tune.model.collectives import COLLECTIVE_OPS, bandwidths_gbps, collective_elements
+from plexus_tune.model.collectives import ALL_OPS, EXCHANGE_OPS, bandwidths_gbps, collective_elements
 from plexus_tune.model.grid import axis_stride, enumerate_grids
 
 KIB = 1024
@@ -127,19 +132,53 @@ def collective_worker(rank, world, shapes, sizes, ops, warmup, repeats, device, 
             active = mode == "concurrent" or index == 0
             for precision in precisions:
                 for op in ops:
+                    if op in EXCHANGE_OPS and precision != "fp32":
+                        continue
                     for size in sizes:
                         results.append(_time_collective(torch, dist, dev, mine, g, p, mode, active, precision, op, size,
-                                                        warmup, repeats, cols, rank))
+                                                        warmup, repeats, cols, rank, parts[index]))
         for grp in groups:
             dist.destroy_process_group(grp)
     return results
 
 
-def _time_collective(torch, dist, dev, group, g, p, mode, active, precision, op, size, warmup, repeats, cols, rank):
+def _exchange_call(torch, dist, dev, group, op: str, elems: int, members: list[int], rank: int):
+    """A broadcast whose root moves round ``members`` call by call, or a point-to-point exchange
+    of ``elems / g`` elements with every other member (batched isend/irecv)."""
+    g = len(members)
+    if op == "broadcast":
+        buf = torch.ones(elems, device=dev)
+        calls = [0]
+
+        def broadcast():
+            dist.broadcast(buf, src=members[calls[0] % g], group=group)
+            calls[0] += 1
+
+        return broadcast
+    send, recv = torch.ones(elems, device=dev), torch.empty(elems, device=dev)
+    block = elems // g
+    ops = []
+    for j, peer in enumerate(members):
+        if peer != rank:
+            ops.append(dist.P2POp(dist.isend, send[j * block:(j + 1) * block], peer))
+            ops.append(dist.P2POp(dist.irecv, recv[j * block:(j + 1) * block], peer))
+
+    def exchange():
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return exchange
+
+
+def _time_collective(torch, dist, dev, group, g, p, mode, active, precision, op, size, warmup, repeats, cols, rank,
+                     members=None):
     """One (shape, mode, precision, op, size) entry of :func:`collective_worker`."""
     elems = collective_elements(op, size, g)
     call, counter, info = None, None, None
-    if precision != "fp32":
+    if op in EXCHANGE_OPS:
+        if active:
+            call = _exchange_call(torch, dist, dev, group, op, elems, list(members), rank)
+    elif precision != "fp32":
         from plexus_tune.trainer import precision as reduced  # loads torch
 
         counter = reduced.CommCounter()
@@ -265,7 +304,7 @@ def calibrate_collectives(
     *,
     gpus_per_node: int | None = None,
     sizes=DEFAULT_MESSAGE_BYTES,
-    ops=COLLECTIVE_OPS,
+    ops=ALL_OPS,
     warmup: int = 2,
     repeats: int = 5,
     backend: str | None = None,
@@ -283,7 +322,9 @@ def calibrate_collectives(
     error). ``modes``: ``concurrent`` (all groups of a shape at once) and/or ``alone``
     (one group); default both when the ranks span several nodes, else concurrent only.
     ``precisions``: besides fp32, the trainer's reduced-precision collectives on
-    ``rows x cols`` FP32 buffers (docs/comm-precision.md, "Calibration").
+    ``rows x cols`` FP32 buffers (docs/comm-precision.md, "Calibration"); broadcast and
+    point_to_point are timed at fp32 only. ``ops``: default every op of
+    :data:`~plexus_tune.model.collectives.ALL_OPS`.
     """
     if gpus < 2:
         raise UserError("calibrating collectives needs 2 or more GPUs", parameter="gpus")
@@ -295,9 +336,9 @@ def calibrate_collectives(
     gpus_per_node = int(gpus_per_node if gpus_per_node is not None else (per_node or gpus))
     if gpus_per_node < 1:
         raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")
-    bad = [op for op in ops if op not in COLLECTIVE_OPS]
+    bad = [op for op in ops if op not in ALL_OPS]
     if bad:
-        raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(COLLECTIVE_OPS)}")
+        raise UserError(f"unknown collective {bad[0]!r}; choose from {', '.join(ALL_OPS)}")
     if modes is None:
         modes = COLLECTIVE_MODES if gpus_per_node < gpus else ("concurrent",)
     modes = tuple(modes)

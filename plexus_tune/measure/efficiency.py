@@ -17,6 +17,7 @@ from plexus_tune.graph import gcn_normalize
 from plexus_tune.graph.splits import random_split
 from plexus_tune.launch import default_threads_per_rank, launch_local
 from plexus_tune.measure.floor import floor_table, floor_work, measure_ceilings, measured_parts
+from plexus_tune.model.grid import format_grid
 from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
 from plexus_tune.model.shapes import layer_shapes
@@ -160,7 +161,7 @@ def lattice_permutations(graph, *, hidden: int = 64, layers: int = 3, epochs: in
     variants = {"none": TrainConfig(permute="none", **common), "double": TrainConfig(permute="double", **common),
                 "local": TrainConfig(permute="local", **common)}
     for split in split_grids:
-        name = "local@" + "x".join(str(int(g)) for g in split)
+        name = "local@" + format_grid(split)
         variants[name] = TrainConfig(permute="local", extra={"permute_grid": tuple(int(g) for g in split)}, **common)
     names = list(variants)
     order = [n for r in range(max(1, int(rounds))) for n in (names if r % 2 == 0 else names[::-1])]

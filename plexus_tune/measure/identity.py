@@ -16,6 +16,7 @@ from typing import Any
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
 from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, record_field_names
+from plexus_tune.model.grid import format_grid
 from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
 
@@ -177,7 +178,7 @@ def run_setting(identity: RunIdentity) -> tuple:
 
 
 def grid_label(identity) -> str:
-    return f"{identity.gx}x{identity.gy}x{identity.gz}"
+    return format_grid((identity.gx, identity.gy, identity.gz))
 
 
 def setting_labels(frame, columns=SETTING_NAMES, skip=("graph",)) -> list[str]:

@@ -107,6 +107,16 @@ def check_current_fields(record: Mapping, *, where: str) -> None:
                                 f"write {new!r}, or give the record the schema {schema_name(kind, v)}")
 
 
+#: Former names of a search trial's attributes (studies written before the predicted
+#: total and the observed epoch had one name each: ``total_ms``, ``epoch_ms``).
+TRIAL_RENAMES = {"predicted_ms": "total_ms", "observed_ms": "epoch_ms"}
+
+
+def upgrade_trial_attrs(attrs: Mapping) -> dict:
+    """A search trial's attributes with former names (:data:`TRIAL_RENAMES`) renamed."""
+    return {TRIAL_RENAMES.get(k, k): v for k, v in attrs.items() if TRIAL_RENAMES.get(k) not in attrs}
+
+
 def upgrade(record: Mapping, kind: str | None = None) -> dict:
     """A copy of ``record`` at the current version of its type (docs/records.md, "Versions").
 

@@ -30,8 +30,8 @@ OBSERVED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "fwd_ms", "bwd_ms", "loss_ms", "op
 #: Keys of a run's ``breakdown_ms`` (the epoch partitioned), each reduced to ``obs_part_<key>``;
 #: a phase a newer trainer adds appears as its own column.
 PARTITION_COLUMNS_PREFIX = "obs_part_"
-#: Predicted keys, each given as ``pred_<key>``; the model's ``total_ms`` is ``pred_epoch_ms``.
-PREDICTED_KEYS = ("epoch_ms", *BREAKDOWN_KEYS, "overhead_ms")
+#: Predicted keys of a prediction (docs/records.md), each given as ``pred_<key>``.
+PREDICTED_KEYS = ("total_ms", *BREAKDOWN_KEYS, "overhead_ms")
 #: Graph statistics of the runs (as logged), not part of the identity.
 GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "widths")
 #: Run record fields the runs table needs from a successful run.
@@ -120,7 +120,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
             for key, value in rec["breakdown_ms"].items():
                 row[f"{PARTITION_COLUMNS_PREFIX}{key}"] = _number(value)
         for key in PREDICTED_KEYS:
-            row[f"pred_{key}"] = _number(predicted.get("total_ms" if key == "epoch_ms" else key))
+            row[f"pred_{key}"] = _number(predicted.get(key))
         row["pred_feasible"] = bool(predicted.get("feasible", True))
         row["pred_machine"] = str(predicted.get("machine") or "")
         rows.append(row)
@@ -195,7 +195,7 @@ def predict_runs(table, machine):
         for j, (index, _) in enumerate(members):
             one = prediction_of(pred, j, machine=machine.name, algorithm=dict(settings)["algorithm"])
             for key in PREDICTED_KEYS:
-                values[key][index] = one["total_ms" if key == "epoch_ms" else key]
+                values[key][index] = one[key]
             values["feasible"][index] = one["feasible"]
     for key in PREDICTED_KEYS:
         df[f"pred_{key}"] = df.index.map(values[key]).astype(float)

@@ -23,6 +23,7 @@ from plexus_tune.launch import RankFailure, detect_environment
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
+from plexus_tune.model.grid import format_grid
 from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, parse_comm_precision
 from plexus_tune.trainer.algorithms import normalize_config
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
@@ -171,7 +172,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "comm_precision": _precision_text(config),
         "algorithm": config.algorithm,
         "graph_source": describe_source(config),
-        "grid": "x".join(map(str, grid)),
+        "grid": format_grid(grid),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
         "gpus": int(np.prod(grid)),
         "layers": config.layers,

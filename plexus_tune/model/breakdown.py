@@ -29,3 +29,18 @@ BREAKDOWN_KEYS = ("spmm_ms", "gemm_ms", "comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEY
 TOTAL_PARTS = (*EPOCH_PARTS, "overhead_ms")
 #: Splits of a part: key -> tuples of keys that each add up to it.
 PART_SPLITS = {"comm_ms": (COMM_AXIS_KEYS, COMM_OP_KEYS)}
+#: The label of each key in tables and figures: the one key-to-label table.
+LABELS = {
+    "total_ms": "total ms", "epoch_ms": "epoch", "spmm_ms": "SpMM", "gemm_ms": "GEMM", "comm_ms": "comm",
+    "comm_x_ms": "comm X", "comm_y_ms": "comm Y", "comm_z_ms": "comm Z", "all_reduce_ms": "all-reduce",
+    "all_gather_ms": "all-gather", "reduce_scatter_ms": "reduce-scatter", "broadcast_ms": "broadcast",
+    "point_to_point_ms": "point-to-point", "quant_ms": "quant", "other_ms": "other", "overhead_ms": "overhead",
+    "wait_ms": "imbalance/wait", "comm_dp_ms": "comm DP", "sampling_ms": "sampling", "sampling_hidden_ms": "hidden",
+}
+#: Longer labels where a legend has room to say what a part is.
+LEGEND_LABELS = {**LABELS, "quant_ms": "quant (codec of reduced precision)", "overhead_ms": "overhead (fixed per epoch)"}
+
+
+def labelled(keys) -> tuple[tuple[str, str], ...]:
+    """``(key, label)`` of each key, for table columns."""
+    return tuple((key, LABELS[key]) for key in keys)

@@ -45,6 +45,25 @@ hierarchical
     (all-gather: inter stage first, on M / r, then intra; reduce-scatter: intra first).
     It equals the intra ring when k = 1 and the two-tier inter ring when r = 1.
 
+Broadcasts and point-to-point exchanges (the CAGNET and partitioned families' operations)
+have tier parameters of their own where the profile gives them (``collectives.op_tiers``,
+fitted from ``calibrate collectives`` timings of these ops), else the collectives' tiers.
+Whatever the form, they are timed per rank on the two tiers (docs/model.md, "Broadcast and
+point to point")::
+
+    broadcast (root's block of M bytes to g ranks), form ``ring`` (pipelined; the default):
+        (g-1) alpha m + M s / beta                  (intra when k = 1, else inter)
+    form ``flat`` (the root sends M to each member, as gloo's broadcast measures):
+        (r-1) (alpha_intra m + M / beta_intra) + (g-r) (alpha_inter m + M s / beta_inter)
+    point_to_point (every rank sends M / g bytes to each of the g-1 others; r of them
+    on its node, s = r (groups sharing its NICs) senders crossing from its node):
+        (r-1) alpha_intra m + (r-1) M/g / beta_intra
+        + (g-r) alpha_inter m + (g-r) M/g s / beta_inter
+
+nccl-tests' bus bandwidth: busbw = algbw * factor with factor 1 for broadcast and
+(g-1)/g for point_to_point (nccl-tests' alltoall; M the whole send buffer, own block
+included).
+
 Every form is linear in (alpha_intra, alpha_inter, 1 / beta_intra, 1 / beta_inter) given
 the :class:`Terms` of a shape, which is how ``plexus_tune.fit.collectives`` fits them.
 """
@@ -62,6 +81,11 @@ from plexus_tune.errors import UserError
 
 GB = 1e9
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+#: the families' operations beside the collectives, with tier parameters of their own
+EXCHANGE_OPS = ("broadcast", "point_to_point")
+ALL_OPS = (*COLLECTIVE_OPS, *EXCHANGE_OPS)
+#: how a broadcast's bytes travel: a pipelined ring, or the root sending to each member
+BROADCAST_FORMS = ("ring", "flat")
 FORMS = ("two-tier", "per-span", "hierarchical")
 DEFAULT_FORM = "two-tier"
 TIER_KEYS = ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps")
@@ -73,18 +97,19 @@ TIER_KEYS = ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_
 def op_array(op) -> np.ndarray:
     """``op`` (a name or an array of names) as a string array; UserError for an unknown one."""
     ops = np.asarray(op).astype(str)
-    bad = ~np.isin(ops, COLLECTIVE_OPS)
+    bad = ~np.isin(ops, ALL_OPS)
     if np.any(bad):
-        raise UserError(f"unknown collective op {str(ops[bad].flat[0])!r}; known: {', '.join(COLLECTIVE_OPS)}")
+        raise UserError(f"unknown collective op {str(ops[bad].flat[0])!r}; known: {', '.join(ALL_OPS)}")
     return ops
 
 
 def ring_terms(op, group_size) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, factor) of a ring per row: all-reduce 2(g-1), 2(g-1)/g; the others g-1, (g-1)/g."""
+    """(steps, factor) per row: all-reduce 2(g-1), 2(g-1)/g; all-gather, reduce-scatter and
+    point_to_point g-1, (g-1)/g; broadcast g-1, 1 (nccl-tests' bus bandwidth factors)."""
     ops = op_array(op)
     g = np.asarray(group_size, dtype=np.float64)
     steps = np.where(ops == "all_reduce", 2.0, 1.0) * (g - 1.0)
-    return steps, steps / g
+    return steps, np.where(ops == "broadcast", 1.0, steps / np.maximum(g, 1.0))
 
 
 def bus_bandwidth_gbps(op, group_size, message_bytes, time_ms) -> tuple[np.ndarray, np.ndarray]:
@@ -99,9 +124,9 @@ bandwidths_gbps = bus_bandwidth_gbps
 
 
 def collective_elements(op: str, message_bytes: int, group_size: int, element_size: int = 4) -> int:
-    """Elements of the full buffer, rounded so that all-gather and reduce-scatter split evenly."""
+    """Elements of the full buffer, rounded so that all-gather, reduce-scatter and point_to_point split evenly."""
     elems = max(1, round(message_bytes / element_size))
-    if op != "all_reduce":
+    if op not in ("all_reduce", "broadcast"):
         elems = max(group_size, round(elems / group_size) * group_size)
     return elems
 
@@ -179,6 +204,42 @@ def hierarchical_terms(op, group_size, place: Placement, message_bytes, messages
     m = np.asarray(message_bytes, dtype=np.float64)
     return Terms(mult * (r - 1.0) * messages, mult * (k - 1.0) * messages, mult * (r - 1.0) / r * m,
                  mult * (k - 1.0) / k * m * _shared(place, sharing))
+
+
+def exchange_terms(op, group_size, place: Placement, message_bytes, messages, sharing: bool,
+                   broadcast_form: str = "ring") -> Terms:
+    """Per-rank :class:`Terms` of broadcast and point_to_point (module docstring).
+
+    point_to_point: r - 1 messages of M / g inside the node and g - r across, the crossing
+    bytes times the r s senders of the node. broadcast, ``ring``: the two-tier ring with
+    factor 1, (g-1) alpha + M s / beta; ``flat``: the root sends M to each member, r - 1
+    inside its node and g - r across (times the s groups sharing the node)."""
+    ops = op_array(op)
+    g = np.asarray(group_size, dtype=np.float64)
+    m = np.asarray(message_bytes, dtype=np.float64)
+    msgs = np.asarray(messages, dtype=np.float64)
+    if broadcast_form not in BROADCAST_FORMS:
+        raise UserError(f"unknown broadcast form {broadcast_form!r}; choose one of {', '.join(BROADCAST_FORMS)}")
+    ring = two_tier_terms(ops, group_size, place, m, msgs, sharing)
+    r = np.minimum(place.ranks_per_node.astype(np.float64), g)
+    s = _shared(place, sharing)
+    crossing = g > r
+    p2p = ops == "point_to_point"
+    flat = (ops == "broadcast") & (broadcast_form == "flat")
+    per_message = np.where(p2p, m / np.maximum(g, 1.0), m)
+    share = np.where(p2p & crossing, r * s, s) if sharing else np.ones(g.shape)
+    own = p2p | flat
+    return Terms(np.where(own, (r - 1.0) * msgs, ring.lat_intra), np.where(own, (g - r) * msgs, ring.lat_inter),
+                 np.where(own, (r - 1.0) * per_message, ring.bytes_intra),
+                 np.where(own, (g - r) * per_message * share, ring.bytes_inter))
+
+
+def exchange_time_ms(tiers: Mapping, intra_msgs, inter_msgs, intra_bytes, inter_bytes) -> np.ndarray:
+    """time_ms of a rank's messages on the two tiers (``inter_bytes`` with its sharing):
+    1e-3 (m_intra alpha_intra_us + m_inter alpha_inter_us) + 1e-6 (B_intra / beta_intra_gbps + B_inter / beta_inter_gbps)."""
+    return terms_time_ms(Terms(np.asarray(intra_msgs, dtype=np.float64), np.asarray(inter_msgs, dtype=np.float64),
+                               np.asarray(intra_bytes, dtype=np.float64), np.asarray(inter_bytes, dtype=np.float64)),
+                         tiers["alpha_intra_us"], tiers["alpha_inter_us"], tiers["beta_intra_gbps"], tiers["beta_inter_gbps"])
 
 
 def terms_time_ms(terms: Terms, alpha_intra_us, alpha_inter_us, beta_intra_gbps, beta_inter_gbps) -> np.ndarray:
@@ -283,6 +344,27 @@ def check_per_span(entries, source: str) -> list[dict]:
     return out
 
 
+def check_op_tiers(data, source: str) -> dict:
+    """Checked ``op_tiers``: {op: the four tier parameters} for ops of :data:`EXCHANGE_OPS`."""
+    if not isinstance(data, Mapping):
+        raise UserError(f"{_where(source)}: collectives.op_tiers must be an object of op -> tier parameters")
+    out = {}
+    for op, tiers in data.items():
+        if op not in EXCHANGE_OPS:
+            raise UserError(f"{_where(source)}: collectives.op_tiers has {op!r}; its ops are {', '.join(EXCHANGE_OPS)}")
+        if not isinstance(tiers, Mapping):
+            raise UserError(f"{_where(source)}: collectives.op_tiers.{op} must be an object")
+        where = f"collectives.op_tiers.{op}."
+        out[op] = {key: profile_number(tiers, key, where, source, **({"nonneg": True} if key.startswith("alpha") else {"positive": True}))
+                   for key in TIER_KEYS}
+        if "form" in tiers:
+            if op != "broadcast" or tiers["form"] not in BROADCAST_FORMS:
+                raise UserError(f"{_where(source)}: {where}form must be one of {', '.join(BROADCAST_FORMS)} "
+                                f"(broadcast only), got {tiers['form']!r}")
+            out[op]["form"] = tiers["form"]
+    return out
+
+
 def check_collectives(data, source: str = "<dict>") -> dict:
     """Validate a profile's ``collectives`` object; returns the checked values.
 
@@ -317,6 +399,8 @@ def check_collectives(data, source: str = "<dict>") -> dict:
         checked["per_span"] = check_per_span(data["per_span"], source)
     elif data.get("per_span") is not None:
         raise UserError(f"{_where(source)}: collectives.per_span is read only by form per-span, not {form}")
+    if data.get("op_tiers") is not None:
+        checked["op_tiers"] = check_op_tiers(data["op_tiers"], source)
     return checked
 
 
@@ -342,6 +426,8 @@ class Network:
     alpha_inter_us: float
     beta_inter_gbps: float
     sharing: bool = True
+    #: ((op, {tier parameters}), ...) of broadcast and point_to_point, where measured
+    op_tiers: tuple = ()
     form: ClassVar[str] = ""
 
     # -- construction ---------------------------------------------------------------
@@ -354,7 +440,8 @@ class Network:
     def from_checked(checked: Mapping, gpus_per_node: int | None = None) -> Network:
         """The network of values :func:`check_collectives` returned."""
         tiers = {key: float(checked[key]) for key in TIER_KEYS}
-        common = dict(gpus_per_node=None if gpus_per_node is None else int(gpus_per_node), sharing=bool(checked.get("sharing", True)), **tiers)
+        common = dict(gpus_per_node=None if gpus_per_node is None else int(gpus_per_node), sharing=bool(checked.get("sharing", True)),
+                      op_tiers=tuple((op, dict(t)) for op, t in sorted((checked.get("op_tiers") or {}).items())), **tiers)
         form = checked.get("form", DEFAULT_FORM)
         table = tuple(dict(e) for e in checked.get("bandwidth_table") or ())
         if form == "hierarchical":
@@ -365,14 +452,23 @@ class Network:
 
     def to_dict(self) -> dict:
         """The profile's ``collectives`` object (JSON types)."""
-        return {"form": self.form, "sharing": self.sharing, "alpha_intra_us": self.alpha_intra_us,
-                "beta_intra_gbps": self.beta_intra_gbps, "alpha_inter_us": self.alpha_inter_us,
-                "beta_inter_gbps": self.beta_inter_gbps}
+        out = {"form": self.form, "sharing": self.sharing, "alpha_intra_us": self.alpha_intra_us,
+               "beta_intra_gbps": self.beta_intra_gbps, "alpha_inter_us": self.alpha_inter_us,
+               "beta_inter_gbps": self.beta_inter_gbps}
+        if self.op_tiers:
+            out["op_tiers"] = {op: {k: (v if k == "form" else float(v)) for k, v in t.items()} for op, t in self.op_tiers}
+        return out
+
+    def tiers(self, op: str) -> dict:
+        """The four tier parameters ``op`` is timed with: its own (``op_tiers``) or the collectives'."""
+        own = dict(self.op_tiers).get(op)
+        return dict(own) if own is not None else {key: getattr(self, key) for key in TIER_KEYS}
 
     def scaled(self, s: float) -> Network:
         """The same network with every time multiplied by s (alphas x s, betas / s)."""
         return replace(self, alpha_intra_us=self.alpha_intra_us * s, alpha_inter_us=self.alpha_inter_us * s,
-                       beta_intra_gbps=self.beta_intra_gbps / s, beta_inter_gbps=self.beta_inter_gbps / s)
+                       beta_intra_gbps=self.beta_intra_gbps / s, beta_inter_gbps=self.beta_inter_gbps / s,
+                       op_tiers=tuple((op, _scale_tiers(t, s)) for op, t in self.op_tiers))
 
     # -- evaluation -----------------------------------------------------------------
     def placement(self, group_size, stride) -> Placement:
@@ -401,6 +497,14 @@ class Network:
         m_bytes = np.asarray(message_bytes, dtype=np.float64)
         msgs = np.asarray(messages, dtype=np.float64)
         t = self._time(op, g, place, m_bytes, msgs)
+        for name in EXCHANGE_OPS:
+            rows = op == name
+            if np.any(rows):
+                tiers = self.tiers(name)
+                terms = exchange_terms(op, g, place, m_bytes, msgs, self.sharing, tiers.get("form", "ring"))
+                own = terms_time_ms(terms, tiers["alpha_intra_us"], tiers["alpha_inter_us"], tiers["beta_intra_gbps"],
+                                    tiers["beta_inter_gbps"])
+                t = np.where(rows, own, t)
         return np.where(g > 1, t, 0.0)
 
     def _time(self, op, g, place, m_bytes, msgs) -> np.ndarray:
@@ -550,6 +654,11 @@ class HierarchicalNetwork(Network):
         return hierarchical_terms(op, group_size, place, message_bytes, messages, self.sharing)
 
 
+def _scale_tiers(tiers: Mapping, s: float) -> dict:
+    return {key: (v if key == "form" else float(v) * s if key.startswith("alpha") else float(v) / s)
+            for key, v in tiers.items()}
+
+
 def scale_collectives(collectives: Mapping, s: float) -> dict:
     """A profile's ``collectives`` object with every time multiplied by s: alphas x s, every
     beta (tiers, ``bandwidth_table``, ``per_span``) / s; other keys kept."""
@@ -562,4 +671,6 @@ def scale_collectives(collectives: Mapping, s: float) -> dict:
         coll["bandwidth_table"] = [{**e, "beta_gbps": float(e["beta_gbps"]) / s} for e in coll["bandwidth_table"]]
     if coll.get("per_span"):
         coll["per_span"] = [{**e, "alpha_us": float(e["alpha_us"]) * s, "beta_gbps": float(e["beta_gbps"]) / s} for e in coll["per_span"]]
+    if coll.get("op_tiers"):
+        coll["op_tiers"] = {op: _scale_tiers(t, s) for op, t in coll["op_tiers"].items()}
     return coll

@@ -200,7 +200,7 @@ class Cagnet1d(Family):
         out = []
         for gx, gy, gz in grids:
             if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
-                raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {gx}x{gy}x{gz}")
+                raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {format_grid((gx, gy, gz))}")
             out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer))
         return _stack(out)
 
@@ -236,7 +236,7 @@ class Cagnet15d(Family):
         out = []
         for gx, gy, gz in grids:
             if gz != 1 or ("replication" in options and int(options["replication"]) != gy):
-                raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {gx}x{gy}x{gz}"
+                raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {format_grid((gx, gy, gz))}"
                                 + (f" with replication {options['replication']}" if "replication" in options else ""))
             out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer))
         return _stack(out)
@@ -282,7 +282,7 @@ class Cagnet2d(_Summa):
 
     def check_grid(self, gx, gy, gz):
         if gz != 1:
-            raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {gx}x{gy}x{gz}")
+            raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {format_grid((gx, gy, gz))}")
 
     def label(self, grid, options=None):
         return f"{int(grid[0])}x{int(grid[1])}"
@@ -299,7 +299,7 @@ class Cagnet3d(_Summa):
 
     def check_grid(self, gx, gy, gz):
         if gz < 2:
-            raise UserError(f"cagnet-3d needs Pl >= 2 mesh layers (Pr x Pc x Pl), not {gx}x{gy}x{gz}; use cagnet-2d")
+            raise UserError(f"cagnet-3d needs Pl >= 2 mesh layers (Pr x Pc x Pl), not {format_grid((gx, gy, gz))}; use cagnet-2d")
 
 
 class SuperGcn(Family):
@@ -340,7 +340,7 @@ class SuperGcn(Family):
         out = []
         for gx, gy, gz in grids:
             if gy != 1 or gz != 1:
-                raise UserError(f"supergcn runs on G x 1 x 1 (one part per GPU), not {gx}x{gy}x{gz}")
+                raise UserError(f"supergcn runs on G x 1 x 1 (one part per GPU), not {format_grid((gx, gy, gz))}")
             plan = options.get("plan")
             if plan is None and options.get("graph") is not None:
                 graph = options["graph"]

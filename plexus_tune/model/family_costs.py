@@ -12,9 +12,9 @@ Parts, per rank (the busiest one where ranks differ):
 
 - communication: every :class:`plexus_tune.model.volumes.CommCall` of the family's
   schedule, timed by the machine's network model: collectives as for Plexus; a
-  broadcast of M bytes on g ranks as a pipelined ring, (g-1) alpha + M / beta, which is
-  the ring all-gather of a g M / (g-1) buffer on the same group and stride; the
-  point-to-point exchange per rank p (:func:`point_to_point_ms`); each collective
+  broadcast of M bytes on g ranks as a pipelined ring, (g-1) alpha + M / beta; the
+  point-to-point exchange per rank p (:func:`point_to_point_ms`), both with their own
+  calibrated tier parameters where the profile has them (``collectives.op_tiers``); each collective
   class at its communication precision (wire bytes and codec time as for Plexus);
   sparse pieces always at their own size;
 - SpMM: the machine's per-SpMM model on each local product, floored at the memory
@@ -43,7 +43,7 @@ from plexus_tune.model.comm_precision import (
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.collectives import Network
+from plexus_tune.model.collectives import Network, exchange_time_ms
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
@@ -110,12 +110,12 @@ def point_to_point_ms(machine: Machine, stats: Mapping, row_bytes: float) -> flo
     m and R the messages and rows p sends inside its node and to other nodes, w the row
     bytes, s_p the ranks of p's node that send across nodes (they share its inter-node
     bandwidth; 1 without ``sharing``). The exchange takes max_p T_p (SuperGCN's
-    bottleneck form with the machine's two tiers).
+    bottleneck form), with the point_to_point tiers of the machine's network
+    (:meth:`plexus_tune.model.collectives.Network.tiers`).
     """
-    net = _network(machine)
-    t = (1e-3 * (stats["intra_msgs"] * net.alpha_intra_us + stats["inter_msgs"] * net.alpha_inter_us)
-         + 1e-6 * row_bytes * (stats["intra_rows"] / net.beta_intra_gbps
-                               + stats["inter_rows"] * stats["share"] / net.beta_inter_gbps))
+    tiers = _network(machine).tiers("point_to_point")
+    t = exchange_time_ms(tiers, stats["intra_msgs"], stats["inter_msgs"], row_bytes * stats["intra_rows"],
+                         row_bytes * stats["inter_rows"] * stats["share"])
     return float(t.max()) if t.size else 0.0
 
 
@@ -129,8 +129,8 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     """Communication and codec time (ms) of a schedule, split by axis and operation.
 
     Collectives of one operation are timed in one vectorized call of the network model;
-    a broadcast of M bytes on g ranks is the ring all-gather of a g M / (g-1) buffer,
-    (g-1) alpha + M / beta."""
+    a broadcast of M bytes on g ranks takes (g-1) alpha + M / beta with the broadcast's
+    tier parameters (the collectives' where the profile has none)."""
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
     quant = machine.raw.get("quant")
     net = _network(machine)
@@ -163,7 +163,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
         m = call.message_bytes
         wire = m if precision == "fp32" else float(wire_message_bytes(m, call.rows, precision, u))
         if call.op == "broadcast":
-            timed_op, timed_bytes = "all_gather", wire * g / (g - 1)
+            timed_op, timed_bytes = "broadcast", wire
             if precision != "fp32":
                 out["quant_ms"] += _codec_ms(quant_rates(quant, precision), m * 4.0 / u, m * 4.0 / u, call.calls)
         else:

@@ -72,6 +72,9 @@ FIELDS = {
     "collectives.per_span": "required by form per-span; list of {'op', 'group', 'nodes' (nodes spanned), 'stride' "
     "(optional), 'alpha_us' >= 0, 'beta_gbps' > 0}: steps alpha + factor M / beta (beta / min(n, stride) across "
     "nodes with sharing); first match wins, shapes no entry covers use the two-tier formula",
+    "collectives.op_tiers": "optional; {'broadcast'|'point_to_point': {'alpha_intra_us', 'beta_intra_gbps', "
+    "'alpha_inter_us', 'beta_inter_gbps'}}: the tier parameters of the families' broadcasts and point-to-point "
+    "exchanges (docs/model.md, Point-to-point and broadcast time); absent: the collectives' tiers",
     "collectives.note": "optional; free text about how the collectives were fitted",
     "host_cores": "optional; CPU cores shared by the ranks of one node when ranks are processes on a CPU "
     "(gloo); null/absent for GPUs. When ranks_per_node x threads_per_rank exceeds it, the ranks time-share "

@@ -42,7 +42,7 @@ from plexus_tune.graph.core import gcn_normalize
 from plexus_tune.graph.sampling import check_batch_size, expected_sampled_nnz, sampled_shard_nnz
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms, wire_message_bytes
-from plexus_tune.model.grid import AXIS_NAMES, axis_stride, check_gpus, divisors, enumerate_grids, layer_roles
+from plexus_tune.model.grid import AXIS_NAMES, axis_stride, check_gpus, divisors, enumerate_grids, format_grid, layer_roles
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, SYNCS_PER_EPOCH, check_optimizer
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
@@ -403,7 +403,7 @@ def rank_minibatch(workload, machine, gpus: int, *, batch_sizes=None, dp: int | 
             rec = {key: (value[k].item() if hasattr(value[k], "item") else value[k]) for key, value in pred.items()}
             grid = (int(rec["gx"]), int(rec["gy"]), int(rec["gz"]))
             rec.update({"algorithm": NAME, "gpus": int(gpus), "config": config_label(rec["gd"], grid),
-                        "grid": "x".join(map(str, grid)), "comm_precision": str(choice),
+                        "grid": format_grid(grid), "comm_precision": str(choice),
                         "memory_bytes": int(round(rec["memory_bytes"])), "feasible": bool(rec["feasible"])})
             records.append(rec)
     records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))

@@ -21,23 +21,19 @@ from plexus_tune.errors import UserError
 from plexus_tune.measure.identity import setting_labels
 from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import read_runs
-from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.report.metrics import mape_percent, median_ratio, r2_identity, spearman
+from plexus_tune.model.breakdown import LEGEND_LABELS
 
+#: Colour of each stacked component of a breakdown bar; overhead_ms is predicted only,
+#: wait_ms observed only (docs/records.md, Observed breakdown).
+PART_COLOURS = {"spmm_ms": "#4c72b0", "gemm_ms": "#55a868", "comm_x_ms": "#c44e52", "comm_y_ms": "#dd8452",
+                "comm_z_ms": "#8172b2", "quant_ms": "#64b5cd", "other_ms": "#937860", "overhead_ms": "#8c8c8c",
+                "wait_ms": "#da8bc3"}
 #: Stacked components of a breakdown bar: (column suffix, label, colour).
-BREAKDOWN_PARTS = (
-    ("spmm_ms", "SpMM", "#4c72b0"),
-    ("gemm_ms", "GEMM", "#55a868"),
-    ("comm_x_ms", "comm X", "#c44e52"),
-    ("comm_y_ms", "comm Y", "#dd8452"),
-    ("comm_z_ms", "comm Z", "#8172b2"),
-    ("quant_ms", "quant (codec of reduced precision)", "#64b5cd"),
-    ("other_ms", "other", "#937860"),
-    ("overhead_ms", "overhead (fixed per epoch)", "#8c8c8c"),  # predicted only
-    ("wait_ms", "imbalance/wait", "#da8bc3"),  # observed only (docs/records.md, Observed breakdown)
-)
+BREAKDOWN_PARTS = tuple((key, LEGEND_LABELS[key], colour) for key, colour in PART_COLOURS.items())
 
 
 def _figure(width=7.0, height=5.0):
@@ -139,7 +135,7 @@ def pred_obs_frame(runs, machine=None):
     are the runs' partition of the epoch (``obs_part_<key>``, with ``obs_wait_ms`` the
     imbalance/wait remainder) where logged, else the per-key maxima over ranks.
     Columns: grid (with the setting when several are selected), gx, gy, gz, trials,
-    obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_epoch_ms, pred_<key>, pred_feasible
+    obs_epoch_ms, obs_epoch_ms_std, obs_<key>, pred_total_ms, pred_<key>, pred_feasible
     (keys: :data:`BREAKDOWN_PARTS` and comm_ms).
     """
     keys = [k for k, _, _ in BREAKDOWN_PARTS] + ["comm_ms"]
@@ -157,22 +153,22 @@ def pred_obs_frame(runs, machine=None):
                 frame[prefix + key] = np.nan
     frame = frame.sort_values("grid").reset_index(drop=True)
     columns = ["grid", "gx", "gy", "gz", "trials", "obs_epoch_ms", "obs_epoch_ms_std", *(f"obs_{k}" for k in keys),
-               "pred_epoch_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
+               "pred_total_ms", *(f"pred_{k}" for k in keys), "pred_feasible"]
     frame = frame[columns]
-    if frame["pred_epoch_ms"].isna().all():
+    if frame["pred_total_ms"].isna().all():
         raise UserError("the runs carry no prediction; give a machine profile to predict them", parameter="machine")
     return frame
 
 
 def predicted_frame(pred, order=None):
     """A breakdown frame of cost-model predictions (:func:`plexus_tune.model.prediction.predict_run_grids`):
-    ``grid``, ``pred_epoch_ms`` (the total) and ``pred_<key>`` of every :data:`BREAKDOWN_PARTS`
+    ``grid``, ``pred_total_ms`` (the total) and ``pred_<key>`` of every :data:`BREAKDOWN_PARTS`
     key the model predicts, rows in ``order`` (default: all)."""
     import pandas as pd
 
     order = np.arange(len(pred["total_ms"])) if order is None else np.asarray(order)
-    frame = pd.DataFrame({"grid": [f"{pred['gx'][i]}x{pred['gy'][i]}x{pred['gz'][i]}" for i in order]})
-    frame["pred_epoch_ms"] = np.asarray(pred["total_ms"], dtype=float)[order]
+    frame = pd.DataFrame({"grid": [format_grid((pred["gx"][i], pred["gy"][i], pred["gz"][i])) for i in order]})
+    frame["pred_total_ms"] = np.asarray(pred["total_ms"], dtype=float)[order]
     for key, _, _ in BREAKDOWN_PARTS:
         if key in pred:  # observed-only parts (wait) have no prediction
             frame[f"pred_{key}"] = np.asarray(pred[key], dtype=float)[order]
@@ -201,9 +197,9 @@ def scaling_frame(datasets: Iterable[str], machine, gpus: Sequence[int], *, laye
             idx = np.flatnonzero(per_g == g)
             j = idx[int(np.argmin(total[idx]))]
             if np.isfinite(total[j]):
-                rows.append({"dataset": workload.name, "gpus": int(g), "best_grid": "x".join(map(str, grids[j])),
-                             "pred_epoch_ms": float(total[j])})
-    return pd.DataFrame(rows, columns=["dataset", "gpus", "best_grid", "pred_epoch_ms"])
+                rows.append({"dataset": workload.name, "gpus": int(g), "best_grid": format_grid(grids[j]),
+                             "pred_total_ms": float(total[j])})
+    return pd.DataFrame(rows, columns=["dataset", "gpus", "best_grid", "pred_total_ms"])
 
 
 def observed_scaling_frame(runs):
@@ -229,7 +225,7 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     """
     fig = _figure()
     ax = fig.add_subplot()
-    pred = frame["pred_epoch_ms"].to_numpy(dtype=float)
+    pred = frame["pred_total_ms"].to_numpy(dtype=float)
     obs = frame["obs_epoch_ms"].to_numpy(dtype=float)
     rho, r2 = spearman(pred, obs), r2_identity(pred, obs)
     mape, ratio = mape_percent(pred, obs), median_ratio(pred, obs)
@@ -337,10 +333,10 @@ def plot_breakdown(frame, *, title: str = "", observed: bool | None = None):
     if observed is None:
         observed = any(f"obs_{k}" in frame and frame[f"obs_{k}"].notna().any() for k, _, _ in BREAKDOWN_PARTS)
     # sorted by time: observed epoch when observed, else the predicted total
-    time_col = "obs_epoch_ms" if observed and "obs_epoch_ms" in frame else "pred_epoch_ms"
+    time_col = "obs_epoch_ms" if observed and "obs_epoch_ms" in frame else "pred_total_ms"
     if time_col not in frame:
         parts = [f"pred_{k}" for k, _, _ in BREAKDOWN_PARTS if f"pred_{k}" in frame]
-        frame = frame.assign(pred_epoch_ms=frame[parts].fillna(0.0).sum(axis=1))
+        frame = frame.assign(pred_total_ms=frame[parts].fillna(0.0).sum(axis=1))
     frame = frame.sort_values(time_col, kind="stable").reset_index(drop=True)
     sides = [("pred", "predicted", 1.0)] + ([("obs", "observed", 0.55)] if observed else [])
     n = len(frame)
@@ -387,7 +383,7 @@ def plot_strong_scaling(predicted, observed=None, *, title: str = "", machine: s
         colour = colours[i % len(colours)]
         part = predicted[predicted["dataset"] == name].sort_values("gpus")
         if not part.empty:
-            ax.plot(part["gpus"], part["pred_epoch_ms"], marker=".", color=colour, label=f"{name} (predicted)")
+            ax.plot(part["gpus"], part["pred_total_ms"], marker=".", color=colour, label=f"{name} (predicted)")
         if observed is not None:
             obs = observed[observed["dataset"] == name]
             if not obs.empty:

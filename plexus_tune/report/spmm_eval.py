@@ -48,7 +48,7 @@ def fitted_kind(kind: str, df, *, blind: bool = False):
     return model
 
 
-def predicted_ms(model, df) -> np.ndarray:
+def spmm_time_ms(model, df) -> np.ndarray:
     """The model's SpMM time (ms) of every row of df."""
     if model.uses_structure:
         return model.predict(*spmm_shapes(df), None if getattr(model, "blind", False) else spmm_structure(df))
@@ -60,7 +60,7 @@ def extrapolation_mape(kind: str, df, column: str) -> float:
     ordered = df.sort_values(column, kind="stable").reset_index(drop=True)
     cut = int(0.7 * len(ordered))
     train, test = ordered.iloc[:cut], ordered.iloc[cut:]
-    return mape_percent(predicted_ms(fitted_kind(kind, train), test), test["time_ms"])
+    return mape_percent(spmm_time_ms(fitted_kind(kind, train), test), test["time_ms"])
 
 
 def grid_epoch_errors(df, predicted) -> dict:
@@ -82,5 +82,5 @@ def v_over_u(model, shards) -> tuple[float, float]:
     n = int(shards["graph_nodes"].iloc[0])
     u = shards[(shards["rows"] == n) & (shards["common"] == -(-n // 64)) & (shards["dense_cols"] == 100)].iloc[:1]
     v = shards[(shards["rows"] == n) & (shards["common"] == n) & (shards["dense_cols"] == 2)].iloc[:1]
-    pu, pv = predicted_ms(model, u)[0], predicted_ms(model, v)[0]
+    pu, pv = spmm_time_ms(model, u)[0], spmm_time_ms(model, v)[0]
     return float(pv / pu), float(v["time_ms"].iloc[0] / u["time_ms"].iloc[0])

@@ -47,8 +47,8 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     ``df`` is the runs table (:func:`plexus_tune.measure.table.runs_table`). Returns
     ``{"groups": [...], "mean": {...}, "runs": [...]}``; each group names its ``graph``,
     ``gpus`` and ``setting`` (the other setting fields that differ between groups, "" if
-    none do); each run its grid, ``model_ms`` (the profile's prediction at the run's
-    settings), ``predicted_ms`` (after the held-out refit, or the same) and ``observed_ms``.
+    none do); each run its grid, ``profile_total_ms`` (the profile's prediction at the run's
+    settings), ``total_ms`` (after the held-out refit, or the same) and ``epoch_ms`` (observed).
     """
     df = predict_runs(df, machine).reset_index(drop=True)
     keys = problem_keys(df)
@@ -60,7 +60,7 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     for key in groups:
         held = (problem == key).to_numpy()
         train = df[~held]
-        pred = df.loc[held, "pred_epoch_ms"].to_numpy()
+        pred = df.loc[held, "pred_total_ms"].to_numpy()
         how = "profile as is"
         if refit and len(train) >= min_rows(epoch_parameters(train)):
             model = fit_epoch(train, n_splits=0)
@@ -71,7 +71,7 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
         for (_, row), p, o in zip(df.loc[held].iterrows(), pred, observed):
             runs.append({"graph": str(row["graph"]), "gpus": int(row["gpus"]), "setting": labels[key], "grid": row["grid"],
                          "comm_precision": str(row["comm_precision"]), "block_rows": int(row["block_rows"]),
-                         "model_ms": float(row["pred_epoch_ms"]), "predicted_ms": float(p), "observed_ms": float(o)})
+                         "profile_total_ms": float(row["pred_total_ms"]), "total_ms": float(p), "epoch_ms": float(o)})
         best = df.loc[held].iloc[int(np.argmin(pred))]
         true_best = df.loc[held].iloc[int(np.argmin(observed))]
         first = df.loc[held].iloc[0]

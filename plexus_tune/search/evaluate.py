@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import numpy as np
 from plexus_tune.errors import UserError
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS
 from plexus_tune.model.prediction import predict_run_grids
-from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.search.space import Config, SearchSpace, divisors, objective_value
 
 
@@ -24,12 +25,12 @@ from plexus_tune.search.space import Config, SearchSpace, divisors, objective_va
 
 @dataclass
 class Evaluation:
-    """What one configuration costs: predicted (and, when measured, observed) epoch time."""
+    """What one configuration costs: the predicted total (``total_ms``) and, when measured, the observed epoch (``epoch_ms``)."""
 
-    predicted_ms: float
+    total_ms: float
     memory_gib: float
     memory_excess_gib: float
-    observed_ms: float | None = None
+    epoch_ms: float | None = None
     failure: str | None = None
     breakdown: dict = field(default_factory=dict)
     run_id: str | None = None
@@ -39,9 +40,9 @@ class Evaluation:
         return self.memory_excess_gib <= 0
 
     @property
-    def epoch_ms(self) -> float | None:
-        """The time the search optimizes: observed if measured, else predicted."""
-        return self.observed_ms if self.observed_ms is not None else self.predicted_ms
+    def time_ms(self) -> float | None:
+        """The time the search optimizes: the observed epoch if measured, else the predicted total."""
+        return self.epoch_ms if self.epoch_ms is not None else self.total_ms
 
 
 class ModelEvaluator:
@@ -79,9 +80,9 @@ class ModelEvaluator:
     def evaluate(self, config: Config) -> Evaluation:
         pred = self.predict_many([config])
         mem_gib = float(np.asarray(pred["memory_bytes"])[0]) / 2**30
-        breakdown = {k: float(np.asarray(v)[0]) for k, v in pred.items() if k.endswith("_ms")}
+        breakdown = {k: float(np.asarray(pred[k])[0]) for k in (*BREAKDOWN_KEYS, "overhead_ms") if k in pred}
         return Evaluation(
-            predicted_ms=float(np.asarray(pred["total_ms"])[0]),
+            total_ms=float(np.asarray(pred["total_ms"])[0]),
             memory_gib=mem_gib,
             memory_excess_gib=mem_gib - self.device_memory_gib,
             breakdown=breakdown,
@@ -98,7 +99,7 @@ def exhaustive_frame(space: SearchSpace, evaluator: ModelEvaluator, objective: s
     """Predict every configuration of ``space`` (one vectorized call per G and block size).
 
     Returns a DataFrame with gpus, gx, gy, gz, block_rows (0 = unblocked), grid,
-    predicted_ms, the breakdown columns, memory_gib, feasible and value (the objective).
+    total_ms, the breakdown columns, memory_gib, feasible and value (the objective).
     """
     import pandas as pd
 
@@ -119,11 +120,10 @@ def exhaustive_frame(space: SearchSpace, evaluator: ModelEvaluator, objective: s
         part["block_rows"] = np.full(len(grids), b or 0, dtype=np.int64)
         parts.append(pd.DataFrame(part))
     frame = pd.concat(parts, ignore_index=True)
-    frame["grid"] = frame["gx"].astype(str) + "x" + frame["gy"].astype(str) + "x" + frame["gz"].astype(str)
-    frame["predicted_ms"] = frame["total_ms"].astype(float)
-    frame["memory_gib"] = frame["memory_bytes"].astype(float) / 2**30
-    frame["feasible"] = frame["memory_gib"] <= evaluator.device_memory_gib
-    frame["value"] = objective_value(frame["predicted_ms"].to_numpy(), frame["gpus"].to_numpy(), objective)
+    frame["grid"] = [format_grid(g) for g in frame[["gx", "gy", "gz"]].to_numpy()]
+    frame["total_ms"] = frame["total_ms"].astype(float)
+    frame["feasible"] = frame["feasible"].astype(bool)  # the model's (memory within the usable bytes)
+    frame["value"] = objective_value(frame["total_ms"].to_numpy(), frame["gpus"].to_numpy(), objective)
     return frame
 
 

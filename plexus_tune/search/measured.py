@@ -11,6 +11,7 @@ from plexus_tune.measure.campaign import (
     workload_of,
 )
 from plexus_tune.measure.table import runs_table
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS
 from plexus_tune.measure.store import read_runs
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
@@ -52,7 +53,7 @@ def known_runs(log_path, graph: str, model: ModelEvaluator, *, layers: int, hidd
             continue
         base = model.evaluate(cfg)
         if int(row["trials"]) > 0:
-            base.observed_ms = float(row["obs_epoch_ms"])
+            base.epoch_ms = float(row["obs_epoch_ms"])
             base.run_id = str(row["timestamp"])
         else:
             base.failure = str(row["last_failure"])
@@ -104,12 +105,12 @@ class MeasuredEvaluator:
                            stats=self.stats, train_options=options, launcher=self.launcher)
         self.runs += len(new)
         if not new:  # logged meanwhile (another worker): read it back
-            return self.known_runs().get(config, Evaluation(ev.predicted_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
+            return self.known_runs().get(config, Evaluation(ev.total_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))
         record = new[-1]
         ev.run_id = str(record.get("timestamp"))
         if record.get("status", "ok") == "ok" and record.get("epoch_ms") is not None:
-            ev.observed_ms = float(record["epoch_ms"])
-            ev.breakdown = {k: float(v) for k, v in record.items() if k.endswith("_ms") and isinstance(v, (int, float))}
+            ev.epoch_ms = float(record["epoch_ms"])
+            ev.breakdown = {k: float(record[k]) for k in BREAKDOWN_KEYS if isinstance(record.get(k), (int, float))}
         else:
             ev.failure = f"{record.get('status')}: {record.get('reason', '')}"[:200]
         return ev

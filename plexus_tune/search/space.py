@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
 from plexus_tune.errors import UserError, parse_count
-from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.grid import enumerate_grids, format_grid
 
 
 OBJECTIVES = ("epoch", "gpu-hours")
@@ -169,7 +169,7 @@ class Config:
 
     @property
     def grid_label(self) -> str:
-        return f"{self.gx}x{self.gy}x{self.gz}"
+        return format_grid((self.gx, self.gy, self.gz))
 
     @property
     def label(self) -> str:

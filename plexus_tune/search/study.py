@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.measure.records import upgrade_trial_attrs
 from plexus_tune.paths import check_creatable, default_studies_path
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, SearchSpace, check_objective, objective_value, snap_gpus
@@ -138,13 +139,14 @@ def _config_of_attrs(attrs: dict) -> Config | None:
 
 
 def _evaluation_of_attrs(attrs: dict) -> Evaluation | None:
-    if "predicted_ms" not in attrs:
+    attrs = upgrade_trial_attrs(attrs)
+    if "total_ms" not in attrs:
         return None
     return Evaluation(
-        predicted_ms=float(attrs["predicted_ms"]),
+        total_ms=float(attrs["total_ms"]),
         memory_gib=float(attrs.get("memory_gib", 0.0)),
         memory_excess_gib=float(attrs.get(CONSTRAINT_KEY, 0.0)),
-        observed_ms=attrs.get("observed_ms"),
+        epoch_ms=attrs.get("epoch_ms"),
         failure=attrs.get("failure"),
         run_id=attrs.get("run_id"),
     )
@@ -213,18 +215,18 @@ class Objective:
             ev = self.evaluator.evaluate(config)
             self.evaluations += 1
             self.cache[config] = (ev, trial.number)
-        trial.set_user_attr("predicted_ms", ev.predicted_ms)
+        trial.set_user_attr("total_ms", ev.total_ms)
         trial.set_user_attr("memory_gib", ev.memory_gib)
         trial.set_user_attr(CONSTRAINT_KEY, ev.memory_excess_gib)
-        if ev.observed_ms is not None:
-            trial.set_user_attr("observed_ms", ev.observed_ms)
+        if ev.epoch_ms is not None:
+            trial.set_user_attr("epoch_ms", ev.epoch_ms)
         if ev.run_id is not None:
             trial.set_user_attr("run_id", ev.run_id)
         _set_constraint(trial, ev.memory_excess_gib)
-        if ev.failure is not None or ev.epoch_ms is None:
+        if ev.failure is not None or ev.time_ms is None:
             trial.set_user_attr("failure", ev.failure or "no time")
             return float("nan")  # Optuna marks the trial FAIL: failed runs are kept, not given fake values
-        return objective_value(ev.epoch_ms, config.gpus, self.objective)
+        return objective_value(ev.time_ms, config.gpus, self.objective)
 
 
     def _from_other_workers(self, trial, config: Config):
@@ -336,7 +338,7 @@ def trials_frame(study):
 
     rows = []
     for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
+        a = upgrade_trial_attrs(t.user_attrs)
         excess = a.get(CONSTRAINT_KEY)
         rows.append(
             {
@@ -349,8 +351,8 @@ def trials_frame(study):
                 "gz": a.get("gz"),
                 "block_rows": a.get("block_rows"),
                 "value": t.value,
-                "predicted_ms": a.get("predicted_ms"),
-                "observed_ms": a.get("observed_ms"),
+                "total_ms": a.get("total_ms"),
+                "epoch_ms": a.get("epoch_ms"),
                 "memory_gib": a.get("memory_gib"),
                 "feasible": None if excess is None else bool(excess <= 0),
                 "duplicate_of": a.get("duplicate_of"),
