@@ -16,7 +16,7 @@ import resource
 import time
 
 from plexus_tune.graph import balance_report, generate, parse_blocks, rmat_adjacency
-from plexus_tune.graph.generators import parse_count
+from plexus_tune.numbers import parse_count
 
 
 def main() -> None:

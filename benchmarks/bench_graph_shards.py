@@ -79,7 +79,7 @@ def measure(mode, graph_dir, shard_dir, rb, cb, i, j):
 
 def main() -> None:
     from plexus_tune.graph import generate, parse_blocks, save_graph, write_shards
-    from plexus_tune.graph.generators import parse_count
+    from plexus_tune.numbers import parse_count
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", default="rmat", choices=("rmat", "grid2d"))

@@ -113,13 +113,13 @@ def from_data(directory: Path, profile: str) -> list[dict]:
         _row(rows, f"memory {run['graph']}", ratio, "peak / predicted in [0.85, 1]", TARGETS["memory_low"] <= ratio <= 1.0)
     shard_path = _with_structure(directory / "rmat-spmm-shards.jsonl")
     if shard_path.exists():
-        frame, predicted_ms = _shard_predictions(shard_path, machine)
+        frame, spmm_predicted_ms = _shard_predictions(shard_path, machine)
         on_64 = frame["grid"] == "1x1x64"
         u = frame.index[on_64 & (frame["layer"] == 0) & (frame["direction"] == "backward")]
         v = frame.index[on_64 & (frame["dense_cols"] == 2) & (frame["direction"] == "forward")]
         if len(u) and len(v):
             measured = frame.loc[v[0], "time_ms"] / frame.loc[u[0], "time_ms"]
-            predicted = predicted_ms[v[0]] / predicted_ms[u[0]]
+            predicted = spmm_predicted_ms[v[0]] / spmm_predicted_ms[u[0]]
             _row(rows, "V/U SpMM shape ratio", predicted, f"within 25 % of the measured {measured:.2f}",
                  abs(predicted / measured - 1) <= TARGETS["vu_error"], f"{predicted / measured - 1:+.1%}")
     fitted_on = {Path(i.get("path", "")).name for i in (machine.raw.get("fit") or {}).get("inputs", {}).get("spmm", [])}
@@ -155,12 +155,12 @@ def _shard_rows(rows: list, path: Path, machine) -> None:
 
     from plexus_tune.report.metrics import spearman
 
-    frame, predicted_ms = _shard_predictions(path, machine)
+    frame, spmm_predicted_ms = _shard_predictions(path, machine)
     grids: dict = {}
     for i in range(len(frame)):
         entry = grids.setdefault((int(frame["gpus"].iloc[i]), str(frame["grid"].iloc[i])), [0.0, 0.0])
         entry[0] += float(frame["time_ms"].iloc[i])
-        entry[1] += float(predicted_ms[i])
+        entry[1] += float(spmm_predicted_ms[i])
     for gpus in sorted({g for g, _ in grids}):
         obs = np.array([v[0] for (g, _), v in grids.items() if g == gpus])
         pred = np.array([v[1] for (g, _), v in grids.items() if g == gpus])

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plexus_tune.model.costs import CostModel, PREDICTION_KEYS, paper_spmm_ms, predict_grids, predict_table, rank_order
+from plexus_tune.model.costs import PREDICTION_KEYS, predict_grids, rank_order
+from plexus_tune.model.estimator import CostModel, predict_table
 from plexus_tune.errors import UserError
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.workload import Workload, workload_from_dataset
@@ -68,11 +69,13 @@ def test_g8_every_collective_term_by_hand():
     assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
     assert one(pred, "reduce_scatter_ms") == pytest.approx(rs_dw_z + rs_df_z + rs_dw_y, rel=1e-12)
 
-    # SpMM, paper form with unpadded sizes: F = 5000*12/8 + 5000*8/8,
-    # P_fwd = (1001/2)(2/12) + (1001/2)(2/8), P_bwd the same (g_d = 2 in both layers)
-    f = 5000 * 12 / 8 + 5000 * 8 / 8
-    p = (1001 / 2) * (2 / 12) + (1001 / 2) * (2 / 8)
-    spmm = 1e-3 * math.sqrt(f) + 2e-4 * math.sqrt(f) * p - 1e-4 * math.sqrt(f) * p
+    # SpMM, the paper's per-layer form split over the layer's two local SpMMs: z = 5000/4 = 1250
+    # nonzeros, f = z c_i; forward c0/2 sqrt(f) + c1 sqrt(f) r_o / c_i, backward c0/2 sqrt(f) +
+    # c2 sqrt(f) r_d / c_i, with r_o = r_d = 501 and c_i = 6 (layer 0), 4 (layer 1)
+    spmm = 0.0
+    for c in (6, 4):
+        root = math.sqrt(1250 * c)
+        spmm += (0.5e-3 * root + 2e-4 * root * 501 / c) + (0.5e-3 * root - 1e-4 * root * 501 / c)
     assert one(pred, "spmm_ms") == pytest.approx(spmm, rel=1e-12)
     # GEMM: 6 r_d c_i c_o per layer at 1e9 flop/s
     gemm = (6 * 501 * 6 * 4 + 6 * 501 * 4 * 3) / 1e9 * 1e3
@@ -115,12 +118,13 @@ def test_g12_non_power_of_two_by_hand():
     assert one(pred, "reduce_scatter_ms") == pytest.approx(ag_w_z + ag_f_z + ag_w_y, rel=1e-12)
     assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
     assert one(pred, "all_reduce_ms") == pytest.approx(2 * ar_h_x + ar_q_y + 2 * ar_h_z + ar_q_x + ar_df_y, rel=1e-12)
-    # SpMM: F = 5000*12/12 + 5000*8/12; P_fwd = (1001/2)(3/12) + (1001/2)(2/8);
-    # P_bwd = (1001/2)(3/12) + (1001/3)(2/8)
-    f = 5000 + 5000 * 8 / 12
-    pf = 1001 / 2 * 3 / 12 + 1001 / 2 * 2 / 8
-    pb = 1001 / 2 * 3 / 12 + 1001 / 3 * 2 / 8
-    spmm = math.sqrt(f) * (1e-3 + 2e-4 * pf - 1e-4 * pb)
+    # SpMM per local SpMM (paper kind): layer 0 z = ceil(5000/4) = 1250, c_i = 4, forward common
+    # r_o = 501, backward common r_d = 501; layer 1 z = ceil(5000/6) = 834, c_i = 4, forward
+    # common r_o = 501, backward common r_d = 334
+    spmm = 0.0
+    for z, c, r_o, r_d in ((1250, 4, 501, 501), (834, 4, 501, 334)):
+        root = math.sqrt(z * c)
+        spmm += 1e-3 * root + 2e-4 * root * r_o / c - 1e-4 * root * r_d / c
     assert one(pred, "spmm_ms") == pytest.approx(spmm, rel=1e-12)
     gemm = (6 * 501 * 4 * 4 + 6 * 334 * 4 * 3) / 1e9 * 1e3
     assert one(pred, "gemm_ms") == pytest.approx(gemm, rel=1e-12)
@@ -137,7 +141,10 @@ def test_blocked_aggregation_adds_latency_only():
     assert one(blocked, "comm_x_ms") - one(plain, "comm_x_ms") == pytest.approx(extra_x)
     assert one(blocked, "comm_z_ms") - one(plain, "comm_z_ms") == pytest.approx(extra_z)
     assert one(blocked, "comm_y_ms") == pytest.approx(one(plain, "comm_y_ms"))
-    assert one(blocked, "spmm_ms") == pytest.approx(one(plain, "spmm_ms"))  # paper form ignores blocks
+    # the forward SpMM of each layer runs as 6 blocks of 1250 / 6 nonzeros: each block pays
+    # c0/2 sqrt(f / 6) + c1 sqrt(f / 6) r_o / c_i, so the forward grows by sqrt(6)
+    extra = sum((math.sqrt(6) - 1) * math.sqrt(1250 * c) * (0.5e-3 + 2e-4 * 501 / c) for c in (6, 4))
+    assert one(blocked, "spmm_ms") - one(plain, "spmm_ms") == pytest.approx(extra, rel=1e-9)
 
 
 def roofline(**coefs):
@@ -181,7 +188,8 @@ def test_paper_spmm_against_its_published_shape():
     # the paper's claim: the same flops, Gx = 64 (common dimension split) is cheaper
     # in the penalty terms than Gy = 64 (skinny dense operand)
     w = workload_from_dataset("ogbn-products")
-    t = paper_spmm_ms(w, [[64, 1, 1], [1, 64, 1]], 7.8e-4, 7.8e-10, -2.6e-10)
+    m = toy_machine(spmm={"kind": "paper", "c0": 7.8e-4, "c1": 7.8e-10, "c2": -2.6e-10})
+    t = predict_grids(w, m, [[64, 1, 1], [1, 64, 1]])["spmm_ms"]
     assert t[0] < t[1]
 
 

@@ -342,3 +342,61 @@ def test_a_registered_family_joins_the_planner_and_the_records():
         FAMILIES.pop("test-rows")
     with pytest.raises(UserError, match="unknown algorithm"):
         family_of("test-rows")
+
+
+SHIPPED = sorted(p.stem for p in (__import__("pathlib").Path(__file__).resolve().parents[1] / "models").glob("*.json"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_family_costs_one_gpu_alike_on_every_shipped_profile(name):
+    # at G = 1 every family runs the same local SpMMs, GEMMs and optimizer step with no
+    # communication: the totals must agree within 1 %
+    w = workload_from_dataset("ogbn-products")
+    ranking = joint_ranking(w, name, 1)
+    totals = {}
+    for rec in ranking.records:
+        totals.setdefault(rec["algorithm"], rec["total_ms"])
+        assert rec["comm_ms"] == 0.0 and rec["quant_ms"] == 0.0
+    assert set(totals) >= {"plexus-3d", "cagnet-1d", "cagnet-2d", "supergcn"}
+    low, high = min(totals.values()), max(totals.values())
+    assert high <= 1.01 * low, totals
+
+
+def test_paper_spmm_of_each_family_by_hand_at_g4():
+    # the paper kind prices each local SpMM as c0/2 sqrt(f) + c_dir sqrt(f) common/k (f = nnz k):
+    # the families differ only by the local SpMMs their algorithm runs
+    c0, c1, c2 = 1e-3, 2e-4, -1e-4
+    m = Machine.from_dict({"name": "p", "gpus_per_node": 4, "device_memory_gib": 16, "gemm_tflops": 1,
+                           "spmm": {"kind": "paper", "c0": c0, "c1": c1, "c2": c2},
+                           "collectives": {"alpha_intra_us": 1, "beta_intra_gbps": 10, "alpha_inter_us": 1,
+                                           "beta_inter_gbps": 10}})
+    w = Workload("toy", 1000, 8000, (16, 8))  # one layer, D_0 = 16
+
+    def pair(nnz, rows, common, k, calls=1):
+        root = math.sqrt(nnz * k)
+        return calls * ((0.5 * c0 * root + c1 * root * common / k) + (0.5 * c0 * root + c2 * root * rows / k))
+
+    # cagnet-1d on 4 ranks: 4 stages per direction, each an SpMM of a 250 x 250 block with
+    # 8000 / 16 = 500 nonzeros and the 16 columns of F (forward common 250, backward common 250)
+    got = FAMILIES["cagnet-1d"].predict(w, m, [(4, 1, 1)])["spmm_ms"][0]
+    assert got == pytest.approx(pair(500, 250, 250, 16, calls=4))
+    # cagnet-2d 2x2: q = 2 stages, rb = 500 rows, A pieces of 500 x 500 with 8000 / 4 = 2000
+    # nonzeros, d = 16 / 2 = 8 columns
+    got = FAMILIES["cagnet-2d"].predict(w, m, [(2, 2, 1)])["spmm_ms"][0]
+    assert got == pytest.approx(pair(2000, 500, 500, 8, calls=2))
+    # supergcn, 4 parts (estimate): 250 rows, 2000 nonzeros, common 250 + the received boundary rows
+    est = estimated_boundary_rows_for_test(1000, 8000, 4)
+    got = FAMILIES["supergcn"].predict(w, m, [(4, 1, 1)])["spmm_ms"][0]
+    root = math.sqrt(2000 * 16)
+    common = 250 + est
+    assert got == pytest.approx(c0 * root + c1 * root * common / 16 + c2 * root * common / 16)
+    # plexus-3d 1x4x1 (layer 0 roles: outer X, inner Y, depth Z): the whole A (8000 nonzeros,
+    # 1000 x 1000) times a quarter of the columns, k = 4
+    got = FAMILIES["plexus-3d"].predict(w, m, [(1, 4, 1)])["spmm_ms"][0]
+    assert got == pytest.approx(pair(8000, 1000, 1000, 4))
+
+
+def estimated_boundary_rows_for_test(nodes, nnz, parts):
+    # docs/model.md, SuperGCN: (N/P)(1 - exp(-E / (P N))) rows per ordered pair, P - 1 senders
+    per_part = nodes / parts
+    return (parts - 1) * per_part * (1 - math.exp(-((nnz - nodes) / parts**2) / per_part))

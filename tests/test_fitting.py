@@ -60,8 +60,8 @@ def test_paper_spmm_kind_recovers_its_coefficients():
     # one hand-computed point: nnz=100, k=4 -> sqrt(f)=20; common=400, rows=200
     one = pd.DataFrame({"nnz": [100], "rows": [200], "common": [400], "dense_cols": [4]})
     assert model.predict(one)[0] == pytest.approx(20 * (2e-3 + 3e-6 * 100 + 1e-6 * 50))
-    # 'paper' names the epoch-level form in profiles: fit says which kind to ask for
-    with pytest.raises(UserError, match="its per-SpMM form is 'paper-spmm'"):
+    # 'paper' keeps the paper's coefficients in profiles: fit says which kind to ask for
+    with pytest.raises(UserError, match="its fitted per-SpMM form is 'paper-spmm'"):
         fit_spmm(df, "paper", n_splits=5)
 
 

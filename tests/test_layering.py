@@ -19,9 +19,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "plexus_tune"
 STAGES = ("graph", "model", "launch", "trainer", "measure", "fit", "report", "search", "cli")
 #: Subpackages that are part of a stage.
 SAME_STAGE = {"cluster": "launch"}
-#: Modules every stage may import: errors, paths and resources (no stage's logic), the
+#: Modules every stage may import: errors, numbers, paths and resources (no stage's logic), the
 #: package itself and its entry point.
-STAGE_FREE = {"errors", "paths", "resources", "allocator", "jsonfile", "__init__", "__main__"}
+STAGE_FREE = {"errors", "numbers", "paths", "resources", "allocator", "jsonfile", "__init__", "__main__"}
 
 
 def stage_of(module: str) -> str | None:

@@ -7,12 +7,17 @@ order, and numbers equal within the display rounding, or within a host tolerance
 lines whose figures depend on the machine (timings, memory). The loop of commands without
 output (the block after "A whole loop") runs in an empty directory and may leave only what
 ``.gitignore`` lists.
+
+Every ``python`` block of the README and of docs/*.md runs in a fresh interpreter in the
+repository root; each ``# prints: TEXT`` line in it must be a line the block printed.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +155,33 @@ def test_the_loop_runs_and_leaves_only_ignored_files(workdir, capsys):
     ignored = {line.strip().strip("/") for line in (REPO / ".gitignore").read_text().splitlines()}
     left = {p.name for p in workdir.iterdir()} - {"data"}
     assert left and left <= ignored, (left, ignored)
+
+
+#: The documents whose Python blocks are executed.
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """(document, block number, code) of every fenced ``python`` block."""
+    out = []
+    for path in DOCUMENTS:
+        blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+        out += [(path.relative_to(REPO).as_posix(), i, code) for i, code in enumerate(blocks, start=1)]
+    return out
+
+
+BLOCKS = python_blocks()
+
+
+def test_the_readme_and_docs_have_python_blocks():
+    assert sum(doc == "README.md" for doc, _, _ in BLOCKS) >= 2
+    assert all("# prints: " in code for _, _, code in BLOCKS)  # each block says what it prints
+
+
+@pytest.mark.parametrize("doc, number, code", BLOCKS, ids=[f"{d}#{n}" for d, n, _ in BLOCKS])
+def test_python_block_runs_and_prints_what_it_shows(doc, number, code):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{doc} block {number} failed:\n{proc.stderr[-3000:]}"
+    printed = [line.rstrip() for line in proc.stdout.splitlines()]
+    for shown in re.findall(r"^# prints: (.*)$", code, flags=re.M):
+        assert shown.rstrip() in printed, f"{doc} block {number}: {shown!r} not among {printed}"

@@ -151,3 +151,19 @@ def test_minibatch_flags_need_the_family(run_cli):
     code, _, err = run_cli(["predict", "--algorithm", "all", "--dataset", "ogbn-products", "--gpus", "8", "--machine",
                             "perlmutter", "--epochs-to-accuracy", "full=x"])
     assert code == 2 and "--epochs-to-accuracy" in err
+
+
+def test_paper_scaling_series_keeps_a_near_cubic_grid_and_doubles_gd():
+    from plexus_tune.model.scalegnn import near_cubic_grids, scaling_series
+
+    assert {tuple(g) for g in near_cubic_grids(64).tolist()} == {(4, 4, 4)}
+    assert {tuple(g) for g in near_cubic_grids(32).tolist()} == {(4, 4, 2), (4, 2, 4), (2, 4, 4)}
+    w = workload_from_dataset("ogbn-papers100M")
+    series = scaling_series(w, "perlmutter", 64, 2048, 131072)
+    assert series["grid"] == (4, 4, 4)
+    rows = series["rows"]
+    assert [r["gd"] for r in rows] == [1, 2, 4, 8, 16, 32] and [r["gpus"] for r in rows] == [64 * 2**k for k in range(6)]
+    for a, b in zip(rows, rows[1:]):  # the step grows with Gd (the all-reduce), so speedup <= the steps' ratio
+        assert b["step_ms"] >= a["step_ms"] and b["total_ms"] < a["total_ms"]
+    assert 1 < rows[-1]["speedup"] <= rows[0]["steps"] / rows[-1]["steps"]
+    assert rows[0]["comm_dp_ms"] == 0 < rows[-1]["comm_dp_ms"]

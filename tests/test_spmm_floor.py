@@ -78,7 +78,8 @@ def test_papers100m_frontier_ranks_floored_grids_only_on_their_floored_total():
     w = workload_from_dataset("ogbn-papers100M")
     pred = predict_grids(w, "frontier", 1024)
     floored = pred["spmm_floored"]
-    assert floored.sum() == 8  # the 8 grids whose paper-form SpMM is negative
+    assert floored.sum() == 6  # the 6 grids whose paper-form SpMM is negative
+    assert (floored == pred["spmm_clipped"]).all()
     assert (pred["spmm_ms"][floored] >= pred["spmm_floor_ms"][floored]).all()
     assert (pred["spmm_ms"][floored] > 0).all()
     order = rank_order(pred)
@@ -105,16 +106,16 @@ def test_predict_marks_floored_grids_in_every_format(run_cli):
     code, out, err = run_cli(ARGS + ["--format", "json", "--top", "0"])
     assert code == 0, err
     records = json.loads(out)
-    assert sum(r["spmm_floored"] for r in records) == 8
-    assert "8 of 66 grids floored" in err
+    assert sum(r["spmm_floored"] for r in records) == 6
+    assert "6 of 66 grids floored" in err
     code, out, err = run_cli(ARGS + ["--format", "csv", "--top", "0"])
     rows = list(csv.DictReader(io.StringIO(out)))
-    assert sum(r["spmm_floored"] == "True" for r in rows) == 8 and "spmm_floor_ms" in rows[0]
+    assert sum(r["spmm_floored"] == "True" for r in rows) == 6 and "spmm_floor_ms" in rows[0]
     code, out, err = run_cli(ARGS + ["--top", "0"])
     body = [ln for ln in out.splitlines() if ln.startswith("│")]
     marked = [ln for ln in body if "* │" in ln]
-    assert len(marked) == 8
-    assert "8 of 66 grids floored" in err
+    assert len(marked) == 6
+    assert "6 of 66 grids floored" in err
 
 
 def test_predict_table_shows_overhead_and_parts_add_up(run_cli):

@@ -72,11 +72,18 @@ def test_older_boosted_loads_as_learned_boosted():
     assert model.describe() == "learned-boosted: 1 trees of depth 1 on log-shape-polynomial; correcting learned: ridge on 1 monomials of degree <= ? of log-shape-polynomial"
 
 
-def test_paper_and_paper_spmm_evaluate_the_same_formula_and_only_paper_spmm_fits():
+def test_paper_splits_the_layer_form_over_its_two_spmms_and_only_paper_spmm_fits():
     coefs = {"c0": 1e-3, "c1": 2e-6, "c2": -1e-6}
-    a = predict_spmm_ms({"kind": "paper", **coefs}, 100, 200, 400, 4)
-    b = predict_spmm_ms({"kind": "paper-spmm", **coefs}, 100, 200, 400, 4)
-    assert a == b == pytest.approx(20 * (1e-3 + 2e-6 * 100 - 1e-6 * 50))
+    # f = nnz k = 400: sqrt(f) = 20; forward c0/2 + c1 common/k, backward c0/2 + c2 common/k
+    fwd = predict_spmm_ms({"kind": "paper", **coefs}, 100, 200, 400, 4)
+    bwd = predict_spmm_ms({"kind": "paper", **coefs}, 100, 400, 200, 4, backward=True)
+    assert fwd == pytest.approx(20 * (0.5e-3 + 2e-6 * 400 / 4))
+    assert bwd == pytest.approx(20 * (0.5e-3 - 1e-6 * 200 / 4))
+    # the pair adds up to the paper's per-layer term sqrt(f) (c0 + c1 fwd_penalty + c2 bwd_penalty)
+    assert fwd + bwd == pytest.approx(20 * (1e-3 + 2e-6 * 100 - 1e-6 * 50))
+    # paper-spmm is direction-free: c0 sqrt(f) + c1 sqrt(f) common/k + c2 sqrt(f) rows/k
+    b = predict_spmm_ms({"kind": "paper-spmm", **coefs}, 100, 200, 400, 4, backward=True)
+    assert b == pytest.approx(20 * (1e-3 + 2e-6 * 100 - 1e-6 * 50))
     assert "paper" not in FIT_KINDS and set(FIT_KINDS) == set(SPMM_MODELS) - {"paper"}
     with pytest.raises(UserError, match="paper-spmm"):
         Paper().fit(_shapes(10), np.ones(10))

@@ -8,7 +8,8 @@ import sys
 from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families
@@ -17,7 +18,7 @@ from plexus_tune.search.joint import search_ranking
 from plexus_tune.search.space import objective_unit
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
-ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names())}, or {ALL} (one ranking over every family, "
+ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
 CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}

@@ -9,7 +9,8 @@ from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.model.comm_precision import check_backend, parse_precision
 from plexus_tune.model.precision_choice import parse_allowed
-from plexus_tune.errors import UserError, parse_count
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import parse_count
 from plexus_tune.measure.bandwidth import bandwidth_benchmark
 from plexus_tune.measure.device import resolve_device
 from plexus_tune.measure.campaign import load_graph_source

@@ -7,7 +7,8 @@ import json
 import sys
 
 from plexus_tune.cli.output import format_ms, make_console
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.scalegnn import NAME, parse_epochs_to_accuracy, rank_minibatch, time_to_accuracy
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled

@@ -1,6 +1,6 @@
 """Types of numeric options: every number is checked where argparse parses it.
 
-``type=count(1)`` reads a count as :func:`plexus_tune.errors.parse_count` does (``1e3``,
+``type=count(1)`` reads a count as :func:`plexus_tune.numbers.parse_count` does (``1e3``,
 ``16M``) and wants at least the minimum; ``type=real(above=0)`` wants a finite float in
 the bound. A bad value is an argparse usage error: one line naming the flag and the
 value, exit code 2, before any work starts.
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from plexus_tune.errors import UserError, real_number, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import real_number, whole_number
 
 
 def count(minimum: int = 1):

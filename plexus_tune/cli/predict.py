@@ -13,7 +13,8 @@ import numpy as np
 
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed, pick_precision
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.cache import StructureCache
 from plexus_tune.graph.structure import shard_directory_matrix

@@ -12,7 +12,8 @@ from plexus_tune.allocator import configure_compute_process
 from plexus_tune.cli.launching import add_launcher_arguments, launcher_from_args
 from plexus_tune.cli.output import check_log
 from plexus_tune.measure.store import RUN_LOG
-from plexus_tune.measure.campaign import check_graph
+from plexus_tune.measure.campaign import check_graph, load_graph_source
+from plexus_tune.graph.sampling import check_batch_size
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
@@ -26,6 +27,7 @@ from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
     TRAINED_ALGORITHMS,
     check_algorithm,
+    family_of,
     normalize_config,
     process_grid,
 )
@@ -94,6 +96,21 @@ def add_algorithm_arguments(parser) -> None:
     parser.add_argument("--aggregation", metavar="MODE",
                         help=f"supergcn: aggregation of the cut edges, one of {', '.join(AGGREGATION_MODES)} "
                              "(default hybrid)")
+    parser.add_argument("--dp", type=count(1), default=None, metavar="GD",
+                        help="scalegnn-4d: data-parallel groups, each on --grid (Gd x Gx x Gy x Gz ranks; default 1)")
+    parser.add_argument("--batch-size", type=count(2), metavar="B",
+                        help="scalegnn-4d: vertices each group samples per step (an epoch is ceil(N / (B Gd)) steps)")
+    parser.add_argument("--dropout", type=real(minimum=0), default=None, metavar="P",
+                        help="scalegnn-4d: dropout rate after each layer's ReLU (default 0)")
+    parser.add_argument("--no-rmsnorm", action="store_true", help="scalegnn-4d: leave out each layer's RMSNorm")
+    parser.add_argument("--no-residual", action="store_true", help="scalegnn-4d: leave out each layer's residual")
+
+
+def minibatch_options(args) -> dict:
+    """scalegnn-4d's switchable components from the flags (TrainConfig.extra["minibatch"])."""
+    if args.dropout is not None and not args.dropout < 1:
+        raise UserError(f"--dropout must be below 1, got {args.dropout}")
+    return {"rmsnorm": not args.no_rmsnorm, "residual": not args.no_residual, "dropout": float(args.dropout or 0.0)}
 
 
 def add_comm_precision_argument(parser) -> None:
@@ -125,8 +142,13 @@ def _config(args: argparse.Namespace):
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
         backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
-        aggregation=args.aggregation,
+        aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size,
     )
+    if "batch_size" in family_of(algorithm).options:  # the mini-batch family's switchable components
+        config.extra["minibatch"] = minibatch_options(args)
+    elif args.dropout is not None or args.no_rmsnorm or args.no_residual:
+        raise UserError(f"--dropout, --no-rmsnorm and --no-residual are options of --algorithm scalegnn-4d, "
+                        f"not of {algorithm}")
     return normalize_config(config)
 
 
@@ -138,6 +160,8 @@ def _algorithm_text(record: dict) -> str:
     """The algorithm and its family option, e.g. ``cagnet-1.5d (c = 2)`` or ``supergcn (hybrid)``."""
     options = record.get("options") or {}
     text = record.get("algorithm", "plexus-3d")
+    if (options.get("dp") or 1) > 1 or options.get("batch_size"):
+        text += f" (Gd = {options.get('dp') or 1}, B = {options.get('batch_size')})"
     if options.get("replication"):
         text += f" (c = {options['replication']})"
     if options.get("aggregation"):
@@ -171,10 +195,15 @@ def summary_lines(record: dict) -> list[str]:
         ref = record.get("reference_accuracy") or {}
         verdict = check_result(record)
         if verdict is not None:
+            grad = record.get("check_grad_rel_diff")
+            if grad is not None:
+                lines.append(f"one step against serial PyG on the same samples: gradients after the data-parallel "
+                             f"average differ by {grad:.2e} (normwise, largest over the parameters)")
             lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
                          f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
                          f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
-                         f"{'PASSED' if verdict['passed'] else 'FAILED'}; PyG epoch {record['reference_epoch_ms']:.2f} ms")
+                         f"{'PASSED' if verdict['passed'] else 'FAILED'}"
+                         + (f"; PyG epoch {record['reference_epoch_ms']:.2f} ms" if record.get("reference_epoch_ms") else ""))
         else:
             lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
                          f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
@@ -191,8 +220,16 @@ def check_result(record: dict) -> dict | None:
     if "check_loss_rel_diff" not in record or record.get("comm_precision", "fp32") != "fp32":
         return None
     dtype = record.get("dtype") or (record.get("options") or {}).get("dtype") or "float32"
-    return check_verdict(record["check_loss_rel_diff"], record["check_output_rel_diff"], dtype=dtype,
+    output = max(record["check_output_rel_diff"], record.get("check_grad_rel_diff") or 0.0)
+    return check_verdict(record["check_loss_rel_diff"], output, dtype=dtype,
                          device=record.get("device", "cpu"))
+
+
+def _check_batch(batch: int, nodes: int) -> None:
+    try:
+        check_batch_size(batch, nodes)
+    except UserError as exc:
+        raise UserError(f"--batch-size: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,9 +245,14 @@ def run(args: argparse.Namespace) -> int:
     if environment is None:
         if args.synthetic:  # a bad or too large spec fails here, not in every rank
             parse_spec(args.synthetic)
-        launcher = launcher_from_args(args, [int(np.prod(config.grid))])
+        launcher = launcher_from_args(args, [config.world_size])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
-            check_graph(args.graph)
+            if config.batch_size is not None:
+                _check_batch(config.batch_size, load_graph_source(args.graph).num_nodes)
+            else:
+                check_graph(args.graph)
+        elif config.batch_size is not None:
+            _check_batch(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
         config.extra["progress"] = True
     else:
         launcher = None

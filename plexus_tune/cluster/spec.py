@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from plexus_tune.errors import UserError, whole_number
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import whole_number
 
 KINDS = ("local", "emulated", "torchrun", "slurm")
 OPEN_KINDS = ("torchrun", "slurm")

@@ -72,7 +72,7 @@ def _is_value(value) -> bool:
 
 
 def _unknown_kind(kind) -> UserError:
-    hint = "; 'paper' is the epoch-level form, its per-SpMM form is 'paper-spmm'" if kind == "paper" else ""
+    hint = "; 'paper' keeps the paper's coefficients, its fitted per-SpMM form is 'paper-spmm'" if kind == "paper" else ""
     return UserError(f"unknown SpMM model kind {kind!r} to fit; choose one of {', '.join(SPMM_KINDS + ('auto',))}{hint}")
 
 

@@ -18,7 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from plexus_tune.resources import check_memory
-from plexus_tune.errors import UserError, parse_count  # noqa: F401  (parse_count: part of this module's API)
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import parse_count
 from plexus_tune.graph.core import Graph
 
 GRAPH500_PROBS = (0.57, 0.19, 0.19, 0.05)

@@ -57,13 +57,15 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("algorithm", ("algorithm",), DEFAULT_FAMILY, str),
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
+    IdentityField("dp", ("options", "dp"), 1, int),
+    IdentityField("batch_size", ("options", "batch_size"), 0, int),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
 #: The identity without the configuration: the settings a choice of algorithm and grid is made under.
 #: The configuration chosen among the ways to run a setting: the algorithm family, its
 #: process grid and its own options (cagnet-1.5d's c, supergcn's aggregation).
-CONFIGURATION_FIELDS = ("algorithm", *GRID_FIELDS, *record_field_names())
+CONFIGURATION_FIELDS = tuple(dict.fromkeys(("algorithm", *GRID_FIELDS, *record_field_names(), "dp", "batch_size")))
 SETTING_NAMES = tuple(n for n in IDENTITY_NAMES if n not in CONFIGURATION_FIELDS)
 RunIdentity = namedtuple("RunIdentity", IDENTITY_NAMES)
 

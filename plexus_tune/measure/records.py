@@ -226,6 +226,8 @@ class RunOptions:
     layer_norm: bool = _f(False, doc="LayerNorm (no scale and shift) before each layer")
     replication: int | None = _f(None, "ranks", "cagnet-1.5d: replication factor c of the block rows (None: other families)")
     aggregation: str | None = _f(None, doc="supergcn: pre, post or hybrid aggregation of the cut edges (None: other families)")
+    dp: int = _f(1, "groups", "scalegnn-4d: data-parallel groups, each on the grid (1: other families)")
+    batch_size: int | None = _f(None, "vertices", "scalegnn-4d: vertices sampled per step and group (None: full graph)")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -329,6 +331,8 @@ class RunRecord(_Record):
     wall_s: float | None = _f(None, "s", "wall time of the whole run (per run in a batch)")
     check_loss_rel_diff: float | None = _f(None, "ratio", "--check: max relative difference of the losses from the serial reference")
     check_output_rel_diff: float | None = _f(None, "ratio", "--check: normwise relative difference of the outputs")
+    check_grad_rel_diff: float | None = _f(None, "ratio", "--check of scalegnn-4d: normwise relative difference of the "
+                                           "gradients after the data-parallel average (largest over the parameters)")
     reference_losses: list | None = _f(None, doc="--check: the serial reference's losses")
     reference_epoch_ms: float | None = _f(None, "ms", "--check: the serial reference's epoch time")
     reference_accuracy: dict | None = _f(None, "ratio", "--check: train, valid, test accuracy of the serial FP32 reference's last epoch")

@@ -28,7 +28,7 @@ from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, pars
 from plexus_tune.trainer.algorithms import normalize_config
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import TrainConfig
-from plexus_tune.trainer.reference import max_relative_difference, reference_train
+from plexus_tune.trainer.reference import max_relative_difference, reference_minibatch_step, reference_train
 from plexus_tune.trainer.run import describe_source, prepare, train
 
 
@@ -159,7 +159,8 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
                          threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
-                         replication=config.replication, aggregation=config.aggregation)
+                         replication=config.replication, aggregation=config.aggregation, dp=int(config.dp or 1),
+                         batch_size=config.batch_size)
     return {
         "machine": config.machine or platform.node(),
         "backend": config.backend,
@@ -174,7 +175,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
         "graph_source": describe_source(config),
         "grid": format_grid(grid),
         "gx": grid[0], "gy": grid[1], "gz": grid[2],
-        "gpus": int(np.prod(grid)),
+        "gpus": config.world_size,
         "layers": config.layers,
         "hidden": config.hidden,
         "epochs": config.epochs,
@@ -245,6 +246,23 @@ def _append(config: TrainConfig, record: dict) -> None:
         append_records(config.log, [record])
 
 
+def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> dict:
+    """A mini-batch run's --check: its first step against the serial PyG step on the same samples
+    (:func:`plexus_tune.trainer.reference.reference_minibatch_step`)."""
+    got = result["check_step"]
+    options = dict(config.extra.get("minibatch") or {})
+    ref = reference_minibatch_step(resolve_graph(source), [g["sample"] for g in got["groups"]], layers=config.layers,
+                                   hidden=config.hidden, seed=config.seed, dtype=config.dtype,
+                                   split=result.get("split_codes"), rmsnorm=bool(options.get("rmsnorm", True)),
+                                   residual=bool(options.get("residual", True)),
+                                   dropout=float(options.get("dropout", 0.0)))
+    grad = max(max_relative_difference(got["grads"][k], ref["grads"][k], normwise=True) for k in ref["grads"])
+    return replace(RunRecord.from_dict(record),
+                   check_loss_rel_diff=max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]),
+                   check_output_rel_diff=max_relative_difference(got["logits"], ref["logits"], normwise=True),
+                   check_grad_rel_diff=grad, reference_losses=ref["losses"]).to_dict()
+
+
 def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None) -> dict | None:
     """Train one configuration and return its record (appended to ``config.log`` if set).
 
@@ -275,7 +293,9 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     where = {**where, **placement_fields(trained.placement, trained.ranks_per_node)}
     result = trained.results[0]
     record = build_record(config, result, trained.wall_s, trained.device, **where)
-    if config.check:
+    if config.check and "check_step" in result:
+        record = _check_one_step(config, trained.source, result, record)
+    elif config.check:
         ref = reference_train(resolve_graph(trained.source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),

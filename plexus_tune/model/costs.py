@@ -22,22 +22,13 @@ g_d w c_o and g_d f c_0 elements (c_0 = c_i of layer 0), padded to whole rows pe
 with exact division g_d w = c_i and g_d f = r_o, the paper's messages.
 
 SpMM (``spmm_ms``)
-    Machine kind ``paper``: the paper's epoch-level form (docs/model.md, SpMM; paper eq. 4.4),
-    with the paper's unpadded sizes (exact division, as the paper writes N/G and
-    D_i/g and as its published model code computes)::
-
-        F = sum_i NNZ D_i / G,  P_fwd = sum_i (N / g_o)(g_n / D_i),
-        P_bwd = sum_i (N / g_d)(g_n / D_i)
-        spmm = c0 sqrt(F) + c1 sqrt(F) P_fwd + c2 sqrt(F) P_bwd          [ms]
-
-    The paper's c2 is negative, so far outside the fitted range (very large G,
-    depth much smaller than outer) the form can go negative; such values are
-    flagged in ``spmm_clipped`` (no grid of the paper's ogbn-products / 64 GPU
-    setting is affected) and, like every SpMM prediction, floored (below).
-    Any other kind: the per-SpMM model of :mod:`plexus_tune.model.spmm` summed
-    over the forward A F_i (nnz z, rows r_d, common r_o, dense columns c_i) and
-    the backward A^T dH (nnz z, rows r_o, common r_d, dense columns c_i) of each
-    layer. With ``block_rows`` the forward SpMM runs as b = ceil(r_d / block_rows)
+    The machine's per-SpMM model (:func:`plexus_tune.model.spmm.predict_spmm_ms`, the
+    same for every family) summed over the forward A F_i (nnz z, rows r_d, common r_o,
+    dense columns c_i) and the backward A^T dH (nnz z, rows r_o, common r_d, dense
+    columns c_i) of each layer. For kind ``paper`` (the paper's eq. 4.4, per layer) the
+    forward pays c0/2 sqrt(f) + c1 sqrt(f) r_o / c_i and the backward c0/2 sqrt(f) +
+    c2 sqrt(f) r_d / c_i, f = z c_i; the paper's c2 is negative, so far outside the
+    fitted range the sum can go negative: flagged in ``spmm_clipped`` and floored (below). With ``block_rows`` the forward SpMM runs as b = ceil(r_d / block_rows)
     blocks of ceil(r_d / b) rows (the trainer's blocks; its last one is shorter) and
     z / b nonzeros each.
 
@@ -116,7 +107,7 @@ from plexus_tune.model.comm_precision import (
 )
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid, layer_roles
+from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
 from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.other import OTHER_PARTS, other_ms
@@ -142,24 +133,6 @@ def _as_grids(grids) -> np.ndarray:
     if arr.size and arr.min() < 1:
         raise UserError("grid axis sizes must be at least 1")
     return arr
-
-
-def paper_spmm_ms(workload, grids, c0: float, c1: float, c2: float) -> np.ndarray:
-    """The paper's epoch-level SpMM time (docs/model.md, SpMM), unpadded sizes, in ms."""
-    grids = _as_grids(grids).astype(np.float64)
-    n, nnz, widths = float(workload.nodes), float(workload.nnz), workload.widths
-    total = grids.prod(axis=1)
-    flops = np.zeros(len(grids))
-    p_fwd = np.zeros(len(grids))
-    p_bwd = np.zeros(len(grids))
-    for i in range(workload.layers):
-        o, inner, d = layer_roles(i)
-        d_i = float(widths[i])
-        flops += nnz * d_i / total
-        p_fwd += (n / grids[:, o]) * (grids[:, inner] / d_i)
-        p_bwd += (n / grids[:, d]) * (grids[:, inner] / d_i)
-    root = np.sqrt(flops)
-    return c0 * root + c1 * root * p_fwd + c2 * root * p_bwd
 
 
 def _check_block_rows(block_rows):
@@ -207,7 +180,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     comm_kind = {key[:-3]: zeros() for key in COMM_OP_KEYS}  # no broadcast or point-to-point on the 3D grid
     strides = [axis_stride(a, grids) for a in range(3)]
     gemm_flops = zeros()
-    spmm_kind = machine.spmm.get("kind")
     spmm = zeros()
     spmm_bytes = zeros()
 
@@ -252,13 +224,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         ib = csr_index_bytes(z, r_d, r_o)
         spmm_bytes += spmm_traffic_bytes(z, r_d, r_o, c_i, u, ib, blocks)
         spmm_bytes += spmm_traffic_bytes(z, r_o, r_d, c_i, u, ib)
-        if spmm_kind != "paper":
-            spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i, forward)
-            spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i, backward)
+        spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i, forward)
+        spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i, backward, backward=True)
 
-    if spmm_kind == "paper":
-        spmm = paper_spmm_ms(workload, grids, float(machine.spmm["c0"]), float(machine.spmm["c1"]),
-                             float(machine.spmm["c2"]))
     clipped = spmm < 0
     bandwidth = machine.memory_bandwidth_gbps
     floor = spmm_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else zeros()
@@ -294,18 +262,6 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     return out
 
 
-class CostModel:
-    """Estimator-style wrapper: ``CostModel(machine).predict(workload, grids)``."""
-
-    def __init__(self, machine, *, block_rows=None):
-        self.machine = load_machine(machine)
-        self.block_rows = _check_block_rows(block_rows)
-
-    def predict(self, workload, grids) -> dict[str, np.ndarray]:
-        """Breakdown of every grid (``grids`` may also be a GPU count: all its grids)."""
-        return predict_grids(workload, self.machine, grids, block_rows=self.block_rows)
-
-
 def rank_order(pred: dict) -> np.ndarray:
     """Indices ranking grids: feasible ones first, each group by increasing total_ms."""
     total = np.asarray(pred["total_ms"], dtype=np.float64)
@@ -333,11 +289,3 @@ def prediction_records(pred: dict, order=None, top: int | None = None) -> list[d
                 rec[key] = float(value)
         records.append(rec)
     return records
-
-
-def predict_table(workload, machine, grids, *, block_rows=None, top: int | None = None):
-    """Ranked predictions as a pandas DataFrame (one row per grid, columns rank, grid, keys)."""
-    import pandas as pd
-
-    pred = predict_grids(workload, machine, grids, block_rows=block_rows)
-    return pd.DataFrame.from_records(prediction_records(pred, top=top))

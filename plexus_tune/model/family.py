@@ -30,6 +30,8 @@ from plexus_tune.model.costs import predict_grids
 from plexus_tune.model.family_costs import cagnet_15d_config, cagnet_summa_config, supergcn_config
 from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format_grid
 from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.scalegnn import config_label as minibatch_label
+from plexus_tune.model.scalegnn import predict_configs as predict_minibatch
 from plexus_tune.model.volumes import check_replication
 
 #: Options every family's model takes (docs/model.md, "Algorithm families").
@@ -94,6 +96,9 @@ class Family:
         takes_grid: a run names its process grid (else it follows from G and the options).
         takes_block_rows: its model and trainer take blocked aggregation (``block_rows``).
         trainer_options: options of a run (TrainConfig fields) only this family's trainer has.
+        epoch: ``full-graph`` (an epoch trains on the whole graph once) or ``mini-batch``
+            (N / (B Gd) steps on samples): epochs of the two kinds are not compared, so
+            ``all`` (:func:`family_names`) ranks the full-graph families only.
     """
 
     name: ClassVar[str] = ""
@@ -105,6 +110,7 @@ class Family:
     takes_grid: ClassVar[bool] = True
     takes_block_rows: ClassVar[bool] = False
     trainer_options: ClassVar[tuple[str, ...]] = ()
+    epoch: ClassVar[str] = "full-graph"
 
     # ------------------------------------------------------------------ configurations
 
@@ -349,6 +355,57 @@ class SuperGcn(Family):
         return _stack(out)
 
 
+class ScaleGnn4d(Family):
+    """ScaleGNN's 4D mini-batch training (docs/model.md, "ScaleGNN"): a configuration is the
+    3D grid of each of ``dp`` data-parallel groups; ``batch_size`` B (required) and ``dp``
+    are options, as are the switchable components and ``prefetch``
+    (:func:`plexus_tune.model.scalegnn.predict_configs`). Its epoch is a mini-batch epoch."""
+
+    name = "scalegnn-4d"
+    summary = "ScaleGNN: Gd data-parallel groups of a 3D grid, each training on B sampled vertices per step"
+    options = ("dp", "batch_size", "rmsnorm", "residual", "dropout", "prefetch", "sampled_nnz")
+    choices = ("dp", "batch_size")
+    identity_options = ("dp", "batch_size")
+    trainer_entry = "plexus_tune.trainer.scalegnn:ScaleGnnTrainer"
+    trainer_options = ("dp", "batch_size")
+    epoch = "mini-batch"
+
+    def configurations(self, gpus, **fixed):
+        gpus = check_gpus(gpus)
+        dp = self.check_choice("dp", fixed.get("dp") or 1, gpus)
+        return enumerate_grids(gpus // dp)
+
+    def check_choice(self, option, value, gpus):
+        if option == "dp":
+            dp = int(value)
+            if dp < 1 or gpus % dp:
+                raise UserError(f"the data-parallel degree {value} does not divide {gpus} GPUs; choose a divisor",
+                                parameter="dp")
+            return dp
+        if option == "batch_size":
+            if int(value) < 2:
+                raise UserError(f"the batch size must be at least 2 vertices, got {value}", parameter="batch_size")
+            return int(value)
+        return super().check_choice(option, value, gpus)
+
+    def label(self, grid, options=None):
+        return minibatch_label((options or {}).get("dp") or 1, grid)
+
+    def record_fields(self, grid, options=None):
+        options = options or {}
+        return {"dp": int(options.get("dp") or 1), "batch_size": options.get("batch_size")}
+
+    def evaluate(self, workload, machine, grids, *, block_rows, choice, optimizer, options):
+        options = dict(options)
+        batch = options.pop("batch_size", None)
+        if batch is None:
+            raise UserError(f"{self.name} needs the batch size B", parameter="batch_size")
+        dp = int(options.pop("dp", None) or 1)
+        configs = np.column_stack([np.full(len(grids), dp, dtype=np.int64), grids])
+        return predict_minibatch(workload, machine, configs, batch_size=int(batch), comm_precision=choice,
+                                 optimizer=optimizer, options=options)
+
+
 # ----------------------------------------------------------------------------- the registry
 
 #: Family name -> its instance, in report order.
@@ -367,13 +424,16 @@ def register(family: Family) -> Family:
     return family
 
 
-for _cls in (Plexus3d, Cagnet1d, Cagnet15d, Cagnet2d, Cagnet3d, SuperGcn):
+for _cls in (Plexus3d, Cagnet1d, Cagnet15d, Cagnet2d, Cagnet3d, SuperGcn, ScaleGnn4d):
     register(_cls())
 
 
-def family_names() -> tuple[str, ...]:
-    """Every registered family, in report order."""
-    return tuple(FAMILIES)
+def family_names(epoch: str | None = "full-graph") -> tuple[str, ...]:
+    """The registered families whose epoch is ``epoch`` (None: every one), in report order.
+
+    ``all`` means the full-graph families: a mini-batch epoch is not a full-graph epoch
+    (:attr:`Family.epoch`)."""
+    return tuple(n for n, f in FAMILIES.items() if epoch is None or f.epoch == epoch)
 
 
 def family_of(name: str | None) -> Family:

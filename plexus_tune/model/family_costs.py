@@ -184,10 +184,10 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
 # ----------------------------------------------------------------------------- per family
 
 
-def _spmm(machine, nnz, rows, common, cols, u, calls=1):
-    """(model ms, floor bytes) of ``calls`` equal local SpMMs."""
+def _spmm(machine, nnz, rows, common, cols, u, calls=1, backward=False):
+    """(model ms, floor bytes) of ``calls`` equal local SpMMs (``backward``: a layer's A^T dH)."""
     ib = csr_index_bytes(nnz, rows, common)
-    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols)) * calls
+    t = float(predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)) * calls
     traffic = float(spmm_traffic_bytes(nnz, rows, common, cols, u, ib)) * calls
     return t, traffic
 
@@ -269,8 +269,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
     act = 0.0
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        for _ in ("forward", "backward"):
-            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages)
+        for backward in (False, True):
+            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages, backward)
             spmm += t
             floor += f
         flops += 6.0 * b * d_in * d_out
@@ -314,8 +314,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
-        for _ in ("forward", "backward"):
-            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q)
+        for backward in (False, True):
+            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
             spmm += t
             floor += f
         flops += 6.0 * rf * pc * d_in * d_out
@@ -376,9 +376,10 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
     floor_p = np.zeros(gpus)
     ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
     for i in range(workload.layers):
-        t = predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i])
+        t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
+                for back in (False, True))  # forward A F and backward A^T dH
         f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
-        spmm_p += 2.0 * t  # forward A F and backward A^T dH
+        spmm_p += t
         floor_p += 2.0 * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)

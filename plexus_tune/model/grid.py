@@ -16,7 +16,8 @@ import re
 
 import numpy as np
 
-from plexus_tune.errors import UserError, parse_count
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import parse_count
 
 AXIS_NAMES = ("x", "y", "z")
 

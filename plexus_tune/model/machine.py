@@ -55,7 +55,7 @@ FIELDS = {
     "at the bytes its SpMMs must move at this rate (docs/model.md, SpMM floor); absent: no floor",
     "epoch_overhead_ms": "optional; fixed time per epoch not explained by the modelled parts (launch, "
     "synchronisation, Python), ms, >= 0, default 0; fitted from trainer runs by 'plexus-tune fit'",
-    "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the epoch-level form of docs/model.md, SpMM "
+    "spmm": "required; SpMM model: {'kind': 'paper', 'c0', 'c1', 'c2'} is the paper's per-layer form of docs/model.md, SpMM "
     "(ms); any other kind is a per-SpMM model evaluated by plexus_tune.model.spmm",
     "collectives": "required; the collective-communication model, an object with the collectives.* fields",
     "collectives.form": "optional; 'two-tier' (default: intra or inter ring), 'per-span' (measured alpha and beta "

@@ -95,6 +95,8 @@ def steps_per_epoch(nodes: int, batch: int, dp: int) -> int:
 
 
 def _hidden(workload) -> int:
+    """The hidden width h: D_1 of the workload's widths (model.workload.model_widths; a
+    one-layer workload names no hidden width and is taken as h = C)."""
     return int(workload.widths[1]) if workload.layers > 1 else int(workload.widths[-1])
 
 
@@ -244,7 +246,7 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
     for s, zi in zip(sizes, z):
         r_d, r_o, c_n, c_o = s["r_d"], s["r_o"], s["c_n"], s["c_o"]
         ib = float(csr_index_bytes(zi, r_d, r_o))
-        spmm += float(predict_spmm_ms(machine.spmm, zi, r_d, r_o, c_n)) + float(predict_spmm_ms(machine.spmm, zi, r_o, r_d, c_n))
+        spmm += float(predict_spmm_ms(machine.spmm, zi, r_d, r_o, c_n)) + float(predict_spmm_ms(machine.spmm, zi, r_o, r_d, c_n, backward=True))
         traffic += float(spmm_traffic_bytes(zi, r_d, r_o, c_n, u, ib)) + float(spmm_traffic_bytes(zi, r_o, r_d, c_n, u, ib))
         flops += 6.0 * r_d * c_n * c_o
         act += 2.0 * u * (r_o * c_n + r_d * c_n + 5.0 * r_d * c_o)
@@ -442,3 +444,41 @@ def time_to_accuracy(full_epoch_ms: float, minibatch_epoch_ms: float, epochs: Ma
     """Training time (s) to the target accuracy of each kind: epochs x epoch time."""
     return {"full_s": float(epochs["full"]) * float(full_epoch_ms) / 1e3,
             "minibatch_s": float(epochs["minibatch"]) * float(minibatch_epoch_ms) / 1e3}
+
+
+#: The paper's strong-scaling results on Perlmutter (ScaleGNN: Communication-free Sampling and
+#: 4D Hybrid Parallelism for Scalable Mini-batch GNN Training): dataset, first and last GPU
+#: count (a near-cubic 3D grid of the first count, Gd from 1 up), measured speedup.
+PAPER_SCALING = (("ogbn-papers100M", 64, 2048, 21.7), ("products-14M", 32, 1024, 19.8), ("ogbn-products", 8, 128, 7.8))
+
+
+def near_cubic_grids(gpus: int) -> np.ndarray:
+    """The 3D grids of ``gpus`` closest to a cube: those whose largest / smallest axis is least."""
+    grids = enumerate_grids(check_gpus(gpus))
+    spread = grids.max(axis=1) / grids.min(axis=1)
+    return grids[spread == spread.min()]
+
+
+def scaling_series(workload, machine, first_gpus: int, last_gpus: int, batch_size: int, *,
+                   comm_precision="bf16", optimizer=None) -> dict:
+    """Strong scaling as the paper runs it: the fastest near-cubic grid of ``first_gpus`` at Gd = 1,
+    kept, and Gd doubled up to ``last_gpus`` / ``first_gpus``. Returns ``grid`` and ``rows``
+    (gpus, gd, steps, total_ms, comm_dp_ms, step_ms, speedup over the first row)."""
+    machine = machine if isinstance(machine, Machine) else load_machine(machine)
+    if last_gpus % first_gpus:
+        raise UserError(f"{last_gpus} GPUs is no multiple of {first_gpus}")
+    candidates = near_cubic_grids(first_gpus)
+    base = predict_configs(workload, machine, np.column_stack([np.ones(len(candidates), dtype=np.int64), candidates]),
+                           batch_size=batch_size, comm_precision=comm_precision, optimizer=optimizer)
+    grid = tuple(int(g) for g in candidates[int(np.argmin(base["total_ms"]))])
+    dps = []
+    gd = 1
+    while gd * first_gpus <= last_gpus:
+        dps.append(gd)
+        gd *= 2
+    pred = predict_configs(workload, machine, [(d, *grid) for d in dps], batch_size=batch_size,
+                           comm_precision=comm_precision, optimizer=optimizer)
+    rows = [{"gpus": d * first_gpus, "gd": d, "steps": int(pred["steps"][k]), "total_ms": float(pred["total_ms"][k]),
+             "comm_dp_ms": float(pred["comm_dp_ms"][k]), "step_ms": float(pred["step_ms"][k]),
+             "speedup": float(pred["total_ms"][0] / pred["total_ms"][k])} for k, d in enumerate(dps)]
+    return {"grid": grid, "rows": rows}

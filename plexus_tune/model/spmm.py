@@ -288,11 +288,13 @@ class SpmmKind:
     name: str = ""
     #: parameters a fit estimates (at least); fitting needs more rows than that
     n_parameters: int = 0
-    #: whether the kind is fitted from SpMM timings (``paper`` is epoch-level)
+    #: whether the kind is fitted from SpMM timings (``paper`` keeps the paper's coefficients)
     fittable: bool = True
     #: whether fit and predict read the operands' sparsity structure (``structure=``);
     #: the other kinds ignore it
     uses_structure: bool = False
+    #: whether predict tells a forward A F from a backward A^T dH (``backward=``; ``paper``)
+    directional: bool = False
 
     def fit(self, shapes, time_ms) -> "SpmmKind":
         raise NotImplementedError
@@ -380,18 +382,33 @@ class PaperSpmm(SpmmKind):
 
 
 class Paper(PaperSpmm):
-    """The paper's epoch-level form: costs.py applies c0, c1, c2 to the epoch's sums.
+    """The Plexus paper's eq. 4.4, per layer and split over the layer's two SpMMs (docs/model.md, SpMM).
 
-    ``predict`` evaluates the formula on single SpMMs (as ``paper-spmm`` does); the kind
-    is not fitted from SpMM timings: fit ``paper-spmm`` for the per-SpMM form.
+    The paper sums over layers sqrt(f) (c0 + c1 fwd_penalty + c2 bwd_penalty), f the
+    layer's local flops, each penalty the common dimension over the dense columns of
+    that direction's SpMM. Per local SpMM, f = nnz k::
+
+        forward   t = c0 / 2 sqrt(f) + c1 sqrt(f) common / k
+        backward  t = c0 / 2 sqrt(f) + c2 sqrt(f) common / k
+
+    so a layer's forward and backward SpMM add up to the paper's term, and every family
+    prices its local SpMMs with the same form. Not fitted from SpMM timings (fit
+    ``paper-spmm``, the direction-free form, for that).
     """
 
     name = "paper"
     fittable = False
+    directional = True
 
     def fit(self, shapes, time_ms) -> "Paper":
-        raise UserError("SpMM kind 'paper' is the paper's epoch-level form and is not fitted from SpMM timings; "
+        raise UserError("SpMM kind 'paper' is the paper's per-layer form and is not fitted from SpMM timings; "
                         "fit its per-SpMM form, kind 'paper-spmm'")
+
+    def predict(self, nnz, rows, common, dense_cols, structure=None, backward=False) -> np.ndarray:
+        self._check_fitted("c0")
+        nnz, rows, common, k = shape_arrays(nnz, rows, common, dense_cols)
+        root_f = np.sqrt(nnz * k)
+        return 0.5 * self.c0 * root_f + (self.c2 if backward else self.c1) * root_f * common / k
 
 
 class Roofline(SpmmKind):
@@ -634,7 +651,7 @@ class LearnedBoosted(SpmmKind):
             raise UserError(f"{kind} SpMM model lacks its 'base' model; refit it with 'plexus-tune fit'")
         model.base = spmm_model_from_dict(base)
         if not model.base.fittable:
-            raise UserError(f"{kind} SpMM model corrects a '{model.base.name}' model, which is epoch-level; its base must be a per-SpMM kind")
+            raise UserError(f"{kind} SpMM model corrects a '{model.base.name}' model, which is not fitted from SpMM timings; its base must be a fitted per-SpMM kind")
         depth = _float(data, "depth", kind)
         if depth != int(depth) or depth < 0:
             raise UserError(f"{kind} SpMM model: 'depth' must be a non-negative integer, got {data['depth']!r}")
@@ -977,13 +994,16 @@ def describe_spmm_model(model) -> str:
     return spmm_model_from_dict(model).describe()
 
 
-def predict_spmm_ms(model, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
+def predict_spmm_ms(model, nnz, rows, common, dense_cols, structure=None, *, backward: bool = False) -> np.ndarray:
     """Time in ms of each SpMM described by the (broadcast) shape arrays; model: a dict or an SpmmKind.
 
     ``structure``: the operands' sparsity structure (arrays of :mod:`plexus_tune.model.sparsity`,
-    None for uniformly random nonzeros), read by the kinds that use it.
+    None for uniformly random nonzeros), read by the kinds that use it. ``backward``: the
+    SpMM is a layer's backward A^T dH (read by the directional kind ``paper``).
     """
     kind = spmm_model_from_dict(model)
+    if kind.directional:
+        return np.asarray(kind.predict(nnz, rows, common, dense_cols, backward=backward), dtype=np.float64)
     if kind.uses_structure:
         return np.asarray(kind.predict(nnz, rows, common, dense_cols, structure), dtype=np.float64)
     return np.asarray(kind.predict(nnz, rows, common, dense_cols), dtype=np.float64)

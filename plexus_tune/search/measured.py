@@ -12,6 +12,7 @@ from plexus_tune.measure.campaign import (
 )
 from plexus_tune.measure.table import runs_table
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.paths import default_run_log
 from plexus_tune.measure.store import read_runs
 from plexus_tune.search.evaluate import Evaluation, ModelEvaluator
 from plexus_tune.search.space import Config
@@ -74,13 +75,13 @@ class MeasuredEvaluator:
 
     def __init__(self, model: ModelEvaluator, graph: str, *, stats=None, layers: int = 3, hidden: int = 128,
                  epochs: int = 10, warmup: int = 2, backend: str = "gloo", timeout_s: float = 600.0,
-                 log_path: str = os.path.join("measurements", "runs.jsonl"), train_options: dict | None = None,
+                 log_path: str | None = None, train_options: dict | None = None,
                  launcher=None):
         self.model = model
         self.graph = graph
         self.stats = stats
         self.layers, self.hidden, self.epochs, self.warmup = layers, hidden, epochs, warmup
-        self.log_path = log_path
+        self.log_path = str(log_path or default_run_log())  # the default run log (plexus_tune.paths)
         self.options = {"backend": backend, "timeout_s": float(timeout_s), **(train_options or {})}
         self.launcher = launcher
         self.runs = 0

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
-from plexus_tune.errors import UserError, parse_count
+from plexus_tune.errors import UserError
+from plexus_tune.numbers import parse_count
 from plexus_tune.model.grid import enumerate_grids, format_grid
 
 

@@ -24,7 +24,8 @@ DEFAULT_AGGREGATION = "hybrid"
 #: Options of one family only, with their names in messages: a family accepts those in its ``options``.
 FAMILY_OPTIONS = {"replication": "the replication factor", "aggregation": "the aggregation mode",
                   "block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
-                  "permute": "a permutation", "shards": "2D shard files"}
+                  "permute": "a permutation", "shards": "2D shard files",
+                  "dp": "data-parallel groups", "batch_size": "the batch size"}
 
 
 def _text(grid) -> str:
@@ -99,6 +100,8 @@ TRAINED_FAMILIES = {f.name: f for f in (
     TrainedFamily("cagnet-3d", "plexus_tune.trainer.cagnet3d:Cagnet3dTrainer", _summa_grid("several"), True),
     TrainedFamily("supergcn", "plexus_tune.trainer.partitioned:PartitionedTrainer", _one_row_grid,
                   options=frozenset({"aggregation"})),
+    TrainedFamily("scalegnn-4d", "plexus_tune.trainer.scalegnn:ScaleGnnTrainer", _as_given, True,
+                  frozenset({"dp", "batch_size"})),
 )}
 TRAINED_ALGORITHMS = tuple(TRAINED_FAMILIES)
 
@@ -131,7 +134,7 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
         if len(grid) != 3 or any(g < 1 for g in grid):
             raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
         total = grid[0] * grid[1] * grid[2]
-        if gpus is not None and int(gpus) != total:
+        if gpus is not None and int(gpus) != total and "dp" not in family.options:  # dp groups: checked by the run
             raise UserError(f"grid {_text(grid)} has {total} ranks but the GPU count is {gpus}; "
                             "make the product of the grid equal the GPU count", parameter="gpus")
         gpus = total
@@ -161,6 +164,15 @@ def check_family_options(config) -> None:
     if config.replication is not None and "replication" not in family.options:
         raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {family.name}",
                         parameter="replication")
+    if "batch_size" in family.options and config.batch_size is None:
+        raise UserError(f"{family.name} samples B vertices per step: give the batch size", parameter="batch_size")
+    if int(config.dp or 1) < 1:
+        raise UserError(f"the data-parallel degree must be at least 1, got {config.dp}", parameter="dp")
+    for key, on in (("dp", int(config.dp or 1) != 1), ("batch_size", config.batch_size is not None)):
+        if on and key not in family.options:
+            owners = ", ".join(f.name for f in TRAINED_FAMILIES.values() if key in f.options)
+            raise UserError(f"{FAMILY_OPTIONS[key]} is an option of {owners}, not of {family.name}"
+                            + (" (which trains on the whole graph)" if key == "batch_size" else ""), parameter=key)
     given = {"block_rows": config.block_rows is not None, "overlap": bool(config.overlap),
              "layer_norm": bool(config.layer_norm)}
     unsupported = [FAMILY_OPTIONS[key] for key, on in given.items() if on and key not in family.options]

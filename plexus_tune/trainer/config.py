@@ -27,7 +27,9 @@ class TrainConfig:
     nodes of the graph's split (graph/splits: OGB split files, else a seeded random one).
     ``algorithm`` picks the family (:mod:`plexus_tune.trainer.algorithms`; ``grid`` is
     then its process grid), ``replication`` is cagnet-1.5d's c and ``aggregation``
-    supergcn's pre, post or hybrid.
+    supergcn's pre, post or hybrid; ``dp`` (data-parallel groups, each on ``grid``) and
+    ``batch_size`` (vertices sampled per step and group) are scalegnn-4d's, whose
+    components ``extra["minibatch"]`` may switch (rmsnorm, residual: bool; dropout: rate).
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -59,7 +61,14 @@ class TrainConfig:
     algorithm: str = "plexus-3d"
     replication: int | None = None
     aggregation: str | None = None
+    dp: int = 1
+    batch_size: int | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run: ``dp`` data-parallel groups of prod(grid) ranks (``dp`` is 1 but for scalegnn-4d)."""
+        return int(self.dp or 1) * int(self.grid[0]) * int(self.grid[1]) * int(self.grid[2])
 
     def options(self) -> dict:
         """The JSON-friendly options of the run (everything but the graph object)."""

@@ -70,6 +70,7 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 "setup_s": setup_s,
                 "load_s": load_s,
                 "output": trainer.output_block() if want_outputs else None,
+                "check_blocks": getattr(trainer, "check_payload", None),  # a family's own one-step check
             }
             gathered = [None] * world_size if rank == 0 else None
             dist.gather_object(payload, gathered, dst=0)
@@ -100,6 +101,8 @@ def rank_main(rank: int, world_size: int, graph_source, configs, device_kind: st
                 **trainer.record_shapes(),
                 "outputs": None,
             }
+            if any(g["check_blocks"] is not None for g in gathered):
+                result["check_step"] = trainer.assemble_check([g["check_blocks"] for g in gathered])
             if config.collect_outputs or config.check:
                 result["outputs"] = assemble_outputs(
                     [g["output"] for g in gathered], data.nodes, data.num_classes, trainer.out_perm)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.graph import gcn_normalize
+from plexus_tune.graph.sampling import sampled_subgraph
 from plexus_tune.graph.splits import random_split
 from plexus_tune.model.workload import model_widths
 
@@ -128,3 +130,70 @@ def check_verdict(loss_rel_diff: float, output_rel_diff: float, *, dtype: str = 
     passed = bool(loss_rel_diff <= loss_tol and output_rel_diff <= output_tol)
     return {"passed": passed, "loss_tolerance": loss_tol, "output_tolerance": output_tol, "device_kind": kind,
             "dtype": dtype}
+
+
+def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: int, dtype: str = "float32",
+                             split=None, rmsnorm: bool = True, residual: bool = True, dropout: float = 0.0,
+                             step: int = 0) -> dict:
+    """One step of ScaleGNN's model, serially with PyTorch Geometric, on each group's sample.
+
+    ``samples``: the sorted vertices of each data-parallel group at ``step``. Per group:
+    A_S rescaled as the trainer samples it (:func:`plexus_tune.graph.sampling.sampled_subgraph`
+    of the GCN-normalized adjacency), ``GCNConv(h, h, bias=False, normalize=False,
+    add_self_loops=False)`` with A_S as edge weights, X_S W_in, RMSNorm
+    (``torch.nn.functional.rms_norm``), ReLU, the trainer's dropout mask, the residual, the
+    head, cross-entropy over the sample's training vertices. Returns each group's loss,
+    group 0's (B, C) logits and the gradients averaged over the groups (``w_in``, ``w_<i>``,
+    ``gamma_<i>``, ``w_out``).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    from plexus_tune.trainer.scalegnn import RMS_EPS, dropout_mask, minibatch_weights
+
+    tdtype = torch.float64 if dtype == "float64" else torch.float32
+    adjacency = gcn_normalize(graph.adjacency)
+    n = adjacency.shape[0]
+    features = np.asarray(graph.features, dtype=np.float64)
+    labels = np.asarray(graph.labels, dtype=np.int64)
+    codes = random_split(n, seed) if split is None else np.asarray(split)
+    weights = minibatch_weights(features.shape[1], hidden, int(graph.num_classes), layers, seed)
+    losses, logits0, grads = [], None, None
+    for group, sample in enumerate(samples):
+        w_in = torch.nn.Parameter(torch.tensor(weights[0], dtype=tdtype))
+        convs = []
+        for i in range(layers):
+            conv = GCNConv(hidden, hidden, bias=False, normalize=False, add_self_loops=False).to(tdtype)
+            with torch.no_grad():
+                conv.lin.weight.copy_(torch.tensor(weights[i + 1].T, dtype=tdtype))
+            convs.append(conv)
+        gammas = [torch.nn.Parameter(torch.ones(hidden, dtype=tdtype)) for _ in range(layers)]
+        w_out = torch.nn.Parameter(torch.tensor(weights[-1], dtype=tdtype))
+        a_s = sampled_subgraph(adjacency, sample).tocoo()
+        edge_index = torch.from_numpy(np.vstack([a_s.col, a_s.row]).astype(np.int64))
+        edge_weight = torch.tensor(a_s.data, dtype=tdtype)
+        x = torch.tensor(features[sample], dtype=tdtype) @ w_in
+        for i, conv in enumerate(convs):
+            q = conv(x, edge_index, edge_weight)
+            if rmsnorm:
+                q = F.rms_norm(q, (hidden,), weight=gammas[i], eps=RMS_EPS)
+            q = torch.relu(q)
+            if dropout > 0:
+                q = q * torch.tensor(dropout_mask(len(sample), hidden, dropout, seed, step, i, group), dtype=tdtype)
+            x = q + x if residual else q
+        out = x @ w_out
+        train = torch.from_numpy(codes[sample] == 0)
+        target = torch.from_numpy(labels[sample])
+        loss = F.cross_entropy(out[train], target[train]) if bool(train.any()) else out.sum() * 0.0
+        loss.backward()
+        named = {"w_in": w_in, **{f"w_{i}": c.lin.weight for i, c in enumerate(convs)}, "w_out": w_out}
+        if rmsnorm:
+            named.update({f"gamma_{i}": g for i, g in enumerate(gammas)})
+        mine = {k: (p.grad.detach().numpy().T if k.startswith("w_") and k not in ("w_in", "w_out")
+                    else p.grad.detach().numpy()).astype(np.float64) for k, p in named.items()}
+        grads = mine if grads is None else {k: grads[k] + mine[k] for k in grads}
+        losses.append(float(loss.detach()))
+        if group == 0:
+            logits0 = out.detach().numpy().astype(np.float64)
+    return {"losses": losses, "logits": logits0, "grads": {k: v / len(samples) for k, v in grads.items()}}

@@ -96,7 +96,7 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     grid = tuple(config.grid)
     if len(grid) != 3 or any(int(g) < 1 for g in grid):
         raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
-    total = int(np.prod(grid))
+    total = config.world_size
     if config.gpus is not None and int(config.gpus) != total:
         raise UserError(f"grid {'x'.join(map(str, grid))} has {total} ranks but the GPU count is {config.gpus}; "
                         "make the product of the grid equal the GPU count", parameter="gpus")
@@ -156,7 +156,7 @@ def prepare(config: TrainConfig, launcher=None, env=None) -> tuple[TrainConfig, 
     config = normalize_config(config)
     if env is None:
         launcher = launcher or Launcher()
-        launcher.check(int(np.prod(config.grid)))
+        launcher.check(config.world_size)
         config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
                          machine=config.machine or launcher.machine_name())
     validate(config, env.world_size if env else None)
@@ -175,7 +175,7 @@ def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None
 
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
-    world = int(np.prod(config.grid))
+    world = config.world_size
     start = time.perf_counter()
     if env is not None:
         results, placement = run_in_environment(_rank_main_placed, env, args=(env, source, [config], device_kind),

@@ -1,0 +1,580 @@
+"""One rank of ScaleGNN's 4D mini-batch trainer (docs/trainer.md, "ScaleGNN 4D mini-batch").
+
+G = Gd x Gx x Gy x Gz ranks; rank r is member d = r // (Gx Gy Gz) of the data-parallel
+groups and has 3D coordinates ``coords_of(r mod Gx Gy Gz)``. Each group holds the whole
+graph sharded as Plexus shards it (layer i: rows over its depth axis, columns over its
+outer axis, :func:`plexus_tune.model.grid.layer_roles`; at most three distinct shards)
+and trains on its own sample at every step: step t of group d samples
+:func:`plexus_tune.graph.sampling.sample_vertices` (seed, t, d) and each rank cuts its
+own A_S and A_S^T from its shards (:func:`plexus_tune.graph.sampling.sampled_block`), with
+no communication. The B sampled vertices, in sorted order, are split over an axis of
+size g at the graph's own block boundaries (block k holds the sampled vertices of
+[k ceil(N/g), (k+1) ceil(N/g))), so every rank knows every block's size.
+
+Model (every operand has B rows): X_S W_in (all-reduce over Z), then per layer with
+roles (o, n, d): H = A_S F (all-reduce over o), Q = H W (all-reduce over n), RMSNorm
+(sum of squares all-reduced over o in FP32), ReLU, dropout (one mask drawn for the
+whole B x h output from the seed, the step, the layer and the group, so replicas agree),
+residual (the input resharded from rows over o and columns over n to rows over d and
+columns over o: all-gather over n, then over o; backward: all-reduce of the B x h
+gradient over d and over o); then the head X W_out (all-reduce over n) and the sharded
+cross-entropy over the sample's training vertices. Gradients that a replicated operand
+receives from different shards are summed over the replicas' axis in the backward pass
+(:class:`CopyTo`); every parameter's gradient is then averaged over the Gd groups in one
+FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from plexus_tune.graph.sampling import rescale_factor, sample_range, sample_vertices, sampled_block
+from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, random_split
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
+from plexus_tune.model.grid import coords_of, layer_roles, rank_of
+from plexus_tune.model.scalegnn import steps_per_epoch
+from plexus_tune.model.workload import model_widths
+from plexus_tune.trainer.comm import GridComm, PhaseTimer
+from plexus_tune.trainer.layout import Block, block
+from plexus_tune.trainer.loop import RankTrainer, _current_rss_bytes, _maybe_fail, make_adamw
+from plexus_tune.trainer.loss import LossShard, ShardedCrossEntropy, accuracy_counts, accuracy_from_counts
+from plexus_tune.trainer.precision import CommCounter
+from plexus_tune.trainer.tensors import glorot_weights, torch_csr
+
+#: RMSNorm's epsilon.
+RMS_EPS = 1e-6
+
+
+def minibatch_weights(features: int, hidden: int, classes: int, layers: int, seed: int) -> list[np.ndarray]:
+    """W_in (D_0 x h), W_1..W_L (h x h) and W_out (h x C), Glorot-uniform from ``seed``
+    (:func:`plexus_tune.trainer.tensors.glorot_weights`): the same on every rank and in the reference."""
+    return glorot_weights([features] + [hidden] * (layers + 1) + [classes], seed)
+
+
+def dropout_mask(batch: int, hidden: int, rate: float, seed: int, step: int, layer: int, group: int) -> np.ndarray:
+    """The (B, h) dropout scale of one layer at one step of one group: 0 or 1 / (1 - rate)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(step), int(layer)],
+                                                                     spawn_key=(int(group), 7))))
+    keep = rng.random((batch, hidden)) >= rate
+    return keep.astype(np.float64) / (1.0 - rate)
+
+
+class GroupComm(GridComm):
+    """The collectives of one rank of a Gd x (Gx x Gy x Gz) grid: :class:`GridComm`'s axis groups
+    inside its own data-parallel group, and the group of the ranks with its 3D coordinates
+    in every data-parallel group (stride Gx Gy Gz), :meth:`all_reduce_dp`."""
+
+    def __init__(self, grid, dp: int, rank: int, timer: PhaseTimer, backend=None, precision=None, seed: int = 0):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.grid = tuple(int(g) for g in grid)
+        self.dp = int(dp)
+        g3 = self.grid[0] * self.grid[1] * self.grid[2]
+        self.group_index, local = divmod(int(rank), g3)
+        self.rank = local
+        self.timer = timer
+        if precision is not None:
+            self.precision = precision if isinstance(precision, CommPrecision) else parse_comm_precision(precision)
+        self.counter = CommCounter()
+        self.generator = torch.Generator().manual_seed(1_000_003 * int(seed) + int(rank))
+        self.coords = tuple(int(c) for c in coords_of(local, self.grid))
+        self.groups = [None, None, None]
+        self.dp_group = None
+        self.max_gathered_bytes = 0
+        self._created = []
+        for d in range(self.dp):  # every rank creates every group, in the same order
+            for axis in range(3):
+                size = self.grid[axis]
+                if size == 1:
+                    continue
+                others = [range(self.grid[a]) for a in range(3) if a != axis]
+                for fixed in itertools.product(*others):
+                    members = []
+                    for k in range(size):
+                        c = list(fixed)
+                        c.insert(axis, k)
+                        members.append(d * g3 + int(rank_of(c[0], c[1], c[2], self.grid)))
+                    group = dist.new_group(members, backend=backend)
+                    self._created.append(group)
+                    if rank in members:
+                        self.groups[axis] = group
+        if self.dp > 1:
+            for k in range(g3):
+                members = [d * g3 + k for d in range(self.dp)]
+                group = dist.new_group(members, backend=backend)
+                self._created.append(group)
+                if rank in members:
+                    self.dp_group = group
+
+    def all_reduce_dp(self, tensor):
+        """Sum over the Gd groups in FP32, in place (timed as ``comm_dp_ms``)."""
+        if self.dp == 1:
+            return tensor
+        t0 = self.timer.now()
+        self.dist.all_reduce(tensor, group=self.dp_group)
+        self.timer.add(t0, "comm_ms", "comm_dp_ms", "all_reduce_ms")
+        if self.counter is not None:
+            self.counter.add("gather", 2 * (self.dp - 1) * (-(-tensor.numel() // self.dp)) * tensor.element_size())
+        return tensor
+
+
+class SumOver(torch.autograd.Function):
+    """Partial sums over an axis made whole: all-reduce forward, the gradient passed as is."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis: int, comm_class):
+        out = x.clone()
+        comm.all_reduce(out, axis, comm_class=comm_class)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class CopyTo(torch.autograd.Function):
+    """An operand replicated over an axis and used by different shards: identity forward,
+    the replicas' gradients summed (all-reduce) backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis: int, comm_class):
+        ctx.comm, ctx.axis, ctx.comm_class = comm, axis, comm_class
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        ctx.comm.all_reduce(grad, ctx.axis, comm_class=ctx.comm_class)
+        return grad, None, None, None
+
+
+class AllReduceBoth(torch.autograd.Function):
+    """A sum over an axis whose every replica's result feeds its own shard: all-reduce both ways (FP32)."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis: int):
+        ctx.comm, ctx.axis = comm, axis
+        out = x.clone()
+        comm.all_reduce(out, axis)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        ctx.comm.all_reduce(grad, ctx.axis)
+        return grad, None, None
+
+
+@dataclass
+class Sample:
+    """One step's sample seen by one rank: the sorted vertices and, per axis, the block bounds."""
+
+    vertices: np.ndarray
+    bounds: list  # per axis: (g + 1,) positions in ``vertices`` of the blocks' starts
+    step: int
+    group: int
+
+    def rows(self, axis: int, coord: int) -> tuple[int, int]:
+        b = self.bounds[axis]
+        return int(b[coord]), int(b[coord + 1])
+
+    def counts(self, axis: int) -> np.ndarray:
+        return np.diff(self.bounds[axis])
+
+
+class Reshard(torch.autograd.Function):
+    """The residual moved from rows over ``src_rows`` x columns over ``src_cols`` to rows over
+    ``dst_rows`` x columns over ``dst_cols`` (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, trainer, sample, layer: int):
+        o, n, d = layer_roles(layer)
+        ctx.trainer, ctx.sample, ctx.layer = trainer, sample, layer
+        comm, h = trainer.comm, trainer.hidden
+        # columns over n: gather the transposed blocks (rows of the gather) and keep the first h
+        cols = comm.all_gather(x.t().contiguous(), n, comm_class="gather").t()[:, :h]
+        counts = sample.counts(o)
+        most = int(counts.max())
+        padded = torch.zeros((most, h), dtype=x.dtype, device=x.device)
+        padded[: cols.shape[0]] = cols
+        gathered = comm.all_gather(padded, o, comm_class="gather")
+        full = torch.cat([gathered[k * most: k * most + int(c)] for k, c in enumerate(counts.tolist())], dim=0)
+        r0, r1 = sample.rows(d, comm.coords[d])
+        cb = trainer.col_block(h, o)
+        out = torch.zeros((r1 - r0, cb.size), dtype=x.dtype, device=x.device)
+        out[:, : cb.real] = full[r0:r1, cb.start:cb.stop]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        trainer, sample, layer = ctx.trainer, ctx.sample, ctx.layer
+        o, n, d = layer_roles(layer)
+        comm, h = trainer.comm, trainer.hidden
+        full = torch.zeros((len(sample.vertices), h), dtype=grad.dtype, device=grad.device)
+        r0, r1 = sample.rows(d, comm.coords[d])
+        cb = trainer.col_block(h, o)
+        full[r0:r1, cb.start:cb.stop] = grad[:, : cb.real]
+        comm.all_reduce(full, d, comm_class="gather")
+        comm.all_reduce(full, o, comm_class="gather")
+        s0, s1 = sample.rows(o, comm.coords[o])
+        nb = trainer.col_block(h, n)
+        out = torch.zeros((s1 - s0, nb.size), dtype=grad.dtype, device=grad.device)
+        out[:, : nb.real] = full[s0:s1, nb.start:nb.stop]
+        return out, None, None, None
+
+
+@dataclass
+class _Stats:
+    saved_bytes: list = field(default_factory=list)
+
+
+class ScaleGnnTrainer(RankTrainer):
+    """One rank of the 4D mini-batch trainer (module docstring)."""
+
+    def __init__(self, data, config, rank: int, world_size: int, device="cpu", comm=None, split=None):
+        self.config = config
+        self.rank = rank
+        self.device = torch.device(device)
+        self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
+        self.timer = PhaseTimer(cuda=self.device.type == "cuda")
+        self.grid = tuple(int(g) for g in config.grid)
+        self.dp = int(getattr(config, "dp", 1) or 1)
+        g3 = self.grid[0] * self.grid[1] * self.grid[2]
+        if self.dp * g3 != world_size:
+            raise ValueError(f"{self.dp} x grid {self.grid} needs {self.dp * g3} ranks, world size is {world_size}")
+        options = dict(config.extra.get("minibatch") or {})
+        self.batch = int(config.batch_size)
+        self.components = {name: bool(options.get(name, True)) for name in ("rmsnorm", "residual")}
+        self.dropout = float(options.get("dropout", 0.0))
+        self.comm = comm or GroupComm(self.grid, self.dp, rank, self.timer, precision=config.comm_precision,
+                                      seed=config.seed)
+        self.group = self.comm.group_index
+        self.coords = self.comm.coords
+        self.pg = data.pg
+        n = self.nodes = data.nodes
+        self.features_in, self.classes = data.num_features, data.num_classes
+        self.hidden, self.layers = int(config.hidden), int(config.layers)
+        # the record's widths, as every family's (model.workload.model_widths): the planner's workload
+        self.widths = model_widths(self.features_in, self.classes, self.layers, self.hidden)
+        self.split = random_split(n, config.seed) if split is None else np.asarray(split, dtype=np.int8)
+        self.labels = np.asarray(data.pg.labels, dtype=np.int64)
+        # the group's replica of the graph: this rank's shard of each distinct layer layout
+        adjacency = data.pg.adjacency.tocsr()
+        self.graph_shards = []
+        self.persistent_bytes = 0
+        self.shard_nnz = []
+        for i in range(min(self.layers, 3)):
+            o, _, d = layer_roles(i)
+            rows, cols = self.node_block(d), self.node_block(o)
+            shard = adjacency[rows.start:rows.stop, cols.start:cols.stop].tocsr()
+            self.graph_shards.append((rows.start, cols.start, shard))
+            self.persistent_bytes += shard.data.nbytes + shard.indices.nbytes + shard.indptr.nbytes
+        self.shard_nnz = [int(self.graph_shards[i % 3][2].nnz) for i in range(self.layers)]
+        xr, zc = self.node_block(0), block(self.coords[2], -(-self.features_in // self.grid[2]), self.features_in)
+        self.x_rows = xr
+        self.x_local = np.zeros((xr.stop - xr.start, zc.size), dtype=np.float64)
+        self.x_local[:, : zc.real] = np.asarray(data.pg.features, dtype=np.float64)[xr.start:xr.stop, zc.start:zc.stop]
+        self.persistent_bytes += self.x_local.size * (8 if self.dtype == torch.float64 else 4)
+        weights = minibatch_weights(self.features_in, self.hidden, self.classes, self.layers, config.seed)
+        self.w_in = self._param(weights[0], block(self.coords[2], zc.size, self.features_in), self.col_block(self.hidden, 1))
+        self.w_layers, self.gammas = [], []
+        for i in range(self.layers):
+            o, nn, _ = layer_roles(i)
+            self.w_layers.append(self._param(weights[i + 1], self.col_block(self.hidden, nn), self.col_block(self.hidden, o)))
+            cb = self.col_block(self.hidden, o)
+            gamma = np.zeros(cb.size)
+            gamma[: cb.real] = 1.0
+            self.gammas.append(torch.nn.Parameter(torch.tensor(gamma, dtype=self.dtype, device=self.device)))
+        o, nn, d = layer_roles(self.layers)
+        self.head_roles = (o, nn, d)
+        self.w_out = self._param(weights[-1], self.col_block(self.hidden, nn), self.col_block(self.classes, d))
+        self.params = [self.w_in, *self.w_layers, *(self.gammas if self.components["rmsnorm"] else []), self.w_out]
+        self.optimizer, self.optimizer_name = make_adamw(self.params, lr=config.lr, weight_decay=config.weight_decay,
+                                                         device_type=self.device.type)
+        self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in self.params)
+        self.steps = steps_per_epoch(n, self.batch, self.dp)
+        self.shards = [_Stats()]
+        self.loss_shard = None
+        self.check_payload = None
+
+    # ----------------------------------------------------------------------------- layout
+
+    def node_block(self, axis: int) -> Block:
+        """This rank's block of the N vertices over ``axis`` (ceil(N / g) per block)."""
+        return block(self.coords[axis], -(-self.nodes // self.grid[axis]), self.nodes)
+
+    def col_block(self, width: int, axis: int) -> Block:
+        """This rank's block of ``width`` columns over ``axis`` (ceil(width / g) per block, zero padded)."""
+        return block(self.coords[axis], -(-int(width) // self.grid[axis]), int(width))
+
+    def _param(self, full: np.ndarray, rows: Block, cols: Block) -> torch.nn.Parameter:
+        local = np.zeros((rows.size, cols.size))
+        local[: rows.real, : cols.real] = full[rows.start:rows.stop, cols.start:cols.stop]
+        return torch.nn.Parameter(torch.tensor(local, dtype=self.dtype, device=self.device))
+
+    # ----------------------------------------------------------------------------- sampling
+
+    def sample(self, step: int, batch: int | None = None) -> Sample:
+        """Step ``step``'s sample of this rank's group and its block bounds per axis (no communication)."""
+        batch = self.batch if batch is None else batch
+        vertices = sample_vertices(self.nodes, batch, self.config.seed, step, self.group)
+        bounds = []
+        for axis in range(3):
+            size = -(-self.nodes // self.grid[axis])
+            edges = np.minimum(np.arange(self.grid[axis] + 1) * size, self.nodes)
+            bounds.append(np.searchsorted(vertices, edges, side="left"))
+        return Sample(vertices, bounds, step, self.group)
+
+    def sampled_shards(self, sample: Sample, rescale: bool = True) -> list:
+        """(A_S, A_S^T) of each distinct layer layout, cut from this rank's shards."""
+        out = []
+        p = rescale_factor(self.nodes, len(sample.vertices))
+        for i, (r_start, c_start, shard) in enumerate(self.graph_shards):
+            o, _, d = layer_roles(i)
+            r0, r1 = sample.rows(d, self.coords[d])
+            c0, c1 = sample.rows(o, self.coords[o])
+            a = sampled_block(shard, r_start, c_start, sample.vertices[r0:r1], sample.vertices[c0:c1], p,
+                              rescale=rescale)
+            out.append((torch_csr(a, self.dtype, self.device), torch_csr(a.T.tocsr(), self.dtype, self.device)))
+        return out
+
+    # ----------------------------------------------------------------------------- model
+
+    def _spmm(self, a, dense, direction, layer):
+        t0 = self.timer.now()
+        out = torch.sparse.mm(a, dense)
+        self.timer.add(t0, "spmm_ms", f"spmm_{direction}_{layer}_ms")
+        return out
+
+    def _gemm(self, x, y):
+        t0 = self.timer.now()
+        out = x @ y
+        self.timer.add(t0, "gemm_ms")
+        return out
+
+    def forward_sample(self, sample: Sample, shards, *, train: bool = True):
+        """Logits of this rank's block (rows over the head's outer axis, classes over its depth axis)."""
+        comm = self.comm
+        r0, r1 = sample.rows(0, self.coords[0])
+        rows = sample.vertices[r0:r1] - self.x_rows.start
+        x_s = torch.tensor(self.x_local[rows], dtype=self.dtype, device=self.device)
+        x = SumOver.apply(self._gemm(x_s, CopyTo.apply(self.w_in, comm, 0, "gather")), comm, 2, "combination")
+        for i in range(self.layers):
+            o, n, d = layer_roles(i)
+            a, a_t = shards[i % 3]
+            f = CopyTo.apply(x, comm, d, "gather")
+            h = SumOver.apply(_SpMM.apply(f, a, a_t, self, i), comm, o, "aggregation")
+            h = CopyTo.apply(h, comm, o, "aggregation")
+            q = SumOver.apply(self._gemm(h, CopyTo.apply(self.w_layers[i], comm, d, "gather")), comm, n, "combination")
+            if self.components["rmsnorm"]:
+                squares = AllReduceBoth.apply((q * q).sum(dim=1, keepdim=True), comm, o)
+                q = q * torch.rsqrt(squares / self.hidden + RMS_EPS) * CopyTo.apply(self.gammas[i], comm, d, "gather")
+            q = torch.relu(q)
+            if train and self.dropout > 0:
+                mask = dropout_mask(len(sample.vertices), self.hidden, self.dropout, self.config.seed, sample.step, i,
+                                    sample.group)
+                q0, q1 = sample.rows(d, self.coords[d])
+                cb = self.col_block(self.hidden, o)
+                local = np.zeros((q1 - q0, cb.size))
+                local[:, : cb.real] = mask[q0:q1, cb.start:cb.stop]
+                q = q * torch.tensor(local, dtype=self.dtype, device=self.device)
+            if self.components["residual"]:
+                q = q + Reshard.apply(x, self, sample, i)
+            x = q
+        o, n, d = self.head_roles
+        xh = CopyTo.apply(x, comm, d, "aggregation")
+        return SumOver.apply(self._gemm(xh, CopyTo.apply(self.w_out, comm, o, "gather")), comm, n, "combination")
+
+    def loss_shard_for(self, sample: Sample, *, train_only: bool = True) -> LossShard:
+        """The sharded loss of a sample: its training vertices' mean cross-entropy."""
+        o, _, d = self.head_roles
+        r0, r1 = sample.rows(o, self.coords[o])
+        vertices = sample.vertices[r0:r1]
+        labels = self.labels[vertices]
+        codes = self.split[vertices]
+        train_labels = np.where(codes == TRAIN, labels, -1)
+        cols = self.col_block(self.classes, d)
+        shard = LossShard(labels=torch.tensor(train_labels if train_only else labels, device=self.device),
+                          col_start=cols.start, classes=self.classes,
+                          nodes=max(1, int((self.split[sample.vertices] == TRAIN).sum())), class_axis=d, row_axis=o,
+                          comm=self.comm, timer=self.timer, all_labels=torch.tensor(labels, device=self.device),
+                          split=torch.tensor(codes.astype(np.int8), device=self.device))
+        return shard.prepare(cols.size)
+
+    # ----------------------------------------------------------------------------- training
+
+    def step(self, t: int):
+        """One training step: sample, forward, loss, backward, data-parallel average, AdamW. Returns the loss."""
+        t0 = self.timer.now()
+        sample = self.sample(t)
+        shards = self.sampled_shards(sample)
+        self.timer.add(t0, "sample_ms")
+        self.last_sample_nnz = [int(a._nnz()) for a, _ in shards]
+        t0 = self.timer.now()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.timer.add(t0, "optimizer_ms")
+        logits = self.forward_sample(sample, shards)
+        self.loss_shard = self.loss_shard_for(sample)
+        loss = ShardedCrossEntropy.apply(logits, self.loss_shard)
+        t0 = self.timer.now()
+        loss.backward()
+        self.timer.add(t0, "bwd_ms")
+        self.average_gradients()
+        if self.config.check and t == 0:
+            self.check_payload = self._check_blocks(sample, logits, loss)
+        t0 = self.timer.now()
+        self.optimizer.step()
+        self.timer.add(t0, "optimizer_ms")
+        return loss.detach()
+
+    def average_gradients(self) -> None:
+        """Every parameter's gradient averaged over the Gd groups: one flat FP32 all-reduce."""
+        if self.dp == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(torch.float32 if self.dtype == torch.float32 else self.dtype)
+        self.comm.all_reduce_dp(flat)
+        flat /= self.dp
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset: offset + g.numel()].view_as(g).to(self.dtype)
+            offset += g.numel()
+
+    def _check_blocks(self, sample, logits, loss) -> dict:
+        """This rank's blocks of step 0 for ``--check``: loss, logits, gradients after the average."""
+        o, _, d = self.head_roles
+        r0, r1 = sample.rows(o, self.coords[o])
+        cb = self.col_block(self.classes, d)
+        blocks = {"group": self.group, "loss": float(loss.detach()), "sample": sample.vertices,
+                  "logits": (r0, r1, cb.start, cb.stop, logits.detach().cpu().numpy()[:, : cb.real])}
+        grads = {}
+        zc = block(self.coords[2], -(-self.features_in // self.grid[2]), self.features_in)
+        specs = [("w_in", self.w_in, zc, self.col_block(self.hidden, 1))]
+        for i in range(self.layers):
+            oo, nn, _ = layer_roles(i)
+            specs.append((f"w_{i}", self.w_layers[i], self.col_block(self.hidden, nn), self.col_block(self.hidden, oo)))
+            if self.components["rmsnorm"]:
+                cbg = self.col_block(self.hidden, oo)
+                grads[f"gamma_{i}"] = (cbg.start, cbg.stop, self.gammas[i].grad.cpu().numpy()[: cbg.real])
+        oo, nn, dd = self.head_roles
+        specs.append(("w_out", self.w_out, self.col_block(self.hidden, nn), self.col_block(self.classes, dd)))
+        for name, p, rb, cbk in specs:
+            grads[name] = (rb.start, rb.stop, cbk.start, cbk.stop, p.grad.cpu().numpy()[: rb.real, : cbk.real])
+        blocks["grads"] = grads
+        return blocks
+
+    def evaluate(self) -> list[float]:
+        """Accuracy counts (correct, total per split part) of a full-graph forward pass (B = N,
+        no rescaling, no dropout), summed over the head's row axis; untimed."""
+        saved = self.timer
+        self.timer = self.comm.timer = PhaseTimer(cuda=self.device.type == "cuda")
+        try:
+            with torch.no_grad():
+                sample = self.sample(0, batch=self.nodes)
+                logits = self.forward_sample(sample, self.sampled_shards(sample), train=False)
+                shard = self.loss_shard_for(sample, train_only=False)
+                counts = accuracy_counts(logits, shard)
+                if self.grid[shard.row_axis] > 1:
+                    self.comm.dist.all_reduce(counts, group=self.comm.groups[shard.row_axis])
+            self.last_logits = logits
+            self.eval_sample = sample
+            return counts.cpu().tolist()
+        finally:
+            self.timer = self.comm.timer = saved
+
+    def _train_epochs(self, epochs, rss_start, progress):
+        step = 0
+        for epoch in range(epochs):
+            _maybe_fail(self.rank, epoch)
+            if self.comm.counter is not None:
+                self.comm.counter.reset()
+            t_epoch = self.timer.now()
+            losses = []
+            for _ in range(self.steps):
+                losses.append(self.step(step))
+                step += 1
+            self.timer.end_epoch(t_epoch)
+            if self.comm.counter is not None:
+                self.comm_epochs.append(dict(self.comm.counter.bytes))
+            self.losses.append(float(torch.stack(losses).to(torch.float64).mean()))
+            for part, value in accuracy_from_counts(self.evaluate()).items():
+                self.accuracy[part].append(value)
+            self.timer.resolve(wait=True)
+            if progress is not None:
+                progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
+            tracked = self.persistent_bytes + self.comm.max_gathered_bytes
+            self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
+            self.peak_rss_delta = max(self.peak_rss_delta, _current_rss_bytes() - rss_start)
+
+    # ----------------------------------------------------------------------------- results
+
+    @property
+    def out_perm(self):
+        return np.arange(self.nodes)
+
+    def output_block(self):
+        """(row Block, column Block, logits) of the last full-graph evaluation, from group 0's
+        ranks of inner coordinate 0 on the head (the others hold replicas)."""
+        o, n, d = self.head_roles
+        if self.group != 0 or self.coords[n] != 0:
+            return None
+        r0, r1 = self.eval_sample.rows(o, self.coords[o])
+        cb = self.col_block(self.classes, d)
+        return (Block(r0, r1, r1 - r0), cb, self.last_logits.cpu().numpy())
+
+    def assemble_check(self, payloads) -> dict:
+        """The ranks' ``--check`` blocks assembled (:func:`assemble_check`)."""
+        return assemble_check(payloads, self.nodes, (self.features_in, self.hidden, self.classes))
+
+    def record_shapes(self) -> dict:
+        return {"n_pad": self.nodes, "padded_widths": list(self.widths), "w_split": [False] * self.layers,
+                "dp": self.dp, "batch_size": self.batch, "steps_per_epoch": self.steps}
+
+
+class _SpMM(torch.autograd.Function):
+    """A_S F (forward) and A_S^T dH (backward), timed as the layer's SpMMs."""
+
+    @staticmethod
+    def forward(ctx, f, a, a_t, trainer, layer):
+        ctx.a_t, ctx.trainer, ctx.layer = a_t, trainer, layer
+        return trainer._spmm(a, f.contiguous(), "fwd", layer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.trainer._spmm(ctx.a_t, grad.contiguous(), "bwd", ctx.layer), None, None, None, None
+
+
+def assemble_check(payloads, nodes: int, widths) -> dict:
+    """Rank 0's view of ``--check``: per group its loss and sample, group 0's (B, C) logits,
+    and the full gradient matrices after the data-parallel average (from any group);
+    ``widths`` = (D_0, h, C)."""
+    groups = {}
+    logits = None
+    grads: dict[str, np.ndarray] = {}
+    for item in payloads:
+        if item is None:
+            continue
+        groups.setdefault(item["group"], {"loss": item["loss"], "sample": item["sample"]})
+        if item["group"] == 0:
+            r0, r1, c0, c1, values = item["logits"]
+            if logits is None:
+                logits = np.zeros((len(item["sample"]), widths[-1]))
+            logits[r0:r1, c0:c1] = values
+        for name, spec in item["grads"].items():
+            if name.startswith("gamma"):
+                c0, c1, values = spec
+                grads.setdefault(name, np.zeros(widths[1]))[c0:c1] = values
+            else:
+                r0, r1, c0, c1, values = spec
+                if name not in grads:
+                    rows = widths[0] if name == "w_in" else widths[1]
+                    cols = widths[-1] if name == "w_out" else widths[1]
+                    grads[name] = np.zeros((rows, cols))
+                grads[name][r0:r1, c0:c1] = values
+    return {"groups": [groups[g] for g in sorted(groups)], "logits": logits, "grads": grads}
