@@ -5,7 +5,8 @@ pattern is symmetric, the largest block of every split and its structure) are st
 under ``<data dir>/structure-cache/<key>/``, where the key is the BLAKE2b hash of the
 adjacency's pattern (N, indptr, indices; the values do not enter any statistic):
 
-    graph.json                   name, nodes, stored and normalized nonzeros, symmetry
+    graph.json                   name, nodes, stored and normalized nonzeros, rows storing
+                                 their diagonal, symmetry
     <permutation>.json           ``{"splits": {"<layout>:<R>x<C>": entry}}`` for one
                                  permutation mode, seed (and the part counts of ``local``)
 
@@ -141,13 +142,14 @@ class StructureCache:
 
     # ----------------------------------------------------------------- graph summary
     def summary(self) -> dict | None:
-        """``{"name", "nodes", "nnz", "normalized_nnz", "symmetric_pattern"}`` or None."""
+        """``{"name", "nodes", "nnz", "normalized_nnz", "diagonal_rows", "symmetric_pattern"}`` or None."""
         data = _read_json(self.directory / "graph.json")
         if data is None:
             return None
         try:
             return {"name": str(data["name"]), "nodes": int(data["nodes"]), "nnz": int(data["nnz"]),
-                    "normalized_nnz": int(data["normalized_nnz"]), "symmetric_pattern": data["symmetric_pattern"]}
+                    "normalized_nnz": int(data["normalized_nnz"]), "diagonal_rows": int(data["diagonal_rows"]),
+                    "symmetric_pattern": data["symmetric_pattern"]}
         except (KeyError, TypeError, ValueError) as exc:
             warnings.warn(CorruptCacheWarning(f"{self.directory / 'graph.json'}: corrupt structure cache entry ignored "
                                               f"({type(exc).__name__}: {exc})"), stacklevel=2)

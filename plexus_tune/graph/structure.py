@@ -388,6 +388,9 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     vectors = {key: (np.zeros(t[4], dtype=np.int64), np.zeros(t[5], dtype=np.int64)) for key, t in targets.items()}
     row_starts = np.asarray(indptr[:-1])
     row_lengths = np.diff(indptr)
+    # the column segments each largest block covers
+    column_segments = {key: (int(np.searchsorted(ccuts, min(t[2], n))), int(np.searchsorted(ccuts, min(t[3], n))))
+                       for key, t in targets.items()}
     wanted = np.zeros(n, dtype=bool)
     for r0, r1, *_ in targets.values():
         wanted[r0:r1] = True
@@ -416,22 +419,32 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
         positions = np.repeat(row_starts[old] - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
         cols = inv_col[indices[positions]]
         del positions
+        # the chunk's entries by column segment, then new row (a stable radix sort of the segments):
+        # a block's entries in one column segment are then one run, found by binary search
+        segment = cseg[cols]
+        order = np.argsort(segment, kind="stable")
+        cols = cols[order]
+        rows = np.repeat(np.arange(k, stop, dtype=np.int64), lengths)[order]
+        sort_key = segment[order].astype(np.int64) * n + rows
+        del order, segment
         for key, (r0, r1, c0, c1, br, bc) in targets.items():
             a, b = max(r0, k), min(r1, stop)
             if a >= b:
                 continue
-            lo, hi = int(offsets[a - k]), int(offsets[b - k])
-            piece = cols[lo:hi]
-            keep = (piece >= c0) & (piece < c1)
-            rows_out, cols_out = vectors[key]
-            if hi == lo:
+            first, last = column_segments[key]
+            runs = np.arange(first, last, dtype=np.int64) * n
+            lo = np.searchsorted(sort_key, runs + a)
+            hi = np.searchsorted(sort_key, runs + b)
+            sizes = hi - lo
+            total = int(sizes.sum())
+            if total == 0:
                 continue
-            kept = np.zeros(hi - lo + 1, dtype=np.int64)
-            np.cumsum(keep, out=kept[1:])
-            bounds = offsets[a - k:b - k + 1] - lo
-            rows_out[a - r0:b - r0] += kept[bounds[1:]] - kept[bounds[:-1]]
-            if kept[-1]:
-                cols_out += np.bincount(piece[keep] - c0, minlength=bc)[:bc]
+            starts = np.zeros(sizes.size, dtype=np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+            picked = np.repeat(lo - starts, sizes) + np.arange(total, dtype=np.int64)
+            rows_out, cols_out = vectors[key]
+            rows_out[a - r0:b - r0] += np.bincount(rows[picked] - a, minlength=b - a)[:b - a]
+            cols_out += np.bincount(cols[picked] - c0, minlength=bc)[:bc]
         k = stop
     for key, (r0, r1, c0, c1, br, bc) in targets.items():
         inside = (loop_rows >= r0) & (loop_rows < r1) & (loop_cols >= c0) & (loop_cols < c1)

@@ -188,7 +188,7 @@ def structure_arrays(structures, nnz, rows, common) -> dict:
 
 
 def graph_summary(graph, cache=None) -> dict:
-    """``{"name", "nodes", "nnz", "normalized_nnz", "symmetric_pattern"}`` of a graph (read from
+    """``{"name", "nodes", "nnz", "normalized_nnz", "diagonal_rows", "symmetric_pattern"}`` of a graph (read from
     ``cache`` when it holds them, else counted in one scan and stored there).
     ``symmetric_pattern`` is True when the graph's metadata says its values are symmetric,
     else None until :func:`graph_pattern_symmetric` checks it."""
@@ -197,12 +197,24 @@ def graph_summary(graph, cache=None) -> dict:
         if known is not None:
             return known
     adjacency = getattr(graph, "adjacency", graph)
+    with_diagonal = int(diagonal_rows(adjacency).sum())
     summary = {"name": getattr(graph, "name", "graph"), "nodes": int(adjacency.shape[0]), "nnz": int(adjacency.nnz),
-               "normalized_nnz": int(adjacency.nnz + adjacency.shape[0] - int(diagonal_rows(adjacency).sum())),
+               "normalized_nnz": int(adjacency.nnz + adjacency.shape[0] - with_diagonal), "diagonal_rows": with_diagonal,
                "symmetric_pattern": True if getattr(graph, "meta", {}).get("symmetric") else None}
     if cache is not None:
         cache.store_summary(summary)
     return summary
+
+
+def _diagonal(graph, cache) -> np.ndarray:
+    """Whether each row stores its diagonal; without a scan when the cache knows none or all do."""
+    adjacency = getattr(graph, "adjacency", graph)
+    n = adjacency.shape[0]
+    if cache is not None:
+        count = graph_summary(graph, cache).get("diagonal_rows")
+        if count in (0, n):
+            return np.full(n, count == n, dtype=bool)
+    return diagonal_rows(adjacency)
 
 
 def graph_pattern_symmetric(graph, cache=None) -> bool:
@@ -307,7 +319,7 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
                                       else permutations_for(permute, n, seed))
                 if has_diagonal is None:
-                    has_diagonal = diagonal_rows(adjacency)
+                    has_diagonal = _diagonal(graph, cache)
             computed = {}
             for which in ("pattern", "alternate"):
                 wanted_splits = {(R, C) for w, R, C in missing if w == which}
