@@ -400,3 +400,51 @@ def estimated_boundary_rows_for_test(nodes, nnz, parts):
     # docs/model.md, SuperGCN: (N/P)(1 - exp(-E / (P N))) rows per ordered pair, P - 1 senders
     per_part = nodes / parts
     return (parts - 1) * per_part * (1 - math.exp(-((nnz - nodes) / parts**2) / per_part))
+
+
+def test_every_reduced_precision_pays_its_codec():
+    # a profile without measured codec rates gets the codec's passes over its bytes at the
+    # memory bandwidth: int8 encodes in 4 + 8/32 passes (min/max, scale and round, one FP32
+    # random number written and read, the codes written), decodes in 1 + 8/32; bf16 casts in
+    # 1 + 16/32 each way
+    from plexus_tune.model.comm_precision import estimated_quant_entry
+
+    entry = estimated_quant_entry("int8", 1000.0)
+    assert entry["encode_gbps"] == pytest.approx(1000 / 4.25) and entry["decode_gbps"] == pytest.approx(800.0)
+    entry = estimated_quant_entry("bf16", 1000.0)
+    assert entry["encode_gbps"] == pytest.approx(1000 / 1.5) == entry["decode_gbps"]
+    w = workload_from_dataset("ogbn-products")
+    for name in SHIPPED:
+        machine = load_machine(name)
+        ranking = joint_ranking(w, machine, 8, precisions=("fp32", "bf16", "int8"))
+        for rec in ranking.records:
+            if rec["comm_precision"] != "fp32" and rec["comm_ms"] > 0:
+                assert rec["quant_ms"] > 0, (name, rec["algorithm"], rec["config"], rec["comm_precision"])
+                assert rec["quant_estimated"] == (rec["comm_precision"] in machine.quant_estimated)
+            else:
+                assert not rec["quant_estimated"]
+    # the estimate is used exactly as measured rates of the same values would be
+    perlmutter = load_machine("perlmutter")
+    assert "int8" in perlmutter.quant_estimated
+    measured = Machine.from_dict({**perlmutter.raw, "quant": {"int8": {
+        k: v for k, v in estimated_quant_entry("int8", perlmutter.memory_bandwidth_gbps).items() if k != "estimated"}}})
+    assert "int8" not in measured.quant_estimated
+    for family in ("plexus-3d", "cagnet-2d", "supergcn"):
+        grids = family_of(family).configurations(8)[:3]
+        a = family_of(family).predict(w, perlmutter, grids, comm_precision="int8")
+        b = family_of(family).predict(w, measured, grids, comm_precision="int8")
+        np.testing.assert_allclose(a["quant_ms"], b["quant_ms"], rtol=1e-12)
+        assert (a["quant_ms"] > 0).all() and a["quant_estimated"].all() and not b["quant_estimated"].any()
+
+
+def test_the_codec_estimate_is_marked_in_the_table_and_json():
+    args = ["predict", "--algorithm", "all", "--dataset", "ogbn-products", "--gpus", "8", "--machine", "perlmutter",
+            "--allow-precisions", "fp32,int8", "--top", "0"]
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", *args, "--format", "json"], capture_output=True,
+                         text=True, check=True).stdout
+    records = json.loads(out)["ranking"]
+    reduced = [r for r in records if r["comm_precision"] == "int8" and r["comm_ms"] > 0]
+    assert reduced and all(r["quant_estimated"] and r["quant_ms"] > 0 for r in reduced)
+    table = subprocess.run([sys.executable, "-m", "plexus_tune", *args], capture_output=True, text=True,
+                           env={**__import__("os").environ, "COLUMNS": "250"}).stdout
+    assert "(estimated)" in table and "quant (estimated): perlmutter has no measured codec rates for int8" in table

@@ -109,8 +109,19 @@ def test_predict_loads_no_torch_optuna_matplotlib_or_pandas():
     code = ("import sys, io, contextlib; from plexus_tune.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    rc = main(['predict', '--dataset', 'reddit', '--gpus', '8', '--machine', 'perlmutter'])\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'optuna', 'matplotlib', 'pandas', 'sklearn'}))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'optuna', 'matplotlib', 'pandas', 'sklearn', 'scipy'}))\n"
             "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_model_stage_loads_numpy_only():
+    """``import plexus_tune.model.prediction`` (every family's model) loads none of the heavy
+    libraries: the estimators live in fit/, graph helpers load scipy when called."""
+    code = ("import sys; import plexus_tune.model.prediction, plexus_tune.model.planner, plexus_tune.model.estimator\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn', 'pandas', 'torch', 'optuna', 'matplotlib'}))")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
                           cwd=PACKAGE.parent)
     assert proc.returncode == 0, proc.stderr

@@ -79,6 +79,22 @@ def family_precisions(args, algorithms) -> list[str]:
         raise UserError(f"{flag}: {exc}") from None
 
 
+def print_codec_note(console, machine, precisions) -> None:
+    """One line on the codec time of reduced precisions the profile has no measured rates for."""
+    used = {p for text in precisions for p in parse_comm_precision(text).as_dict().values() if p != "fp32"}
+    estimated = sorted(used & set(machine.quant_estimated))
+    if estimated:
+        bandwidth = machine.memory_bandwidth_gbps or machine.elementwise_gbps
+        console.print(f"quant (estimated): {machine.name} has no measured codec rates for {', '.join(estimated)}; "
+                      f"their codec time is estimated as passes over the bytes at {bandwidth:g} GB/s "
+                      "(docs/comm-precision.md, Estimated codec)", highlight=False)
+    missing = sorted(p for p in used if p not in machine.quant)
+    if missing:
+        console.print(f"{machine.name} has no quant rates and no memory bandwidth: the codec time of "
+                      f"{', '.join(missing)} is not counted (quant 0); give the profile memory_bandwidth_gbps",
+                      highlight=False)
+
+
 def _label(rec) -> str:
     return rec["algorithm"] + (ESTIMATE_MARK if rec["estimated"] else "")
 
@@ -127,7 +143,8 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
             cells += [_label(rec), rec["config"], rec["comm_precision"]]
             if objective != "epoch":
                 cells.append(f"{rec['objective_value']:.4g}")
-            table.add_row(*cells, *(format_ms(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+            table.add_row(*cells, *(format_ms(rec[key]) + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated")
+                                                            else "") for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
                           "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
         console.print(table)
         fam = Table(title="best of each family")
@@ -146,9 +163,7 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
-        if any(p != "fp32" for p in ranking.precisions) and not machine.raw.get("quant"):
-            console.print(f"{machine.name} has no quant rates: the codec time of reduced precisions is not counted "
-                          "(quant 0)", highlight=False)
+        print_codec_note(console, machine, ranking.precisions)
         if ranking.estimated_families:
             console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
                           "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "

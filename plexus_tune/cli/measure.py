@@ -29,9 +29,9 @@ from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
-from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
-from plexus_tune.trainer.algorithms import check_algorithm
+from plexus_tune.trainer.algorithms import check_algorithm, some_grid
 
 
 def register(subparsers) -> None:
@@ -87,10 +87,16 @@ def run(args) -> int:
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
+    algorithm = check_algorithm(args.algorithm)
+    family_options = family_train_options(args, algorithm)
+    if family_options:
+        check_batch_flag(family_options["batch_size"], stats.nodes)
+        if args.gpus % family_options["dp"]:
+            raise UserError(f"--dp {family_options['dp']} does not divide --gpus {args.gpus}")
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
-               "aggregation": args.aggregation}
-    settings = config_settings(campaign_config(graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+               "comm_precision": comm_precision, "algorithm": algorithm,
+               "aggregation": args.aggregation, **family_options}
+    settings = config_settings(campaign_config(graph, some_grid(options["algorithm"], args.gpus), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
                          replication=args.replication)

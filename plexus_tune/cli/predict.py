@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune.cli import minibatch
-from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
+from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, print_codec_note, selected_algorithms
 from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
@@ -180,7 +180,8 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "")
+                + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated") else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
@@ -196,9 +197,9 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
     if precision != "fp32" or auto:
         line = (f"communication at {precision}: {pred['comm_ms'][best]:.2f} ms on the wire + "
                 f"{pred['quant_ms'][best]:.2f} ms quantize/dequantize for the first grid")
-        if precision != "fp32" and not machine.raw.get("quant"):
-            line += f" ({machine.name} has no quant rates: codec time not counted)"
         print(line)
+        if precision != "fp32":
+            print_codec_note(make_console(), machine, [precision])
     if auto:
         ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in pick_precision(best_of)[1])
         print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")

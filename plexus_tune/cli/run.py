@@ -22,7 +22,7 @@ from plexus_tune.measure.training import run_training
 from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
-from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, family_train_options, check_batch_flag
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, LABELS, labelled
 
@@ -61,18 +61,26 @@ def run(args) -> int:
     check_backend(args.backend, comm_precision)
     if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
         raise UserError(f"need 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    algorithm = check_algorithm(args.algorithm)
+    family_options = family_train_options(args, algorithm)
+    ranks = args.gpus // int(family_options.get("dp", 1))
+    if ranks * int(family_options.get("dp", 1)) != args.gpus:
+        raise UserError(f"--dp {family_options['dp']} does not divide --gpus {args.gpus}")
     grid = None
     if args.grid:
         grid = tuple(int(v) for v in parse_grid(args.grid))
-        if int(np.prod(grid)) != args.gpus:
-            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+        if int(np.prod(grid)) != ranks:
+            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not {ranks}"
+                            + (f" (--gpus {args.gpus} over --dp {args.gpus // ranks})" if ranks != args.gpus else ""))
     log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
+    if family_options:
+        check_batch_flag(family_options["batch_size"], stats.nodes)
     options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
-               "aggregation": args.aggregation}
+               "comm_precision": comm_precision, "algorithm": algorithm,
+               "aggregation": args.aggregation, **family_options}
     settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = np.asarray(choose_grids(args.gpus, "all", settings=settings, replication=args.replication), dtype=np.int64)

@@ -106,6 +106,20 @@ def add_algorithm_arguments(parser) -> None:
     parser.add_argument("--no-residual", action="store_true", help="scalegnn-4d: leave out each layer's residual")
 
 
+def family_train_options(args, algorithm: str) -> dict:
+    """TrainConfig fields of the mini-batch family's flags (dp, batch_size, its components in
+    ``extra``) for measure and run; {} for the other families (UserError if a flag is misused)."""
+    if "batch_size" not in family_of(algorithm).options:
+        if args.dp not in (None, 1) or args.batch_size is not None or args.dropout is not None or args.no_rmsnorm \
+                or args.no_residual:
+            raise UserError(f"--dp, --batch-size, --dropout, --no-rmsnorm and --no-residual are options of "
+                            f"--algorithm scalegnn-4d, not of {algorithm}")
+        return {}
+    if args.batch_size is None:
+        raise UserError(f"{algorithm} samples B vertices per step: give --batch-size")
+    return {"dp": args.dp or 1, "batch_size": args.batch_size, "extra": {"minibatch": minibatch_options(args)}}
+
+
 def minibatch_options(args) -> dict:
     """scalegnn-4d's switchable components from the flags (TrainConfig.extra["minibatch"])."""
     if args.dropout is not None and not args.dropout < 1:
@@ -225,7 +239,7 @@ def check_result(record: dict) -> dict | None:
                          device=record.get("device", "cpu"))
 
 
-def _check_batch(batch: int, nodes: int) -> None:
+def check_batch_flag(batch: int, nodes: int) -> None:
     try:
         check_batch_size(batch, nodes)
     except UserError as exc:
@@ -248,11 +262,11 @@ def run(args: argparse.Namespace) -> int:
         launcher = launcher_from_args(args, [config.world_size])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
             if config.batch_size is not None:
-                _check_batch(config.batch_size, load_graph_source(args.graph).num_nodes)
+                check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
             else:
                 check_graph(args.graph)
         elif config.batch_size is not None:
-            _check_batch(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
+            check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
         config.extra["progress"] = True
     else:
         launcher = None

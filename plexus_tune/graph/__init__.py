@@ -3,92 +3,46 @@ synthetic generators, loaders and the project's own on-disk format, random
 permutations with a load-balance report, and 2D shard files for parallel loading.
 
 Orientation: row v of an adjacency holds v's in-neighbours (edge u -> v is ``A[v, u]``).
-"""
 
-from plexus_tune.graph.core import (
-    Graph,
-    adjacency_to_edge_index,
-    as_csr,
-    edge_index_to_adjacency,
-    gcn_normalize,
-    is_symmetric,
-)
-from plexus_tune.graph.generators import (
-    GENERATORS,
-    degree_labels,
-    generate,
-    grid2d_adjacency,
-    parse_spec,
-    random_features,
-    rmat_adjacency,
-    synthetic,
-)
-from plexus_tune.graph.io import FORMATS, detect_format, load_graph, resolve_graph, save_graph
-from plexus_tune.graph.shards import (
-    load_node_rows,
-    load_permutations,
-    load_shard,
-    load_shard_range,
-    read_manifest,
-    shard_bounds,
-    write_shards,
-)
-from plexus_tune.graph.permute import (
-    PERMUTE_MODES,
-    TWO_SIDED_MODES,
-    balance_report,
-    block_nnz,
-    double_permute,
-    grid_parts,
-    invert_permutation,
-    local_permutation,
-    make_permutation,
-    parse_blocks,
-    permutations_for,
-    permute_matrix,
-    permute_rows,
-    unpermute_rows,
-)
+The names below load their module when first used, so that importing one graph module
+(as the model does) does not load scipy through the others."""
 
-__all__ = [
-    "FORMATS",
-    "detect_format",
-    "load_graph",
-    "resolve_graph",
-    "save_graph",
-    "GENERATORS",
-    "PERMUTE_MODES",
-    "TWO_SIDED_MODES",
-    "Graph",
-    "adjacency_to_edge_index",
-    "as_csr",
-    "balance_report",
-    "block_nnz",
-    "degree_labels",
-    "double_permute",
-    "grid_parts",
-    "local_permutation",
-    "edge_index_to_adjacency",
-    "gcn_normalize",
-    "generate",
-    "grid2d_adjacency",
-    "invert_permutation",
-    "is_symmetric",
-    "make_permutation",
-    "parse_blocks",
-    "parse_spec",
-    "permutations_for",
-    "permute_matrix",
-    "permute_rows",
-    "random_features",
-    "rmat_adjacency",
-    "synthetic",
-    "unpermute_rows",
-    "load_node_rows",
-    "load_permutations",
-    "load_shard",
-    "load_shard_range",
-    "read_manifest",
-    "shard_bounds",
-    "write_shards",
-]
+from __future__ import annotations
+
+import importlib
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    # core
+    "Graph": "core", "adjacency_to_edge_index": "core", "as_csr": "core", "edge_index_to_adjacency": "core",
+    "gcn_normalize": "core", "is_symmetric": "core",
+    # generators
+    "GENERATORS": "generators", "degree_labels": "generators", "generate": "generators",
+    "grid2d_adjacency": "generators", "parse_spec": "generators", "random_features": "generators",
+    "rmat_adjacency": "generators", "synthetic": "generators",
+    # io
+    "FORMATS": "io", "detect_format": "io", "load_graph": "io", "resolve_graph": "io", "save_graph": "io",
+    # permute
+    "PERMUTE_MODES": "permute", "TWO_SIDED_MODES": "permute", "balance_report": "permute",
+    "block_nnz": "permute", "double_permute": "permute", "grid_parts": "permute",
+    "invert_permutation": "permute", "local_permutation": "permute", "make_permutation": "permute",
+    "parse_blocks": "permute", "permutations_for": "permute", "permute_matrix": "permute",
+    "permute_rows": "permute", "unpermute_rows": "permute",
+    # shards
+    "load_node_rows": "shards", "load_permutations": "shards", "load_shard": "shards",
+    "load_shard_range": "shards", "read_manifest": "shards", "shard_bounds": "shards",
+    "write_shards": "shards",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOMES))

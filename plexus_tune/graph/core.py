@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 
 @dataclass
@@ -68,6 +67,7 @@ class Graph:
 
 def as_csr(adj) -> sp.csr_matrix:
     """Canonical CSR: sorted indices, duplicates summed, explicit zeros kept out."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adj)
     if not csr.has_canonical_format:
         csr = csr.copy()
@@ -85,6 +85,7 @@ def gcn_normalize(adj, *, dtype=np.float32) -> sp.csr_matrix:
     ``torch_geometric.nn.conv.gcn_conv.gcn_norm(edge_index, w)`` for ``edge_index = (u, v)``,
     for directed and undirected graphs alike.
     """
+    import scipy.sparse as sp
     csr = as_csr(adj)
     n = csr.shape[0]
     if csr.shape[1] != n:
@@ -108,6 +109,7 @@ def edge_index_to_adjacency(edge_index: np.ndarray, num_nodes: int, weights=None
 
     Duplicate edges are summed (so an unweighted multi-edge has weight > 1).
     """
+    import scipy.sparse as sp
     edge_index = np.asarray(edge_index)
     src = edge_index[0].astype(np.int64, copy=False)
     dst = edge_index[1].astype(np.int64, copy=False)
@@ -120,6 +122,7 @@ def edge_index_to_adjacency(edge_index: np.ndarray, num_nodes: int, weights=None
 
 def adjacency_to_edge_index(adj) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of :func:`edge_index_to_adjacency`: ``(edge_index (2, E) int64, weights)``."""
+    import scipy.sparse as sp
     coo = sp.coo_matrix(adj)
     edge_index = np.vstack([coo.col.astype(np.int64), coo.row.astype(np.int64)])
     return edge_index, coo.data

@@ -15,7 +15,6 @@ import math
 import re
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.resources import check_memory
 from plexus_tune.errors import UserError
@@ -51,6 +50,7 @@ def _symmetric_from_pairs(lo: np.ndarray, hi: np.ndarray, nodes: int) -> sp.csr_
     Both directions are encoded as sorted keys ``row * nodes + col``, which is directly
     the CSR order: ``indptr`` from per-row counts, ``indices = key % nodes``.
     """
+    import scipy.sparse as sp
     keys = np.concatenate([lo * nodes + hi, hi * nodes + lo])
     keys.sort()
     rows = keys // nodes
@@ -258,6 +258,7 @@ def degree_labels(adj, num_classes: int, seed: int = 0) -> np.ndarray:
     the node of rank k gets class ``k * num_classes // N``, so class c holds the c-th
     ``1/num_classes`` quantile of degrees and every class has N/C nodes (+-1).
     """
+    import scipy.sparse as sp
     n = adj.shape[0]
     if num_classes < 1:
         raise UserError(f"classes must be >= 1, got {num_classes}")

@@ -33,7 +33,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 from plexus_tune.jsonfile import read_json
@@ -97,6 +96,7 @@ def detect_format(path) -> str:
 
 def _undirected(src: np.ndarray, dst: np.ndarray, weights, num_nodes: int) -> sp.csr_matrix:
     """Each unordered pair once (first occurrence's weight), mirrored; self-loops once."""
+    import scipy.sparse as sp
     lo = np.minimum(src, dst)
     hi = np.maximum(src, dst)
     keys = lo * num_nodes + hi
@@ -190,6 +190,7 @@ def _finish(adj, features, labels, num_classes, name, meta, *, features_width, c
 # --- readers -----------------------------------------------------------------------
 
 def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
+    import scipy.sparse as sp
     info = read_json(path / "metadata.json", METADATA_SCHEMA, fix="the graph is corrupt: convert it again")
     if info["format"] != PLEXUS_FORMAT:
         raise UserError(f"{path}/metadata.json is not a plexus graph (format {info['format']!r})")
@@ -226,6 +227,7 @@ def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
 
 
 def _read_npz(path: Path, *, directed: bool, **opts) -> Graph:
+    import scipy.sparse as sp
     if not zipfile.is_zipfile(path):
         raise UserError(f"{path} is not an .npz (zip) archive; is the file truncated or corrupt?")
     with np.load(path, allow_pickle=False) as z:
@@ -271,6 +273,7 @@ def _read_npz(path: Path, *, directed: bool, **opts) -> Graph:
 
 
 def _read_mtx(path: Path, **opts) -> Graph:
+    import scipy.sparse as sp
     import scipy.io
 
     opts.pop("directed", None)

@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.permute import with_self_loops_pattern
@@ -45,6 +44,7 @@ def check_aggregation(mode: str) -> str:
 
 
 def _pattern(adjacency) -> sp.csr_matrix:
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adjacency)
     if csr.shape[0] != csr.shape[1]:
         raise UserError(f"a partition needs a square adjacency, got {csr.shape[0]} x {csr.shape[1]}")
@@ -98,6 +98,7 @@ def minimum_vertex_cover(biadjacency) -> tuple[np.ndarray, np.ndarray]:
     (L minus Z) plus (R within Z). Returns boolean masks (left, right); their total count
     equals the matching size.
     """
+    import scipy.sparse as sp
     from scipy.sparse.csgraph import maximum_bipartite_matching
 
     b = sp.csr_matrix(biadjacency, dtype=np.int8)
@@ -176,6 +177,7 @@ def exchange_plan(adjacency, part, parts: int | None = None) -> ExchangePlan:
     """The :class:`ExchangePlan` of the nonzero pattern of ``adjacency`` (row v: in-neighbours of v)
     under the node-to-part map ``part`` into ``parts`` parts (default: the largest part + 1;
     give it when a part may be empty)."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adjacency)
     n = csr.shape[0]
     part = np.asarray(part, dtype=np.int64)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 
@@ -126,6 +125,7 @@ def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None
     Rows are gathered by CSR row indexing; columns are relabelled through the inverse
     column permutation (old column c becomes ``inv_col[c]``) and re-sorted per row.
     """
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adj)
     n_rows, n_cols = csr.shape
     if col_perm is None:
@@ -149,6 +149,7 @@ def double_permute(adj, seed: int = 0, mode: str = "double", *, parts=None):
     For a normalized adjacency ``A_hat``, a layer computes ``B @ X[col_perm]`` which equals
     ``(A_hat @ X)[row_perm]``; the next layer uses ``A_hat[col_perm][:, row_perm]``.
     """
+    import scipy.sparse as sp
     n = adj.shape[0]
     row_perm, col_perm = permutations_for(mode, n, seed, parts=parts)
     if mode == "none":
@@ -187,6 +188,7 @@ def parse_blocks(text: str) -> tuple[int, int]:
 def block_nnz(adj, row_blocks: int, col_blocks: int) -> np.ndarray:
     """Nonzeros per block of an R x C grid, blocks of ``ceil(N/R)`` rows and ``ceil(M/C)``
     columns (the last ones may be smaller). Works one row block at a time, never dense."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adj)
     n_rows, n_cols = csr.shape
     br = max(1, math.ceil(n_rows / row_blocks))
@@ -204,6 +206,7 @@ def block_nnz(adj, row_blocks: int, col_blocks: int) -> np.ndarray:
 
 def with_self_loops_pattern(adj) -> sp.csr_matrix:
     """Sparsity pattern of ``A + I`` (unit values), the pattern GCN normalization produces."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adj)
     pattern = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float32), csr.indices, csr.indptr), shape=csr.shape)
     pattern = (pattern + sp.eye(csr.shape[0], dtype=np.float32, format="csr")).tocsr()
@@ -218,6 +221,7 @@ def balance_report(adj, blocks=(8, 8), mode: str = "double", seed: int = 0, *, s
     normalization shards) permuted by ``mode``; ``mean = nnz / (R C)``. The ``local``
     mode keeps the balance of the R x C split (``parts = (R, C)``).
     """
+    import scipy.sparse as sp
     rb, cb = blocks
     if max(rb, cb) > adj.shape[0]:
         raise UserError(f"a {rb}x{cb} block grid has more blocks per side than the {adj.shape[0]} nodes; "

@@ -22,7 +22,6 @@ of A_S, with one self-loop per node among NNZ (:func:`expected_sampled_nnz`), ar
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 
@@ -73,6 +72,7 @@ def sampled_block(shard: sp.csr_matrix, row_start: int, col_start: int, rows: np
     ``rows`` and ``cols`` are the sorted sampled vertices inside its ranges (global
     ids). Row k of the result is vertex rows[k], column j vertex cols[j].
     """
+    import scipy.sparse as sp
     shard = shard.tocsr()
     local_rows = np.asarray(rows, dtype=np.int64) - int(row_start)
     counts = shard.indptr[local_rows + 1] - shard.indptr[local_rows]

@@ -30,7 +30,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.errors import UserError
 from plexus_tune.jsonfile import read_json
@@ -95,6 +94,7 @@ def write_shards(graph, out_dir, blocks=(8, 8), *, mode: str = "double", seed: i
     ``graph`` is a :class:`Graph` or a raw square adjacency. Written atomically: the
     directory appears complete or not at all. ``progress(done, total)`` is called per block.
     """
+    import scipy.sparse as sp
     rb, cb = (int(x) for x in blocks)
     if rb < 1 or cb < 1:
         raise UserError(f"bad block grid {rb}x{cb}; both sizes must be >= 1")
@@ -247,6 +247,7 @@ def check_shard_files(shard_dir, manifest: dict | None = None) -> dict:
 
 
 def _read_block(shard_dir: Path, entry: dict, br: int, bc: int, verify: bool) -> sp.csr_matrix:
+    import scipy.sparse as sp
     path = shard_dir / entry["file"]
     if not path.is_file():
         raise UserError(f"{shard_dir}: shard file {entry['file']} is missing; re-create the shards")
@@ -266,6 +267,7 @@ def _read_block(shard_dir: Path, entry: dict, br: int, bc: int, verify: bool) ->
 def load_shard_range(shard_dir, rows, cols, *, manifest: dict | None = None, verify: bool = True) -> sp.csr_matrix:
     """Rows ``[i0, i1)`` x columns ``[j0, j1)`` of the padded permuted matrix B, reading
     only the shard files that intersect that range."""
+    import scipy.sparse as sp
     shard_dir = Path(shard_dir)
     manifest = manifest or read_manifest(shard_dir)
     n_pad, br, bc = manifest["num_nodes_padded"], manifest["block_rows"], manifest["block_cols"]

@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
-import scipy.sparse as sp
 
 from plexus_tune.graph.shards import check_shard_files, load_shard_range
 
@@ -89,6 +88,7 @@ class PermutedPattern:
 
     def __init__(self, adjacency, row_perm: np.ndarray | None = None, col_perm: np.ndarray | None = None, *,
                  self_loops: bool = True):
+        import scipy.sparse as sp
         csr = sp.csr_matrix(adjacency)
         if row_perm is None:
             row_perm = np.arange(csr.shape[0], dtype=np.int64)
@@ -216,6 +216,7 @@ def grid_shard_structure(pattern: PermutedPattern, splits: Iterable[tuple[int, i
 
 def pattern_symmetric(adjacency) -> bool:
     """Whether the adjacency's pattern equals its transpose's (checked row length first)."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adjacency)
     rows_len = np.diff(csr.indptr)
     cols_len = np.bincount(csr.indices, minlength=csr.shape[1])
@@ -232,6 +233,7 @@ def normalized_nnz(adjacency) -> int:
     """Nonzeros of the GCN-normalized adjacency: the stored ones plus a self-loop for each
     row without a stored diagonal (:func:`plexus_tune.graph.core.gcn_normalize`), counted
     without building it."""
+    import scipy.sparse as sp
     csr = sp.csr_matrix(adjacency)
     n = csr.shape[0]
     row_of = np.repeat(np.arange(n, dtype=csr.indices.dtype), np.diff(csr.indptr))

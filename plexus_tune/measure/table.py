@@ -163,7 +163,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     table = pd.DataFrame(out_rows, columns=columns)
     if len(table):
         table["grid"] = [grid_label(i) for i in table["identity"]]
-        table["gpus"] = (table["gx"] * table["gy"] * table["gz"]).astype(int)
+        table["gpus"] = (table["dp"] * table["gx"] * table["gy"] * table["gz"]).astype(int)  # dp groups of the grid
         table["bytes_per_element"] = [DTYPE_BYTES.get(d, 4) for d in table["dtype"]]
         table["trials"] = table["trials"].astype(int)
         table["failed"] = table["failed"].astype(int)

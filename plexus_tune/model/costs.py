@@ -88,7 +88,9 @@ Communication precision (docs/comm-precision.md, "In the cost model"): each coll
 above belongs to a class (aggregation: H and dH; combination: Q; gather: F, W, dW, dF)
 sent at that class's precision: the ring moves M' = (M / u) b / 8 (+ 8 rows for intX, the
 zero points and scales) instead of M, and ``quant_ms`` adds the encode and decode time of
-the scheme at the profile's ``quant`` rates (0 at fp32 or without rates).
+the scheme at the machine's codec rates (0 at fp32): the profile's measured ``quant``
+entry, else the estimate of :func:`plexus_tune.model.comm_precision.estimated_quant_entry`,
+flagged in ``quant_estimated``.
 
 ``total_ms`` = spmm + gemm + comm + quant + other + overhead. Memory per GPU is
 :func:`plexus_tune.model.memory.memory_bytes`; a grid is ``feasible`` when it fits the
@@ -116,7 +118,8 @@ from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = ("gx", "gy", "gz", *BREAKDOWN_KEYS, "overhead_ms", "total_ms", *OTHER_PARTS,
-                   "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible")
+                   "spmm_floor_ms", "spmm_floored", "oversubscription", "memory_bytes", "memory_gib", "feasible",
+                   "quant_estimated")
 
 #: Time components that the oversubscription factor stretches.
 _STRETCHED_KEYS = (*BREAKDOWN_KEYS, "spmm_floor_ms", *OTHER_PARTS)
@@ -167,7 +170,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     """
     machine = load_machine(machine) if not isinstance(machine, Machine) else machine
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
-    quant_profile = machine.raw.get("quant")
+    quant_profile = machine.quant
     grids = _as_grids(grids)
     block_rows = _check_block_rows(block_rows)
     padded = machine.padded_sizes if padded is None else bool(padded)
@@ -259,7 +262,13 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     out["feasible"] = mem <= machine.usable_memory_bytes
     out["spmm_clipped"] = clipped
     out["spmm_floored"] = floored
+    out["quant_estimated"] = (out["quant_ms"] > 0) & codec_estimated(machine, choice)
     return out
+
+
+def codec_estimated(machine: Machine, choice: CommPrecision) -> bool:
+    """Whether a precision of ``choice`` uses codec rates ``machine`` estimates (docs/comm-precision.md)."""
+    return any(p in machine.quant_estimated for p in choice.as_dict().values())
 
 
 def rank_order(pred: dict) -> np.ndarray:
@@ -281,7 +290,7 @@ def prediction_records(pred: dict, order=None, top: int | None = None) -> list[d
             value = pred[key][idx]
             if key in ("gx", "gy", "gz"):
                 rec[key] = int(value)
-            elif key in ("feasible", "spmm_floored"):
+            elif key in ("feasible", "spmm_floored", "quant_estimated"):
                 rec[key] = bool(value)
             elif key == "memory_bytes":
                 rec[key] = int(round(float(value)))

@@ -96,6 +96,8 @@ class Family:
         takes_grid: a run names its process grid (else it follows from G and the options).
         takes_block_rows: its model and trainer take blocked aggregation (``block_rows``).
         trainer_options: options of a run (TrainConfig fields) only this family's trainer has.
+        reads_shards: its trainer reads 2D shard files (``plexus-tune graph shard``), not
+            only a whole graph.
         epoch: ``full-graph`` (an epoch trains on the whole graph once) or ``mini-batch``
             (N / (B Gd) steps on samples): epochs of the two kinds are not compared, so
             ``all`` (:func:`family_names`) ranks the full-graph families only.
@@ -110,6 +112,7 @@ class Family:
     takes_grid: ClassVar[bool] = True
     takes_block_rows: ClassVar[bool] = False
     trainer_options: ClassVar[tuple[str, ...]] = ()
+    reads_shards: ClassVar[bool] = False
     epoch: ClassVar[str] = "full-graph"
 
     # ------------------------------------------------------------------ configurations
@@ -180,6 +183,7 @@ class Plexus3d(Family):
     trainer_entry = "plexus_tune.trainer.plexus3d:Plexus3dTrainer"
     takes_block_rows = True
     trainer_options = ("block_rows", "overlap", "layer_norm", "permute")
+    reads_shards = True
 
     def configurations(self, gpus, **fixed):
         return enumerate_grids(check_gpus(gpus))
@@ -297,7 +301,7 @@ class Cagnet2d(_Summa):
 class Cagnet3d(_Summa):
     name = "cagnet-3d"
     summary = "CAGNET split-3D: SUMMA on Pl layers of a Pr x Pc mesh"
-    trainer_entry = None  # no trainer yet: the planner predicts it, measure cannot run it
+    trainer_entry = "plexus_tune.trainer.cagnet3d:Cagnet3dTrainer"
 
     def configurations(self, gpus, **fixed):
         grids = enumerate_grids(check_gpus(gpus))

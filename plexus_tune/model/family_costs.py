@@ -44,6 +44,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.collectives import Network, exchange_time_ms
+from plexus_tune.model.costs import codec_estimated
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
@@ -132,7 +133,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     a broadcast of M bytes on g ranks takes (g-1) alpha + M / beta with the broadcast's
     tier parameters (the collectives' where the profile has none)."""
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
-    quant = machine.raw.get("quant")
+    quant = machine.quant
     net = _network(machine)
     batches: dict[str, list] = {}
     stats_of: dict[int, dict] = {}
@@ -213,7 +214,7 @@ def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
 
 
 def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
-            optimizer=None):
+            optimizer=None, choice=None):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -243,6 +244,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
         out[f"memory_{part}_bytes"] = memory[part]
     out["volume_bytes"] = volume
     out["estimated"] = estimated
+    out["quant_estimated"] = bool(out["quant_ms"] > 0 and choice is not None and codec_estimated(machine, choice))
     out["gx"], out["gy"], out["gz"] = (int(g) for g in grid)
     del u
     return out
@@ -287,7 +289,7 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         "labels": 8.0 * b,
     }
     return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
-                   _max_volume(calls, gpus), False, optimizer)
+                   _max_volume(calls, gpus), False, optimizer, choice)
 
 
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
@@ -332,7 +334,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     }
     return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
                    _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
-                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer)
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice)
 
 
 def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
@@ -398,5 +400,5 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice)
 

@@ -28,6 +28,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -112,6 +113,12 @@ class Machine:
     host_cores: int | None = None
     threads_per_rank: int = 1
     network: Network | None = field(default=None, repr=False, compare=False)
+    #: codec rates per reduced precision: the profile's ``quant`` entry, with an estimate
+    #: (:func:`plexus_tune.model.comm_precision.estimated_quant_entry`) for every
+    #: precision it has no rates for
+    quant: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the precisions whose codec rates are estimated, not measured
+    quant_estimated: tuple[str, ...] = ()
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -237,7 +244,21 @@ def _build_machine(data, source: str) -> Machine:
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
         path=None if source.startswith("<") else source,
+        **_quant_fields(data.get("quant"), bandwidth or elementwise),
     )
+
+
+def _quant_fields(measured, bandwidth_gbps) -> dict:
+    """The Machine's ``quant`` (measured entries, then estimates at ``bandwidth_gbps`` for the
+    other reduced precisions) and ``quant_estimated``; no estimate without a bandwidth."""
+    quant = {k: v for k, v in dict(measured or {}).items()}
+    estimated = []
+    if bandwidth_gbps:
+        for precision in PRECISION_BITS:
+            if precision != "fp32" and precision not in quant:
+                quant[precision] = estimated_quant_entry(precision, bandwidth_gbps)
+                estimated.append(precision)
+    return {"quant": quant, "quant_estimated": tuple(estimated)}
 
 
 #: the largest profile file read (a profile with a bandwidth table is well under 1 MiB)

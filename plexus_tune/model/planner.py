@@ -94,6 +94,7 @@ def _records(family, pred, precision, options) -> list[dict]:
         rec["memory_gib"] = float(pred["memory_gib"][k])
         rec["feasible"] = bool(pred["feasible"][k])
         rec["estimated"] = bool(pred["estimated"][k]) if "estimated" in pred else False
+        rec["quant_estimated"] = bool(pred["quant_estimated"][k]) if "quant_estimated" in pred else False
         out.append(rec)
     return out
 

@@ -1,117 +1,43 @@
-"""The algorithm families the trainer runs, their process grids and options (docs/algorithms.md).
+"""The algorithm families the trainer runs: their process grids, options and trainer classes
+(docs/algorithms.md).
 
-``plexus-3d`` (the Gx x Gy x Gz grid), ``cagnet-1d`` and ``cagnet-1.5d`` (block rows
-replicated c times: grid (G/c, c, 1)), ``cagnet-2d`` (SUMMA on a Pr x Pc grid:
-(Pr, Pc, 1)), ``cagnet-3d`` (split-3D SUMMA on Pr x Pc x Pl, Pl >= 2) and ``supergcn``
-(a partition into G parts with pre, post or hybrid aggregation of the cut edges: grid
-(G, 1, 1)). A run's ``grid`` is its process grid, so launchers, records and run
-identities treat every family alike. Each family is one :class:`TrainedFamily` of
-:data:`TRAINED_FAMILIES`; nothing here compares a family's name.
+Every family is a :class:`plexus_tune.model.family.Family` of the registry: its
+configurations of G give the process grid of a run (``grid`` in the record, so
+launchers, records and run identities treat every family alike), its ``choices`` and
+``trainer_options`` the options a run may set, and its ``trainer_entry``
+(``module:Class``) the rank trainer, imported here. Nothing here compares a family's name.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import replace
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import AGGREGATION_MODES, check_aggregation
-from plexus_tune.model.prediction import DEFAULT_ALGORITHM
-from plexus_tune.model.volumes import check_replication
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, Family, trained_families
+from plexus_tune.model.family import family_of as registered_family
+from plexus_tune.model.grid import format_grid
 
-DEFAULT_AGGREGATION = "hybrid"
-#: Options of one family only, with their names in messages: a family accepts those in its ``options``.
-FAMILY_OPTIONS = {"replication": "the replication factor", "aggregation": "the aggregation mode",
-                  "block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
-                  "permute": "a permutation", "shards": "2D shard files",
-                  "dp": "data-parallel groups", "batch_size": "the batch size"}
-
-
-def _text(grid) -> str:
-    return "x".join(map(str, grid))
+DEFAULT_ALGORITHM = DEFAULT_FAMILY
+#: Families with a trainer, in the registry's order.
+TRAINED_ALGORITHMS = trained_families()
+#: Run options (TrainConfig fields) some family's trainer has, with their names in messages.
+TRAINER_OPTIONS = {"block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
+                   "dp": "data-parallel groups", "batch_size": "the batch size"}
 
 
-def _as_given(name, grid, gpus, replication):
-    """The grid as given (plexus-3d)."""
-    if grid is None:
-        raise UserError(f"{name} needs a grid Gx x Gy x Gz (--grid GXxGYxGZ)", parameter="grid")
-    return grid
+def _owners(option: str, attribute: str = "choices") -> str:
+    return " and ".join(n for n, f in FAMILIES.items() if f.trainer_entry and option in getattr(f, attribute))
 
 
-def _summa_grid(layers: str):
-    """A Pr x Pc x 1 grid (2D) or Pr x Pc x Pl with Pl >= 2 (split 3D)."""
-    def grid_of(name, grid, gpus, replication):
-        flat = layers == "one"
-        if grid is None or (grid[2] != 1 if flat else grid[2] < 2):
-            want = "its Pr x Pc process grid, given as PrxPcx1 (e.g. 2x4x1)" if flat else \
-                "its Pr x Pc x Pl process grid with Pl >= 2 mesh layers (e.g. 2x1x2; Pl = 1 is cagnet-2d)"
-            raise UserError(f"{name} needs {want}", parameter="grid")
-        return grid
-    return grid_of
-
-
-def _block_rows_grid(name, grid, gpus, replication):
-    """(G/c, c, 1) for cagnet-1.5d, from the GPU count and c or from a grid of that form."""
-    c = replication if replication is not None else (grid[1] if grid is not None else None)
-    if c is None:
-        raise UserError(f"{name} needs the replication factor c", parameter="replication")
-    c = check_replication(gpus, int(c))
-    return (gpus // c, c, 1)
-
-
-def _one_row_grid(name, grid, gpus, replication):
-    """(G, 1, 1): cagnet-1d and supergcn."""
-    return (gpus, 1, 1)
-
-
-@dataclass(frozen=True)
-class TrainedFamily:
-    """What the trainer needs of a family: its trainer class (``module:class``), how its process
-    grid follows from the settings (``grid_of(name, grid, gpus, replication)``; ``fixed_grid``:
-    the grid is given as it is, not derived from the GPU count), the options of
-    :data:`FAMILY_OPTIONS` it accepts, and the defaults it fills in."""
-
-    name: str
-    entry: str
-    grid_of: Callable
-    fixed_grid: bool = False
-    options: frozenset = frozenset()
-
-    def normalize(self, config, grid):
-        changes = {"algorithm": self.name, "grid": grid}
-        if "permute" not in self.options:
-            changes["permute"] = "none"  # the graph's own node order
-        if "aggregation" in self.options:
-            changes["aggregation"] = check_aggregation(config.aggregation or DEFAULT_AGGREGATION)
-        if "replication" in self.options:
-            changes["replication"] = grid[1]
-        return replace(config, **changes)
-
-
-#: The families with a trainer, in the planner's names.
-TRAINED_FAMILIES = {f.name: f for f in (
-    TrainedFamily("plexus-3d", "plexus_tune.trainer.plexus3d:Plexus3dTrainer", _as_given, True,
-                  frozenset({"block_rows", "overlap", "layer_norm", "permute", "shards"})),
-    TrainedFamily("cagnet-1d", "plexus_tune.trainer.cagnet:Cagnet15dTrainer", _one_row_grid),
-    TrainedFamily("cagnet-1.5d", "plexus_tune.trainer.cagnet:Cagnet15dTrainer", _block_rows_grid,
-                  options=frozenset({"replication"})),
-    TrainedFamily("cagnet-2d", "plexus_tune.trainer.cagnet:Cagnet2dTrainer", _summa_grid("one"), True),
-    TrainedFamily("cagnet-3d", "plexus_tune.trainer.cagnet3d:Cagnet3dTrainer", _summa_grid("several"), True),
-    TrainedFamily("supergcn", "plexus_tune.trainer.partitioned:PartitionedTrainer", _one_row_grid,
-                  options=frozenset({"aggregation"})),
-    TrainedFamily("scalegnn-4d", "plexus_tune.trainer.scalegnn:ScaleGnnTrainer", _as_given, True,
-                  frozenset({"dp", "batch_size"})),
-)}
-TRAINED_ALGORITHMS = tuple(TRAINED_FAMILIES)
-
-
-def family_of(name) -> TrainedFamily:
-    """The trained family of a name (default plexus-3d), else UserError."""
-    text = str(name if name is not None else DEFAULT_ALGORITHM).strip().lower()
-    if text not in TRAINED_FAMILIES:
-        raise UserError(f"unknown algorithm {str(name).strip()!r}; the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
-    return TRAINED_FAMILIES[text]
+def family_of(name) -> Family:
+    """The registered family of a name (default plexus-3d) that has a trainer, else UserError."""
+    family = registered_family(name)
+    if not family.trainer_entry:
+        raise UserError(f"{family.name} has a cost model (the planner predicts it) but no trainer; "
+                        f"the trainer runs {', '.join(TRAINED_ALGORITHMS)}")
+    return family
 
 
 def check_algorithm(name) -> str:
@@ -122,10 +48,11 @@ def check_algorithm(name) -> str:
 def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replication: int | None = None) -> tuple:
     """The (Gx, Gy, Gz) process grid of a family's configuration, checked; UserError says what to change.
 
-    ``cagnet-1d``: (G, 1, 1); ``cagnet-1.5d``: (G/c, c, 1) from ``gpus`` and
-    ``replication`` c (c | G, c c <= G) or from a grid of that form; ``cagnet-2d``: the
-    grid (Pr, Pc, 1); ``cagnet-3d``: the grid (Pr, Pc, Pl), Pl >= 2; ``supergcn``:
-    (G, 1, 1); ``plexus-3d``: the grid as given.
+    A family that names its grid (``takes_grid``: plexus-3d, cagnet-2d, cagnet-3d) runs
+    on ``grid`` if it is one of its configurations of prod(grid) GPUs; the others run on
+    their one configuration of ``gpus`` GPUs with the chosen ``replication``
+    (cagnet-1d: (G, 1, 1); cagnet-1.5d: (G/c, c, 1); supergcn: (G, 1, 1)), which a
+    given ``grid`` must equal.
     """
     family = family_of(algorithm)
     name = family.name
@@ -134,82 +61,113 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
         if len(grid) != 3 or any(g < 1 for g in grid):
             raise UserError(f"grid must be three positive sizes Gx x Gy x Gz, got {grid}")
         total = grid[0] * grid[1] * grid[2]
-        if gpus is not None and int(gpus) != total and "dp" not in family.options:  # dp groups: checked by the run
-            raise UserError(f"grid {_text(grid)} has {total} ranks but the GPU count is {gpus}; "
+        if gpus is not None and int(gpus) != total and "dp" not in family.choices:  # dp groups: checked by the run
+            raise UserError(f"grid {format_grid(grid)} has {total} ranks but the GPU count is {gpus}; "
                             "make the product of the grid equal the GPU count", parameter="gpus")
         gpus = total
-    if replication is not None and "replication" not in family.options and replication != 1:
-        raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {name}", parameter="replication")
-    if family.fixed_grid:
-        return family.grid_of(name, grid, gpus, replication)
+    if replication is not None and "replication" not in family.choices and int(replication) != 1:
+        raise UserError(f"the replication factor is an option of {_owners('replication')}, not of {name}",
+                        parameter="replication")
+    if family.takes_grid:
+        if grid is None:
+            raise UserError(f"{name} needs its process grid (--grid GXxGYxGZ)", parameter="grid")
+        allowed = [tuple(int(g) for g in row) for row in family.configurations(gpus)]
+        if grid not in allowed:
+            raise UserError(f"{name} on {gpus} ranks runs on {', '.join(map(format_grid, allowed)) or 'no grid'}, "
+                            f"not {format_grid(grid)} ({family.summary})", parameter="grid")
+        return grid
     if gpus is None:
         raise UserError(f"{name} needs the GPU count (or its process grid)", parameter="gpus")
     gpus = int(gpus)
     if gpus < 1:
         raise UserError(f"the GPU count must be at least 1, got {gpus}", parameter="gpus")
-    want = family.grid_of(name, grid, gpus, replication)
-    if grid is not None and grid != want:
-        raise UserError(f"{name} on {gpus} ranks runs on the grid {_text(want)}, not {_text(grid)}", parameter="grid")
-    return want
+    fixed = {}
+    if "replication" in family.choices:
+        c = replication if replication is not None else (grid[1] if grid is not None else None)
+        if c is None:
+            raise UserError(f"{name} needs the replication factor c", parameter="replication")
+        fixed["replication"] = family.check_choice("replication", int(c), gpus)
+    rows = [tuple(int(g) for g in row) for row in family.configurations(gpus, **fixed)]
+    if len(rows) != 1:
+        raise UserError(f"{name} on {gpus} ranks has {len(rows)} process grids; choose one", parameter="grid")
+    if grid is not None and grid != rows[0]:
+        raise UserError(f"{name} on {gpus} ranks runs on the grid {format_grid(rows[0])}, not {format_grid(grid)}",
+                        parameter="grid")
+    return rows[0]
+
+
+def some_grid(algorithm: str, gpus: int) -> tuple:
+    """One process grid the family runs on ``gpus`` ranks (its first configuration; (G, 1, 1)
+    where it has none), for settings that do not depend on the grid."""
+    rows = family_of(algorithm).configurations(gpus)
+    return tuple(int(g) for g in rows[0]) if len(rows) else (int(gpus), 1, 1)
 
 
 def check_family_options(config) -> None:
     """UserError if ``config`` sets an option its algorithm family does not have."""
     family = family_of(config.algorithm)
     if config.aggregation is not None:
-        if "aggregation" not in family.options:
-            raise UserError(f"the aggregation mode is an option of supergcn, not of {family.name}",
+        if "aggregation" not in family.choices:
+            raise UserError(f"the aggregation mode is an option of {_owners('aggregation')}, not of {family.name}",
                             parameter="aggregation")
         check_aggregation(config.aggregation)
-    if config.replication is not None and "replication" not in family.options:
-        raise UserError(f"the replication factor is an option of cagnet-1.5d, not of {family.name}",
+    if config.replication is not None and "replication" not in family.choices:
+        raise UserError(f"the replication factor is an option of {_owners('replication')}, not of {family.name}",
                         parameter="replication")
-    if "batch_size" in family.options and config.batch_size is None:
+    if "batch_size" in family.choices and config.batch_size is None:
         raise UserError(f"{family.name} samples B vertices per step: give the batch size", parameter="batch_size")
     if int(config.dp or 1) < 1:
         raise UserError(f"the data-parallel degree must be at least 1, got {config.dp}", parameter="dp")
     for key, on in (("dp", int(config.dp or 1) != 1), ("batch_size", config.batch_size is not None)):
-        if on and key not in family.options:
-            owners = ", ".join(f.name for f in TRAINED_FAMILIES.values() if key in f.options)
-            raise UserError(f"{FAMILY_OPTIONS[key]} is an option of {owners}, not of {family.name}"
-                            + (" (which trains on the whole graph)" if key == "batch_size" else ""), parameter=key)
+        if on and key not in family.trainer_options:
+            raise UserError(f"{TRAINER_OPTIONS[key]} is an option of {_owners(key, 'trainer_options')}, not of "
+                            f"{family.name}" + (" (which trains on the whole graph)" if key == "batch_size" else ""),
+                            parameter=key)
     given = {"block_rows": config.block_rows is not None, "overlap": bool(config.overlap),
              "layer_norm": bool(config.layer_norm)}
-    unsupported = [FAMILY_OPTIONS[key] for key, on in given.items() if on and key not in family.options]
+    unsupported = [key for key, on in given.items() if on and key not in family.trainer_options]
     if unsupported:
-        raise UserError(f"{', '.join(unsupported)}: options of the plexus-3d trainer, not of {family.name}")
-    if "permute" not in family.options and config.permute not in ("none", "double"):
+        owners = _owners(unsupported[0], "trainer_options")
+        raise UserError(f"{', '.join(TRAINER_OPTIONS[k] for k in unsupported)}: options of the {owners} trainer, "
+                        f"not of {family.name}")
+    if "permute" not in family.trainer_options and config.permute not in ("none", "double"):
         raise UserError(f"{family.name} trains the graph in its own node order; leave the permutation out "
                         "(or give none)", parameter="permute")
 
 
 def check_shard_input(algorithm, path) -> None:
-    """UserError if the family of ``algorithm`` cannot read 2D shard files (``path``)."""
+    """UserError if the trainer of ``algorithm``'s family cannot read 2D shard files (``path``)."""
     family = family_of(algorithm)
-    if "shards" not in family.options:
+    if not family.reads_shards:
         raise UserError(f"{path}: {family.name} reads the whole graph, not 2D shard files; give the graph file")
 
 
 def normalize_config(config):
     """``config`` with its family's settings filled in: the process grid checked, no permutation
-    for the families that keep the graph's order, supergcn's aggregation mode (default
-    hybrid) and cagnet-1.5d's replication factor (the grid's Gy)."""
+    for the families that keep the graph's order, the aggregation mode (default the
+    family's) and the replication factor (the grid's Gy) where the family chooses them."""
     family = family_of(config.algorithm)
     check_family_options(config)
     given = tuple(int(g) for g in config.grid) if config.grid is not None else None
-    if not family.fixed_grid and given == (1, 1, 1) and config.gpus not in (None, 1):
+    if not family.takes_grid and given == (1, 1, 1) and config.gpus not in (None, 1):
         given = None  # the dataclass default: the family's grid follows from the GPU count
     grid = process_grid(family.name, grid=given, gpus=config.gpus, replication=config.replication)
-    return family.normalize(config, grid)
+    changes = {"algorithm": family.name, "grid": grid}
+    if "permute" not in family.trainer_options:
+        changes["permute"] = "none"  # the graph's own node order
+    if "aggregation" in family.choices:
+        changes["aggregation"] = check_aggregation(config.aggregation or family.default_aggregation)
+    if "replication" in family.choices:
+        changes["replication"] = grid[1]
+    return replace(config, **changes)
 
 
 def trainer_class(algorithm: str):
-    """The rank trainer class of a family (its ``entry``, imported here: the trainers load
-    torch, the checks above do not)."""
-    module, _, name = family_of(algorithm).entry.partition(":")
+    """The rank trainer class of a family (its ``trainer_entry``, imported here: the trainers
+    load torch, the checks above do not)."""
+    module, _, name = family_of(algorithm).trainer_entry.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AGGREGATION_MODES", "DEFAULT_AGGREGATION", "DEFAULT_ALGORITHM", "TRAINED_ALGORITHMS", "TRAINED_FAMILIES",
-           "TrainedFamily", "check_algorithm", "check_family_options", "check_shard_input", "family_of",
-           "normalize_config", "process_grid", "trainer_class"]
+__all__ = ["AGGREGATION_MODES", "DEFAULT_ALGORITHM", "TRAINED_ALGORITHMS", "check_algorithm", "check_family_options",
+           "check_shard_input", "family_of", "normalize_config", "process_grid", "some_grid", "trainer_class"]
