@@ -261,7 +261,9 @@ SCAN_MAX_CELLS = 1 << 22
 
 def _csr_parts(adjacency) -> tuple[np.ndarray, np.ndarray, int]:
     """(indptr, indices, N) of a square CSR matrix without copying memory-mapped arrays."""
-    if not sp.issparse(adjacency) or adjacency.format != "csr":
+    if getattr(adjacency, "format", None) != "csr":
+        import scipy.sparse as sp
+
         adjacency = sp.csr_matrix(adjacency)
     return np.asarray(adjacency.indptr), adjacency.indices, int(adjacency.shape[0])
 
@@ -425,28 +427,47 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
         # a block's entries in one column segment are then one run, found by binary search
         segment = cseg[cols]
         order = np.argsort(segment, kind="stable")
-        cols = cols[order]
-        rows = np.repeat(np.arange(k, stop, dtype=np.int64), lengths)[order]
-        sort_key = segment[order].astype(np.int64) * n + rows
-        del order, segment
+        bucket = np.zeros(ncs + 1, dtype=np.int64)
+        np.cumsum(np.bincount(segment, minlength=ncs), out=bucket[1:])
+        del segment
+        sorted_cols = cols[order]
+        sorted_rows = np.repeat(np.arange(k, stop, dtype=index_dtype), lengths)[order]
+        del order
         for key, (r0, r1, c0, c1, br, bc) in targets.items():
             a, b = max(r0, k), min(r1, stop)
             if a >= b:
                 continue
+            rows_out, cols_out = vectors[key]
             first, last = column_segments[key]
-            runs = np.arange(first, last, dtype=np.int64) * n
-            lo = np.searchsorted(sort_key, runs + a)
-            hi = np.searchsorted(sort_key, runs + b)
-            sizes = hi - lo
-            total = int(sizes.sum())
+            if first == 0 and last == ncs:  # every column: the rows' whole entries
+                lo, hi = int(offsets[a - k]), int(offsets[b - k])
+                rows_out[a - r0:b - r0] += lengths[a - k:b - k]
+                if hi > lo:
+                    cols_out += np.bincount(cols[lo:hi] - c0, minlength=bc)[:bc]
+                continue
+            if a == k and b == stop:  # every row of the chunk: one run of the sorted entries
+                lo, hi = int(bucket[first]), int(bucket[last])
+                if hi > lo:
+                    rows_out[a - r0:b - r0] += np.bincount(sorted_rows[lo:hi] - a, minlength=b - a)[:b - a]
+                    cols_out += np.bincount(sorted_cols[lo:hi] - c0, minlength=bc)[:bc]
+                continue
+            # some rows of the chunk: within each column segment the rows ascend
+            starts, stops = [], []
+            for j in range(first, last):
+                lo, hi = int(bucket[j]), int(bucket[j + 1])
+                if hi > lo:
+                    run = sorted_rows[lo:hi]
+                    starts.append(lo + int(np.searchsorted(run, a)))
+                    stops.append(lo + int(np.searchsorted(run, b)))
+            sizes = np.asarray(stops, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
+            total = int(sizes.sum()) if sizes.size else 0
             if total == 0:
                 continue
-            starts = np.zeros(sizes.size, dtype=np.int64)
-            np.cumsum(sizes[:-1], out=starts[1:])
-            picked = np.repeat(lo - starts, sizes) + np.arange(total, dtype=np.int64)
-            rows_out, cols_out = vectors[key]
-            rows_out[a - r0:b - r0] += np.bincount(rows[picked] - a, minlength=b - a)[:b - a]
-            cols_out += np.bincount(cols[picked] - c0, minlength=bc)[:bc]
+            before = np.zeros(sizes.size, dtype=np.int64)
+            np.cumsum(sizes[:-1], out=before[1:])
+            picked = np.repeat(np.asarray(starts, dtype=np.int64) - before, sizes) + np.arange(total, dtype=np.int64)
+            rows_out[a - r0:b - r0] += np.bincount(sorted_rows[picked] - a, minlength=b - a)[:b - a]
+            cols_out += np.bincount(sorted_cols[picked] - c0, minlength=bc)[:bc]
         k = stop
     for key, (r0, r1, c0, c1, br, bc) in targets.items():
         inside = (loop_rows >= r0) & (loop_rows < r1) & (loop_cols >= c0) & (loop_cols < c1)
