@@ -96,3 +96,23 @@ def test_predict_graph_twice_and_the_cache_listing(run_cli, tmp_path, monkeypatc
     assert code == 0 and graphs[0]["key"] in text and "double-seed0" in text
     code, text, _ = run_cli(["graph", "cache", "--clear"])
     assert code == 0 and "removed 1" in text and cache_listing(tmp_path / "data" / "structure-cache") == []
+
+
+@pytest.mark.slow
+def test_bench_predict_graph_runs_on_a_tiny_graph(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_predict.py"), "--graph",
+                           "rmat:nodes=2000,edges=16000", "--gpus", "8", "--data", str(tmp_path / "graphs")],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for label in ("one pass", "cold (empty cache)", "warm (cached)", "predict without the graph"):
+        row = next(line for line in lines if label in line)
+        wall = float(row.split("wall")[1].split()[0])
+        rss = float(row.split("peak RSS")[1].split()[0])
+        assert wall > 0 and rss > 0
+    assert "warm recommends what cold does: yes" in lines
