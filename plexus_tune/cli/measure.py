@@ -103,7 +103,7 @@ def run(args) -> int:
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * int(family_options.get("dp", 1)) for g in grids}))
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     rows = []

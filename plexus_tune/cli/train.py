@@ -73,6 +73,7 @@ def register(subparsers) -> None:
     add_comm_precision_argument(parser)
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
+    add_features_argument(parser)
     parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
@@ -84,6 +85,14 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
     add_launcher_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_features_argument(parser) -> None:
+    """``--fixed-features``: the input features are fixed, not trained (train, measure, predict, search)."""
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="keep the input features fixed (not trained): no layer-0 feature gradient, backward "
+                             "SpMM or its collectives, no optimizer state for them (default: trained, as Plexus "
+                             "trains)")
 
 
 def add_algorithm_arguments(parser) -> None:
@@ -154,7 +163,8 @@ def _config(args: argparse.Namespace):
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
-        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
+        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm,
+        fixed_features=bool(getattr(args, "fixed_features", False)), check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
         aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size,
     )
@@ -191,7 +201,8 @@ def summary_lines(record: dict) -> list[str]:
         f"{_algorithm_text(record)} grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, "
         f"{record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
-        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
+        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}, "
+        f"features {'fixed' if record['options'].get('fixed_features') else 'trained'}",
         f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
         f"{record['warmup'] + 1}..{record['epochs']}), imbalance {record['imbalance']['epoch_ms']:.3f}",
         "breakdown (ms, max over ranks): " + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys),

@@ -219,7 +219,7 @@ def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, tria
     """
     if launcher is not None:
         for grid in grids:
-            launcher.check(int(np.prod(grid)))
+            launcher.check(int(np.prod(grid)) * int((train_options or {}).get("dp") or 1))  # dp groups of the grid
     train_options = launcher_options(train_options, launcher)
     done = logged_trials(log)
     pending = []

@@ -54,6 +54,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("machine", ("machine",), "", str),
     IdentityField("comm_precision", ("comm_precision",), "fp32", str),
     IdentityField("layer_norm", ("options", "layer_norm"), False, bool),
+    IdentityField("fixed_features", ("options", "fixed_features"), False, bool),
     IdentityField("algorithm", ("algorithm",), DEFAULT_FAMILY, str),
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
