@@ -152,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"plexus-tune: error: {exc}{flag_hint(parser, args, exc.parameter)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("plexus-tune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept", None)
+        print("plexus-tune: interrupted" + (f"; {kept}" if kept else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
