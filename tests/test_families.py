@@ -215,10 +215,10 @@ def test_search_all_over_counts_with_a_graph_is_exact_and_not_estimated():
     assert "best of each family" in out.stdout and "4,8 GPUs" in out.stdout
 
 
-def test_search_families_refuses_measured_and_block_rows():
-    for extra in (["--measured"], ["--block-rows", "64..128"]):
-        out = cli("search", "--algorithm", "cagnet-2d", "--graph", "rmat:nodes=1024,edges=8192", "--gpus", "4",
-                  *extra)
+def test_search_families_refuses_block_rows_and_measured_without_a_graph():
+    for extra in (["--graph", "rmat:nodes=1024,edges=8192", "--block-rows", "64..128"],
+                  ["--dataset", "reddit", "--measured"]):
+        out = cli("search", "--algorithm", "cagnet-2d", "--gpus", "4", *extra)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from plexus_tune.cli.output import format_ms, make_console
+from plexus_tune.cli.output import check_log, format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
 from plexus_tune.errors import UserError
@@ -14,7 +14,11 @@ from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families
 from plexus_tune.model.planner import check_choices, joint_ranking
-from plexus_tune.search.joint import search_ranking
+from plexus_tune.cli.launching import launcher_from_args
+from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.paths import default_run_log
+from plexus_tune.search.joint import measured_joint_search, search_ranking
 from plexus_tune.search.space import objective_unit
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
@@ -221,15 +225,59 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
 
 def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
     """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
-    if getattr(args, "measured", False):
-        raise UserError(f"--measured trains {DEFAULT_FAMILY} grids; the other families are searched by the model: "
-                        f"leave out --measured or use --algorithm {DEFAULT_FAMILY}")
     if getattr(args, "block_rows", None):
         raise UserError(f"--block-rows applies to {' and '.join(families_with('takes_block_rows'))} only; "
                         "leave it out with --algorithm " + args.algorithm)
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
+    measured = getattr(args, "measured", False)
+    if measured:
+        if args.graph is None:
+            raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+        if not 0 <= args.warmup < args.epochs:
+            raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
+        for precision in precisions:  # the trainer must be able to send each one on this backend
+            try:
+                check_backend(args.backend, precision)
+            except UserError as exc:
+                raise UserError(f"--comm-precision/--backend: {exc}") from None
+        args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
+    elif args.launcher or args.cluster or args.hosts:
+        raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
+    launcher = launcher_from_args(args, gpus_counts) if measured else None
     ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
                              precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
-    return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
-                         objective=args.objective)
+    if not measured:
+        return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
+                             objective=args.objective)
+    return print_measured(ranking, args, launcher)
+
+
+def print_measured(ranking, args, launcher) -> int:
+    """``search --measured --algorithm NAME|all``: train the model's best configurations and print
+    them with their observed epoch time (:func:`plexus_tune.search.joint.measured_joint_search`)."""
+    from rich.table import Table
+
+    console = make_console()
+    count = args.trials or 10
+    console.print(f"measuring the model's {count} best configurations of {', '.join(ranking.algorithms)} "
+                  f"({launcher.name if launcher is not None else 'local'}); runs logged to {args.log}", highlight=False)
+    with launcher:
+        rows = measured_joint_search(ranking, args.graph, log=args.log, count=count, epochs=args.epochs,
+                                     warmup=args.warmup, layers=args.layers, hidden=args.hidden, launcher=launcher,
+                                     timeout_s=args.timeout)
+    table = Table(title="measured configurations (model order; epoch ms)")
+    for col in ("model rank", "algorithm", "configuration", "precision", "GPUs", "predicted ms", "observed ms"):
+        table.add_column(col, justify="left" if col in ("algorithm", "configuration", "precision") else "right")
+    for r in rows:
+        table.add_row(str(r["rank"]), r["algorithm"], r["config"], r["comm_precision"], str(r["gpus"]),
+                      format_ms(r["total_ms"]),
+                      "failed" if r["trials_ok"] == 0 else format_ms(r["epoch_ms"]))
+    console.print(table)
+    ok = [r for r in rows if r["trials_ok"]]
+    if not ok:
+        raise UserError("no measured configuration ran successfully; see the run log for the failures")
+    best = min(ok, key=lambda r: r["epoch_ms"])
+    console.print(f"measured best: {best['algorithm']} {best['config']} {best['comm_precision']} on {best['gpus']} GPUs, "
+                  f"{format_ms(best['epoch_ms'])} ms per epoch (model rank {best['rank']})", highlight=False)
+    return 0

@@ -52,6 +52,10 @@ the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
 URL, e.g. postgresql://user@host/db for several workers); measured runs go to runs.jsonl
 there unless --log names another file.
 
+--measured with --algorithm all (or a family other than plexus-3d): the model ranks the joint
+space exactly, then the --trials (default 10) best configurations of families the trainer
+runs are trained, model order first, through the launcher (docs/algorithms.md).
+
 Several workers: run the same command in several processes (or on several hosts) with one
 --storage; a configuration one worker measures is not measured by another (a worker that
 samples it waits for the result). With --launcher slurm outside an allocation, --workers K

@@ -459,6 +459,8 @@ def fit_profile(
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
         "collectives": ({"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
                          "epoch_scores": coll.epoch_scores or None,
+                         "op_tiers": ({op: {**dict(coll.network.op_tiers)[op], **fit} for op, fit in coll.op_fit.items()}
+                                      or None),
                          "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                          "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
                         if coll is not None else {"copied_from": copied.name}),
@@ -524,7 +526,7 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
             + ("; times divided by the oversubscription of each calibration run" if time_sharing else "")
             + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
-                      f"{fit['intra'] + fit['inter']} {op} timings ({fit['intra']} intra-node, {fit['inter']} inter-node; "
+                      f"{fit['rows']} {op} timings ({fit['intra']} with intra-node and {fit['inter']} with inter-node messages; "
                       + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
                       + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
 

@@ -200,6 +200,9 @@ class Cagnet1d(Family):
     trainer_entry = "plexus_tune.trainer.cagnet:Cagnet15dTrainer"
     takes_grid = False
 
+    def graph_options(self, context, gpus):
+        return {"graph": context.pattern}  # the block rows' stage chunks
+
     def configurations(self, gpus, **fixed):
         return _rows([(check_gpus(gpus), 1, 1)])
 
@@ -211,7 +214,8 @@ class Cagnet1d(Family):
         for gx, gy, gz in grids:
             if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
                 raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {format_grid((gx, gy, gz))}")
-            out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer))
+            out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer,
+                                         _block_pieces(options, int(gx))))
         return _stack(out)
 
 
@@ -222,6 +226,9 @@ class Cagnet15d(Family):
     choices = ("replication",)
     trainer_entry = "plexus_tune.trainer.cagnet:Cagnet15dTrainer"
     takes_grid = False
+
+    def graph_options(self, context, gpus):
+        return {"graph": context.pattern}  # the block rows' stage chunks
 
     def configurations(self, gpus, **fixed):
         gpus = check_gpus(gpus)
@@ -248,8 +255,18 @@ class Cagnet15d(Family):
             if gz != 1 or ("replication" in options and int(options["replication"]) != gy):
                 raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {format_grid((gx, gy, gz))}"
                                 + (f" with replication {options['replication']}" if "replication" in options else ""))
-            out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer))
+            out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer,
+                                         _block_pieces(options, int(gx))))
         return _stack(out)
+
+
+def _block_pieces(options, r):
+    """(A, A^T) nonzeros of the r x r blocks of the graph in ``options`` (None without one)."""
+    graph = options.get("graph")
+    if graph is None:
+        return None
+    pattern = graph if isinstance(graph, PiecePattern) else PiecePattern(getattr(graph, "adjacency", graph))
+    return pattern.pieces(r, r)[0], pattern.pieces(r, r, transpose=True)[0]
 
 
 def _summa_pieces(options, pr, pc, pl):
@@ -469,9 +486,10 @@ def families_choosing(option: str) -> tuple[str, ...]:
     return tuple(n for n, f in FAMILIES.items() if option in f.choices)
 
 
-def trained_families() -> tuple[str, ...]:
-    """Families with a trainer."""
-    return tuple(n for n, f in FAMILIES.items() if f.trainer_entry)
+def trained_families(epoch: str | None = "full-graph") -> tuple[str, ...]:
+    """Families with a trainer whose epoch is ``epoch`` (None: every one; as :func:`family_names`,
+    campaigns across families compare full-graph epochs)."""
+    return tuple(n for n, f in FAMILIES.items() if f.trainer_entry and (epoch is None or f.epoch == epoch))
 
 
 def record_field_names() -> tuple[str, ...]:

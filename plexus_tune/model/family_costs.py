@@ -171,10 +171,11 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
             timed_op, timed_bytes = call.op, wire
             if precision != "fp32":
                 out["quant_ms"] += float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u, call.calls))
-        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op))
+        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op,
+                                                 call.messages))
     for timed_op, rows in batches.items():
-        g, stride, size, count, axis, op = (np.asarray(col) for col in zip(*rows))
-        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size), dtype=np.float64) * count
+        g, stride, size, count, axis, op, messages = (np.asarray(col) for col in zip(*rows))
+        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size, messages), dtype=np.float64) * count
         for t, a, o in zip(times.tolist(), axis.tolist(), op.tolist()):
             out["comm_ms"] += t
             out[COMM_AXIS_KEYS[a]] += t
@@ -257,28 +258,49 @@ def _max_volume(calls, gpus):
     return float(per_rank.max()) if gpus else 0.0
 
 
-def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None) -> dict:
-    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks."""
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None, blocks=None) -> dict:
+    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks. ``blocks``: (A, A^T) nonzeros
+    of the r x r blocks of b = ceil(N / r) rows from a graph (:meth:`PiecePattern.pieces` (r, r));
+    rank (i, j) multiplies the blocks (i, k) of its stages k in [j r / c, (j+1) r / c), and the
+    busiest rank's SpMM time is taken; else NNZ / r^2 per block."""
     c = check_replication(gpus, c)
     r = gpus // c
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     b = ceil_div(n, r)
-    stages = max(len(range(j * r // c, (j + 1) * r // c)) for j in range(c))
+    stage_sets = [range(j * r // c, (j + 1) * r // c) for j in range(c)]
+    stages = max(len(k) for k in stage_sets)
     calls = cagnet_15d_schedule(n, widths, gpus, c, u)
     times = schedule_times(machine, calls, choice, u)
-    z_stage = nnz / (r * r)
-    spmm = floor = flops = 0.0
-    act = 0.0
+    flops = act = 0.0
+    if blocks is not None:
+        # per rank (i, j): the blocks (i, k) of its stages; forward A, backward A^T
+        mine = [[np.asarray(a, dtype=np.float64).reshape(r, r)[:, list(k)] for k in stage_sets] for a in blocks]
+        spmm_rank = np.zeros((r, c))
+        floor_rank = np.zeros((r, c))
+        for i in range(workload.layers):
+            for backward, direction in zip((False, True), mine):
+                for j, z in enumerate(direction):
+                    t, f = _pieces_spmm(machine, z, b, b, widths[i], u, backward=backward)
+                    spmm_rank[:, j] += t
+                    floor_rank[:, j] += f
+        busiest = np.unravel_index(int(np.argmax(spmm_rank)), spmm_rank.shape)
+        spmm, floor = float(spmm_rank[busiest]), float(floor_rank[busiest])
+        z_rank = float(max(np.asarray(blocks[0], dtype=np.float64).reshape(r, r)[:, list(k)].sum(axis=1).max()
+                           for k in stage_sets))
+    else:
+        z_stage = nnz / (r * r)
+        spmm = floor = 0.0
+        for i in range(workload.layers):
+            for backward in (False, True):
+                t, f = _spmm(machine, z_stage, b, b, widths[i], u, stages, backward)
+                spmm += t
+                floor += f
+        z_rank = nnz * stages / (r * r)
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        for backward in (False, True):
-            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages, backward)
-            spmm += t
-            floor += f
         flops += 6.0 * b * d_in * d_out
         act += (2.0 * b * d_in + 2.0 * b * d_out) * u
     params = _weights_elements(widths)
-    z_rank = nnz * stages / (r * r)
     ib = csr_index_bytes(z_rank, b, n)
     memory = {
         "adjacency": 2.0 * csr_bytes(z_rank, b * stages, u, ib, stages),
@@ -295,8 +317,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
                         optimizer=None) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
-    piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
-    NNZ spread evenly."""
+    piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`): the
+    SpMM time is the busiest block row's sum over its q pieces; else NNZ spread evenly."""
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     gpus = pr * pc * pl
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
@@ -313,13 +335,25 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         z_rank = nnz / gpus
     spmm = floor = flops = act = 0.0
     gathered = 0.0
+    if a_pieces is not None:  # every rank of block row i (mesh layer l) multiplies the pieces (l, i, s)
+        per_row = np.zeros((pl, pr))
+        floor_row = np.zeros((pl, pr))
+        for i in range(workload.layers):
+            for backward, z in ((False, a_pieces), (True, at_pieces)):
+                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u,
+                                    backward=backward)
+                per_row += t
+                floor_row += f
+        busiest = np.unravel_index(int(np.argmax(per_row)), per_row.shape)
+        spmm, floor = float(per_row[busiest]), float(floor_row[busiest])
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
-        for backward in (False, True):
-            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
-            spmm += t
-            floor += f
+        if a_pieces is None:
+            for backward in (False, True):
+                t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
+                spmm += t
+                floor += f
         flops += 6.0 * rf * pc * d_in * d_out
         act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
         gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
@@ -353,6 +387,45 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
     return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
 
 
+def _pieces_spmm(machine, nnz, rows, common, cols, u, used=None, *, backward=False):
+    """(model ms, floor bytes) of one SpMM per entry of the broadcast shape arrays, summed over
+    the last axis; entries where ``used`` is False cost nothing (no call is made);
+    ``backward``: the SpMMs are a layer's backward ones."""
+    nnz, rows, common = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (nnz, rows, common)))
+    if used is not None:  # shapes of calls not made stay valid for the model
+        nnz, rows, common = (np.where(used, a, 1.0) for a in (nnz, rows, common))
+    ib = csr_index_bytes(nnz, rows, common)
+    t = predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)
+    f = spmm_traffic_bytes(nnz, rows, common, cols, u, ib)
+    if used is not None:
+        t, f = np.where(used, t, 0.0), np.where(used, f, 0.0)
+    return t.sum(axis=-1), f.sum(axis=-1)
+
+
+def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u) -> tuple[np.ndarray, np.ndarray]:
+    """Per part, the SpMMs of the partitioned trainer over all layers (docs/model.md, SuperGCN):
+    forward A_pp H_p, each pre-aggregation P_pq H_p (pre_rows x n_p) and each scatter of a
+    received message (n_p x message rows); backward their transposes. (ms, floor bytes) arrays."""
+    n = np.asarray(nodes_p, dtype=np.float64)
+    local = parts["local_nnz"].astype(np.float64)
+    pre_e, pre_r = parts["pre_edges"].astype(np.float64), parts["pre_rows"].astype(np.float64)
+    post_e, post_r = parts["post_edges"].astype(np.float64), parts["post_rows"].astype(np.float64)
+    msg_rows = (pre_r + post_r).T  # [p, q]: rows p receives from q
+    msg_nnz = (post_e + pre_r).T
+    total_t = np.zeros(n.size)
+    total_f = np.zeros(n.size)
+    for i in range(layers):
+        d = widths[i]
+        for backward, rows_pre, common_pre, rows_msg, common_msg in ((False, pre_r, n[:, None], n[:, None], msg_rows),
+                                                                     (True, n[:, None], pre_r, msg_rows, n[:, None])):
+            t0, f0 = _pieces_spmm(machine, local[:, None], n[:, None], n[:, None], d, u, backward=backward)
+            t1, f1 = _pieces_spmm(machine, pre_e, rows_pre, common_pre, d, u, pre_e > 0, backward=backward)
+            t2, f2 = _pieces_spmm(machine, msg_nnz, rows_msg, common_msg, d, u, msg_rows > 0, backward=backward)
+            total_t += t0 + t1 + t2
+            total_f += f0 + f1 + f2
+    return total_t, total_f
+
+
 def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
@@ -374,15 +447,18 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         sent = recv = rows.sent()
     else:
         recv, sent = rows.sum(axis=0) - np.diag(rows), rows.sum(axis=1) - np.diag(rows)
-    spmm_p = np.zeros(gpus)
-    floor_p = np.zeros(gpus)
-    ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
-    for i in range(workload.layers):
-        t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
-                for back in (False, True))  # forward A F and backward A^T dH
-        f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
-        spmm_p += t
-        floor_p += 2.0 * f
+    if plan is not None:
+        spmm_p, floor_p = _partition_spmm(machine, plan.spmm_parts(mode), nodes_p, widths, workload.layers, u)
+    else:
+        spmm_p = np.zeros(gpus)
+        floor_p = np.zeros(gpus)
+        ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
+        for i in range(workload.layers):
+            t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
+                    for back in (False, True))  # forward A F and backward A^T dH
+            f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
+            spmm_p += t
+            floor_p += 2.0 * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)
     busiest = int(np.argmax(np.maximum(spmm_p, floor_ms)))

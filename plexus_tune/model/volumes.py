@@ -89,7 +89,7 @@ class CommCall:
     ``op`` on groups of ``group_size`` ranks at ``stride`` along grid ``axis`` (0 X, 1 Y,
     2 Z), ``calls`` sequential calls per epoch on the busiest group, each of
     ``message_bytes`` (the collective's full buffer; a broadcast's message) made of
-    ``rows`` rows; ``sent_bytes``: what each rank sends in the epoch (P,), by the module's
+    ``rows`` rows (in ``messages`` sends); ``sent_bytes``: what each rank sends in the epoch (P,), by the module's
     convention. A point-to-point exchange gives ``pair_rows``, the rows p sends q (a (P, P)
     array or a :class:`UniformExchange`), each of ``row_bytes``. ``direction`` is forward
     or backward.
@@ -108,6 +108,8 @@ class CommCall:
     sent_bytes: np.ndarray
     pair_rows: object = field(default=None, repr=False)
     row_bytes: float = 0.0
+    #: sends per call (latency each, bytes once): 3 for a CSR piece (row pointers, columns, values)
+    messages: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
             sent = ((pc - 1) * own).reshape(-1)  # rank = k Pr Pc + i Pc + j
             busiest_row = float(piece_bytes.sum(axis=2).max())
         calls.append(CommCall(f"layer {layer} broadcast {'A' if what == 'F' or pl > 1 else 'A^T'} pieces", "broadcast",
-                              "adjacency", direction, 1, pc, 1, busiest_row / q, 0, q, np.asarray(sent, dtype=np.float64)))
+                              "adjacency", direction, 1, pc, 1, busiest_row / q, 0, q, np.asarray(sent, dtype=np.float64),
+                              messages=3.0))
     return calls
 
 
