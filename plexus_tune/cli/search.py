@@ -141,6 +141,7 @@ def run(args) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
+    driver.check_study_name(args.study)
     precisions, auto = precision_choices(args)
     algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
