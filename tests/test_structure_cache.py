@@ -116,3 +116,25 @@ def test_bench_predict_graph_runs_on_a_tiny_graph(tmp_path):
         rss = float(row.split("peak RSS")[1].split()[0])
         assert wall > 0 and rss > 0
     assert "warm recommends what cold does: yes" in lines
+
+
+def test_unchanged_graph_files_are_not_checked_again(tmp_path, monkeypatch):
+    from plexus_tune.errors import UserError
+    from plexus_tune.graph import checks
+
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
+    path = _saved(tmp_path)
+    load_graph(path)  # checked, and remembered as valid
+
+    def fails(*args, **kwargs):
+        raise AssertionError("unchanged files were checked again")
+
+    monkeypatch.setattr(checks, "check_csr", fails)
+    assert load_graph(path).num_nodes == 900
+    monkeypatch.undo()
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
+    labels = np.load(path / "labels.npy")
+    labels[0] = 10**6  # out of range: the changed file is checked and refused
+    np.save(path / "labels.npy", labels)
+    with pytest.raises(UserError, match="label"):
+        load_graph(path)

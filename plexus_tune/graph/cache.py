@@ -12,8 +12,9 @@ adjacency's pattern (N, indptr, indices; the values do not enter any statistic):
 
 A changed graph hashes to another key, so its old entries are never read. The hash of
 a graph file is remembered with the files' size, modification time and inode
-(``hashes.json``): a graph whose files are unchanged is not hashed again. An entry that
-cannot be read is ignored with one :class:`CorruptCacheWarning` and rewritten.
+(``hashes.json``): a graph whose files are unchanged is not hashed again, and a plexus graph whose files are unchanged since a read passed the
+reader's checks is not checked again (``validated.json``). An entry that cannot be read
+is ignored with one :class:`CorruptCacheWarning` and rewritten.
 """
 
 from __future__ import annotations
@@ -106,6 +107,35 @@ def _read_json(path: Path):
         warnings.warn(CorruptCacheWarning(f"{path}: corrupt structure cache entry ignored and recomputed "
                                           f"({str(exc).splitlines()[0]})"), stacklevel=3)
         return None
+
+
+def known_valid(files) -> list | None:
+    """The stat key of ``files`` if a read of exactly these files (same size, modification
+    time and inode) already passed the graph reader's checks, else None."""
+    stat = _stat_key([Path(f) for f in files])
+    if stat is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptCacheWarning)
+        memo = _read_json(cache_root() / "validated.json")
+    entries = memo.get("files") if isinstance(memo, dict) else None
+    return stat if isinstance(entries, dict) and entries.get(stat[0][0]) == stat else None
+
+
+def remember_valid(files) -> None:
+    """Record that ``files`` passed the graph reader's checks (skipped on a read-only data directory)."""
+    stat = _stat_key([Path(f) for f in files])
+    if stat is None:
+        return
+    path = cache_root() / "validated.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptCacheWarning)
+        memo = _read_json(path) or {"version": CACHE_VERSION, "files": {}}
+    if not isinstance(memo.get("files"), dict):
+        memo["files"] = {}
+    memo["files"][stat[0][0]] = stat
+    with contextlib.suppress(OSError):
+        _write_json(path, memo)
 
 
 class StructureCache:
