@@ -32,6 +32,7 @@ from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm, some_grid
+from plexus_tune.trainer.run import check_training_memory
 
 
 def register(subparsers) -> None:
@@ -106,7 +107,9 @@ def run(args) -> int:
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * int(family_options.get("dp", 1)) for g in grids}))
+    check_training_memory(campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                          warmup=args.warmup, options=options), launcher)
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     rows = []
@@ -125,7 +128,7 @@ def run(args) -> int:
             pred = record.get("predicted", {}).get("total_ms")
             if record.get("status") == "ok":
                 obs = record["epoch_ms"]
-                extra = f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%})" if pred is not None else ""
+                extra = (f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%} of the observed)" if pred is not None else "")
                 progress.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
             else:
                 progress.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")

@@ -12,6 +12,7 @@ from plexus_tune.measure.campaign import campaign_config, choose_grids, config_s
 from plexus_tune.measure.identity import predict_record, run_identity
 from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.report.validation import overhead_note
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import format_grid, parse_grid
@@ -137,6 +138,9 @@ def run(args) -> int:
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
+    note = overhead_note(predicted, record.get("epoch_ms"))
+    if note:
+        console.print(note, highlight=False)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
                   f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {trial})")
     table = runs_table(read_runs(log, warn=False))

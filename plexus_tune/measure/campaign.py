@@ -115,6 +115,8 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
     ``replication`` keeps the grid of that replication factor (cagnet-1.5d's c).
     """
+    if spec is not None and not str(spec).strip():
+        raise UserError("no grids given (an empty list); write all, top:K or a list such as 2x2x2,1x4x2", parameter="grids")
     spec = (spec or "all").strip()
     algorithm = (settings or {}).get("algorithm") or DEFAULT_FAMILY
     family = family_of(algorithm)
@@ -219,7 +221,7 @@ def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, tria
     """
     if launcher is not None:
         for grid in grids:
-            launcher.check(int(np.prod(grid)))
+            launcher.check(int(np.prod(grid)) * int((train_options or {}).get("dp") or 1))  # dp groups of the grid
     train_options = launcher_options(train_options, launcher)
     done = logged_trials(log)
     pending = []

@@ -304,6 +304,9 @@ class RunRecord(_Record):
     optimizer_ms: float | None = _f(None, "ms", "optimizer step")
     epoch_ms_std: float | None = _f(None, "ms", "std over the measured epochs of the epoch time")
     epoch_times_ms: list | None = _f(None, "ms", "every epoch's time, warm-up included")
+    comm_dp_ms: float | None = _f(None, "ms", "scalegnn-4d: the gradient all-reduce over the data-parallel groups "
+                                  "(inside comm_ms and all_reduce_ms)")
+    sample_ms: float | None = _f(None, "ms", "scalegnn-4d: the communication-free sampling of every step (inside other_ms)")
     rank_mean_ms: dict | None = _f(None, "ms", "per timing key: mean over ranks instead of max")
     imbalance: dict | None = _f(None, "ratio", "per timing key: max over ranks / mean over ranks")
     per_rank_epoch_ms: list | None = _f(None, "ms", "each rank's mean epoch time")

@@ -157,6 +157,27 @@ def models_dirs() -> list[Path]:
     return dirs
 
 
+#: shapes an SpMM model must predict finite times for: 1 to 1e12 nonzeros, 1 to 1e9 rows, 1 to 1e5 columns
+_PROBE_SHAPES = tuple(np.array(v, dtype=np.float64) for v in np.broadcast_arrays(
+    *np.meshgrid([1e3, 1e6, 1e9, 1e12], [1.0, 1e4, 1e9], [1.0, 1e4, 1e9], [1.0, 128.0, 1e5], indexing="ij")))
+
+
+def _check_spmm_range(model, source: str) -> None:
+    """UserError if the profile's SpMM model gives a time that is not a finite number for a shape
+    within :data:`_PROBE_SHAPES` (coefficients that overflow)."""
+    nnz, rows, common, cols = (a.ravel() for a in _PROBE_SHAPES)
+    with np.errstate(all="ignore"):
+        try:
+            ms = np.asarray(spmm_models.predict_spmm_ms(model, nnz, rows, common, cols), dtype=np.float64)
+        except (OverflowError, FloatingPointError, ValueError):
+            ms = np.array([np.inf])
+    if not np.all(np.isfinite(ms)):
+        i = int(np.flatnonzero(~np.isfinite(ms))[0]) if ms.size == nnz.size else 0
+        raise UserError(f"machine profile {source}: spmm: the {model.name} model gives {float(ms.flat[i])} ms for "
+                        f"{nnz[i]:.0e} nonzeros, {rows[i]:.0e} x {common[i]:.0e} rows and {cols[i]:.0e} columns "
+                        "(coefficients that overflow); refit it with 'plexus-tune fit'")
+
+
 def _build_machine(data, source: str) -> Machine:
     if not isinstance(data, Mapping):
         raise UserError(f"machine profile {source} must be a JSON object")
@@ -201,9 +222,11 @@ def _build_machine(data, source: str) -> Machine:
             profile_number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
 
     try:  # checks the entry and maps the kind names of older profiles to today's
-        spmm = spmm_models.spmm_model_from_dict(spmm).to_dict()
+        model = spmm_models.spmm_model_from_dict(spmm)
+        spmm = model.to_dict()
     except UserError as exc:
         raise UserError(f"machine profile {source}: spmm: {exc}") from None
+    _check_spmm_range(model, source)
 
     checked = check_collectives(data["collectives"], source)
     host_cores = None
