@@ -183,3 +183,9 @@ def test_a_logged_prediction_equals_predict_for_the_same_settings():
     assert logged["algorithm"] == "scalegnn-4d"
     for key in ("total_ms", "spmm_ms", "comm_ms", "other_ms", "memory_bytes"):
         assert logged[key] == pytest.approx(want[key], rel=1e-12), key
+
+
+def test_search_points_the_minibatch_family_to_predict(run_cli):
+    code, _, err = run_cli(["search", "--algorithm", "scalegnn-4d", "--dataset", "ogbn-products", "--gpus", "8",
+                            "--machine", "perlmutter"])
+    assert code == 2 and "predict --algorithm scalegnn-4d" in err and len(err.strip().splitlines()) == 1

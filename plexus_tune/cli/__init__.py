@@ -20,7 +20,7 @@ import sys
 import warnings
 
 from plexus_tune import __version__
-from plexus_tune.errors import EXIT_USER_ERROR, SkippedLinesWarning, UserError
+from plexus_tune.errors import EXIT_USER_ERROR, CorruptCacheWarning, SkippedLinesWarning, UserError
 
 # Sub-command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -70,10 +70,11 @@ def plain_skipped_lines():
     shown: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("always", SkippedLinesWarning)
+        warnings.simplefilter("always", CorruptCacheWarning)
         previous = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if not issubclass(category, SkippedLinesWarning):
+            if not issubclass(category, (SkippedLinesWarning, CorruptCacheWarning)):
                 return previous(message, category, filename, lineno, file, line)
             text = " ".join(str(message).split())
             if text not in shown:

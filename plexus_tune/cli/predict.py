@@ -16,7 +16,8 @@ from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed,
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
-from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
+from plexus_tune.graph.cache import StructureCache
+from plexus_tune.graph.structure import shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.planner import joint_ranking
@@ -25,7 +26,7 @@ from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import permutation_gain, predict_run_grids
-from plexus_tune.model.sparsity import graph_sparsity
+from plexus_tune.model.sparsity import graph_sparsity, graph_summary
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
@@ -78,8 +79,10 @@ def workload_from_args(args):
                                              features, classes, layers=layers, hidden=hidden, bytes_per_element=bpe)
         graph = load_graph_source(args.graph)
         args.loaded_graph = graph
+        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
+        summary = graph_summary(graph, args.structure_cache)
         return Workload.from_graph_stats(
-            graph.name, graph.num_nodes, normalized_nnz(graph.adjacency), features or graph.num_features,
+            graph.name, graph.num_nodes, summary["normalized_nnz"], features or graph.num_features,
             classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
         )
     if args.dataset:
@@ -123,6 +126,9 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
                         help="with --graph: the trainer's permutation of the graph (default double; a shard "
                         "directory keeps its own): each grid's largest shard and its structure are taken after it")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="with --graph: neither read nor write the structure cache (statistics of the graph's shards "
+                        "kept in the data directory; 'plexus-tune graph cache' lists it)")
     parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
                         "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
@@ -216,7 +222,7 @@ def graph_shards(args, grids, workload):
             raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
         return None, None
     mode = args.permute or "double"
-    return graph_sparsity(graph, grids, workload.layers, permute=mode), mode
+    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None)), mode
 
 
 def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
@@ -229,7 +235,7 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
         return
     others = [m for m in ("double", "local") if m != permute]
     gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
-                             optimizer=optimizer)
+                             optimizer=optimizer, cache=getattr(args, "structure_cache", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
     print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "

@@ -9,6 +9,7 @@ from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.cli import minibatch
 from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
 from plexus_tune.model.comm_precision import check_backend
@@ -143,6 +144,9 @@ def run(args) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
     driver.check_study_name(args.study)
     precisions, auto = precision_choices(args)
+    if minibatch.only(args):
+        raise UserError(f"search ranks full-graph epochs; rank {args.algorithm}'s Gd, grids and batch sizes with "
+                        f"'plexus-tune predict --algorithm {args.algorithm} --batch-size B[,B...]'")
     algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
     if algorithms != (DEFAULT_FAMILY,):
