@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netns_token import prefix_for
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.families import (cluster_spec, configuration_label, family_configurations, trained_families,
@@ -82,7 +83,7 @@ def test_tiny_campaign_on_the_emulated_cluster(tmp_path):
     if os.geteuid() != 0 or not Path("/sbin/ip").exists() and not Path("/usr/sbin/ip").exists():
         pytest.skip("the emulated cluster needs root with ip and tc")
     out = tmp_path / "tiny"
-    env = {**os.environ, "PLEXUS_TUNE_NETNS_PREFIX": f"tf{os.getpid() % 1000}"}
+    env = {**os.environ, "PLEXUS_TUNE_NETNS_PREFIX": prefix_for("v")}
     proc = subprocess.run([sys.executable, str(REPO / "campaigns" / "emulated_families.py"), "--tiny", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
