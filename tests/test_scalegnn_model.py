@@ -18,7 +18,6 @@ from plexus_tune.model.scalegnn import (
     graph_sampled_nnz,
     parameter_elements,
     predict_config,
-    predict_configs,
     rank_minibatch,
     sampled_nnz_per_shard,
     step_collectives,
