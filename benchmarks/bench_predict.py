@@ -12,6 +12,21 @@ The in-process time of the model alone for G = 720720 is reported too. Run from 
 repository root::
 
     python benchmarks/bench_predict.py [--repeat 5]
+
+With ``--graph PATH|SPEC`` it instead times ``predict --graph`` on one graph, each figure
+one fresh process with its wall time and peak RSS (``wait4``), in this order:
+
+- ``one pass``: indptr and indices loaded and a bincount of the columns (the baseline);
+- ``cold``: ``predict --graph`` with an empty structure cache;
+- ``warm``: the same again, the shard statistics read from the cache;
+- ``no graph``: ``predict`` of the same N and NNZ without the graph.
+
+A spec (``rmat:nodes=2449029,edges=61859012``, a ``graph generate`` kind and its options)
+is generated once into ``--data`` (default /tmp/plexus-bench-graphs) in the memory-mapped
+format. Targets: cold <= 3 x one pass, warm <= 2 s above no graph, peak RSS <= 1.5 x the
+graph's arrays::
+
+    python benchmarks/bench_predict.py --graph rmat:nodes=2449029,edges=61859012 --gpus 64
 """
 
 from __future__ import annotations
@@ -40,12 +55,115 @@ def describe(label: str, times: list[float]) -> str:
             f"min {min(times) * 1e3:8.1f}   max {max(times) * 1e3:8.1f}   (n={len(times)})")
 
 
+class RusagePopen(subprocess.Popen):
+    """Popen that keeps the child's resource usage (``rusage``) when it is reaped."""
+
+    rusage = None
+
+    def _try_wait(self, wait_flags):
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+        if pid == self.pid:
+            self.rusage = usage
+        return pid, status
+
+
+def measured(cmd: list[str], env: dict | None = None) -> tuple[float, float, float, str]:
+    """(wall s, CPU s (user + system), peak RSS GiB, stdout) of one fresh process."""
+    start = time.perf_counter()
+    proc = RusagePopen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
+    usage = proc.rusage
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, out
+
+
+def graph_directory(spec: str, data: str) -> str:
+    """The plexus directory of a graph path, or of a spec generated once into ``data``."""
+    if os.path.isdir(spec) or os.path.isfile(spec):
+        return spec
+    kind, _, options = spec.partition(":")
+    params = dict(item.split("=", 1) for item in options.split(",") if item)
+    name = kind + "-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))
+    out = os.path.join(data, name)
+    if not os.path.isdir(out):
+        os.makedirs(data, exist_ok=True)
+        cmd = [sys.executable, "-m", "plexus_tune", "graph", "generate", kind, "--out", out]
+        for key, value in params.items():
+            cmd += [f"--{key}", value] if key in ("nodes", "edges", "features", "classes", "seed") else ["--param", f"{key}={value}"]
+        print(f"generating {spec} into {out} ...", flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+ONE_PASS = """
+import sys, numpy as np
+d = sys.argv[1]
+indptr = np.load(d + "/indptr.npy"); indices = np.load(d + "/indices.npy")
+print(int(np.bincount(indices, minlength=indptr.size - 1).max()))
+"""
+
+
+def bench_graph(args) -> int:
+    import json
+    import tempfile
+
+    path = graph_directory(args.graph, args.data)
+    meta = json.loads(open(os.path.join(path, "metadata.json")).read())
+    sizes = {key: os.path.getsize(os.path.join(path, f"{key}.npy")) for key in meta["arrays"]}
+    adjacency_gib = sum(sizes[k] for k in ("indptr", "indices", "data")) / 2**30
+    all_gib = sum(sizes.values()) / 2**30
+    py = sys.executable
+    cache_dir = tempfile.mkdtemp(prefix="plexus-bench-cache-")
+    env = {**os.environ, "PLEXUS_TUNE_DATA": cache_dir}
+    predict = [py, "-m", "plexus_tune", "predict", "--gpus", str(args.gpus), "--hidden", str(args.hidden),
+               "--machine", args.machine, "--top", "3"]
+    load_before = os.getloadavg()[0]
+    rows = [("one pass (load indptr, indices; bincount)", *measured([py, "-c", ONE_PASS, path], env)[:3])]
+    cold = measured(predict + ["--graph", path], env)
+    rows.append(("predict --graph, cold (empty cache)", *cold[:3]))
+    warm = measured(predict + ["--graph", path], env)
+    rows.append(("predict --graph, warm (cached)", *warm[:3]))
+    header = next(line for line in cold[3].splitlines() if "NNZ=" in line)
+    nnz = int(header.split("NNZ=")[1].split()[0].replace(",", ""))
+    rows.append(("predict without the graph (same N, NNZ)",
+                 *measured(predict + ["--nodes", str(meta["num_nodes"]), "--nnz", str(nnz), "--features",
+                                      str(sizes["features"] // 4 // meta["num_nodes"]), "--classes", str(meta["num_classes"])], env)[:3]))
+    print(f"graph {path}: N={meta['num_nodes']:,}, NNZ (normalized) {nnz:,}; arrays {all_gib:.2f} GiB "
+          f"(adjacency {adjacency_gib:.2f} GiB)")
+    print(f"python {sys.version.split()[0]}; cpus {os.cpu_count()}; load average {load_before:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after")
+    for label, wall, cpu, rss in rows:
+        print(f"{label:<44} wall {wall:8.2f} s   CPU {cpu:8.2f} s   peak RSS {rss:6.2f} GiB ({rss / all_gib:.2f} x the arrays)")
+    (base, base_cpu), (cold_s, cold_cpu), (warm_s, warm_cpu), (none_s, none_cpu) = ((r[1], r[2]) for r in rows)
+    print(f"cold / one pass: wall {cold_s / base:.2f}, CPU {cold_cpu / base_cpu:.2f} (target <= 3); warm - no graph: wall "
+          f"{warm_s - none_s:+.2f} s, CPU {warm_cpu - none_cpu:+.2f} s (target <= 2 s); peak RSS of cold "
+          f"{rows[1][3] / all_gib:.2f} x the arrays (target <= 1.5)")
+    print("(on a shared host the CPU figures are the fair ones: wall time waits for other processes)")
+    same = [line for line in cold[3].splitlines() if line.startswith("Recommended")] == \
+        [line for line in warm[3].splitlines() if line.startswith("Recommended")]
+    print(f"warm recommends what cold does: {'yes' if same else 'NO'}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dataset", default="ogbn-products")
     parser.add_argument("--machine", default="perlmutter-paper")
+    parser.add_argument("--graph", help="time predict --graph on this graph directory or generated spec instead")
+    parser.add_argument("--gpus", type=int, default=64, help="with --graph: G (default 64)")
+    parser.add_argument("--hidden", type=int, default=128, help="with --graph: hidden width (default 128)")
+    parser.add_argument("--data", default="/tmp/plexus-bench-graphs", help="with a --graph spec: where it is generated")
     args = parser.parse_args()
+    if args.graph:
+        if args.machine == "perlmutter-paper":
+            args.machine = "h100-80gb-fitted"
+        return bench_graph(args)
 
     from plexus_tune.model.costs import predict_grids, rank_order
     from plexus_tune.model.grid import enumerate_grids

@@ -23,6 +23,19 @@ class UserError(Exception):
 EXIT_USER_ERROR = 2
 
 
+class CorruptCacheWarning(UserWarning):
+    """A cache entry could not be read: it is ignored and recomputed (shown as one line)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a command, saying what was kept (``kept``); the command line prints it
+    after "interrupted" and exits 130 (docs/cli.md, "Ending a command")."""
+
+    def __init__(self, kept: str):
+        super().__init__(kept)
+        self.kept = kept
+
+
 class SkippedLinesWarning(UserWarning):
     """Lines of an input file that were skipped (e.g. malformed lines of a measurement log).
 

@@ -8,6 +8,12 @@ import math
 from plexus_tune.errors import UserError
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+#: the largest count (a signed 64-bit integer, as numpy and torch hold it)
+MAX_COUNT = 2**63 - 1
+
+
+class CountTooLarge(UserError):
+    """A count beyond :data:`MAX_COUNT`."""
 
 
 def parse_count(text, what: str = "value") -> int:
@@ -32,9 +38,9 @@ def parse_count(text, what: str = "value") -> int:
             raise UserError(f"{what} must be a whole number such as 4096, 1e6 or 16M, got {text!r}") from None
         if not math.isfinite(number) or number != int(number):
             raise UserError(f"{what} must be a whole number, got {text!r}") from None
-        if abs(number) >= 2**63:
-            raise UserError(f"{what} {text!r} is too large (at most 2^63 - 1)") from None
         value = int(number)
+    if abs(value) > MAX_COUNT:
+        raise CountTooLarge(f"{what} {text!r} is too large (at most 2^63 - 1 = {MAX_COUNT:,})")
     return value
 
 
@@ -42,6 +48,8 @@ def whole_number(value, what: str, *, minimum: int = 1) -> int:
     """``value`` (an int or its text, :func:`parse_count`) as an int >= ``minimum``; a UserError saying ``what`` is wrong otherwise."""
     try:
         number = parse_count(value, what)
+    except CountTooLarge:
+        raise
     except UserError:
         raise UserError(f"{what} must be a whole number >= {minimum}, got {value!r}") from None
     if number < minimum:

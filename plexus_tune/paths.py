@@ -26,14 +26,23 @@ DATA_ENV = "PLEXUS_TUNE_DATA"
 
 
 def data_dir() -> Path:
-    """The per-user data directory (see the module docstring); not created here."""
+    """The per-user data directory (see the module docstring); not created here. UserError,
+    naming the environment variable, if it or a directory above it is a file."""
     explicit = os.environ.get(DATA_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_DATA_HOME")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "plexus-tune"
-    return Path.home() / ".local" / "share" / "plexus-tune"
+    if explicit:
+        path, source = Path(explicit).expanduser(), f"{DATA_ENV}={explicit}"
+    elif xdg and os.path.isabs(xdg):
+        path, source = Path(xdg) / "plexus-tune", f"XDG_DATA_HOME={xdg}"
+    else:
+        path, source = Path.home() / ".local" / "share" / "plexus-tune", "the default data directory"
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise UserError(f"{source}: {place} is a file, not a directory; point it to a directory "
+                                "for run logs and search studies")
+            break
+    return path
 
 
 def default_run_log() -> Path:

@@ -7,7 +7,10 @@ One home for the resource guard (docs/cli.md, "Sizes a host cannot hold"):
   (:data:`RANK_MEMORY_BYTES` per rank, the resident size of a gloo rank with torch
   loaded, plus what the ranks load);
 - :func:`check_memory`: one allocation (a generated graph, a table) against the
-  available memory.
+  available memory; :func:`check_device_memory` against a device's (a CUDA device's
+  free memory, the host's for ``cpu``): every command that allocates calls one of them
+  with its peak estimate before allocating (the calibrations' operands, the trainer's
+  weights and activations, the prediction's grids).
 
 A refusal is one :class:`~plexus_tune.errors.UserError` line with the figures. Where a
 user may mean it (more ranks per core than the guard allows, an estimate they know to
@@ -76,3 +79,26 @@ def check_memory(nbytes: float, what: str, *, allow: bool = False) -> None:
     if nbytes > have:
         raise UserError(f"{what} needs about {nbytes / GIB:,.1f} GiB of memory, {have / GIB:,.1f} GiB is available "
                         f"on this host; make it smaller")
+
+
+def device_free_bytes(device) -> int:
+    """Free memory of ``device``: a CUDA device's (``torch.cuda.mem_get_info``), else the host's available memory."""
+    text = str(device)
+    if text.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(text).index
+            return int(torch.cuda.mem_get_info(0 if index is None else index)[0])
+    return available_memory_bytes()
+
+
+def check_device_memory(nbytes: float, what: str, device="cpu", *, allow: bool = False) -> None:
+    """UserError if ``what`` needs more than ``device``'s free memory (``nbytes``, a lower bound of the peak)."""
+    if allow:
+        return
+    have = device_free_bytes(device)
+    if nbytes > have:
+        where = "this host" if not str(device).startswith("cuda") else str(device)
+        raise UserError(f"{what} needs about {nbytes / GIB:,.1f} GiB of memory, {have / GIB:,.1f} GiB is free on "
+                        f"{where}; make it smaller")

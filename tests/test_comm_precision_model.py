@@ -54,7 +54,8 @@ def test_bandwidth_bound_comm_scales_with_bits():
     fp32 = predict_grids(w, machine, grids)
     bf16 = predict_grids(w, machine, grids, comm_precision="bf16")
     np.testing.assert_allclose(bf16["comm_ms"], fp32["comm_ms"] / 2, rtol=1e-12)
-    assert (bf16["quant_ms"] == 0).all()
+    # no measured bf16 rates: the cast's estimated passes, 1.5 each way, at the memory bandwidth
+    assert (bf16["quant_ms"] > 0).all() and bf16["quant_estimated"].all()
     # only the aggregation class at int2: its all-reduces shrink to 1/16 + 8 bytes per row of H
     only = predict_grids(w, machine, grids, comm_precision="aggregation=int2")
     split = predict_grids(w, machine, grids, comm_precision="aggregation=fp32")

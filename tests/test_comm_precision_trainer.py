@@ -14,8 +14,10 @@ def _train_precisions(rank, world_size, grid, precisions):
     from plexus_tune.trainer import TrainConfig
     from plexus_tune.trainer.rank import rank_main
 
+    # "fixed": FP32 with fixed input features
     configs = [TrainConfig(grid=grid, synthetic=SPEC, layers=1, hidden=8, epochs=2, warmup=0, seed=2,
-                           comm_precision=p) for p in precisions]
+                           comm_precision="fp32" if p == "fixed" else p, fixed_features=p == "fixed")
+               for p in precisions]
     results = rank_main(rank, world_size, ("synthetic", SPEC), configs)
     if rank != 0:
         return None
@@ -27,7 +29,7 @@ def sent():
     """Per grid and precision: (ranks, epochs) of {class: bytes} of a one-layer GCN, N = 64, D = [16, 4]."""
     out = {}
     for grid in ((2, 1, 1), (1, 1, 2)):
-        precisions = ("fp32", "bf16", "int2")
+        precisions = ("fp32", "bf16", "int2", "fixed")
         results = launch_local(_train_precisions, 2, (grid, precisions), timeout_s=240, threads_per_rank=1)[0]
         for precision, result in zip(precisions, results):
             out[grid, precision] = result["bytes"]
@@ -186,3 +188,13 @@ def test_cli_backend_without_uint8_exits_2(capsys, monkeypatch):
     assert main(["train", "--synthetic", SPEC, "--grid", "2x1x1", "--comm-precision", "int2"]) == 2
     err = capsys.readouterr().err
     assert "gloo backend cannot send uint8" in err and err.count("\n") == 1
+
+
+def test_fixed_features_drop_layer0_feature_gradient_bytes(sent):
+    # Fixed features drop layer 0's dH all-reduce over outer (2x1x1: 4096 of the 8192), and
+    # over depth (1x1x2) the backward all-gather of W (128) and the reduce-scatter of dF (2048):
+    # 4496 - 2176 = 2320. The forward, db and dW are unchanged.
+    for rank_bytes in _per_rank(sent, (2, 1, 1), "fixed"):
+        assert rank_bytes == {"aggregation": 4096, "combination": 0, "gather": 0}
+    for rank_bytes in _per_rank(sent, (1, 1, 2), "fixed"):
+        assert rank_bytes == {"aggregation": 0, "combination": 0, "gather": 2320}

@@ -45,6 +45,11 @@ def family_configs(gpus: int, **common) -> list[TrainConfig]:
 def model_volumes(config: TrainConfig, graph: Graph) -> dict:
     """Per-rank bytes per class of the volume model for a configuration on ``graph``."""
     widths = model_widths(graph.features.shape[1], graph.num_classes, config.layers, config.hidden)
+    return rank_volumes(schedule(config, graph, widths), int(np.prod(config.grid)))
+
+
+def schedule(config: TrainConfig, graph: Graph, widths) -> list:
+    """The volume model's communication calls of a configuration on ``graph``."""
     n = graph.adjacency.shape[0]
     gpus = int(np.prod(config.grid))
     if config.algorithm in ("cagnet-1d", "cagnet-1.5d"):
@@ -56,7 +61,7 @@ def model_volumes(config: TrainConfig, graph: Graph) -> dict:
     else:
         plan = partition_exchange(gcn_normalize(graph.adjacency), gpus, seed=config.seed)
         calls = supergcn_schedule(widths, plan.forward_rows(config.aggregation))
-    return rank_volumes(calls, gpus)
+    return calls
 
 
 def logged_volumes(result: dict) -> dict:
@@ -125,6 +130,35 @@ def check_against_serial(graph, reference, gpus, configs):
                                            "point_to_point_ms"))
                 assert ops == pytest.approx(row["comm_ms"], rel=1e-9, abs=1e-9)
         assert (max(row["comm_ms"] for per_rank in result["timers"] for row in per_rank) > 0) == (gpus > 1), what
+
+
+def without_layer0_feature_gradient(calls):
+    """A schedule less what fixed features drop: layer 0's backward, but for its dW, db reduction."""
+    return [c for c in calls if not (c.name.startswith("layer 0 ") and c.direction == "backward"
+                                     and c.comm_class != "gather")]
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_fixed_features_equal_serial_pyg_and_drop_layer0_backward(gpus, graph):
+    """With fixed features every family equals serial PyG whose features are a plain tensor, and
+    sends the schedule's bytes less layer 0's backward aggregation, combination and adjacency."""
+    ref = reference_train(graph, layers=3, hidden=HIDDEN, epochs=EPOCHS, lr=0.01, weight_decay=0.01, seed=3,
+                          fixed_features=True)
+    trained = reference_train(graph, layers=3, hidden=HIDDEN, epochs=EPOCHS, lr=0.01, weight_decay=0.01, seed=3)
+    assert max_relative_difference(ref["losses"], trained["losses"]) > 10 * LOSS_TOL  # the setting matters
+    configs = family_configs(gpus, fixed_features=True) + split_3d_configs(gpus, fixed_features=True)
+    results = train(graph, gpus, configs)
+    widths = model_widths(FEATURES, CLASSES, 3, HIDDEN)
+    for config, result in zip(configs, results):
+        what = f"{config.algorithm} grid {config.grid} {config.aggregation or ''}"
+        assert max_relative_difference(result["losses"], ref["losses"]) < LOSS_TOL, what
+        assert max_relative_difference(result["outputs"], ref["outputs"], normwise=True) < OUTPUT_TOL, what
+        got = logged_volumes(result)
+        want = rank_volumes(without_layer0_feature_gradient(schedule(config, graph, widths)), gpus)
+        for name in VOLUME_CLASSES:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{what}: {name}")
+        full = model_volumes(config, graph)
+        assert sum(got[k].sum() for k in VOLUME_CLASSES) < sum(full[k].sum() for k in VOLUME_CLASSES), what
 
 
 # ---------------------------------------------------------------------- hand-derived bytes

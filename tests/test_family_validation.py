@@ -9,10 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netns_token import prefix_for
 
 from plexus_tune.errors import UserError
-from plexus_tune.measure.families import cluster_spec, configuration_label, family_configurations, untrained_families
-from plexus_tune.model.family import family_of, trained_families
+from plexus_tune.measure.families import (cluster_spec, configuration_label, family_configurations, trained_families,
+                                          untrained_families)
+from plexus_tune.model.family import family_names
+from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
 from plexus_tune.report.families import score_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +31,9 @@ def test_every_trained_family_and_variant_is_a_configuration():
     assert len(by_family["plexus-3d"]) == 10  # every ordered factorization of 8 into three axes
     assert sorted(a for _, a in by_family["supergcn"]) == ["hybrid", "post", "pre"]
     assert sorted(g for g, _ in by_family["cagnet-2d"]) == [(1, 8, 1), (2, 4, 1), (4, 2, 1), (8, 1, 1)]
-    assert set(untrained_families()) == {n for n in ("cagnet-3d",) if not family_of(n).trainer_entry}
+    assert set(untrained_families()) == set(family_names()) - set(TRAINED_ALGORITHMS)
+    if "cagnet-3d" in by_family:  # split-3D: every Pr x Pc x Pl with Pl >= 2
+        assert sorted(g for g, _ in by_family["cagnet-3d"]) == [(1, 1, 8), (1, 2, 4), (1, 4, 2), (2, 1, 4), (2, 2, 2), (4, 1, 2)]
 
 
 def test_named_clusters():
@@ -78,7 +83,7 @@ def test_tiny_campaign_on_the_emulated_cluster(tmp_path):
     if os.geteuid() != 0 or not Path("/sbin/ip").exists() and not Path("/usr/sbin/ip").exists():
         pytest.skip("the emulated cluster needs root with ip and tc")
     out = tmp_path / "tiny"
-    env = {**os.environ, "PLEXUS_TUNE_NETNS_PREFIX": f"tf{os.getpid() % 1000}"}
+    env = {**os.environ, "PLEXUS_TUNE_NETNS_PREFIX": prefix_for("v")}
     proc = subprocess.run([sys.executable, str(REPO / "campaigns" / "emulated_families.py"), "--tiny", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -92,3 +97,28 @@ def test_tiny_campaign_on_the_emulated_cluster(tmp_path):
     assert set(graph["families"]) == set(trained_families())
     assert float(last.split()[2].rstrip(",")) == pytest.approx(graph["spearman"], abs=5e-4)
     assert -1.0 <= graph["spearman"] <= 1.0 and graph["regret"] >= 1.0
+
+
+@pytest.mark.slow  # trains on 2 local ranks: about 2 minutes on the loaded 2-core host
+def test_measured_search_over_families_trains_the_models_best_first(tmp_path):
+    from plexus_tune.measure.store import read_records
+    from plexus_tune.search.joint import measured_joint_search, search_ranking
+    from plexus_tune.measure.campaign import load_stats, workload_of
+
+    graph = "rmat:nodes=512,edges=2048,features=8,classes=2,seed=1"
+    workload = workload_of(load_stats(graph), 2, 8)
+    ranking = search_ranking(workload, "cpu-gloo-2core-fitted", [2], algorithms=("cagnet-1d", "supergcn"))
+    log = tmp_path / "runs.jsonl"
+    rows = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
+    expected = [r for r in ranking.records if r["feasible"]][:2]
+    assert [(r["algorithm"], r["config"]) for r in rows] == [(r["algorithm"], r["config"]) for r in expected]
+    records, _ = read_records(log, schema="run")
+    assert sorted(r["algorithm"] for r in records) == sorted(r["algorithm"] for r in expected)
+    for row in rows:
+        mine = [r for r in records if r["algorithm"] == row["algorithm"]
+                and (r.get("options") or {}).get("aggregation") == row.get("aggregation")]
+        assert row["trials_ok"] == 1 and row["epoch_ms"] == pytest.approx(mine[0]["epoch_ms"])
+    # a second call reuses the logged runs: nothing new is trained
+    again = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
+    assert len(read_records(log, schema="run")[0]) == len(records)
+    assert [r["epoch_ms"] for r in again] == [r["epoch_ms"] for r in rows]

@@ -435,3 +435,34 @@ def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest(
     assert both.report["quant"]["int2"]["pairs"] == 8 and "call_ms" in both.profile["provenance"]["quant"]
     with pytest.raises(UserError, match="only reduced-precision"):
         fit_profile(collectives=coll[coll.comm_precision == "int2"], **kw)
+
+
+def test_scoring_stops_once_a_rival_is_beaten_by_four_standard_errors():
+    from plexus_tune.fit.scoring import RACE_SEMS, upper_mape
+
+    fit, X, y = _linear_problem(seed=2)
+    full = repeated_split_scores(fit, y, n_splits=200)
+    train, test = split_indices(len(y), 200)
+    mape = np.array([regression_scores(y[te], fit(tr)(te))["mape"] for tr, te in zip(train, test)])
+    lower = {m: mape[:m].mean() - RACE_SEMS * mape[:m].std() / np.sqrt(m) for m in range(20, 201, 10)}
+    rival = lower[20] - 1.0  # beaten at the first check
+    raced = repeated_split_scores(fit, y, n_splits=200, min_splits=20, beaten_by=rival)
+    assert raced["beaten"] and raced["splits"] == 20 and raced["test_mape"] == pytest.approx(mape[:20].mean())
+    # a rival worse than this model's lower bound at every check: every split is scored, as without a rival
+    unbeaten = repeated_split_scores(fit, y, n_splits=200, min_splits=20, beaten_by=min(lower.values()) - 1e-9 + 100)
+    assert "beaten" not in unbeaten and unbeaten == full
+    assert upper_mape(full) == pytest.approx(full["test_mape"] + RACE_SEMS * full["test_mape_std"] / np.sqrt(200))
+
+
+def test_auto_keeps_the_kind_that_scoring_every_split_keeps():
+    df = _shapes(120, seed=5)
+    f = df.nnz * df.dense_cols
+    rng = np.random.default_rng(5)
+    df["time_ms"] = (2e-3 * np.sqrt(f) + 3e-6 * np.sqrt(f) * df.common / df.dense_cols) * np.exp(rng.normal(0, 0.05, len(df)))
+    kinds = ("paper-spmm", "roofline", "learned")
+    raced = fit_spmm(df, "auto", kinds=kinds, n_splits=200, r2_sem=None, min_splits=20)
+    every = {k: fit_spmm(df, k, n_splits=200, r2_sem=None).scores for k in kinds}
+    assert raced.kind == min(kinds, key=lambda k: every[k]["test_mape"])
+    beaten = [k for k, s in raced.all_scores.items() if s.get("beaten")]
+    assert beaten and all(raced.all_scores[k]["splits"] < 200 for k in beaten)
+    assert raced.scores == every[raced.kind]

@@ -18,7 +18,6 @@ from plexus_tune.model.scalegnn import (
     graph_sampled_nnz,
     parameter_elements,
     predict_config,
-    predict_configs,
     rank_minibatch,
     sampled_nnz_per_shard,
     step_collectives,
@@ -167,3 +166,25 @@ def test_paper_scaling_series_keeps_a_near_cubic_grid_and_doubles_gd():
         assert b["step_ms"] >= a["step_ms"] and b["total_ms"] < a["total_ms"]
     assert 1 < rows[-1]["speedup"] <= rows[0]["steps"] / rows[-1]["steps"]
     assert rows[0]["comm_dp_ms"] == 0 < rows[-1]["comm_dp_ms"]
+
+
+def test_a_logged_prediction_equals_predict_for_the_same_settings():
+    from plexus_tune.measure.identity import predict_record
+    from plexus_tune.measure.training import config_fields
+    from plexus_tune.trainer import TrainConfig
+
+    w = Workload("g", 4096, 40960, (16, 32, 32, 4))
+    config = TrainConfig(algorithm="scalegnn-4d", grid=(2, 1, 2), dp=2, batch_size=512, hidden=32, layers=3,
+                         synthetic="rmat:nodes=4096,edges=16384,features=16,classes=4,seed=0", comm_precision="bf16")
+    logged = predict_record(config_fields(config), "perlmutter", workload=w)
+    ranked = rank_minibatch(w, "perlmutter", 8, batch_sizes=[512], dp=2, comm_precision="bf16")
+    want = next(r for r in ranked if r["grid"] == "2x1x2")
+    assert logged["algorithm"] == "scalegnn-4d"
+    for key in ("total_ms", "spmm_ms", "comm_ms", "other_ms", "memory_bytes"):
+        assert logged[key] == pytest.approx(want[key], rel=1e-12), key
+
+
+def test_search_points_the_minibatch_family_to_predict(run_cli):
+    code, _, err = run_cli(["search", "--algorithm", "scalegnn-4d", "--dataset", "ogbn-products", "--gpus", "8",
+                            "--machine", "perlmutter"])
+    assert code == 2 and "predict --algorithm scalegnn-4d" in err and len(err.strip().splitlines()) == 1

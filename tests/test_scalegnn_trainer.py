@@ -183,3 +183,31 @@ def test_train_cli_check_passes(run_cli):
 def test_bad_trainer_input_is_one_line_and_exit_2(run_cli, args, needle):
     code, _, err = run_cli(["train", "--synthetic", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0"] + args)
     assert code == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_run_cli_trains_and_logs_the_prediction(run_cli, tmp_path):
+    import json
+
+    log = tmp_path / "runs.jsonl"
+    code, out, err = run_cli(["run", "--graph", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0", "--gpus", "4",
+                              "--algorithm", "scalegnn-4d", "--dp", "2", "--batch-size", "128", "--machine",
+                              "cpu-gloo-2core-fitted", "--hidden", "16", "--epochs", "3", "--warmup", "1",
+                              "--log", str(log)])
+    assert code == 0, err
+    record = json.loads(log.read_text().splitlines()[-1])
+    assert record["algorithm"] == "scalegnn-4d" and record["gpus"] == 4
+    assert record["options"]["dp"] == 2 and record["options"]["batch_size"] == 128
+    assert record["predicted"]["total_ms"] > 0
+
+
+@pytest.mark.parametrize("command,args,needle", [
+    ("run", ["--gpus", "4", "--dp", "3", "--batch-size", "64"], "--dp"),
+    ("run", ["--gpus", "4", "--dp", "2"], "--batch-size"),
+    ("run", ["--gpus", "4", "--dp", "2", "--batch-size", "100000"], "--batch-size"),
+    ("measure", ["--gpus", "4", "--dp", "3", "--batch-size", "64", "--log", "runs-never-written.jsonl"], "--dp"),
+])
+def test_bad_campaign_input_is_one_line_and_exit_2(run_cli, command, args, needle):
+    code, _, err = run_cli([command, "--graph", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0",
+                            "--algorithm", "scalegnn-4d", "--machine", "cpu-gloo-2core-fitted"] + args)
+    assert code == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -119,6 +119,24 @@ def rng(b):
     return (b.start, b.stop, b.size)
 
 
+@pytest.mark.parametrize("gpus, grids", [(4, [(2, 1, 2), (1, 2, 2), (2, 2, 1)]), (8, [(2, 2, 2)])])
+def test_fixed_features_equal_serial_pyg(gpus, grids, graph):
+    """With fixed features the 3D trainer equals serial PyG whose features are a plain tensor,
+    with and without LayerNorm and row blocks."""
+    configs = [TrainConfig(grid=grid, hidden=HIDDEN, epochs=EPOCHS, warmup=1, lr=0.01, seed=3, collect_outputs=True,
+                           fixed_features=True, layer_norm=norm, block_rows=blocks)
+               for grid in grids for norm, blocks in ((False, None), (True, 4))]
+    results = launch_local(rank_main, gpus, args=(graph, configs, "cpu"), timeout_s=400, threads_per_rank=1,
+                           preload=("torch._dynamo", "plexus_tune.trainer.rank"))[0]
+    refs = {norm: reference_train(graph, layers=3, hidden=HIDDEN, epochs=EPOCHS, lr=0.01, weight_decay=0.01, seed=3,
+                                  layer_norm=norm, fixed_features=True) for norm in (False, True)}
+    for config, result in zip(configs, results):
+        ref = refs[config.layer_norm]
+        what = f"grid {config.grid} layer norm {config.layer_norm}"
+        assert max_relative_difference(result["losses"], ref["losses"]) < LOSS_TOL, what
+        assert max_relative_difference(result["outputs"], ref["outputs"], normwise=True) < OUTPUT_TOL, what
+
+
 def test_layout_hand_derived_blocks():
     # grid 2x3x1, rank 4 = (x=1, y=1, z=0); N = 37; widths 7, 9, 9, 5. Every axis pads on its
     # own: blocks of ceil(37/2) = 19 rows over X, ceil(37/3) = 13 over Y, 37 over Z

@@ -20,7 +20,7 @@ import sys
 import warnings
 
 from plexus_tune import __version__
-from plexus_tune.errors import EXIT_USER_ERROR, SkippedLinesWarning, UserError
+from plexus_tune.errors import EXIT_USER_ERROR, CorruptCacheWarning, SkippedLinesWarning, UserError
 
 # Sub-command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -70,10 +70,11 @@ def plain_skipped_lines():
     shown: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("always", SkippedLinesWarning)
+        warnings.simplefilter("always", CorruptCacheWarning)
         previous = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if not issubclass(category, SkippedLinesWarning):
+            if not issubclass(category, (SkippedLinesWarning, CorruptCacheWarning)):
                 return previous(message, category, filename, lineno, file, line)
             text = " ".join(str(message).split())
             if text not in shown:
@@ -151,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"plexus-tune: error: {exc}{flag_hint(parser, args, exc.parameter)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("plexus-tune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept", None)
+        print("plexus-tune: interrupted" + (f"; {kept}" if kept else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from plexus_tune.cli.output import format_ms, make_console
+from plexus_tune.cli.output import check_log, format_ms, make_console
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed
 from plexus_tune.errors import UserError
@@ -14,14 +14,18 @@ from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.family import ALL, DEFAULT_FAMILY, families_choosing, families_with, family_names, parse_families
 from plexus_tune.model.planner import check_choices, joint_ranking
-from plexus_tune.search.joint import search_ranking
+from plexus_tune.cli.launching import launcher_from_args
+from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.model.comm_precision import check_backend
+from plexus_tune.paths import default_run_log
+from plexus_tune.search.joint import measured_joint_search, search_ranking
 from plexus_tune.search.space import objective_unit
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 
 ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
-CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
+CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation", "schedule": "--schedule"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
@@ -34,6 +38,14 @@ def add_algorithm_argument(parser) -> None:
     parser.add_argument("--replication", metavar="C",
                         help=f"{', '.join(families_choosing('replication'))}: only the replication factor C "
                              "(C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="the input features are not trained: no layer-0 feature gradient, backward SpMM "
+                             "and collectives, nor the features' optimizer state (default: trained, as the "
+                             "Plexus paper trains; docs/model.md, Fixed features)")
+    parser.add_argument("--schedule", metavar="NAME",
+                        help=f"{', '.join(families_choosing('schedule'))}: the communication schedule priced, "
+                             "bundled (the bundled trainers', default) or paper (CAGNET's own: log_softmax "
+                             "all-gathers, dense SUMMA for the weight gradient; docs/model.md, CAGNET schedules)")
     parser.add_argument("--aggregation", metavar="MODE",
                         help=f"{', '.join(families_choosing('aggregation'))}: only the aggregation mode pre, post "
                              "or hybrid (default: all three)")
@@ -77,6 +89,22 @@ def family_precisions(args, algorithms) -> list[str]:
     except UserError as exc:
         flag = "--comm-precision" if text is not None and str(text).strip().lower() != "auto" else "--allow-precisions"
         raise UserError(f"{flag}: {exc}") from None
+
+
+def print_codec_note(console, machine, precisions) -> None:
+    """One line on the codec time of reduced precisions the profile has no measured rates for."""
+    used = {p for text in precisions for p in parse_comm_precision(text).as_dict().values() if p != "fp32"}
+    estimated = sorted(used & set(machine.quant_estimated))
+    if estimated:
+        bandwidth = machine.memory_bandwidth_gbps or machine.elementwise_gbps
+        console.print(f"quant (estimated): {machine.name} has no measured codec rates for {', '.join(estimated)}; "
+                      f"their codec time is estimated as passes over the bytes at {bandwidth:g} GB/s "
+                      "(docs/comm-precision.md, Estimated codec)", highlight=False)
+    missing = sorted(p for p in used if p not in machine.quant)
+    if missing:
+        console.print(f"{machine.name} has no quant rates and no memory bandwidth: the codec time of "
+                      f"{', '.join(missing)} is not counted (quant 0); give the profile memory_bandwidth_gbps",
+                      highlight=False)
 
 
 def _label(rec) -> str:
@@ -127,7 +155,8 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
             cells += [_label(rec), rec["config"], rec["comm_precision"]]
             if objective != "epoch":
                 cells.append(f"{rec['objective_value']:.4g}")
-            table.add_row(*cells, *(format_ms(rec[key]) for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+            table.add_row(*cells, *(format_ms(rec[key]) + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated")
+                                                            else "") for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
                           "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
         console.print(table)
         fam = Table(title="best of each family")
@@ -146,9 +175,7 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         console.print(fam)
         console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
                       style="dim")
-        if any(p != "fp32" for p in ranking.precisions) and not machine.raw.get("quant"):
-            console.print(f"{machine.name} has no quant rates: the codec time of reduced precisions is not counted "
-                          "(quant 0)", highlight=False)
+        print_codec_note(console, machine, ranking.precisions)
         if ranking.estimated_families:
             console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
                           "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
@@ -199,22 +226,68 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
         except UserError as exc:
             raise UserError(f"{CHOICE_FLAGS[key]}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, plexus_options=plexus_options, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options,
+                            fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 
 
 def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=None) -> int:
     """``search --algorithm NAME|all`` (model-driven): the exact joint ranking over the GPU counts."""
-    if getattr(args, "measured", False):
-        raise UserError(f"--measured trains {DEFAULT_FAMILY} grids; the other families are searched by the model: "
-                        f"leave out --measured or use --algorithm {DEFAULT_FAMILY}")
     if getattr(args, "block_rows", None):
         raise UserError(f"--block-rows applies to {' and '.join(families_with('takes_block_rows'))} only; "
                         "leave it out with --algorithm " + args.algorithm)
     precisions = family_precisions(args, algorithms)
     filters = family_filters(args, algorithms)
+    measured = getattr(args, "measured", False)
+    if measured:
+        if args.graph is None:
+            raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
+        if not 0 <= args.warmup < args.epochs:
+            raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
+        for precision in precisions:  # the trainer must be able to send each one on this backend
+            try:
+                check_backend(args.backend, precision)
+            except UserError as exc:
+                raise UserError(f"--comm-precision/--backend: {exc}") from None
+        args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
+    elif args.launcher or args.cluster or args.hosts:
+        raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
+    launcher = launcher_from_args(args, gpus_counts) if measured else None
     ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
-                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
-    return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
-                         objective=args.objective)
+                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0),
+                             fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
+    if not measured:
+        return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
+                             objective=args.objective)
+    return print_measured(ranking, args, launcher)
+
+
+def print_measured(ranking, args, launcher) -> int:
+    """``search --measured --algorithm NAME|all``: train the model's best configurations and print
+    them with their observed epoch time (:func:`plexus_tune.search.joint.measured_joint_search`)."""
+    from rich.table import Table
+
+    console = make_console()
+    count = args.trials or 10
+    console.print(f"measuring the model's {count} best configurations of {', '.join(ranking.algorithms)} "
+                  f"({launcher.name if launcher is not None else 'local'}); runs logged to {args.log}", highlight=False)
+    with launcher:
+        rows = measured_joint_search(ranking, args.graph, log=args.log, count=count, epochs=args.epochs,
+                                     warmup=args.warmup, layers=args.layers, hidden=args.hidden, launcher=launcher,
+                                     timeout_s=args.timeout)
+    table = Table(title="measured configurations (model order; epoch ms)")
+    for col in ("model rank", "algorithm", "configuration", "precision", "GPUs", "predicted ms", "observed ms"):
+        table.add_column(col, justify="left" if col in ("algorithm", "configuration", "precision") else "right")
+    for r in rows:
+        table.add_row(str(r["rank"]), r["algorithm"], r["config"], r["comm_precision"], str(r["gpus"]),
+                      format_ms(r["total_ms"]),
+                      "failed" if r["trials_ok"] == 0 else format_ms(r["epoch_ms"]))
+    console.print(table)
+    ok = [r for r in rows if r["trials_ok"]]
+    if not ok:
+        raise UserError("no measured configuration ran successfully; see the run log for the failures")
+    best = min(ok, key=lambda r: r["epoch_ms"])
+    console.print(f"measured best: {best['algorithm']} {best['config']} {best['comm_precision']} on {best['gpus']} GPUs, "
+                  f"{format_ms(best['epoch_ms'])} ms per epoch (model rank {best['rank']})", highlight=False)
+    return 0

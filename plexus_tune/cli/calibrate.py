@@ -12,7 +12,7 @@ from plexus_tune.model.precision_choice import parse_allowed
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import parse_count
 from plexus_tune.measure.bandwidth import bandwidth_benchmark
-from plexus_tune.measure.device import resolve_device
+from plexus_tune.measure.device import check_backend_devices, resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
@@ -174,10 +174,7 @@ def run_quant(args) -> int:
         raise UserError("--precisions: give reduced precisions (bf16, fp16, int8, int4, int2); fp32 has no codec")
     sizes = {}
     for flag, text in (("--rows", args.rows), ("--cols", args.cols)):
-        try:
-            sizes[flag] = [int(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise UserError(f"{flag}: expected a comma-separated list of positive integers, got {text!r}") from None
+        sizes[flag] = [parse_count(v, flag) for v in text.split(",") if v.strip()]
         if not sizes[flag] or min(sizes[flag]) < 1:
             raise UserError(f"{flag}: expected positive integers, got {text!r}")
     _positive(args.repeats, "--repeats")
@@ -244,6 +241,7 @@ def run_collectives(args) -> int:
     if args.backend:
         for precision in precisions:
             check_backend(args.backend, precision)
+        check_backend_devices(args.backend)
     if args.timeout <= 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]

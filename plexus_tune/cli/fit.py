@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from plexus_tune.cli.options import count, real
 from plexus_tune.fit import profile as fitting
-from plexus_tune.errors import UserError
+from plexus_tune.errors import Interrupted, UserError
 from plexus_tune.model.machine import FIELDS
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
@@ -118,6 +118,8 @@ def run(args) -> int:
                 collectives_profile=args.collectives_from, bandwidth=args.bandwidth, optimizer_runs=args.optimizer_runs,
                 optimizer=args.optimizer,
             )
+    except KeyboardInterrupt:
+        raise Interrupted(f"no profile written ({args.out} unchanged)") from None
     except UserError as exc:
         flag = _GIVEN.get(getattr(exc, "parameter", None))
         if flag:

@@ -20,6 +20,7 @@ from plexus_tune.graph import (
     write_shards,
 )
 from plexus_tune.graph.atomic import check_output_path
+from plexus_tune.graph.cache import cache_listing, cache_root
 from plexus_tune.graph.stats import graph_statistics, shard_statistics
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import save_format_for
@@ -87,6 +88,17 @@ def register(subparsers) -> None:
     stats.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     _add_load_options(stats)
     stats.set_defaults(handler=run_stats)
+
+    cache = sub.add_parser(
+        "cache",
+        help="list (or clear) the structure cache: shard statistics kept per graph for predict --graph",
+        description="The structure cache holds, per graph (keyed by the hash of its adjacency pattern), its "
+        "normalized nonzeros and the largest shard of every split predict --graph has read, per permutation. "
+        "Lists each graph's entries; --clear removes them all.",
+    )
+    cache.add_argument("--clear", action="store_true", help="remove every entry")
+    cache.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    cache.set_defaults(handler=run_cache)
 
     shard = sub.add_parser(
         "shard",
@@ -180,6 +192,30 @@ def run_convert(args) -> int:
         save_graph(graph, args.output, overwrite=args.force)
     dropped = " (features and labels are not stored in this format)" if fmt in ("mtx", "edgelist") else ""
     print(f"wrote {args.output} ({fmt}): {graph.num_nodes} nodes, {graph.nnz} nonzeros{dropped}")
+    return 0
+
+
+def run_cache(args) -> int:
+    import json
+    import shutil
+
+    root = cache_root()
+    listing = cache_listing(root)
+    if args.clear:
+        for entry in listing:
+            shutil.rmtree(root / entry["key"], ignore_errors=True)
+        (root / "hashes.json").unlink(missing_ok=True)
+        print(f"removed {len(listing)} cached graph(s) from {root}")
+        return 0
+    if args.format == "json":
+        print(json.dumps({"root": str(root), "graphs": listing}, indent=1))
+        return 0
+    print(f"structure cache {root}: {len(listing)} graph(s)")
+    for entry in listing:
+        nodes = f"{entry['nodes']:,}" if isinstance(entry["nodes"], int) else "?"
+        nnz = f"{entry['nnz']:,}" if isinstance(entry["nnz"], int) else "?"
+        splits = ", ".join(f"{name} ({'corrupt' if n is None else f'{n} splits'})" for name, n in entry["entries"].items())
+        print(f"{entry['key']}  {entry['name'] or '?'}: N={nodes} NNZ={nnz}, {entry['bytes']:,} bytes; {splits or 'no splits'}")
     return 0
 
 

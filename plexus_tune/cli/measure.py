@@ -29,9 +29,10 @@ from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
-from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm, some_grid
+from plexus_tune.trainer.run import check_training_memory
 
 
 def register(subparsers) -> None:
@@ -59,6 +60,9 @@ def register(subparsers) -> None:
                         help="random permutation of the adjacency for load balance: double (default; rows and columns), "
                              "single, none, or local (double kept in node order inside each block of the grid)")
     parser.add_argument("--block-rows", type=count(1), default=None, help="blocked aggregation: rows per SpMM block")
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="train with the input features fixed (no layer-0 feature gradient); logged and "
+                             "predicted as such (docs/model.md, Fixed features)")
     add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
@@ -87,9 +91,15 @@ def run(args) -> int:
     # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
     stats = load_stats(graph)
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
+    algorithm = check_algorithm(args.algorithm)
+    family_options = family_train_options(args, algorithm)
+    if family_options:
+        check_batch_flag(family_options["batch_size"], stats.nodes)
+        if args.gpus % family_options["dp"]:
+            raise UserError(f"--dp {family_options['dp']} does not divide --gpus {args.gpus}")
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
-               "aggregation": args.aggregation}
+               "comm_precision": comm_precision, "algorithm": algorithm,
+               "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
     settings = config_settings(campaign_config(graph, some_grid(options["algorithm"], args.gpus), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
@@ -97,7 +107,9 @@ def run(args) -> int:
     console = make_console()
     err = make_console(stderr=True)
     total = len(grids) * args.trials
-    launcher = launcher_from_args(args, sorted({int(np.prod(g)) for g in grids}))
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * int(family_options.get("dp", 1)) for g in grids}))
+    check_training_memory(campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                                          warmup=args.warmup, options=options), launcher)
     if submits(launcher):
         return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
     rows = []
@@ -116,7 +128,7 @@ def run(args) -> int:
             pred = record.get("predicted", {}).get("total_ms")
             if record.get("status") == "ok":
                 obs = record["epoch_ms"]
-                extra = f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%})" if pred is not None else ""
+                extra = (f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%} of the observed)" if pred is not None else "")
                 progress.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
             else:
                 progress.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")

@@ -9,6 +9,7 @@ import sys
 from plexus_tune.cli.output import format_ms, make_console
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import whole_number
+from plexus_tune.model.family import ALL, FAMILIES
 from plexus_tune.model.machine import GIB
 from plexus_tune.model.scalegnn import NAME, parse_epochs_to_accuracy, rank_minibatch, time_to_accuracy
 from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
@@ -33,13 +34,15 @@ def add_arguments(parser) -> None:
                              "the target accuracy; compares their training times")
 
 
+def only(args) -> bool:
+    """Whether ``--algorithm`` names a family whose epoch is a mini-batch epoch (model/family)."""
+    family = FAMILIES.get(str(getattr(args, "algorithm", "") or "").strip().lower())
+    return family is not None and family.epoch == "mini-batch"
+
+
 def requested(args) -> bool:
     """Whether ``--algorithm`` names the mini-batch family or all."""
-    return str(getattr(args, "algorithm", "") or "").strip().lower() in (NAME, "all")
-
-
-def only(args) -> bool:
-    return str(getattr(args, "algorithm", "") or "").strip().lower() == NAME
+    return only(args) or str(getattr(args, "algorithm", "") or "").strip().lower() == ALL
 
 
 def check_flags(args) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from plexus_tune.errors import UserError
-from plexus_tune.numbers import real_number, whole_number
+from plexus_tune.numbers import MAX_COUNT, CountTooLarge, real_number, whole_number
 
 
 def count(minimum: int = 1):
@@ -20,6 +20,8 @@ def count(minimum: int = 1):
     def parse(text):
         try:
             return whole_number(text, "the value", minimum=minimum)
+        except CountTooLarge:
+            raise argparse.ArgumentTypeError(f"{text!r} is too large (at most 2^63 - 1 = {MAX_COUNT:,})") from None
         except UserError:
             raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}") from None
 

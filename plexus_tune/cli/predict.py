@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plexus_tune.cli import minibatch
-from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, selected_algorithms
+from plexus_tune.cli.algorithms import add_algorithm_argument, predict_families, print_codec_note, selected_algorithms
 from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
@@ -16,7 +16,8 @@ from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed,
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
-from plexus_tune.graph.structure import normalized_nnz, shard_directory_matrix
+from plexus_tune.graph.cache import StructureCache
+from plexus_tune.graph.structure import shard_directory_matrix
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.planner import joint_ranking
@@ -25,7 +26,7 @@ from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import permutation_gain, predict_run_grids
-from plexus_tune.model.sparsity import graph_sparsity
+from plexus_tune.model.sparsity import graph_sparsity, graph_summary
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
@@ -78,8 +79,10 @@ def workload_from_args(args):
                                              features, classes, layers=layers, hidden=hidden, bytes_per_element=bpe)
         graph = load_graph_source(args.graph)
         args.loaded_graph = graph
+        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
+        summary = graph_summary(graph, args.structure_cache)
         return Workload.from_graph_stats(
-            graph.name, graph.num_nodes, normalized_nnz(graph.adjacency), features or graph.num_features,
+            graph.name, graph.num_nodes, summary["normalized_nnz"], features or graph.num_features,
             classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
         )
     if args.dataset:
@@ -120,9 +123,15 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--overlap", action="store_true",
+                        help="with --block-rows: each block's all-reduce overlaps the next block's SpMM, as the "
+                             "trainer's --overlap (docs/model.md, Overlap)")
     parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
                         help="with --graph: the trainer's permutation of the graph (default double; a shard "
                         "directory keeps its own): each grid's largest shard and its structure are taken after it")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="with --graph: neither read nor write the structure cache (statistics of the graph's shards "
+                        "kept in the data directory; 'plexus-tune graph cache' lists it)")
     parser.add_argument("--optimizer", default=None, help="the optimizer of the trainer being predicted: adamw-fused, adamw-foreach or "
                         "adamw-for-loop (default: the machine's, the trainer's choice)")
     add_precision_arguments(parser)
@@ -174,7 +183,8 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     for rec in records:
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
-        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "") for key, _ in TABLE_COLUMNS]
+        row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "")
+                + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated") else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
     console.print(table)
@@ -190,9 +200,9 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
     if precision != "fp32" or auto:
         line = (f"communication at {precision}: {pred['comm_ms'][best]:.2f} ms on the wire + "
                 f"{pred['quant_ms'][best]:.2f} ms quantize/dequantize for the first grid")
-        if precision != "fp32" and not machine.raw.get("quant"):
-            line += f" ({machine.name} has no quant rates: codec time not counted)"
         print(line)
+        if precision != "fp32":
+            print_codec_note(make_console(), machine, [precision])
     if auto:
         ranked = ", ".join(f"{p} {t:.1f} ms" for p, t in pick_precision(best_of)[1])
         print(f"Picked precision: {precision} (best feasible epoch per precision: {ranked})")
@@ -215,7 +225,7 @@ def graph_shards(args, grids, workload):
             raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
         return None, None
     mode = args.permute or "double"
-    return graph_sparsity(graph, grids, workload.layers, permute=mode), mode
+    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None)), mode
 
 
 def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
@@ -228,7 +238,7 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
         return
     others = [m for m in ("double", "local") if m != permute]
     gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
-                             optimizer=optimizer)
+                             optimizer=optimizer, cache=getattr(args, "structure_cache", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
     print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
@@ -274,6 +284,8 @@ def run(args) -> int:
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
+    if args.overlap and not block_rows:
+        raise UserError("--overlap overlaps row blocks: give --block-rows too")
     if algorithms != (DEFAULT_FAMILY,):
         plexus_options = None
         if DEFAULT_FAMILY in algorithms:
@@ -304,6 +316,7 @@ def run(args) -> int:
     sparsity, permute = graph_shards(args, grids, workload)
     options = {"sparsity": sparsity} if sparsity is not None else None
     by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                         overlap=bool(args.overlap), fixed_features=bool(args.fixed_features),
                                          optimizer=optimizer, options=options)
                     for p in precisions}
     best_of = {}

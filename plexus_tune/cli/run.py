@@ -12,6 +12,7 @@ from plexus_tune.measure.campaign import campaign_config, choose_grids, config_s
 from plexus_tune.measure.identity import predict_record, run_identity
 from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.report.validation import overhead_note
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import format_grid, parse_grid
@@ -22,7 +23,7 @@ from plexus_tune.measure.training import run_training
 from plexus_tune.trainer.algorithms import check_algorithm
 
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
-from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of
+from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, family_train_options, check_batch_flag
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, LABELS, labelled
 
@@ -61,18 +62,26 @@ def run(args) -> int:
     check_backend(args.backend, comm_precision)
     if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
         raise UserError(f"need 0 <= warmup < epochs, got epochs={args.epochs} warmup={args.warmup}")
+    algorithm = check_algorithm(args.algorithm)
+    family_options = family_train_options(args, algorithm)
+    ranks = args.gpus // int(family_options.get("dp", 1))
+    if ranks * int(family_options.get("dp", 1)) != args.gpus:
+        raise UserError(f"--dp {family_options['dp']} does not divide --gpus {args.gpus}")
     grid = None
     if args.grid:
         grid = tuple(int(v) for v in parse_grid(args.grid))
-        if int(np.prod(grid)) != args.gpus:
-            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not --gpus {args.gpus}")
+        if int(np.prod(grid)) != ranks:
+            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not {ranks}"
+                            + (f" (--gpus {args.gpus} over --dp {args.gpus // ranks})" if ranks != args.gpus else ""))
     log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     launcher = launcher_from_args(args, [args.gpus])
     machine = load_machine(args.machine)
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
+    if family_options:
+        check_batch_flag(family_options["batch_size"], stats.nodes)
     options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
-               "comm_precision": comm_precision, "algorithm": check_algorithm(args.algorithm),
-               "aggregation": args.aggregation}
+               "comm_precision": comm_precision, "algorithm": algorithm,
+               "aggregation": args.aggregation, **family_options}
     settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = np.asarray(choose_grids(args.gpus, "all", settings=settings, replication=args.replication), dtype=np.int64)
@@ -129,6 +138,9 @@ def run(args) -> int:
         ratio = "-" if o is None or p <= 0 else f"{float(o) / p:.2f}"
         cmp.add_row(label, _fmt(p), _fmt(o), ratio)
     console.print(cmp)
+    note = overhead_note(predicted, record.get("epoch_ms"))
+    if note:
+        console.print(note, highlight=False)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
                   f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {trial})")
     table = runs_table(read_runs(log, warn=False))

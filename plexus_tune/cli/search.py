@@ -9,6 +9,7 @@ from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import ProgressReporter, check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
+from plexus_tune.cli import minibatch
 from plexus_tune.cli.algorithms import add_algorithm_argument, load_graph_argument, search_families, selected_algorithms
 from plexus_tune.cli.predict import add_precision_arguments, precision_choices
 from plexus_tune.model.comm_precision import check_backend
@@ -51,6 +52,10 @@ the data directory ($PLEXUS_TUNE_DATA, else $XDG_DATA_HOME/plexus-tune, else
 ~/.local/share/plexus-tune) unless --storage names another database (any SQLAlchemy
 URL, e.g. postgresql://user@host/db for several workers); measured runs go to runs.jsonl
 there unless --log names another file.
+
+--measured with --algorithm all (or a family other than plexus-3d): the model ranks the joint
+space exactly, then the --trials (default 10) best configurations of families the trainer
+runs are trained, model order first, through the launcher (docs/algorithms.md).
 
 Several workers: run the same command in several processes (or on several hosts) with one
 --storage; a configuration one worker measures is not measured by another (a worker that
@@ -137,10 +142,14 @@ def run(args) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command's process: no log line per trial
+    driver.check_study_name(args.study)
     precisions, auto = precision_choices(args)
+    if minibatch.only(args):
+        raise UserError(f"search ranks full-graph epochs; rank {args.algorithm}'s Gd, grids and batch sizes with "
+                        f"'plexus-tune predict --algorithm {args.algorithm} --batch-size B[,B...]'")
     algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
-    if algorithms != (DEFAULT_FAMILY,):
+    if algorithms != (DEFAULT_FAMILY,) or getattr(args, "fixed_features", False):  # the exact planner
         return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:

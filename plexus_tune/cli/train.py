@@ -19,7 +19,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.trainer.reference import check_verdict
 from plexus_tune.launch import detect_environment
-from plexus_tune.model.breakdown import BREAKDOWN_KEYS, FAMILY_COMM_OP_KEYS
+from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig
 from plexus_tune.measure.training import TrainingFailed, run_training
@@ -73,6 +73,7 @@ def register(subparsers) -> None:
     add_comm_precision_argument(parser)
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
+    add_features_argument(parser)
     parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
     parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
                         help="stop the whole run after S seconds (default 1800)")
@@ -84,6 +85,14 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
     add_launcher_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_features_argument(parser) -> None:
+    """``--fixed-features``: the input features are fixed, not trained (train, measure, predict, search)."""
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="keep the input features fixed (not trained): no layer-0 feature gradient, backward "
+                             "SpMM or its collectives, no optimizer state for them (default: trained, as Plexus "
+                             "trains)")
 
 
 def add_algorithm_arguments(parser) -> None:
@@ -104,6 +113,20 @@ def add_algorithm_arguments(parser) -> None:
                         help="scalegnn-4d: dropout rate after each layer's ReLU (default 0)")
     parser.add_argument("--no-rmsnorm", action="store_true", help="scalegnn-4d: leave out each layer's RMSNorm")
     parser.add_argument("--no-residual", action="store_true", help="scalegnn-4d: leave out each layer's residual")
+
+
+def family_train_options(args, algorithm: str) -> dict:
+    """TrainConfig fields of the mini-batch family's flags (dp, batch_size, its components in
+    ``extra``) for measure and run; {} for the other families (UserError if a flag is misused)."""
+    if "batch_size" not in family_of(algorithm).options:
+        if args.dp not in (None, 1) or args.batch_size is not None or args.dropout is not None or args.no_rmsnorm \
+                or args.no_residual:
+            raise UserError(f"--dp, --batch-size, --dropout, --no-rmsnorm and --no-residual are options of "
+                            f"--algorithm scalegnn-4d, not of {algorithm}")
+        return {}
+    if args.batch_size is None:
+        raise UserError(f"{algorithm} samples B vertices per step: give --batch-size")
+    return {"dp": args.dp or 1, "batch_size": args.batch_size, "extra": {"minibatch": minibatch_options(args)}}
 
 
 def minibatch_options(args) -> dict:
@@ -140,7 +163,8 @@ def _config(args: argparse.Namespace):
         grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
-        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm, check=args.check, log=args.log, machine=args.machine,
+        backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm,
+        fixed_features=bool(getattr(args, "fixed_features", False)), check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
         aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size,
     )
@@ -169,6 +193,22 @@ def _algorithm_text(record: dict) -> str:
     return text
 
 
+def breakdown_lines(record: dict, keys) -> list[str]:
+    """The epoch's partition (docs/records.md, Observed breakdown: the critical rank's local phases,
+    the collective time no rank avoided, and the wait), which adds up to the epoch; then each
+    phase's maximum over ranks, labelled as maxima (they overlap, so they add up to more)."""
+    lines = []
+    parts = record.get("breakdown_ms")
+    if parts:
+        names = [k for k in EPOCH_PARTS if k in parts] + ["wait_ms"]
+        total = sum(parts[k] for k in names)
+        lines.append("breakdown of the epoch (ms; adds up): " + " + ".join(f"{k[:-3]} {parts[k]:.2f}" for k in names)
+                     + f" = {total:.2f}")
+    lines.append("largest per rank (ms; maxima of different ranks, they do not add up): "
+                 + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys))
+    return lines
+
+
 def summary_lines(record: dict) -> list[str]:
     keys = [k for k in BREAKDOWN_KEYS if k not in FAMILY_COMM_OP_KEYS or record.get(k)]
     lines = [
@@ -177,10 +217,12 @@ def summary_lines(record: dict) -> list[str]:
         f"{_algorithm_text(record)} grid {record['grid']} ({record['gpus']} ranks, {record['backend']}, "
         f"{record['device']}), "
         f"permute {record['options']['permute']}, block rows {record['options']['block_rows']}, "
-        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}",
-        f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (max over ranks, mean of epochs "
-        f"{record['warmup'] + 1}..{record['epochs']}), imbalance {record['imbalance']['epoch_ms']:.3f}",
-        "breakdown (ms, max over ranks): " + ", ".join(f"{k[:-3]} {record[k]:.2f}" for k in keys),
+        f"overlap {record['options']['overlap']}, communication {record.get('comm_precision', 'fp32')}, "
+        f"features {'fixed' if record['options'].get('fixed_features') else 'trained'}",
+        f"epoch {record['epoch_ms']:.2f} ms +- {record['epoch_ms_std']:.2f} (the slowest rank's, mean of epochs "
+        f"{record['warmup'] + 1}..{record['epochs']}; the per-epoch lines are rank 0's), "
+        f"imbalance {record['imbalance']['epoch_ms']:.3f} (slowest / mean rank)",
+        *breakdown_lines(record, keys),
         f"loss {record['losses'][0]:.6f} -> {record['losses'][-1]:.6f}",
         *(["bytes sent per epoch (all ranks): " + ", ".join(f"{k} {v:,}" for k, v in record["comm_bytes"].items())]
           if record.get("comm_bytes") else []),
@@ -225,7 +267,7 @@ def check_result(record: dict) -> dict | None:
                          device=record.get("device", "cpu"))
 
 
-def _check_batch(batch: int, nodes: int) -> None:
+def check_batch_flag(batch: int, nodes: int) -> None:
     try:
         check_batch_size(batch, nodes)
     except UserError as exc:
@@ -248,11 +290,11 @@ def run(args: argparse.Namespace) -> int:
         launcher = launcher_from_args(args, [config.world_size])
         if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
             if config.batch_size is not None:
-                _check_batch(config.batch_size, load_graph_source(args.graph).num_nodes)
+                check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
             else:
                 check_graph(args.graph)
         elif config.batch_size is not None:
-            _check_batch(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
+            check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
         config.extra["progress"] = True
     else:
         launcher = None

@@ -28,6 +28,11 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def _spearman(value) -> str:
+    """A Spearman cell: "-" where the group has no ranking (one grid)."""
+    return "-" if value != value else f"{value:.3f}"
+
+
 def run(args) -> int:
     import json
     import os
@@ -55,11 +60,20 @@ def run(args) -> int:
     for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for g in result["groups"]:
-        table.add_row(g["graph"] + (f" ({g['setting']})" if g["setting"] else ""), str(g["gpus"]), str(g["grids"]), f"{g['spearman']:.3f}", f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
+        table.add_row(g["graph"] + (f" ({g['setting']})" if g["setting"] else ""), str(g["gpus"]), str(g["grids"]), _spearman(g["spearman"]), f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
     m = result["mean"]
-    table.add_row("mean", "", "", f"{m['spearman']:.3f}", f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
+    table.add_row("mean", "", "", _spearman(m["spearman"]), f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
     console.print(table)
-    console.print(f"worst regret {m['max_regret']:.3f} over {m['groups']} (graph, G) groups")
+    console.print(f"worst regret {m['max_regret']:.3f} over {m['groups']} (graph, G) groups; MAPE and regret are means over "
+                  f"all {m['groups']} groups, Spearman over the {m.get('spearman_groups', m['groups'])} with two or more grids "
+                  "(one grid has no ranking: -)")
+    parts = result.get("parts") or {}
+    shown = [k for k in parts if k != "overhead_share"]
+    if shown:
+        console.print("the profile's parts against the observed parts, every run: " + ", ".join(
+            f"{k[:-3]} MAPE {parts[k]['mape']:.0f}% (median predicted/observed {parts[k]['ratio']:.2f})" for k in shown)
+            + (f"; the fixed per-epoch overhead is {parts['overhead_share']:.0%} of the predicted total on average"
+               if parts.get("overhead_share") else ""))
     if args.json:
         make_parent(args.json)
         tmp = f"{args.json}.tmp{os.getpid()}"

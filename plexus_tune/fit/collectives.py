@@ -465,8 +465,8 @@ def fit_op_tiers(df, gpus_per_node: int | None, sharing: bool) -> tuple[tuple, d
     :func:`fit_collectives`): relative NNLS of time_ms on the op's
     :func:`~plexus_tune.model.collectives.exchange_terms`; a tier without rows copies the
     other. A broadcast is fitted in each of :data:`BROADCAST_FORMS` and keeps the form of
-    the lower MAPE. Returns (``op_tiers`` as a Network holds them, {op: {"intra", "inter"
-    (rows per tier), "mape" (%, in sample), "form" (broadcast)}})."""
+    the lower MAPE. Returns (``op_tiers`` as a Network holds them, {op: {"rows", "intra",
+    "inter" (rows with terms on each tier), "mape" (%, in sample), "form" (broadcast)}})."""
     place, _ = frame_placement(df, gpus_per_node)
     op = np.asarray(df["op"]).astype(str)
     g = np.asarray(df["group_size"], dtype=np.float64).astype(np.int64)
@@ -490,7 +490,7 @@ def fit_op_tiers(df, gpus_per_node: int | None, sharing: bool) -> tuple[tuple, d
             mape = float(np.mean(np.abs(X @ w - y[rows]) / y[rows]) * 100)
             if best is None or mape < best[2]["mape"] - MIN_GAIN:
                 extra = {"form": form} if name == "broadcast" else {}
-                best = ({**fitted, **extra}, samples, {**samples, "mape": mape, **extra})
+                best = ({**fitted, **extra}, samples, {**samples, "rows": int(rows.sum()), "mape": mape, **extra})
         tiers.append((name, best[0]))
         report[name] = best[2]
     return tuple(tiers), report

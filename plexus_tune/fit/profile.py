@@ -26,13 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune import resources
 from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, collective_time_sharing, fit_collectives
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
 from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, mape_percent, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
-from plexus_tune.fit.tables import GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
+from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
 from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
 from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
@@ -107,9 +108,13 @@ def write_profile(profile: Mapping, path) -> None:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(profile_json_text(profile))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(profile_json_text(profile))
+        os.replace(tmp, path)
+    finally:  # interrupted: no half-written file is left
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -162,10 +167,12 @@ def input_info(sources) -> list[dict]:
     return out + ([{"records": records}] if records else [])
 
 
-def _run_records(runs) -> list[dict]:
+def _run_records(runs, what: str = "runs") -> list[dict]:
+    """The records of trainer run logs (paths: each an existing log, :func:`_check_log_path`) or run records."""
     records: list[dict] = []
     for source in _as_list(runs):
         if isinstance(source, (str, os.PathLike)):
+            _check_log_path(source, f"{what} log")
             records.extend(read_runs(source))
         elif isinstance(source, Mapping):
             records.append(dict(source))
@@ -247,7 +254,7 @@ def fit_profile(
     with and without NIC sharing, True or False fixes it; ``table``: also try a bandwidth table.
     Scores use at most ``n_splits`` random 70/30 splits,
     fewer for a model whose mean held-out R^2 has a standard error of at most
-    ``r2_sem`` (None: all); ``n_jobs`` worker processes score the expensive kinds.
+    ``r2_sem`` (None: all); ``n_jobs`` worker processes (at most one per core) score the expensive kinds.
     ``host_cores``: CPU cores shared by the ranks of a node (None: the CPU count of
     gloo collective logs; 0: no time-sharing model). ``gpus_per_node`` (default: the
     largest gpus_per_node, else world size, of the collective logs), ``device_memory_gib`` (default: this
@@ -266,6 +273,7 @@ def fit_profile(
     ``optimizer``: the profile's optimizer (default: the trainer's).
     """
     check_kind(kind)
+    n_jobs = max(1, min(int(n_jobs), resources.host_cores()))  # workers beyond the cores only queue
     if collective_form not in COLLECTIVE_FORMS:
         raise UserError(f"unknown collective model form {collective_form!r}; choose one of {', '.join(COLLECTIVE_FORMS)}")
     if n_splits < 0:
@@ -299,6 +307,21 @@ def fit_profile(
                         "measure GEMMs ('plexus-tune calibrate spmm' on a graph) or give a GEMM rate")
         err.parameter = "gemm_tflops"
         raise err
+    if copied is None:
+        check_frame(coll_df, COLLECTIVE_COLUMNS, positive=("group_size", "nodes", "message_bytes", "time_ms"),
+                    what="collective measurements")
+    if len(gemm_df):
+        check_frame(gemm_df, GEMM_COLUMNS, positive=GEMM_COLUMNS, what="GEMM measurements")
+    # every other input is read and checked here too, before minutes of fitting
+    bandwidth_records = _bandwidth_records(bandwidth) if bandwidth else []
+    if bandwidth and not bandwidth_records:
+        raise UserError(f"no bandwidth records in {', '.join(map(str, _as_list(bandwidth)))}; "
+                        "time them with 'plexus-tune calibrate bandwidth'")
+    optimizer_records = _run_records(optimizer_runs, "optimizer runs") if optimizer_runs else []
+    runs_tbl = runs_table(_run_records(runs, "runs")) if runs else None
+    if runs and not len(runs_tbl):
+        raise UserError(f"no successful trainer runs in {', '.join(map(_describe, _as_list(runs)))}; "
+                        "give run logs of plexus-tune measure, run or train", parameter="runs")
     timings["load"] = time.perf_counter() - started
 
     # time-sharing of CPU cores by the ranks of one node (gloo on a CPU host)
@@ -375,12 +398,9 @@ def fit_profile(
     backend = coll_df["backend"].iloc[0] if "backend" in coll_df and len(coll_df) else ("nccl" if copied is not None else "gloo")
     optimizer_given = optimizer is not None
     optimizer = check_optimizer(optimizer or trainer_optimizer("cpu" if cores else "cuda"))
-    rates = fit_bandwidths(_bandwidth_records(bandwidth), optimizer) if bandwidth else {"samples": 0}
-    if bandwidth and not rates["samples"]:
-        raise UserError(f"no bandwidth records in {', '.join(map(str, _as_list(bandwidth)))}; "
-                        "time them with 'plexus-tune calibrate bandwidth'")
+    rates = fit_bandwidths(bandwidth_records, optimizer) if bandwidth else {"samples": 0}
     if optimizer_runs and "optimizer_gbps" not in rates:
-        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(_run_records(optimizer_runs), gpu=not cores)
+        rates["optimizer_gbps"], rates["optimizer_runs"] = optimizer_gbps_from_runs(optimizer_records, gpu=not cores)
     profile = {
         "schema": PROFILE_SCHEMA,
         "name": name,
@@ -400,11 +420,10 @@ def fit_profile(
     if "sync_us" in rates:
         profile["sync_us"] = float(rates["sync_us"])
     if optimizer_runs and not runs:
-        profile["epoch_overhead_ms"], rates["latency_runs"] = epoch_latency_from_runs(_run_records(optimizer_runs), profile, gpu=not cores)
+        profile["epoch_overhead_ms"], rates["latency_runs"] = epoch_latency_from_runs(optimizer_records, profile, gpu=not cores)
     if cores:
         profile["host_cores"] = int(cores)
         profile["threads_per_rank"] = 1
-    runs_tbl = runs_table(_run_records(runs)) if runs else None
     if coll is not None and runs_tbl is not None and collective_form == "auto" and len(coll.candidates) > 1:
         started = time.perf_counter()
         coll = _choose_collectives_on_runs(profile, coll, runs_tbl, n_splits=n_splits, seed=seed, progress=_stage(progress, "collectives on runs"))
@@ -459,6 +478,8 @@ def fit_profile(
         "spmm": {"chosen": spmm_model.kind, "samples": len(spmm_df), "scores": spmm_model.all_scores},
         "collectives": ({"chosen": coll.name, "form": coll.form, "selected_by": coll.selected_by, "tiers": coll.tiers, "scores": coll.all_scores,
                          "epoch_scores": coll.epoch_scores or None,
+                         "op_tiers": ({op: {**dict(coll.network.op_tiers)[op], **fit} for op, fit in coll.op_fit.items()}
+                                      or None),
                          "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                          "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
                         if coll is not None else {"copied_from": copied.name}),
@@ -524,17 +545,24 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + (f"; bandwidth_table: one bus bandwidth per (op, stride, group size), {len(coll.table)} entries" if coll.table else "")
             + ("; times divided by the oversubscription of each calibration run" if time_sharing else "")
             + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
-                      f"{fit['intra'] + fit['inter']} {op} timings ({fit['intra']} intra-node, {fit['inter']} inter-node; "
+                      f"{fit['rows']} {op} timings ({fit['intra']} with intra-node and {fit['inter']} with inter-node messages; "
                       + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
                       + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
+
+
+def _check_log_path(path, what: str) -> None:
+    """UserError unless ``path`` is an existing regular file."""
+    if not os.path.exists(path):
+        raise UserError(f"{what} {path} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a directory; give the log file in it")
 
 
 def _bandwidth_records(sources) -> list[dict]:
     """The bandwidth records of the given logs."""
     out = []
     for item in _as_list(sources):
-        if not os.path.exists(item):
-            raise UserError(f"bandwidth log {item} does not exist")
+        _check_log_path(item, "bandwidth log")
         out.extend(read_records(item, schema="bandwidth")[0])
     return out
 

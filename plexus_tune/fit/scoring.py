@@ -22,6 +22,8 @@ CHECK_EVERY = 10
 #: with n_jobs > 1, a model whose splits take less than this (s) each is scored in-process
 PARALLEL_MIN_SECONDS = 0.005
 _COLUMNS = ("r2", "rmse_ms", "mape")
+#: standard errors of the mean MAPE by which a model must trail a rival before its scoring stops
+RACE_SEMS = 4.0
 
 
 def min_rows(parameters: int) -> int:
@@ -100,6 +102,7 @@ def repeated_split_scores(
     min_splits: int = MIN_SPLITS,
     n_jobs: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    beaten_by: float | None = None,
 ) -> dict:
     """Mean (and std) train/test scores over repeated random splits.
 
@@ -111,7 +114,10 @@ def repeated_split_scores(
     ``n_jobs``. ``n_jobs`` > 1 scores batches of splits in that many worker processes
     when one split takes at least :data:`PARALLEL_MIN_SECONDS` (``fit`` must then
     pickle, as closures do with cloudpickle). ``progress(done, total)`` is called after
-    each batch; total is ``n_splits`` until the run stops.
+    each batch; total is ``n_splits`` until the run stops. ``beaten_by``: the held-out
+    MAPE (%) of a rival; scoring stops at the first check (at least ``min_splits``) where
+    this model's mean held-out MAPE less :data:`RACE_SEMS` standard errors exceeds it, as
+    it can no longer be the lower (``beaten``: True in the result).
     """
     y = np.asarray(y, dtype=np.float64)
     train, test = split_indices(len(y), n_splits, train_fraction=train_fraction, seed=seed)
@@ -119,6 +125,7 @@ def repeated_split_scores(
     stop = n_splits
     rows = np.empty((0, 2 * len(_COLUMNS)))
     parallel = None
+    beaten = False
     while len(rows) < stop:
         lo = len(rows)
         if parallel is None:
@@ -141,10 +148,15 @@ def repeated_split_scores(
             parts = parallel(delayed(_score_splits)(fit, y, train[a:b], test[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
             batch = np.concatenate(parts)
         rows = np.concatenate([rows, batch])
-        if adaptive:
+        if adaptive or beaten_by is not None:
             for n in range(lo + 1, len(rows) + 1):
-                if n >= min_splits and n % CHECK_EVERY == 0 and _r2_sem(rows[:n, 3]) <= r2_sem:
+                if n < min_splits or n % CHECK_EVERY:
+                    continue
+                if adaptive and _r2_sem(rows[:n, 3]) <= r2_sem:
                     stop = n
+                    break
+                if beaten_by is not None and _lower_mape(rows[:n, 5]) > beaten_by:
+                    stop, beaten = n, True
                     break
             rows = rows[:stop]
         if progress is not None:
@@ -159,4 +171,21 @@ def repeated_split_scores(
         out["splits_requested"] = int(n_splits)
         out["test_r2_sem"] = _r2_sem(rows[:, 3])
         out["r2_sem_target"] = float(r2_sem)
+    if beaten:
+        out["beaten"] = True
     return out
+
+
+def _lower_mape(test_mape: np.ndarray) -> float:
+    """Mean held-out MAPE less RACE_SEMS standard errors of the mean."""
+    values = test_mape[np.isfinite(test_mape)]
+    if len(values) < 2:
+        return -math.inf
+    return float(values.mean() - RACE_SEMS * values.std() / math.sqrt(len(values)))
+
+
+def upper_mape(scores: dict) -> float:
+    """A scored model's mean held-out MAPE plus RACE_SEMS standard errors (a rival's bound)."""
+    if not scores or not math.isfinite(scores.get("test_mape", math.nan)):
+        return math.inf
+    return scores["test_mape"] + RACE_SEMS * scores.get("test_mape_std", math.inf) / math.sqrt(max(scores.get("splits", 1), 1))

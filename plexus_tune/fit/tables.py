@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import table_row
+from plexus_tune.measure.table import MAX_TIME_MS
 from plexus_tune.measure.store import check_is_log, parse_lines, record_type, warn_bad_lines
 from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 
@@ -12,6 +13,9 @@ from plexus_tune.model.collectives import COLLECTIVE_OPS  # noqa: F401
 SPMM_COLUMNS = ("nnz", "rows", "common", "dense_cols", "time_ms")
 COLLECTIVE_COLUMNS = ("op", "group_size", "nodes", "message_bytes", "time_ms")
 GEMM_COLUMNS = ("rows", "inner", "cols", "time_ms")
+#: the largest value a measurement column may hold (ms, bytes or a count): as a run's times
+#: (:data:`plexus_tune.measure.table.MAX_TIME_MS`), and fits stay finite in float64 (squares of 1e30)
+MAX_MEASURED = MAX_TIME_MS
 # --------------------------------------------------------------------------- input checks
 
 
@@ -26,8 +30,8 @@ def _where(df, pos: int) -> str:
 def check_frame(df, columns, *, positive=("time_ms",), numeric=None, min_count: int = 1, what: str = "measurements"):
     """Check a measurement table; UserError naming the column or row at fault.
 
-    Every column in ``columns`` must exist; numeric columns must hold finite numbers;
-    columns in ``positive`` must be > 0; at least ``min_count`` rows.
+    Every column in ``columns`` must exist; numeric columns must hold finite numbers in
+    [0, :data:`MAX_MEASURED`]; columns in ``positive`` must be > 0; at least ``min_count`` rows.
     """
     import pandas as pd
 
@@ -45,10 +49,14 @@ def check_frame(df, columns, *, positive=("time_ms",), numeric=None, min_count: 
         if bad.size:
             raw = df[col].iloc[bad[0]]
             raise UserError(f"{_where(df, int(bad[0]))}: column {col!r} is {raw!r}, not a finite number")
-        if col in positive:
-            bad = np.flatnonzero(values <= 0)
-            if bad.size:
-                raise UserError(f"{_where(df, int(bad[0]))}: {col} = {values[bad[0]]:g} must be > 0")
+        bad = np.flatnonzero((values <= 0) if col in positive else (values < 0))
+        if bad.size:
+            raise UserError(f"{_where(df, int(bad[0]))}: {col} = {values[bad[0]]:g} must be "
+                            f"{'> 0' if col in positive else '>= 0'}")
+        bad = np.flatnonzero(values > MAX_MEASURED)
+        if bad.size:
+            raise UserError(f"{_where(df, int(bad[0]))}: {col} = {values[bad[0]]:g} is beyond any measurement "
+                            f"(at most {MAX_MEASURED:g}); remove the line")
     if len(df) < min_count:
         raise UserError(f"{source}: {len(df)} rows of {what}, at least {min_count} needed")
 

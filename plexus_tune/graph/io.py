@@ -37,6 +37,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.jsonfile import read_json
 from plexus_tune.graph import checks
+from plexus_tune.graph.cache import known_valid, remember_valid
 from plexus_tune.graph.atomic import atomic_directory, atomic_file
 from plexus_tune.graph.core import Graph, as_csr, edge_index_to_adjacency, is_symmetric
 from plexus_tune.graph.generators import DEFAULT_CLASSES, DEFAULT_FEATURES, degree_labels, random_features, synthetic
@@ -214,9 +215,12 @@ def _read_plexus(path: Path, mmap: bool = True, **_) -> Graph:
         arrays[key] = arr
     n = int(info["num_nodes"])
     files = {key: str(path / f"{key}.npy") for key in arrays}
-    checks.check_csr(arrays["indptr"], arrays["indices"], arrays["data"], n, where=str(path), files=files)
-    checks.check_features(arrays["features"], n, files["features"])
-    checks.check_labels(arrays["labels"], n, int(info["num_classes"]), files["labels"])
+    read = [path / "metadata.json", *files.values()]
+    if known_valid(read) is None:  # files changed since they last passed: check them (graph/cache)
+        checks.check_csr(arrays["indptr"], arrays["indices"], arrays["data"], n, where=str(path), files=files)
+        checks.check_features(arrays["features"], n, files["features"])
+        checks.check_labels(arrays["labels"], n, int(info["num_classes"]), files["labels"])
+        remember_valid(read)
     adj = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=(n, n), copy=False)
     adj.has_sorted_indices = True
     meta = dict(info.get("meta", {}))

@@ -161,6 +161,28 @@ class ExchangePlan:
     def total_rows(self, mode: str) -> int:
         return int(self.forward_rows(mode).sum())
 
+    def spmm_parts(self, mode: str) -> dict[str, np.ndarray]:
+        """The local SpMM operands of each part in a forward aggregation under ``mode``
+        (the partitioned trainer's matrices, docs/model.md "SuperGCN"):
+
+        - ``local_nnz`` (P,): A + I restricted to the part's rows and columns;
+        - ``pre_edges``, ``pre_rows`` (P, P): cut edges p -> q summed at p, and the partial
+          rows they make (p's pre-aggregation matrix: pre_rows x n_p, pre_edges nonzeros);
+        - ``post_edges``, ``post_rows`` (P, P): cut edges p -> q whose source row p sends as
+          it is, and those rows; q's scatter of p's message is n_q x (post_rows + pre_rows)
+          with post_edges + pre_rows nonzeros.
+        """
+        mode = check_aggregation(mode)
+        post = {"post": np.ones(self.src.size, dtype=bool), "pre": np.zeros(self.src.size, dtype=bool),
+                "hybrid": self.post_edge}[mode]
+        p, q = self.part[self.src], self.part[self.dst]
+        edges = np.zeros((2, self.parts, self.parts), dtype=np.int64)
+        np.add.at(edges, (post.astype(np.int64), p, q), 1)
+        cut_in = np.bincount(q, minlength=self.parts)
+        return {"local_nnz": self.local_nnz - cut_in,
+                "pre_edges": edges[0], "pre_rows": _pair_counts(self.parts, p[~post], q[~post], self.dst[~post]),
+                "post_edges": edges[1], "post_rows": _pair_counts(self.parts, p[post], q[post], self.src[post])}
+
 
 def _pair_counts(parts: int, p: np.ndarray, q: np.ndarray, node: np.ndarray) -> np.ndarray:
     """(P, P) count of distinct nodes per ordered pair."""

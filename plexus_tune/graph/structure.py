@@ -248,3 +248,236 @@ def shard_directory_matrix(shard_dir) -> tuple[sp.csr_matrix, dict]:
     n = int(manifest["num_nodes"])
     matrix = load_shard_range(shard_dir, (0, n), (0, n), manifest=manifest)
     return matrix, manifest
+
+
+# --------------------------------------------------------------------------- one scan for every split
+
+#: Stored entries a scan handles at once: its temporary arrays are a few times this many words.
+SCAN_CHUNK_ENTRIES = 1 << 22
+#: Most cells of the histogram one scan keeps (row segments x column segments); more splits
+#: are scanned in groups of column counts.
+SCAN_MAX_CELLS = 1 << 22
+
+
+def _csr_parts(adjacency) -> tuple[np.ndarray, np.ndarray, int]:
+    """(indptr, indices, N) of a square CSR matrix without copying memory-mapped arrays."""
+    import scipy.sparse as sp
+    if getattr(adjacency, "format", None) != "csr":
+        import scipy.sparse as sp
+
+        adjacency = sp.csr_matrix(adjacency)
+    return np.asarray(adjacency.indptr), adjacency.indices, int(adjacency.shape[0])
+
+
+def _row_chunks(indptr: np.ndarray, chunk_entries: int):
+    """Consecutive row ranges [a, b) of about ``chunk_entries`` stored entries each."""
+    n = indptr.size - 1
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(indptr, int(indptr[a]) + chunk_entries, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        yield a, b
+        a = b
+
+
+def diagonal_rows(adjacency, chunk_entries: int = SCAN_CHUNK_ENTRIES) -> np.ndarray:
+    """Whether each row stores its diagonal entry (bool, N), read in chunks of rows."""
+    indptr, indices, n = _csr_parts(adjacency)
+    has = np.zeros(n, dtype=bool)
+    for a, b in _row_chunks(indptr, chunk_entries):
+        lo, hi = int(indptr[a]), int(indptr[b])
+        if hi > lo:
+            row_of = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
+            has[row_of[np.asarray(indices[lo:hi]) == row_of]] = True
+    return has
+
+
+def _segments(n: int, counts) -> tuple[np.ndarray, np.ndarray]:
+    """(cuts, segment of every id): the union of the split points min(k ceil(n/g), n) of every g."""
+    cuts = {0, n}
+    for g in counts:
+        step = -(-n // int(g))
+        cuts.update(min(k * step, n) for k in range(int(g) + 1))
+    cuts = np.array(sorted(cuts), dtype=np.int64)
+    dtype = np.int16 if cuts.size < 2**15 else np.int32
+    return cuts, np.repeat(np.arange(cuts.size - 1, dtype=dtype), np.diff(cuts))
+
+
+def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_loops: bool = True,
+                     has_diagonal: np.ndarray | None = None, chunk_entries: int = SCAN_CHUNK_ENTRIES,
+                     progress=None) -> dict:
+    """:func:`split_structure` of every (R, C) split of ``B = A_hat[row_perm][:, col_perm]``, in two scans.
+
+    Equal to ``split_structure(PermutedPattern(adjacency, row_perm, col_perm, self_loops=...), R, C)``
+    for each split, without the permuted copy. The first scan counts the entries of every
+    cell of the union of all splits' row and column cuts (each split's blocks are sums of
+    cells); the second reads the rows of each split's largest block, in the new row order,
+    for its row lengths and column counts. Both read ``chunk_entries`` entries at a time, so
+    beside the graph's arrays memory holds the permutations, the cells and one chunk.
+    ``has_diagonal``: :func:`diagonal_rows` when already known. ``progress(stage, seconds)``
+    is called after each scan.
+    """
+    indptr, indices, n = _csr_parts(adjacency)
+    splits = sorted({(int(r), int(c)) for r, c in splits})
+    if not splits:
+        return {}
+    row_counts = sorted({r for r, _ in splits})
+    col_counts = sorted({c for _, c in splits})
+    rcuts, rseg = _segments(n, row_counts)
+    if (rcuts.size - 1) * (_segments(n, col_counts)[0].size - 1) > SCAN_MAX_CELLS and len(col_counts) > 1:
+        half = col_counts[: len(col_counts) // 2]
+        first = [s for s in splits if s[1] in half]
+        rest = [s for s in splits if s[1] not in half]
+        kwargs = dict(self_loops=self_loops, chunk_entries=chunk_entries, progress=progress,
+                      has_diagonal=has_diagonal if has_diagonal is not None or not self_loops else diagonal_rows(adjacency, chunk_entries))
+        return {**split_statistics(adjacency, first, row_perm, col_perm, **kwargs),
+                **split_statistics(adjacency, rest, row_perm, col_perm, **kwargs)}
+    ccuts, cseg = _segments(n, col_counts)
+    nrs, ncs = rcuts.size - 1, ccuts.size - 1
+    row_perm = np.arange(n, dtype=np.int64) if row_perm is None else np.asarray(row_perm, dtype=np.int64)
+    col_perm = row_perm if col_perm is None else np.asarray(col_perm, dtype=np.int64)
+    index_dtype = np.int32 if n < 2**31 else np.int64
+    inv_row = np.empty(n, dtype=index_dtype)
+    inv_row[row_perm] = np.arange(n, dtype=index_dtype)
+    inv_col = np.empty(n, dtype=index_dtype)
+    inv_col[col_perm] = np.arange(n, dtype=index_dtype)
+
+    # scan 1: entries per cell, in the stored row order
+    t0 = time.perf_counter()
+    row_cell = rseg[inv_row].astype(np.int64) * ncs  # first cell of each old row's new row segment
+    col_cell = cseg[inv_col]  # column segment of each old column's new column
+    cells = np.zeros(nrs * ncs, dtype=np.int64)
+    find_diagonal = self_loops and has_diagonal is None
+    has = np.zeros(n, dtype=bool) if find_diagonal else None
+    for a, b in _row_chunks(indptr, chunk_entries):
+        lo, hi = int(indptr[a]), int(indptr[b])
+        if hi == lo:
+            continue
+        lengths = np.diff(indptr[a:b + 1])
+        cols = np.asarray(indices[lo:hi])
+        cells += np.bincount(np.repeat(row_cell[a:b], lengths) + col_cell[cols], minlength=nrs * ncs)
+        if find_diagonal:
+            row_of = np.repeat(np.arange(a, b, dtype=np.int64), lengths)
+            has[row_of[cols == row_of]] = True
+    del row_cell, col_cell
+    if self_loops:
+        lacking = np.flatnonzero(~(has if find_diagonal else np.asarray(has_diagonal, dtype=bool)))
+    else:
+        lacking = np.zeros(0, dtype=np.int64)
+    loop_rows, loop_cols = inv_row[lacking], inv_col[lacking]
+    del lacking
+    if loop_rows.size:
+        cells += np.bincount(rseg[loop_rows].astype(np.int64) * ncs + cseg[loop_cols], minlength=nrs * ncs)
+    table = np.zeros((nrs + 1, ncs + 1), dtype=np.int64)
+    table[1:, 1:] = np.cumsum(np.cumsum(cells.reshape(nrs, ncs), axis=0), axis=1)
+    del cells
+    if progress is not None:
+        progress("cells", time.perf_counter() - t0)
+
+    # each split's block counts and largest block
+    targets = {}
+    out = {}
+    for R, C in splits:
+        br, bc = -(-n // R), -(-n // C)
+        ri = np.searchsorted(rcuts, np.minimum(np.arange(R + 1) * br, n))
+        ci = np.searchsorted(ccuts, np.minimum(np.arange(C + 1) * bc, n))
+        corner = table[np.ix_(ri, ci)]
+        counts = corner[1:, 1:] - corner[:-1, 1:] - corner[1:, :-1] + corner[:-1, :-1]
+        r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
+        r, c = int(r), int(c)
+        out[(R, C)] = {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (r, c)}
+        targets[(R, C)] = (min(r * br, n), min((r + 1) * br, n), c * bc, (c + 1) * bc, br, bc)
+
+    # scan 2: the rows of every largest block, in the new row order
+    t0 = time.perf_counter()
+    vectors = {key: (np.zeros(t[4], dtype=np.int64), np.zeros(t[5], dtype=np.int64)) for key, t in targets.items()}
+    row_starts = np.asarray(indptr[:-1])
+    row_lengths = np.diff(indptr)
+    # the column segments each largest block covers
+    column_segments = {key: (int(np.searchsorted(ccuts, min(t[2], n))), int(np.searchsorted(ccuts, min(t[3], n))))
+                       for key, t in targets.items()}
+    wanted = np.zeros(n, dtype=bool)
+    for r0, r1, *_ in targets.values():
+        wanted[r0:r1] = True
+    k = 0
+    while k < n:
+        if not wanted[k]:
+            k += 1 + int(np.argmax(wanted[k + 1:])) if np.any(wanted[k + 1:]) else n
+            continue
+        old = row_perm[k:]
+        # about chunk_entries entries of new rows k, k + 1, ...
+        stop = k + 1
+        total = int(row_lengths[old[0]])
+        step = 1024
+        while stop < n and total < chunk_entries:
+            more = row_lengths[row_perm[stop:stop + step]]
+            cum = np.cumsum(more)
+            take = int(np.searchsorted(cum, chunk_entries - total, side="right")) + 1
+            take = min(take, more.size)
+            total += int(cum[take - 1])
+            stop += take
+            step *= 2
+        old = row_perm[k:stop]
+        lengths = row_lengths[old]
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        positions = np.repeat(row_starts[old] - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+        cols = inv_col[indices[positions]]
+        del positions
+        # the chunk's entries by column segment, then new row (a stable radix sort of the segments):
+        # a block's entries in one column segment are then one run, found by binary search
+        segment = cseg[cols]
+        order = np.argsort(segment, kind="stable")
+        bucket = np.zeros(ncs + 1, dtype=np.int64)
+        np.cumsum(np.bincount(segment, minlength=ncs), out=bucket[1:])
+        del segment
+        sorted_cols = cols[order]
+        sorted_rows = np.repeat(np.arange(k, stop, dtype=index_dtype), lengths)[order]
+        del order
+        for key, (r0, r1, c0, c1, br, bc) in targets.items():
+            a, b = max(r0, k), min(r1, stop)
+            if a >= b:
+                continue
+            rows_out, cols_out = vectors[key]
+            first, last = column_segments[key]
+            if first == 0 and last == ncs:  # every column: the rows' whole entries
+                lo, hi = int(offsets[a - k]), int(offsets[b - k])
+                rows_out[a - r0:b - r0] += lengths[a - k:b - k]
+                if hi > lo:
+                    cols_out += np.bincount(cols[lo:hi] - c0, minlength=bc)[:bc]
+                continue
+            if a == k and b == stop:  # every row of the chunk: one run of the sorted entries
+                lo, hi = int(bucket[first]), int(bucket[last])
+                if hi > lo:
+                    rows_out[a - r0:b - r0] += np.bincount(sorted_rows[lo:hi] - a, minlength=b - a)[:b - a]
+                    cols_out += np.bincount(sorted_cols[lo:hi] - c0, minlength=bc)[:bc]
+                continue
+            # some rows of the chunk: within each column segment the rows ascend
+            starts, stops = [], []
+            for j in range(first, last):
+                lo, hi = int(bucket[j]), int(bucket[j + 1])
+                if hi > lo:
+                    run = sorted_rows[lo:hi]
+                    starts.append(lo + int(np.searchsorted(run, a)))
+                    stops.append(lo + int(np.searchsorted(run, b)))
+            sizes = np.asarray(stops, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
+            total = int(sizes.sum()) if sizes.size else 0
+            if total == 0:
+                continue
+            before = np.zeros(sizes.size, dtype=np.int64)
+            np.cumsum(sizes[:-1], out=before[1:])
+            picked = np.repeat(np.asarray(starts, dtype=np.int64) - before, sizes) + np.arange(total, dtype=np.int64)
+            rows_out[a - r0:b - r0] += np.bincount(sorted_rows[picked] - a, minlength=b - a)[:b - a]
+            cols_out += np.bincount(sorted_cols[picked] - c0, minlength=bc)[:bc]
+        k = stop
+    for key, (r0, r1, c0, c1, br, bc) in targets.items():
+        inside = (loop_rows >= r0) & (loop_rows < r1) & (loop_cols >= c0) & (loop_cols < c1)
+        rows_out, cols_out = vectors[key]
+        if np.any(inside):
+            rows_out += np.bincount(loop_rows[inside] - r0, minlength=br)[:br]
+            cols_out += np.bincount(loop_cols[inside] - c0, minlength=bc)[:bc]
+        out[key]["forward"] = operand_structure(rows_out, cols_out)
+        out[key]["transpose"] = operand_structure(cols_out, rows_out)
+    if progress is not None:
+        progress("blocks", time.perf_counter() - t0)
+    return out

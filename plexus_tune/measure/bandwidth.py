@@ -23,6 +23,7 @@ from plexus_tune.measure.device import device_info, statistic_text, synchronize,
 from plexus_tune.measure.records import BandwidthRecord
 from plexus_tune.measure.store import environment_info, now_utc
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
+from plexus_tune.resources import check_device_memory
 
 #: The elementwise ops (those of docs/trainer.md, One epoch) and their array accesses per element.
 ELEMENTWISE_OPS = {"copy": 2, "relu": 2, "relu_backward": 3, "column_sum": 1}
@@ -72,6 +73,8 @@ def bandwidth_benchmark(device, *, sizes=(1 << 20, 1 << 24), ops=BANDWIDTH_OPS, 
     ``optimizers`` (default: every name of :data:`OPTIMIZER_ACCESSES`) are stepped for op
     optimizer; sync is timed once. ``progress()`` is called after each timing.
     """
+    check_device_memory(4 * 4 * max(int(e) for e in sizes),  # at most 4 float32 arrays (an optimizer step)
+                        f"timing {max(int(e) for e in sizes):,} elements per array (4 float32 arrays)", device)
     import torch
 
     if threads:

@@ -115,10 +115,14 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
     ``replication`` keeps the grid of that replication factor (cagnet-1.5d's c).
     """
+    if spec is not None and not str(spec).strip():
+        raise UserError("no grids given (an empty list); write all, top:K or a list such as 2x2x2,1x4x2", parameter="grids")
     spec = (spec or "all").strip()
     algorithm = (settings or {}).get("algorithm") or DEFAULT_FAMILY
     family = family_of(algorithm)
-    grids = [tuple(int(v) for v in g) for g in family.configurations(gpus)]
+    fixed = {k: v for k, v in ((settings or {}).get("options") or {}).items() if k in family.choices}
+    grids = [tuple(int(v) for v in g) for g in family.configurations(gpus, **fixed)]
+    ranks = gpus // int(fixed.get("dp") or 1)  # a grid's ranks: one data-parallel group's
     if replication is not None:
         if "replication" not in family.choices:
             raise UserError(f"the replication factor is an option of {', '.join(families_choosing('replication'))}, "
@@ -141,8 +145,10 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
     out = []
     for text in spec.split(","):
         grid = tuple(int(v) for v in parse_grid(text.strip()))
-        if int(np.prod(grid)) != gpus:
-            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not the GPU count {gpus}", parameter="grids")
+        if int(np.prod(grid)) != ranks:
+            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not {ranks}"
+                            + ("" if ranks == gpus else f" (the GPU count {gpus} over {gpus // ranks} data-parallel groups)"),
+                            parameter="grids")
         if grid not in grids:
             raise UserError(f"grid {text.strip()} is not a configuration of {algorithm} on {gpus} GPUs; "
                             f"choose from {', '.join('x'.join(map(str, g)) for g in grids)}", parameter="grids")
@@ -215,7 +221,7 @@ def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, tria
     """
     if launcher is not None:
         for grid in grids:
-            launcher.check(int(np.prod(grid)))
+            launcher.check(int(np.prod(grid)) * int((train_options or {}).get("dp") or 1))  # dp groups of the grid
     train_options = launcher_options(train_options, launcher)
     done = logged_trials(log)
     pending = []
@@ -345,10 +351,10 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
 
     configs = [normalize_config(c) for c in configs]
     first = configs[0]
-    world = int(np.prod(first.grid))
+    world = first.world_size
     for config in configs:
         validate(config)
-        if int(np.prod(config.grid)) != world:
+        if config.world_size != world:
             raise UserError("a batch of runs must share the world size")
     device_kind = "cuda" if first.backend == "nccl" else "cpu"
     start = time.perf_counter()

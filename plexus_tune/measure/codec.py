@@ -7,6 +7,7 @@ from __future__ import annotations
 from plexus_tune.model.comm_precision import PRECISION_BITS, is_quantized
 from plexus_tune.measure.records import QuantRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
+from plexus_tune.resources import check_memory
 
 
 def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: int = 0) -> dict:
@@ -39,7 +40,11 @@ def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: 
 
 def run_quant_benchmark(log, *, precisions=("bf16", "fp16", "int8", "int4", "int2"), rows=(4096, 16384),
                         cols=(32, 128), repeats: int = 5, threads: int = 1) -> list[dict]:
-    """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``."""
+    """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``.
+    Refused before any work if the largest tensor, its encoding and its decoding (12 bytes per
+    element) exceed the available memory."""
+    check_memory(12 * max(map(int, rows)) * max(map(int, cols)),
+                 f"encoding {max(map(int, rows)):,} x {max(map(int, cols)):,} values")
     import torch
 
     torch.set_num_threads(int(threads))

@@ -39,6 +39,17 @@ def resolve_device(name: str = "cpu"):
     return torch.device(text)
 
 
+def check_backend_devices(backend: str | None) -> None:
+    """UserError, before any rank starts, if ``backend`` is nccl and torch sees no CUDA device."""
+    if backend != "nccl":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("the nccl backend needs CUDA GPUs, and torch sees none; use the gloo backend on CPUs",
+                        parameter="backend")
+
+
 def device_info(device) -> dict:
     """Name, driver, CUDA, torch and PyG versions of ``device`` (CPU: its name 'cpu' and the versions)."""
     import torch

@@ -21,7 +21,7 @@ from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, now_utc
 from plexus_tune.measure.timing import time_call
 from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
-from plexus_tune.resources import check_memory
+from plexus_tune.resources import check_device_memory, check_memory
 
 
 #: Sparsity structures of the sweep (``calibrate spmm --sweep --structure``): uniform random
@@ -189,6 +189,30 @@ def _shape_bytes(shape) -> int:
     return 8 * int(shape["nnz"]) + 4 * (int(shape["rows"]) + 1) + 4 * int(shape["common"]) * int(shape["dense_cols"])
 
 
+def check_sweep_memory(shapes, device="cpu") -> None:
+    """UserError before any operand is built if the largest shape's operands and output (bytes of
+    :func:`_shape_bytes` + 4 rows x dense columns) exceed ``device``'s free memory."""
+    if len(shapes):
+        big = max(shapes, key=lambda s: _shape_bytes(s) + 4 * int(s["rows"]) * int(s["dense_cols"]))
+        need = _shape_bytes(big) + 4 * int(big["rows"]) * int(big["dense_cols"])
+        check_device_memory(need, f"the SpMM shape of {int(big['rows']):,} x {int(big['common']):,} rows, "
+                            f"{int(big['nnz']):,} nonzeros and {int(big['dense_cols']):,} dense columns", device)
+
+
+def check_shard_memory(n: int, widths, grids, device="cpu") -> None:
+    """UserError before any operand is built if one shard's dense operands (F and dH of the SpMMs,
+    H, W and dQ of the GEMMs, 4 bytes each; :func:`plexus_tune.model.shapes.layer_shapes`) exceed
+    ``device``'s free memory. Layers repeat with period 6 (roles mod 3, layouts mod 2), so the
+    first six and the last decide."""
+    widths = [int(w) for w in widths]
+    kept = widths[:8] if len(widths) <= 8 else widths[:7] + widths[-2:]
+    need = 0
+    for s in layer_shapes(n, kept, np.asarray(grids, dtype=np.int64).reshape(-1, 3)):
+        r_d, r_o, c_i, c_o = (np.asarray(v, dtype=np.float64) for v in (s.r_d, s.r_o, s.c_i, s.c_o))
+        need = max(need, float(np.max(4 * (r_o * c_i + 2 * r_d * c_i + c_i * c_o + r_d * c_o))))
+    check_device_memory(need, f"the dense operands of the widest shard (widths up to {max(widths):,})", device)
+
+
 def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
                statistic: str = "min", cache_bytes: int = 4 * 2**30, progress=None) -> list[dict]:
     """Time torch.sparse.mm on random CSR matrices of the given shapes; spmm records.
@@ -209,6 +233,7 @@ def spmm_sweep(shapes, *, seed: int = 0, repeats: int = 5, passes: int = 1,
 
     if statistic not in SWEEP_STATISTICS:
         raise UserError(f"unknown sweep statistic {statistic!r}; choose from {', '.join(SWEEP_STATISTICS)}")
+    check_sweep_memory(shapes)
 
     passes = max(1, int(passes))
     samples = [[] for _ in shapes]
@@ -317,6 +342,7 @@ def calibrate_graph_shards(
         raise UserError(f"grid {'x'.join(map(str, longest))} of G={gpus:,} has more ranks along an axis than the graph's "
                         f"{n:,} nodes: its shards would be empty; give a G whose grids fit the graph")
     check_memory(8 * int(np.prod(sorted(int(v) for v in widest)[1:])), f"the shard counts of grid {'x'.join(map(str, widest))}")
+    check_shard_memory(n, widths, grids)
     stamp = now_utc()
     records: list[dict] = []
     for grid in grids:

@@ -21,7 +21,7 @@ import numpy as np
 from plexus_tune.graph.permute import grid_parts, permutations_for
 from plexus_tune.graph.structure import operand_structure
 from plexus_tune.measure.device import device_info, statistic_text, time_on_device
-from plexus_tune.measure.spmm import structured_positions
+from plexus_tune.measure.spmm import check_shard_memory, check_sweep_memory, structured_positions
 from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, environment_info, now_utc
 from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.shapes import layer_shapes
@@ -67,6 +67,7 @@ def device_spmm_sweep(shapes, device, *, seed: int = 0, min_samples: int = 10, m
     """
     import torch
 
+    check_sweep_memory(shapes, device)
     info = _info(device)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     records = []
@@ -181,6 +182,7 @@ def device_graph_shards(adjacency, widths, gpus: int, device, *, grids=None, see
     grids = enumerate_grids(gpus) if grids is None else np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     parts = sorted({p for grid in grids for p in grid_parts(grid)})
     n = adjacency.shape[0]
+    check_shard_memory(n, widths, grids, device)
     row_perm, col_perm = permutations_for(permute, n, seed, parts=parts)
     layouts = permuted_layouts_on(adjacency, row_perm, col_perm, device)
     info = _info(device)

@@ -38,8 +38,13 @@ GRAPH_COLUMNS = ("graph_name", "graph_nodes", "nnz", "features", "classes", "wid
 REQUIRED_FIELDS = ("graph_nodes", "nnz", "gx", "gy", "gz", "epoch_ms")
 
 
+#: the longest time a run record may hold (ms; 30,000 years): beyond it sums and squares overflow
+MAX_TIME_MS = 1e15
+
+
 def check_run_times(record: Mapping) -> None:
-    """UserError unless a successful run's epoch_ms is finite and > 0 and its other times finite and >= 0.
+    """UserError unless a successful run's epoch_ms is finite and > 0 and its other times finite and >= 0,
+    every one at most :data:`MAX_TIME_MS`.
 
     The message names the run by grid, graph and timestamp.
     """
@@ -51,10 +56,10 @@ def check_run_times(record: Mapping) -> None:
             number = float(value)
         except (TypeError, ValueError):
             number = float("nan")
-        if not math.isfinite(number) or number < 0 or (key == "epoch_ms" and number == 0):
+        if not math.isfinite(number) or number < 0 or number > MAX_TIME_MS or (key == "epoch_ms" and number == 0):
             where = f"run {record.get('gx')}x{record.get('gy')}x{record.get('gz')} of {record.get('graph_source') or record.get('graph', 'graph')}"
             stamp = f" at {record['timestamp']}" if record.get("timestamp") else ""
-            need = "a finite time > 0" if key == "epoch_ms" else "a finite time >= 0"
+            need = ("a finite time > 0" if key == "epoch_ms" else "a finite time >= 0") + f" of at most {MAX_TIME_MS:g} ms"
             raise UserError(f"{where}{stamp}: {key} = {value!r} is not {need}; fix or remove that record "
                             "(a run that did not finish needs status 'failed')")
 
@@ -163,7 +168,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     table = pd.DataFrame(out_rows, columns=columns)
     if len(table):
         table["grid"] = [grid_label(i) for i in table["identity"]]
-        table["gpus"] = (table["gx"] * table["gy"] * table["gz"]).astype(int)
+        table["gpus"] = (table["dp"] * table["gx"] * table["gy"] * table["gz"]).astype(int)  # dp groups of the grid
         table["bytes_per_element"] = [DTYPE_BYTES.get(d, 4) for d in table["dtype"]]
         table["trials"] = table["trials"].astype(int)
         table["failed"] = table["failed"].astype(int)

@@ -110,6 +110,10 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
+    for key in ("comm_dp_ms", "sample_ms"):  # the mini-batch family's own timers, max over ranks
+        if any(key in row for row in timers[0]):
+            values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
+            out[key] = float(values.max(axis=0)[measured].mean())
     parts = [partition_epoch([timers[r][e] for r in range(ranks)]) for e in range(warmup, epochs)]
     if parts:
         out["breakdown_ms"] = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
@@ -159,6 +163,7 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
                          threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
+                         fixed_features=bool(config.fixed_features),
                          replication=config.replication, aggregation=config.aggregation, dp=int(config.dp or 1),
                          batch_size=config.batch_size)
     return {
@@ -299,7 +304,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
         ref = reference_train(resolve_graph(trained.source), layers=config.layers, hidden=config.hidden,
                               epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay,
                               seed=config.seed, dtype=config.dtype, split=result.get("split_codes"),
-                              layer_norm=bool(config.layer_norm))
+                              layer_norm=bool(config.layer_norm), fixed_features=bool(config.fixed_features))
         record = replace(RunRecord.from_dict(record),
                          check_loss_rel_diff=max_relative_difference(result["losses"], ref["losses"]),
                          check_output_rel_diff=max_relative_difference(result["outputs"], ref["outputs"], normwise=True),

@@ -255,14 +255,23 @@ def _where(source: str) -> str:
     return f"machine profile {source}"
 
 
+#: the largest magnitude of a profile number in its unit (GiB, TFLOP/s, GB/s, us, ms): beyond it
+#: a product of two fields can overflow, and no machine comes near it
+PROFILE_MAX = 1e15
+
+
 def profile_number(data: Mapping, key: str, where: str, source: str, *, positive: bool = False, nonneg: bool = False) -> float:
-    """The number ``data[key]`` of a machine profile (field ``where + key``), checked finite
-    (and positive, or not negative); a UserError naming the profile and field otherwise."""
+    """The number ``data[key]`` of a machine profile (field ``where + key``), checked finite, at most
+    :data:`PROFILE_MAX` in magnitude (and positive, or not negative); a UserError naming the
+    profile and field otherwise."""
     if key not in data:
         raise UserError(f"{_where(source)} lacks the field '{where}{key}'; see docs/profiles.md")
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"{_where(source)}: '{where}{key}' must be a number, got {value!r}")
+    if abs(value) > PROFILE_MAX:
+        raise UserError(f"{_where(source)}: '{where}{key}' is {value!r}, beyond any machine (at most {PROFILE_MAX:g} "
+                        "in its unit)")
     if positive and value <= 0:
         raise UserError(f"{_where(source)}: '{where}{key}' must be positive, got {value!r}")
     if nonneg and value < 0:

@@ -369,6 +369,31 @@ def quant_rates(quant: dict | None, precision: str) -> tuple[float, float, float
     return rates + (call_ms,)
 
 
+def codec_passes(precision: str) -> tuple[float, float]:
+    """(encode, decode) bytes of device memory a codec moves per FP32 byte it handles.
+
+    A cast (bf16, fp16) reads the FP32 values and writes b/32 of their bytes; decoding
+    reads those and writes FP32: 1 + b/32 each. A row-wise stochastic quantizer (intX)
+    reads the row twice (its minimum and maximum, then scale and round), writes and reads
+    one FP32 random number per value, and writes the b-bit codes: 4 + b/32; decoding
+    reads the codes and writes FP32: 1 + b/32 (docs/comm-precision.md, "Estimated codec").
+    """
+    precision = parse_precision(precision)
+    packed = PRECISION_BITS[precision] / 32.0
+    encode = (4.0 if is_quantized(precision) else 1.0) + packed
+    return encode, 1.0 + packed
+
+
+def estimated_quant_entry(precision: str, memory_bandwidth_gbps: float) -> dict:
+    """The ``quant`` entry of a precision without measured rates: its codec's passes
+    (:func:`codec_passes`) at the device memory bandwidth B, ``rate = B / passes`` GB/s
+    of FP32 data, and no per-call time (docs/comm-precision.md, "Estimated codec")."""
+    encode, decode = codec_passes(precision)
+    bandwidth = float(memory_bandwidth_gbps)
+    return {"encode_gbps": bandwidth / encode, "decode_gbps": bandwidth / decode, QUANT_CALL_KEY: 0.0,
+            "estimated": True}
+
+
 def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, message_bytes_fp32, messages=1):
     """Local time (ms) a reduced precision adds to one collective of ``messages`` calls' worth.
 

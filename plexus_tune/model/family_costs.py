@@ -44,6 +44,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph.partition import check_aggregation
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.collectives import Network, exchange_time_ms
+from plexus_tune.model.costs import codec_estimated
 from plexus_tune.model.machine import GIB, Machine, collective_time_ms, oversubscription
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
@@ -132,7 +133,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     a broadcast of M bytes on g ranks takes (g-1) alpha + M / beta with the broadcast's
     tier parameters (the collectives' where the profile has none)."""
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
-    quant = machine.raw.get("quant")
+    quant = machine.quant
     net = _network(machine)
     batches: dict[str, list] = {}
     stats_of: dict[int, dict] = {}
@@ -170,10 +171,11 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
             timed_op, timed_bytes = call.op, wire
             if precision != "fp32":
                 out["quant_ms"] += float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u, call.calls))
-        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op))
+        batches.setdefault(timed_op, []).append((g, call.stride, timed_bytes, call.calls, call.axis, call.op,
+                                                 call.messages))
     for timed_op, rows in batches.items():
-        g, stride, size, count, axis, op = (np.asarray(col) for col in zip(*rows))
-        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size), dtype=np.float64) * count
+        g, stride, size, count, axis, op, messages = (np.asarray(col) for col in zip(*rows))
+        times = np.asarray(collective_time_ms(machine, timed_op, g, stride, size, messages), dtype=np.float64) * count
         for t, a, o in zip(times.tolist(), axis.tolist(), op.tolist()):
             out["comm_ms"] += t
             out[COMM_AXIS_KEYS[a]] += t
@@ -213,7 +215,7 @@ def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
 
 
 def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
-            optimizer=None):
+            optimizer=None, choice=None, fixed_features=False):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -225,7 +227,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
     out["spmm_clipped"] = spmm_ms < 0
     out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
-                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer, fixed_features=fixed_features)
     for key in ("other_ms", *OTHER_PARTS):
         out[key] = float(other[key])
     gpus = int(np.prod(grid))
@@ -243,6 +245,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
         out[f"memory_{part}_bytes"] = memory[part]
     out["volume_bytes"] = volume
     out["estimated"] = estimated
+    out["quant_estimated"] = bool(out["quant_ms"] > 0 and choice is not None and codec_estimated(machine, choice))
     out["gx"], out["gy"], out["gz"] = (int(g) for g in grid)
     del u
     return out
@@ -255,51 +258,77 @@ def _max_volume(calls, gpus):
     return float(per_rank.max()) if gpus else 0.0
 
 
-def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None) -> dict:
-    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks."""
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None, blocks=None,
+                      fixed_features: bool = False) -> dict:
+    """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks. ``blocks``: (A, A^T) nonzeros
+    of the r x r blocks of b = ceil(N / r) rows from a graph (:meth:`PiecePattern.pieces` (r, r));
+    rank (i, j) multiplies the blocks (i, k) of its stages k in [j r / c, (j+1) r / c), and the
+    busiest rank's SpMM time is taken; else NNZ / r^2 per block. ``fixed_features``: layer 0
+    computes no feature gradient (:func:`feature_gradient_dropped`)."""
     c = check_replication(gpus, c)
     r = gpus // c
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     b = ceil_div(n, r)
-    stages = max(len(range(j * r // c, (j + 1) * r // c)) for j in range(c))
-    calls = cagnet_15d_schedule(n, widths, gpus, c, u)
+    stage_sets = [range(j * r // c, (j + 1) * r // c) for j in range(c)]
+    stages = max(len(k) for k in stage_sets)
+    calls = feature_gradient_dropped(cagnet_15d_schedule(n, widths, gpus, c, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
-    z_stage = nnz / (r * r)
-    spmm = floor = flops = 0.0
-    act = 0.0
+    flops = act = 0.0
+    if blocks is not None:
+        # per rank (i, j): the blocks (i, k) of its stages; forward A, backward A^T
+        mine = [[np.asarray(a, dtype=np.float64).reshape(r, r)[:, list(k)] for k in stage_sets] for a in blocks]
+        spmm_rank = np.zeros((r, c))
+        floor_rank = np.zeros((r, c))
+        for i in range(workload.layers):
+            for backward, direction in zip((False, True), mine):
+                if backward and fixed_features and i == 0:
+                    continue  # no feature gradient
+                for j, z in enumerate(direction):
+                    t, f = _pieces_spmm(machine, z, b, b, widths[i], u, backward=backward)
+                    spmm_rank[:, j] += t
+                    floor_rank[:, j] += f
+        busiest = np.unravel_index(int(np.argmax(spmm_rank)), spmm_rank.shape)
+        spmm, floor = float(spmm_rank[busiest]), float(floor_rank[busiest])
+        z_rank = float(max(np.asarray(blocks[0], dtype=np.float64).reshape(r, r)[:, list(k)].sum(axis=1).max()
+                           for k in stage_sets))
+    else:
+        z_stage = nnz / (r * r)
+        spmm = floor = 0.0
+        for i in range(workload.layers):
+            for backward in (False, True) if not (fixed_features and i == 0) else (False,):
+                t, f = _spmm(machine, z_stage, b, b, widths[i], u, stages, backward)
+                spmm += t
+                floor += f
+        z_rank = nnz * stages / (r * r)
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        for backward in (False, True):
-            t, f = _spmm(machine, z_stage, b, b, d_in, u, stages, backward)
-            spmm += t
-            floor += f
-        flops += 6.0 * b * d_in * d_out
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * b * d_in * d_out
         act += (2.0 * b * d_in + 2.0 * b * d_out) * u
     params = _weights_elements(widths)
-    z_rank = nnz * stages / (r * r)
     ib = csr_index_bytes(z_rank, b, n)
     memory = {
         "adjacency": 2.0 * csr_bytes(z_rank, b * stages, u, ib, stages),
         "weights": 4.0 * params * u,
-        "features": 4.0 * b * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * b * widths[0] * u,
         "activations": act,
         "gathered": float(max(widths[:-1])) * b * u if r > 1 else 0.0,
         "labels": 8.0 * b,
     }
     return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
-                   _max_volume(calls, gpus), False, optimizer)
+                   _max_volume(calls, gpus), False, optimizer, choice, fixed_features)
 
 
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
-                        optimizer=None) -> dict:
+                        optimizer=None, schedule: str = "bundled", fixed_features: bool = False) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
-    piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`), else
-    NNZ spread evenly."""
+    piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`): the
+    SpMM time is the busiest block row's sum over its q pieces; else NNZ spread evenly."""
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     gpus = pr * pc * pl
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
     calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
-                                  at_pieces=at_pieces, nnz=nnz)
+                                  at_pieces=at_pieces, nnz=nnz, schedule=schedule)
+    calls = feature_gradient_dropped(calls, fixed_features)
     times = schedule_times(machine, calls, choice, u)
     sizes = summa_sizes(n, pr, pc, pl)
     q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
@@ -311,28 +340,51 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         z_rank = nnz / gpus
     spmm = floor = flops = act = 0.0
     gathered = 0.0
+    if a_pieces is not None:  # every rank of block row i (mesh layer l) multiplies the pieces (l, i, s)
+        per_row = np.zeros((pl, pr))
+        floor_row = np.zeros((pl, pr))
+        for i in range(workload.layers):
+            for backward, z in ((False, a_pieces), (True, at_pieces)):
+                if backward and fixed_features and i == 0:
+                    continue  # no feature gradient
+                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u,
+                                    backward=backward)
+                per_row += t
+                floor_row += f
+        busiest = np.unravel_index(int(np.argmax(per_row)), per_row.shape)
+        spmm, floor = float(per_row[busiest]), float(floor_row[busiest])
     for i in range(workload.layers):
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
-        for backward in (False, True):
-            t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
-            spmm += t
-            floor += f
-        flops += 6.0 * rf * pc * d_in * d_out
+        if a_pieces is None:
+            for backward in (False, True) if not (fixed_features and i == 0) else (False,):
+                t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
+                spmm += t
+                floor += f
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * rf * pc * d_in * d_out
         act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
         gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
     params = _weights_elements(widths, lambda d: ceil_div(d, pc))
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z_rank, rb * (q // pc), u, csr_index_bytes(z_rank, rb, n), q // pc)),
         "weights": 4.0 * params * u,
-        "features": 4.0 * rf * ceil_div(widths[0], pc) * u,
+        "features": (1.0 if fixed_features else 4.0) * rf * ceil_div(widths[0], pc) * u,
         "activations": act,
         "gathered": gathered if gpus > 1 else 0.0,
         "labels": 8.0 * rf,
     }
     return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
                    _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
-                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer)
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice, fixed_features)
+
+
+def feature_gradient_dropped(calls, fixed_features: bool):
+    """``calls`` without what only the input features' gradient needs when they are fixed: layer 0's
+    backward communication other than its weight gradient (``gather`` class)."""
+    if not fixed_features:
+        return calls
+    return [c for c in calls if not (c.name.startswith("layer 0 ") and c.direction == "backward"
+                                     and c.comm_class != "gather")]
 
 
 def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
@@ -351,7 +403,50 @@ def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange
     return UniformExchange(int(parts), per_part * (1.0 - math.exp(-edges / per_part)))
 
 
-def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
+def _pieces_spmm(machine, nnz, rows, common, cols, u, used=None, *, backward=False):
+    """(model ms, floor bytes) of one SpMM per entry of the broadcast shape arrays, summed over
+    the last axis; entries where ``used`` is False cost nothing (no call is made);
+    ``backward``: the SpMMs are a layer's backward ones."""
+    nnz, rows, common = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (nnz, rows, common)))
+    if used is not None:  # shapes of calls not made stay valid for the model
+        nnz, rows, common = (np.where(used, a, 1.0) for a in (nnz, rows, common))
+    ib = csr_index_bytes(nnz, rows, common)
+    t = predict_spmm_ms(machine.spmm, nnz, rows, common, cols, backward=backward)
+    f = spmm_traffic_bytes(nnz, rows, common, cols, u, ib)
+    if used is not None:
+        t, f = np.where(used, t, 0.0), np.where(used, f, 0.0)
+    return t.sum(axis=-1), f.sum(axis=-1)
+
+
+def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u,
+                    fixed_features: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per part, the SpMMs of the partitioned trainer over all layers (docs/model.md, SuperGCN):
+    forward A_pp H_p, each pre-aggregation P_pq H_p (pre_rows x n_p) and each scatter of a
+    received message (n_p x message rows); backward their transposes. (ms, floor bytes) arrays."""
+    n = np.asarray(nodes_p, dtype=np.float64)
+    local = parts["local_nnz"].astype(np.float64)
+    pre_e, pre_r = parts["pre_edges"].astype(np.float64), parts["pre_rows"].astype(np.float64)
+    post_e, post_r = parts["post_edges"].astype(np.float64), parts["post_rows"].astype(np.float64)
+    msg_rows = (pre_r + post_r).T  # [p, q]: rows p receives from q
+    msg_nnz = (post_e + pre_r).T
+    total_t = np.zeros(n.size)
+    total_f = np.zeros(n.size)
+    for i in range(layers):
+        d = widths[i]
+        for backward, rows_pre, common_pre, rows_msg, common_msg in ((False, pre_r, n[:, None], n[:, None], msg_rows),
+                                                                     (True, n[:, None], pre_r, msg_rows, n[:, None])):
+            if backward and fixed_features and i == 0:
+                continue  # no feature gradient
+            t0, f0 = _pieces_spmm(machine, local[:, None], n[:, None], n[:, None], d, u, backward=backward)
+            t1, f1 = _pieces_spmm(machine, pre_e, rows_pre, common_pre, d, u, pre_e > 0, backward=backward)
+            t2, f2 = _pieces_spmm(machine, msg_nnz, rows_msg, common_msg, d, u, msg_rows > 0, backward=backward)
+            total_t += t0 + t1 + t2
+            total_f += f0 + f1 + f2
+    return total_t, total_f
+
+
+def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None,
+                    fixed_features: bool = False) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
     mode = check_aggregation(mode)
@@ -366,37 +461,44 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         rows = estimated_boundary_rows(n, nnz, gpus)
         nodes_p = np.full(gpus, float(ceil_div(n, gpus)))
         local_nnz = np.full(gpus, nnz / gpus)
-    calls = supergcn_schedule(widths, rows, u)
+    calls = feature_gradient_dropped(supergcn_schedule(widths, rows, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
     if isinstance(rows, UniformExchange):
         sent = recv = rows.sent()
     else:
         recv, sent = rows.sum(axis=0) - np.diag(rows), rows.sum(axis=1) - np.diag(rows)
-    spmm_p = np.zeros(gpus)
-    floor_p = np.zeros(gpus)
-    ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
-    for i in range(workload.layers):
-        t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
-                for back in (False, True))  # forward A F and backward A^T dH
-        f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
-        spmm_p += t
-        floor_p += 2.0 * f
+    if plan is not None:
+        spmm_p, floor_p = _partition_spmm(machine, plan.spmm_parts(mode), nodes_p, widths, workload.layers, u,
+                                          fixed_features)
+    else:
+        spmm_p = np.zeros(gpus)
+        floor_p = np.zeros(gpus)
+        ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
+        for i in range(workload.layers):
+            directions = (False,) if fixed_features and i == 0 else (False, True)  # forward A F, backward A^T dH
+            t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
+                    for back in directions)
+            f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
+            spmm_p += t
+            floor_p += len(directions) * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)
     busiest = int(np.argmax(np.maximum(spmm_p, floor_ms)))
     n_max = float(nodes_p.max())
-    flops = sum(6.0 * n_max * widths[i] * widths[i + 1] for i in range(workload.layers))
+    flops = sum((4.0 if fixed_features and i == 0 else 6.0) * n_max * widths[i] * widths[i + 1]
+                for i in range(workload.layers))
     params = _weights_elements(widths)
     z = float(local_nnz.max())
     halo = float((recv + sent).max())
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z, n_max, u, csr_index_bytes(z, n_max, n))),
         "weights": 4.0 * params * u,
-        "features": 4.0 * n_max * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * n_max * widths[0] * u,
         "activations": sum((2.0 * n_max * widths[i] + 2.0 * n_max * widths[i + 1]) * u for i in range(workload.layers)),
         "gathered": halo * max(widths[:-1]) * u,
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice,
+                   fixed_features)
 

@@ -45,17 +45,83 @@ def check_gpus(gpus) -> int:
     return value
 
 
+#: the most grids :func:`enumerate_grids` lists (a G with more is refused with the count)
+MAX_GRIDS = 1 << 17
+#: Miller-Rabin bases that decide primality of every n < 3.3e24 (so every 64-bit count)
+_MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24."""
+    if n < 2:
+        return False
+    for p in _MR_BASES:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in _MR_BASES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _a_factor(n: int) -> int:
+    """A nontrivial factor of a composite odd ``n`` (Pollard's rho, Brent's cycle search)."""
+    for c in range(1, n):
+        x = y = 2
+        d = 1
+        while d == 1:
+            x = (x * x + c) % n
+            y = (y * y + c) % n
+            y = (y * y + c) % n
+            d = math.gcd(abs(x - y), n)
+        if d != n:
+            return d
+    raise AssertionError(n)  # pragma: no cover - rho finds a factor of every composite
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """{prime: exponent} of ``n`` >= 1: trial division by small primes, then Miller-Rabin and
+    Pollard's rho (milliseconds for any 64-bit count, a Mersenne prime or 1e18 included)."""
+    out: dict[int, int] = {}
+    for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+    stack = [n] if n > 1 else []
+    while stack:
+        m = stack.pop()
+        if _is_prime(m):
+            out[m] = out.get(m, 0) + 1
+        else:
+            f = _a_factor(m)
+            stack += [f, m // f]
+    return dict(sorted(out.items()))
+
+
 def divisors(n: int) -> np.ndarray:
-    """All positive divisors of ``n`` in increasing order (int64)."""
+    """All positive divisors of ``n`` in increasing order (int64), from its prime factors."""
     n = int(n)
     if n < 1:
         raise UserError(f"divisors need a positive integer, got {n}")
-    root = math.isqrt(n)
-    small = np.arange(1, root + 1, dtype=np.int64)
-    small = small[n % small == 0]
-    large = n // small[::-1]
-    out = np.concatenate([small, large])
-    return np.unique(out)
+    out = [1]
+    for p, e in prime_factors(n).items():
+        out = [d * p**k for d in out for k in range(e + 1)]
+    return np.array(sorted(out), dtype=np.int64)
+
+
+def grid_count(gpus: int) -> int:
+    """Ordered grids (gx, gy, gz) of ``gpus``: the product over its prime powers p^e of C(e + 2, 2)."""
+    return math.prod((e + 2) * (e + 1) // 2 for e in prime_factors(int(gpus)).values())
 
 
 def enumerate_grids(gpus, *, powers_of_two: bool = False, max_x=None, max_y=None, max_z=None) -> np.ndarray:
@@ -63,16 +129,21 @@ def enumerate_grids(gpus, *, powers_of_two: bool = False, max_x=None, max_y=None
 
     ``powers_of_two`` keeps grids whose three sizes are all powers of two;
     ``max_x``/``max_y``/``max_z`` bound the size of one axis. Returns a (K, 3)
-    int64 array (K may be 0 when the filters exclude everything).
+    int64 array (K may be 0 when the filters exclude everything). A G with more than
+    :data:`MAX_GRIDS` grids is refused (UserError with the count).
     """
     g = check_gpus(gpus)
+    count = grid_count(g)
+    if count > MAX_GRIDS:
+        raise UserError(f"G = {g:,} has {count:,} grids, more than the {MAX_GRIDS:,} listed at once; choose a G with "
+                        "fewer divisors (a power of two near it has few)", parameter="gpus")
     d = divisors(g)
-    gx = np.repeat(d, d.size)
-    gy = np.tile(d, d.size)
-    keep = (g % (gx * gy)) == 0
-    gx, gy = gx[keep], gy[keep]
-    gz = g // (gx * gy)
-    grids = np.stack([gx, gy, gz], axis=1).astype(np.int64)
+    rows = []
+    for gx in d:
+        rest = g // int(gx)
+        gy = d[(d <= rest) & (rest % d == 0)]
+        rows.append(np.stack([np.full(gy.size, gx), gy, rest // gy], axis=1))
+    grids = np.concatenate(rows).astype(np.int64)
     mask = np.ones(len(grids), dtype=bool)
     if powers_of_two:
         mask &= np.all((grids & (grids - 1)) == 0, axis=1)

@@ -28,6 +28,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
+from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -112,6 +113,12 @@ class Machine:
     host_cores: int | None = None
     threads_per_rank: int = 1
     network: Network | None = field(default=None, repr=False, compare=False)
+    #: codec rates per reduced precision: the profile's ``quant`` entry, with an estimate
+    #: (:func:`plexus_tune.model.comm_precision.estimated_quant_entry`) for every
+    #: precision it has no rates for
+    quant: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the precisions whose codec rates are estimated, not measured
+    quant_estimated: tuple[str, ...] = ()
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -148,6 +155,27 @@ def models_dirs() -> list[Path]:
         shipped = Path(__file__).resolve().parents[2] / "models"
     dirs.append(shipped)
     return dirs
+
+
+#: shapes an SpMM model must predict finite times for: 1 to 1e12 nonzeros, 1 to 1e9 rows, 1 to 1e5 columns
+_PROBE_SHAPES = tuple(np.array(v, dtype=np.float64) for v in np.broadcast_arrays(
+    *np.meshgrid([1e3, 1e6, 1e9, 1e12], [1.0, 1e4, 1e9], [1.0, 1e4, 1e9], [1.0, 128.0, 1e5], indexing="ij")))
+
+
+def _check_spmm_range(model, source: str) -> None:
+    """UserError if the profile's SpMM model gives a time that is not a finite number for a shape
+    within :data:`_PROBE_SHAPES` (coefficients that overflow)."""
+    nnz, rows, common, cols = (a.ravel() for a in _PROBE_SHAPES)
+    with np.errstate(all="ignore"):
+        try:
+            ms = np.asarray(spmm_models.predict_spmm_ms(model, nnz, rows, common, cols), dtype=np.float64)
+        except (OverflowError, FloatingPointError, ValueError):
+            ms = np.array([np.inf])
+    if not np.all(np.isfinite(ms)):
+        i = int(np.flatnonzero(~np.isfinite(ms))[0]) if ms.size == nnz.size else 0
+        raise UserError(f"machine profile {source}: spmm: the {model.name} model gives {float(ms.flat[i])} ms for "
+                        f"{nnz[i]:.0e} nonzeros, {rows[i]:.0e} x {common[i]:.0e} rows and {cols[i]:.0e} columns "
+                        "(coefficients that overflow); refit it with 'plexus-tune fit'")
 
 
 def _build_machine(data, source: str) -> Machine:
@@ -194,9 +222,11 @@ def _build_machine(data, source: str) -> Machine:
             profile_number(spmm, key, "spmm.", source)  # signs are free: the paper's c2 is negative
 
     try:  # checks the entry and maps the kind names of older profiles to today's
-        spmm = spmm_models.spmm_model_from_dict(spmm).to_dict()
+        model = spmm_models.spmm_model_from_dict(spmm)
+        spmm = model.to_dict()
     except UserError as exc:
         raise UserError(f"machine profile {source}: spmm: {exc}") from None
+    _check_spmm_range(model, source)
 
     checked = check_collectives(data["collectives"], source)
     host_cores = None
@@ -237,7 +267,21 @@ def _build_machine(data, source: str) -> Machine:
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
         path=None if source.startswith("<") else source,
+        **_quant_fields(data.get("quant"), bandwidth or elementwise),
     )
+
+
+def _quant_fields(measured, bandwidth_gbps) -> dict:
+    """The Machine's ``quant`` (measured entries, then estimates at ``bandwidth_gbps`` for the
+    other reduced precisions) and ``quant_estimated``; no estimate without a bandwidth."""
+    quant = {k: v for k, v in dict(measured or {}).items()}
+    estimated = []
+    if bandwidth_gbps:
+        for precision in PRECISION_BITS:
+            if precision != "fp32" and precision not in quant:
+                quant[precision] = estimated_quant_entry(precision, bandwidth_gbps)
+                estimated.append(precision)
+    return {"quant": quant, "quant_estimated": tuple(estimated)}
 
 
 #: the largest profile file read (a profile with a bandwidth table is well under 1 MiB)

@@ -204,7 +204,7 @@ def sampling_ms(workload, machine: Machine, grid, batch: int, sampled=None) -> f
 
 def _comm(machine, calls, grid, choice: CommPrecision, u):
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
-    quant = machine.raw.get("quant")
+    quant = machine.quant
     for op, axis, message, rows, comm_class in calls:
         g = int(grid[axis])
         if g <= 1:

@@ -19,6 +19,7 @@ model and :func:`graph_sparsity` computes it.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -32,35 +33,83 @@ from plexus_tune.graph.structure import (  # noqa: F401
     STRUCTURE_KEYS,
     PermutedPattern,
     column_share_curve,
+    diagonal_rows,
     operand_structure,
     pattern_symmetric,
+    split_statistics,
     split_structure,
 )
 from plexus_tune.model.grid import layer_roles
 
 
-def _poisson_top_share(lam: float, common: float, m: float, nnz: float) -> float:
-    """Expected share of ``nnz`` held by the m largest of ``common`` iid Poisson(lam) counts."""
-    if m >= common:
-        return 1.0
-    if lam > 200:  # normal limit: the top q = m / common hold lam + sqrt(lam) pdf(z_q) / q each
+#: log(x!) for x = 0, 1, ... (math.lgamma, as the scalar formula), extended as needed.
+_LOG_FACTORIAL = np.zeros(0, dtype=np.float64)
+
+
+def _log_factorial(count: int) -> np.ndarray:
+    """log(x!) for x < count, each ``math.lgamma(x + 1)`` (computed once per process)."""
+    global _LOG_FACTORIAL
+    if _LOG_FACTORIAL.size < count:
+        _LOG_FACTORIAL = np.array([math.lgamma(v + 1.0) for v in range(max(count, 2 * _LOG_FACTORIAL.size))],
+                                  dtype=np.float64)
+    return _LOG_FACTORIAL[:count]
+
+
+def _poisson_top_shares(lam: float, common: float, m: np.ndarray, nnz: float) -> np.ndarray:
+    """Expected share of ``nnz`` held by the m largest of ``common`` iid Poisson(lam) counts, for every m.
+
+    Below lam = 200 the exact tail sums: with p(x) the Poisson pmf, A(x) = common sum_{y>=x} p(y)
+    columns hold at least x nonzeros and H(x) = common sum_{y>=x} y p(y) nonzeros; for t the
+    largest x with A(x) >= m the top m hold H(t + 1) + (m - A(t + 1)) t. Above it the normal
+    limit: the top q = m / common hold lam + sqrt(lam) pdf(z_q) / q each.
+    """
+    m = np.asarray(m, dtype=np.float64)
+    out = np.ones(m.shape, dtype=np.float64)
+    below = m < common
+    if not np.any(below):
+        return out
+    if lam > 200:
         from statistics import NormalDist
 
-        q = m / common
-        z = NormalDist().inv_cdf(1.0 - q)
-        held = m * (lam + math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) / q * math.sqrt(lam))
-        return min(1.0, held / nnz)
-    x = np.arange(int(lam + 12 * math.sqrt(lam) + 30), dtype=np.float64)
-    log_pmf = x * math.log(lam) - lam - np.array([math.lgamma(v + 1) for v in x])
-    pmf = np.exp(log_pmf)
+        normal = NormalDist()
+        for i in np.flatnonzero(below):
+            q = m[i] / common
+            z = normal.inv_cdf(1.0 - q)
+            held = m[i] * (lam + math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) / q * math.sqrt(lam))
+            out[i] = min(1.0, held / nnz)
+        return out
+    size = int(lam + 12 * math.sqrt(lam) + 30)
+    x = np.arange(size, dtype=np.float64)
+    pmf = np.exp(x * math.log(lam) - lam - _log_factorial(size))
     # columns of count >= x, and the nonzeros they hold, counted from the top
     at_least = np.cumsum(pmf[::-1])[::-1] * common
     held_at_least = np.cumsum((x * pmf)[::-1])[::-1] * common
-    t = int(np.searchsorted(-at_least, -m, side="right")) - 1  # largest x with at_least[x] >= m
-    t = max(t, 0)
-    above = at_least[t + 1] if t + 1 < len(x) else 0.0
-    held = (held_at_least[t + 1] if t + 1 < len(x) else 0.0) + (m - above) * x[t]
-    return min(1.0, held / nnz)
+    at_least_next = np.append(at_least[1:], 0.0)
+    held_next = np.append(held_at_least[1:], 0.0)
+    mb = m[below]
+    t = np.maximum(np.searchsorted(-at_least, -mb, side="right") - 1, 0)  # largest x with at_least[x] >= m
+    held = held_next[t] + (mb - at_least_next[t]) * x[t]
+    out[below] = np.minimum(1.0, held / nnz)
+    return out
+
+
+def _poisson_top_share(lam: float, common: float, m: float, nnz: float) -> float:
+    """Expected share of ``nnz`` held by the m largest of ``common`` iid Poisson(lam) counts."""
+    return float(_poisson_top_shares(lam, common, np.array([float(m)]), nnz)[0])
+
+
+#: m of the popularity curve's points, 2^j.
+_SHARE_COLUMNS = 2.0 ** np.arange(SHARE_POINTS)
+
+
+@functools.lru_cache(maxsize=65536)
+def _uniform_structure(nnz: float, rows: float, common: float) -> tuple:
+    lam = nnz / common
+    touched = common * -math.expm1(nnz * math.log1p(-1.0 / common)) if common > 1 else 1.0
+    m = np.append(max(1.0, math.floor(common / 100)), _SHARE_COLUMNS)
+    shares = _poisson_top_shares(lam, common, m, nnz)
+    return (math.sqrt(max(1.0 - 1.0 / rows, 0.0) * rows / nnz), float(shares[0]), touched / common,
+            tuple(round(float(v), 6) for v in shares[1:]))
 
 
 def uniform_structure(nnz: float, rows: float, common: float) -> dict:
@@ -71,20 +120,15 @@ def uniform_structure(nnz: float, rows: float, common: float) -> dict:
     1 - (1 - 1/common)^nnz, and the m most popular columns hold the top m of common
     Poisson(lambda) counts (exact tail sums; the normal limit past lambda = 200). The
     default structure of a graph given only by its size (docs/model.md, "Sparsity
-    structure").
+    structure"). Computed once per distinct shape.
     """
     nnz, rows, common = float(nnz), max(float(rows), 1.0), max(float(common), 1.0)
     if nnz <= 0:
         return {"row_length_cv": 0.0, "top1pct_column_share": 0.0, "touched_column_fraction": 0.0,
                 "column_share": [1.0] * SHARE_POINTS}
-    lam = nnz / common
-    touched = common * -math.expm1(nnz * math.log1p(-1.0 / common)) if common > 1 else 1.0
-    return {
-        "row_length_cv": math.sqrt(max(1.0 - 1.0 / rows, 0.0) * rows / nnz),
-        "top1pct_column_share": float(_poisson_top_share(lam, common, max(1.0, math.floor(common / 100)), nnz)),
-        "touched_column_fraction": touched / common,
-        "column_share": [round(float(_poisson_top_share(lam, common, float(2**j), nnz)), 6) for j in range(SHARE_POINTS)],
-    }
+    cv, top, touched, curve = _uniform_structure(nnz, rows, common)
+    return {"row_length_cv": cv, "top1pct_column_share": top, "touched_column_fraction": touched,
+            "column_share": list(curve)}
 
 
 def check_structure(structure: Mapping, where: str = "structure") -> dict:
@@ -143,6 +187,50 @@ def structure_arrays(structures, nnz, rows, common) -> dict:
     return {key: np.asarray(v, dtype=np.float64) for key, v in out.items()}
 
 
+def graph_summary(graph, cache=None) -> dict:
+    """``{"name", "nodes", "nnz", "normalized_nnz", "diagonal_rows", "symmetric_pattern"}`` of a graph (read from
+    ``cache`` when it holds them, else counted in one scan and stored there).
+    ``symmetric_pattern`` is True when the graph's metadata says its values are symmetric,
+    else None until :func:`graph_pattern_symmetric` checks it."""
+    if cache is not None:
+        known = cache.summary()
+        if known is not None:
+            return known
+    adjacency = getattr(graph, "adjacency", graph)
+    with_diagonal = int(diagonal_rows(adjacency).sum())
+    summary = {"name": getattr(graph, "name", "graph"), "nodes": int(adjacency.shape[0]), "nnz": int(adjacency.nnz),
+               "normalized_nnz": int(adjacency.nnz + adjacency.shape[0] - with_diagonal), "diagonal_rows": with_diagonal,
+               "symmetric_pattern": True if getattr(graph, "meta", {}).get("symmetric") else None}
+    if cache is not None:
+        cache.store_summary(summary)
+    return summary
+
+
+def _diagonal(graph, cache) -> np.ndarray:
+    """Whether each row stores its diagonal; without a scan when the cache knows none or all do."""
+    adjacency = getattr(graph, "adjacency", graph)
+    n = adjacency.shape[0]
+    if cache is not None:
+        count = graph_summary(graph, cache).get("diagonal_rows")
+        if count in (0, n):
+            return np.full(n, count == n, dtype=bool)
+    return diagonal_rows(adjacency)
+
+
+def graph_pattern_symmetric(graph, cache=None) -> bool:
+    """Whether a graph's pattern equals its transpose's: True when its metadata says its values
+    are symmetric, else checked (:func:`plexus_tune.graph.structure.pattern_symmetric`) once and cached."""
+    if getattr(graph, "meta", {}).get("symmetric"):
+        return True
+    summary = graph_summary(graph, cache) if cache is not None else None
+    if summary is not None and summary["symmetric_pattern"] is not None:
+        return bool(summary["symmetric_pattern"])
+    symmetric = pattern_symmetric(getattr(graph, "adjacency", graph))
+    if cache is not None:
+        cache.store_summary({**summary, "symmetric_pattern": bool(symmetric)})
+    return symmetric
+
+
 class GraphSparsity:
     """The shards of one graph after the trainer's permutation: for each layer parity and
     (g_d, g_o), the nonzeros of the largest shard and the structure of the SpMM operands
@@ -183,7 +271,7 @@ class GraphSparsity:
 
 
 def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
-                   stored: bool = False) -> GraphSparsity:
+                   stored: bool = False, cache=None) -> GraphSparsity:
     """The :class:`GraphSparsity` of a graph on the given grids.
 
     For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
@@ -201,7 +289,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     n = adjacency.shape[0]
     grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     two_sided = permute in TWO_SIDED_MODES
-    symmetric = True if stored or not two_sided else pattern_symmetric(adjacency)
+    # a graph whose values are symmetric (its metadata says so) has a symmetric pattern
+    symmetric = True if stored or not two_sided else graph_pattern_symmetric(graph, cache)
     # the permutations: one pair for every mode but local, one per grid's parts for local
     wanted: dict = {}
     for grid in grids.tolist():
@@ -210,41 +299,43 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             o, _, d = layer_roles(i)
             wanted.setdefault(perm_key, set()).add((i % 2, grid[d], grid[o]))
     entries = {}
+    has_diagonal = None
     for perm_key, keys in wanted.items():
-        if stored:
-            pattern = PermutedPattern(adjacency, self_loops=False)
-        else:
-            row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
-                                  else permutations_for(permute, n, seed))
-            pattern = PermutedPattern(adjacency, row_perm, col_perm)
-        alternate = None
-        if two_sided and not symmetric:
-            alternate = PermutedPattern(adjacency, col_perm, row_perm)
         splits: dict = {}
         for parity, g_d, g_o in keys:
             if parity == 0 or not two_sided:
                 splits[(parity, g_d, g_o)] = ("pattern", g_d, g_o, False)
-            elif alternate is not None:
+            elif not symmetric:
                 splits[(parity, g_d, g_o)] = ("alternate", g_d, g_o, False)
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
-        done: dict = {}
-        # the splits of one column count are counted together, in one pass
-        by_columns: dict = {}
-        for which, R, C, _ in splits.values():
-            by_columns.setdefault((which, C), set()).add(R)
-        for (which, C), row_counts in sorted(by_columns.items()):
-            t0 = time.perf_counter()
-            source = pattern if which == "pattern" else alternate
-            counts = source.block_counts_many(row_counts, C)
-            for R in sorted(row_counts):
-                done[(which, R, C)] = split_structure(source, R, C, counts[R])
-            if progress is not None:
-                progress(sorted(row_counts), C, time.perf_counter() - t0)
+        name = cache.entry_name(permute, seed, perm_key, stored) if cache is not None else None
+        done: dict = cache.splits(name) if cache is not None else {}
+        missing = {(w, R, C) for w, R, C, _ in splits.values()} - set(done)
+        if missing:
+            if stored:
+                row_perm = col_perm = None
+            else:
+                row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
+                                      else permutations_for(permute, n, seed))
+                if has_diagonal is None:
+                    has_diagonal = _diagonal(graph, cache)
+            computed = {}
+            for which in ("pattern", "alternate"):
+                wanted_splits = {(R, C) for w, R, C in missing if w == which}
+                if not wanted_splits:
+                    continue
+                rows, cols = (row_perm, col_perm) if which == "pattern" else (col_perm, row_perm)
+                report = None if progress is None else (lambda stage, seconds: progress(sorted(wanted_splits), stage, seconds))
+                found = split_statistics(adjacency, wanted_splits, rows, cols, self_loops=not stored,
+                                         has_diagonal=has_diagonal, progress=report)
+                computed.update({(which, R, C): e for (R, C), e in found.items()})
+            done.update(computed)
+            if cache is not None:
+                cache.store_splits(name, done)
         for key, (which, R, C, transposed) in splits.items():
             e = done[(which, R, C)]
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
                             "forward": e["transpose"] if transposed else e["forward"],
                             "backward": e["forward"] if transposed else e["transpose"]}
-        del pattern, alternate
     return GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))

@@ -64,6 +64,9 @@ class Workload:
         if self.nnz < self.nodes:
             raise UserError(f"{self.nnz:,} nonzeros for {self.nodes:,} nodes: the adjacency with self-loops has at least "
                             f"one nonzero per node", parameter=("nodes", "nnz"))
+        if self.nnz > self.nodes * self.nodes:
+            raise UserError(f"{self.nnz:,} nonzeros for {self.nodes:,} nodes: an N x N adjacency holds at most "
+                            f"N^2 = {self.nodes * self.nodes:,}", parameter=("nodes", "nnz"))
         widths = tuple(self.widths)
         if len(widths) < 2:
             raise UserError(f"a workload needs at least two widths (input and output), got {widths!r}")

@@ -15,6 +15,7 @@ import numpy as np
 
 from plexus_tune.measure.families import configuration_label
 from plexus_tune.measure.store import read_records
+from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.report.metrics import regret, spearman
 
@@ -35,7 +36,7 @@ def observed_rows(log, graph_source: str, *, gpus: int | None = None) -> list[di
         grid = tuple(int(v) for v in str(r["grid"]).split("x"))
         if gpus is not None and int(np.prod(grid)) != int(gpus):
             continue
-        key = (r.get("algorithm") or "plexus-3d", grid, _options_key(r), r.get("comm_precision") or "fp32")
+        key = (r.get("algorithm") or DEFAULT_FAMILY, grid, _options_key(r), r.get("comm_precision") or "fp32")
         times.setdefault(key, []).append(float(r["epoch_ms"]))
     rows = []
     for (family, grid, opts, precision), values in times.items():
@@ -47,11 +48,11 @@ def observed_rows(log, graph_source: str, *, gpus: int | None = None) -> list[di
 
 def predict_rows(rows: list[dict], workload, machine, graph=None) -> list[dict]:
     """``rows`` with ``total_ms`` (the predicted total: the family's model at the row's settings, ``graph`` given
-    to the families that read one) and the predicted parts."""
+    to the families whose model takes one) and the predicted parts."""
     out = []
     for row in rows:
         options = dict(row["options"])
-        if graph is not None and row["family"] != "plexus-3d":
+        if graph is not None and "graph" in family_of(row["family"]).options:
             options["graph"] = graph
         pred = predict_run_grids(workload, machine, np.asarray([row["grid"]]), algorithm=row["family"],
                                  comm_precision=row["comm_precision"], options=options)

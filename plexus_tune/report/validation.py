@@ -44,6 +44,9 @@ def problem_keys(df) -> list[str]:
 def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
     """Per grid choice problem (setting and G) held out: Spearman, regret and MAPE; and their means.
 
+    MAPE and regret average over every group; Spearman, a ranking, over the groups of two or more
+    grids (``spearman_groups`` of them; a one-grid group's Spearman is nan and shown as "-").
+
     ``df`` is the runs table (:func:`plexus_tune.measure.table.runs_table`). Returns
     ``{"groups": [...], "mean": {...}, "runs": [...]}``; each group names its ``graph``,
     ``gpus`` and ``setting`` (the other setting fields that differ between groups, "" if
@@ -86,11 +89,51 @@ def leave_one_group_out(df, machine, *, refit: bool = True) -> dict:
                 "how": how,
             }
         )
+    ranked = [g for g in out if g["grids"] >= 2]  # a ranking needs two grids: one-grid groups have none
     mean = {
-        "spearman": _nanmean([g["spearman"] for g in out]),
+        "spearman": _nanmean([g["spearman"] for g in ranked]),
+        "spearman_groups": len(ranked),
         "regret": float(np.mean([g["regret"] for g in out])) if out else float("nan"),
         "max_regret": float(np.max([g["regret"] for g in out])) if out else float("nan"),
         "mape": float(np.mean([g["mape"] for g in out])) if out else float("nan"),
         "groups": len(out),
     }
-    return {"groups": out, "mean": mean, "runs": runs}
+    return {"groups": out, "mean": mean, "runs": runs, "parts": part_errors(df)}
+
+
+#: a prediction whose fixed per-epoch overhead is at least this share of its total says so
+OVERHEAD_NOTE_SHARE = 0.25
+
+
+def overhead_note(predicted: dict, observed_ms: float | None = None) -> str | None:
+    """A line saying that a prediction leans on the profile's fixed per-epoch overhead (at least
+    :data:`OVERHEAD_NOTE_SHARE` of ``predicted["total_ms"]``), with what its parts alone predict; else None."""
+    total, overhead = float(predicted.get("total_ms") or 0.0), float(predicted.get("overhead_ms") or 0.0)
+    if total <= 0 or overhead / total < OVERHEAD_NOTE_SHARE:
+        return None
+    against = f" against {observed_ms:.2f} ms observed" if observed_ms is not None else ""
+    return (f"note: {overhead / total:.0%} of the prediction is the profile's fixed per-epoch overhead ({overhead:.2f} ms, "
+            f"fitted to the runs it was fitted on): its parts alone predict {total - overhead:.2f} ms{against}")
+
+
+def part_errors(df) -> dict:
+    """The profile's predicted parts against the observed ones over the runs of ``df`` (with the
+    profile's predictions, :func:`plexus_tune.measure.table.predict_runs`): per part of
+    :data:`COMPONENTS` observed above 0, ``mape`` (%) and ``ratio`` (median predicted / observed);
+    ``overhead_share``, the mean fraction of the predicted total that is the fixed per-epoch overhead."""
+    out: dict = {}
+    for part in COMPONENTS:
+        pred, obs = f"pred_{part}", f"obs_{part}"
+        if pred not in df or obs not in df:
+            continue
+        p, o = df[pred].to_numpy(dtype=float), df[obs].to_numpy(dtype=float)
+        ok = np.isfinite(p) & np.isfinite(o) & (o > 0)
+        if ok.any():
+            out[part] = {"mape": float(np.mean(np.abs(p[ok] - o[ok]) / o[ok]) * 100),
+                         "ratio": float(np.median(p[ok] / o[ok])), "runs": int(ok.sum())}
+    if "pred_overhead_ms" in df and "pred_total_ms" in df:
+        total = df["pred_total_ms"].to_numpy(dtype=float)
+        ok = np.isfinite(total) & (total > 0)
+        if ok.any():
+            out["overhead_share"] = float(np.mean(df["pred_overhead_ms"].to_numpy(dtype=float)[ok] / total[ok]))
+    return out

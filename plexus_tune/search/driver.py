@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from plexus_tune.errors import Interrupted, UserError
 from plexus_tune.search.space import SearchSpace
 from plexus_tune.search.study import (
     Objective,
@@ -34,9 +35,28 @@ class StudyOutcome:
     best_value: float | None
 
 
+def _interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error raised while handling it (Optuna, stopped while it
+    records a trial, fails in its own clean-up)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__context__ or exc.__cause__, seen + 1
+    return False
+
+
+def check_study_name(name: str | None) -> None:
+    """UserError if a study name is given but empty (None: the default name)."""
+    if name is not None and not name.strip():
+        raise UserError("the study name is empty; give a name, or leave it out for the default name of these settings",
+                        parameter="study")
+
+
 def study_name(dataset: str, machine: str, space: SearchSpace, objective: str, *, measured: bool,
                precision: str = "fp32", name: str | None = None) -> str:
     """``name``, else the default study name of these settings; a reduced precision adds ``-comm-P``."""
+    check_study_name(name)
     base = name or default_study_name(dataset, machine, space.gpus, objective, measured, space.block_rows_range)
     return base if precision == "fp32" else f"{base}-comm-{precision}"
 
@@ -61,8 +81,16 @@ def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, 
         target = Objective(space, model, objective, study=study, snap_neighbours=snap_neighbours)
         warm_start(study, space, spread_starts(space, starts))
     before = len(finished_trials(study))
-    with launcher if launcher is not None else contextlib.nullcontext():
-        ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
+    try:
+        with launcher if launcher is not None else contextlib.nullcontext():
+            ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        kept = f"study {name} keeps its {len(finished_trials(study))} finished trials"
+        if measured is not None:
+            kept += f"; the finished runs are in {measured.log_path}"
+        raise Interrupted(kept) from None
     evaluations = target.evaluations if measured is not None else target.evaluations + target.model_evaluations
     best = best_configs(study, 1)
     return StudyOutcome(name, study, ran, before, evaluations, None if best.empty else float(best["value"].iloc[0]))

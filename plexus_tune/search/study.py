@@ -21,9 +21,9 @@ from plexus_tune.search.space import CONSTRAINT_KEY, SIZE_PARAMS, Config, Search
 
 def default_storage_url(directory: str | None = None) -> str:
     """SQLite file ``<directory>/studies.db``, by default in the per-user data directory
-    (:func:`plexus_tune.paths.data_dir`); the directory is created."""
+    (:func:`plexus_tune.paths.data_dir`); the directory is created by :func:`open_storage`, when a
+    study is written (an exhaustive search, which writes none, leaves no directory)."""
     path = default_studies_path() if directory is None else os.path.join(directory, "studies.db")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return "sqlite:///" + os.path.abspath(path)
 
 
@@ -43,6 +43,8 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = 60,
     if not url and not create:  # a reader: no data directory made
         url = "sqlite:///" + os.path.abspath(default_studies_path())
     url = url or default_storage_url()
+    if url in ("sqlite://", "sqlite:///:memory:"):  # SQLite in memory: one connection per thread would see
+        return optuna.storages.InMemoryStorage()  # a database of its own; Optuna's own in-memory storage
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         directory = os.path.dirname(path) or "."
@@ -311,6 +313,15 @@ def spread_starts(space: SearchSpace, n: int) -> list[Config]:
     return out
 
 
+def _no_interrupt_traceback(record) -> bool:
+    """A logging filter: drop Optuna's report of a trial that Ctrl-C or SIGTERM stopped (a
+    traceback, then "failed with value None"); the command says it was interrupted."""
+    text = record.getMessage()
+    return not ((record.exc_info and not isinstance(record.exc_info[1], Exception))
+                or "KeyboardInterrupt" in text or "Terminated" in text
+                or (text.endswith("failed with value None.") and record.levelname == "WARNING"))
+
+
 def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=None, show_progress: bool = False) -> int:
     """Run trials until the study holds ``n_trials_total`` finished ones; returns how many ran now.
 
@@ -322,6 +333,8 @@ def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=No
     remaining = max(0, int(n_trials_total) - len(finished_trials(study)))
     if remaining:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        for handler in optuna.logging.get_logger("optuna").handlers:  # records of its child loggers pass here
+            handler.addFilter(_no_interrupt_traceback)
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
         stop = optuna.study.MaxTrialsCallback(int(n_trials_total), states=states)
         before = {t.number for t in study.get_trials(deepcopy=False, states=states)}

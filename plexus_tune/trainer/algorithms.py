@@ -21,7 +21,7 @@ from plexus_tune.model.grid import format_grid
 
 DEFAULT_ALGORITHM = DEFAULT_FAMILY
 #: Families with a trainer, in the registry's order.
-TRAINED_ALGORITHMS = trained_families()
+TRAINED_ALGORITHMS = trained_families(None)
 #: Run options (TrainConfig fields) some family's trainer has, with their names in messages.
 TRAINER_OPTIONS = {"block_rows": "row blocks", "overlap": "overlap", "layer_norm": "layer norm",
                    "dp": "data-parallel groups", "batch_size": "the batch size"}

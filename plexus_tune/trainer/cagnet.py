@@ -1,7 +1,8 @@
 """CAGNET's 1.5D block-row (1D as c = 1) and 2D (SUMMA) GCN trainers on torch.distributed.
 
 Both compute layer l as T = A_hat H (SpMM), Z = T W + b (GEMM), ReLU between layers, with
-trained input features; docs/algorithms.md gives the layouts, and the bytes each rank
+trained input features (with fixed features, layer 0's backward stops after dW and db:
+no dT, no dH, none of their collectives); docs/algorithms.md gives the layouts, and the bytes each rank
 sends per class that :mod:`plexus_tune.model.volumes` predicts.
 
 1.5D, G = R c ranks, rank (i, j) = i c + j: block row i (b = ceil(N / R) rows, zero
@@ -67,6 +68,8 @@ class Cagnet15dLayer(torch.autograd.Function):
         db = dz.sum(dim=0)
         shard.timer.add(t0, "gemm_ms")
         dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
+        if not ctx.needs_input_grad[0]:  # fixed features (module docstring)
+            return None, dw, db, None
         dt = shard.gemm(dz, w.t()).contiguous()
         dh = torch.zeros_like(dt)
         for k, _, at_ik in shard.pieces:
@@ -110,7 +113,7 @@ class Cagnet15dTrainer(FamilyTrainer):
             params_b.append(torch.nn.Parameter(torch.zeros(w.shape[1], dtype=self.dtype, device=self.device)))
         self.params_w, self.params_b = params_w, params_b
         d0 = self.widths[0]
-        self.features = torch.nn.Parameter(self._tensor(take_dense(data.pg.features, rows, Block(0, d0, d0))))
+        self.features = self.input_features(take_dense(data.pg.features, rows, Block(0, d0, d0)))
         self.owns_output = self.j == 0
         classes = self.widths[-1]
         self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=rows,
@@ -156,6 +159,8 @@ class Cagnet2dLayer(torch.autograd.Function):
         db = dz.sum(dim=0)
         shard.timer.add(t0, "gemm_ms")
         dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
+        if not ctx.needs_input_grad[0]:  # fixed features (module docstring)
+            return None, dw, db, None
         dt = shard.gemm(dz, w.t())
         pc = comm.grid[Y_AXIS]
         rows, d = dt.shape[0], shard.block_in
@@ -238,7 +243,7 @@ class Cagnet2dTrainer(FamilyTrainer):
             params_b.append(torch.nn.Parameter(torch.zeros(out_cols.size, dtype=self.dtype, device=self.device)))
         self.params_w, self.params_b = params_w, params_b
         in_cols = block(self.j, blocks[0], widths[0])
-        self.features = torch.nn.Parameter(self._tensor(take_dense(data.pg.features, rows, in_cols)))
+        self.features = self.input_features(take_dense(data.pg.features, rows, in_cols))
         self.owns_output = True
         self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=rows,
                      cols=block(self.j, blocks[-1], widths[-1]), split=split, class_axis=Y_AXIS, row_axis=X_AXIS,

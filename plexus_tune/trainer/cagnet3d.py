@@ -86,6 +86,8 @@ class Cagnet3dLayer(torch.autograd.Function):
         shard.timer.add(t0, "gemm_ms")
         dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
         dw, db = fused_gradient_reduce(comm, dw, db, Z_AXIS)
+        if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db
+            return None, dw, db, None
         dt = shard.gemm(dz, w.t())
         pc = comm.grid[Y_AXIS]
         rows, d = dt.shape[0], shard.block_in
@@ -156,7 +158,7 @@ class Cagnet3dTrainer(FamilyTrainer):
         # output rows of every layer (and input rows of the first): [i rb + k rf, +rf)
         mine = block(self.k, rf, n, offset=self.i * row_block)
         in_cols = block(self.j, blocks[0], widths[0])
-        self.features = torch.nn.Parameter(self._tensor(take_dense(data.pg.features, mine, in_cols)))
+        self.features = self.input_features(take_dense(data.pg.features, mine, in_cols))
         self.owns_output = True
         self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=mine,
                      cols=block(self.j, blocks[-1], widths[-1]), split=split, class_axis=Y_AXIS,

@@ -23,7 +23,9 @@ class TrainConfig:
     ``comm_precision`` is the precision of the 3D layer's collectives, one for all
     classes or per class (``"bf16"``, ``"aggregation=int8,gather=bf16"``;
     docs/comm-precision.md). ``layer_norm`` normalizes each layer's input rows (no
-    scale and shift) with FP32 statistics. The loss is the mean over the training
+    scale and shift) with FP32 statistics. ``fixed_features`` keeps the input features
+    fixed (not trained): no feature gradient, no layer-0 backward SpMM or its collectives,
+    no optimizer state for them (docs/trainer.md, "Fixed features"). The loss is the mean over the training
     nodes of the graph's split (graph/splits: OGB split files, else a seeded random one).
     ``algorithm`` picks the family (:mod:`plexus_tune.trainer.algorithms`; ``grid`` is
     then its process grid), ``replication`` is cagnet-1.5d's c and ``aggregation``
@@ -50,6 +52,7 @@ class TrainConfig:
     dtype: str = "float32"
     comm_precision: str = "fp32"
     layer_norm: bool = False
+    fixed_features: bool = False
     check: bool = False
     collect_outputs: bool = False
     log: str | None = None

@@ -19,7 +19,7 @@ import torch
 from plexus_tune.graph.splits import TRAIN, random_split
 from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import PhaseTimer
-from plexus_tune.trainer.loop import RankTrainer, make_adamw
+from plexus_tune.trainer.loop import RankTrainer
 from plexus_tune.trainer.loss import LossShard
 from plexus_tune.trainer.tensors import glorot_weights
 from plexus_tune.trainer.layout import Block
@@ -100,10 +100,7 @@ class FamilyTrainer(RankTrainer):
             timer=self.timer, all_labels=torch.tensor(labels, device=self.device),
             split=torch.tensor(codes, device=self.device))
         self.loss_shard.prepare(cols.size)
-        self.optimizer, self.optimizer_name = make_adamw(params, lr=self.config.lr,
-                                                         weight_decay=self.config.weight_decay,
-                                                         device_type=self.device.type)
-        self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
+        self.place_optimizer(params)
         self.persistent_bytes += self.loss_shard.labels.numel() * 8
 
     def record_shapes(self) -> dict:

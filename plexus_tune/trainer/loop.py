@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 
+import numpy as np
 import torch
 
 from plexus_tune.model.other import trainer_optimizer
@@ -68,6 +69,22 @@ class RankTrainer:
     ``config``, ``rank``, ``device``, ``timer``, ``comm``, ``shards`` (each with a
     ``saved_bytes`` list), ``loss_shard``, ``optimizer``, ``persistent_bytes`` and
     ``shard_nnz``, and define ``forward``, ``output_block`` and ``record_shapes``."""
+
+    def input_features(self, array) -> torch.Tensor:
+        """This rank's block of the input features: a parameter, or with ``config.fixed_features``
+        a plain tensor (no gradient, so no layer-0 feature gradient and no optimizer state)."""
+        t = torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)
+        return t if getattr(self.config, "fixed_features", False) else torch.nn.Parameter(t)
+
+    def place_optimizer(self, tensors) -> None:
+        """The optimizer over the trained ``tensors`` and their persistent bytes: a trained tensor
+        with its gradient and two AdamW moments (4 copies), a fixed one once."""
+        tensors = list(tensors)
+        trained = [t for t in tensors if t.requires_grad]
+        self.optimizer, self.optimizer_name = make_adamw(trained, lr=self.config.lr,
+                                                         weight_decay=self.config.weight_decay,
+                                                         device_type=self.device.type)
+        self.persistent_bytes += sum((4 if t.requires_grad else 1) * t.numel() * t.element_size() for t in tensors)
 
     def train(self, epochs: int):
         """Train ``epochs`` epochs; returns the losses (host floats).

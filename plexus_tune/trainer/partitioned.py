@@ -65,6 +65,8 @@ class PartitionedLayer(torch.autograd.Function):
         db = dz.sum(dim=0)
         shard.timer.add(t0, "gemm_ms")
         dw, db = fused_gradient_reduce(comm, dw, db, AXIS)
+        if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db
+            return None, dw, db, None
         dt = shard.gemm(dz, w.t()).contiguous()
         dh = shard.spmm(plan.local_t, dt, "bwd")
         replies = {peer: shard.spmm(scatter_t, dt, "bwd") for peer, scatter_t in plan.receives_t.items()}
@@ -164,7 +166,7 @@ class PartitionedTrainer(FamilyTrainer):
             params_w.append(torch.nn.Parameter(self._tensor(w)))
             params_b.append(torch.nn.Parameter(torch.zeros(w.shape[1], dtype=self.dtype, device=self.device)))
         self.params_w, self.params_b = params_w, params_b
-        self.features = torch.nn.Parameter(self._tensor(data.pg.features[rank_plan.nodes]))
+        self.features = self.input_features(data.pg.features[rank_plan.nodes])
         self.owns_output = True
         order = np.argsort(membership, kind="stable")
         start = int((membership < rank).sum())

@@ -29,7 +29,7 @@ from plexus_tune.model.workload import model_widths
 from plexus_tune.trainer.comm import GridComm, PhaseTimer
 from plexus_tune.trainer.data import clip_block
 from plexus_tune.trainer.layout import Block, GridLayout, LayerLayout, make_layout
-from plexus_tune.trainer.loop import RankTrainer, make_adamw
+from plexus_tune.trainer.loop import RankTrainer
 from plexus_tune.trainer.loss import LossShard
 from plexus_tune.trainer.tensors import csr_bytes, glorot_weights, pad_rows, take_dense, torch_csr
 
@@ -132,6 +132,9 @@ class GCNLayerFunction(torch.autograd.Function):
         dw = shard.gemm(h.t(), dq)
         if lay.w_split:
             dw = comm.reduce_scatter(pad_rows(dw, lay.shapes.w_gathered_rows), lay.depth, comm_class="gather")
+        if not ctx.needs_input_grad[0]:  # fixed features: no dF, so no dH, its SpMM or collectives
+            return None, dw, db, None
+        if lay.w_split:
             w = comm.all_gather(w_local, lay.depth, comm_class="gather")[: lay.shapes.c_i]
         else:
             w = w_local
@@ -239,7 +242,7 @@ class Plexus3dTrainer(RankTrainer):
         first = self.layout.layers[0]
         f_real = data.feature_rows(first.f_rows.start, first.f_rows.stop)
         f_local = take_dense(f_real, Block(0, first.f_rows.real, first.f_rows.size), first.in_cols)
-        self.features = torch.nn.Parameter(torch.tensor(f_local, dtype=self.dtype, device=self.device))
+        self.features = self.input_features(f_local)
         last = self.layout.layers[-1]
         self.out_perm = perm_r if last.parity == 0 else perm_c
         labels = np.full(last.a_rows.size, -1, dtype=np.int64)  # -1: padding rows
@@ -256,11 +259,7 @@ class Plexus3dTrainer(RankTrainer):
             class_axis=last.outer, row_axis=last.depth, comm=self.comm, timer=self.timer,
             all_labels=torch.tensor(labels, device=self.device), split=torch.tensor(codes, device=self.device))
         self.loss_shard.prepare(last.out_cols.size)
-        params = [self.features] + self.params_w + self.params_b
-        self.optimizer, self.optimizer_name = make_adamw(params, lr=config.lr, weight_decay=config.weight_decay,
-                                                         device_type=self.device.type)
-        # parameters, gradients and two AdamW moments
-        self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in params)
+        self.place_optimizer([self.features] + self.params_w + self.params_b)
         self.persistent_bytes += self.loss_shard.labels.numel() * 8
 
     def forward(self):

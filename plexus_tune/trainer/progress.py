@@ -36,9 +36,11 @@ class EpochProgress:
         done = epoch + 1
         note = " (warm-up)" if epoch < self.warmup else ""
         if self.bar is not None:
-            self.bar.update(self.task, completed=done, description=f"epoch {epoch_ms:.1f} ms{note}, loss {loss:.4f}")
+            self.bar.update(self.task, completed=done, description=f"epoch {epoch_ms:.1f} ms on rank 0{note}, loss {loss:.4f}")
             return
-        print(f"train: epoch {done}/{self.epochs}: {epoch_ms:.2f} ms{note}, loss {loss:.6f}", file=self.stream, flush=True)
+        # rank 0's own time: the summary's epoch is the slowest rank's (the two differ by the imbalance)
+        print(f"train: epoch {done}/{self.epochs}: {epoch_ms:.2f} ms on rank 0{note}, loss {loss:.6f}", file=self.stream,
+              flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

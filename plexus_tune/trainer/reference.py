@@ -1,6 +1,7 @@
 """The serial PyTorch Geometric GCN that the 3D-parallel trainer must equal.
 
-Model: trainable input features X (a parameter initialized to the graph's features),
+Model: trainable input features X (a parameter initialized to the graph's features;
+with ``fixed_features`` a plain tensor of them, neither trained nor in the optimizer),
 ``GCNConv(D_i, D_{i+1})`` layers (PyG defaults: self-loops added, symmetric
 normalization, bias), ReLU between layers and none after the last; loss
 ``cross_entropy(logits, labels)`` over the training nodes of the split (the trainer's
@@ -21,7 +22,8 @@ from plexus_tune.model.workload import model_widths
 
 
 def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, weight_decay: float,
-                    seed: int, dtype: str = "float32", split=None, layer_norm: bool = False) -> dict:
+                    seed: int, dtype: str = "float32", split=None, layer_norm: bool = False,
+                    fixed_features: bool = False) -> dict:
     """Train serially; returns {"losses": [...], "outputs": (N, C) logits of the last epoch, "epoch_ms": [...],
     "accuracy": {"train", "valid", "test": [every epoch's accuracy]}}.
 
@@ -52,9 +54,11 @@ def reference_train(graph, *, layers: int, hidden: int, epochs: int, lr: float, 
             conv.bias.zero_()
         convs.append(conv)
     # a copy: the optimizer updates the features in place and must not touch the graph's array
-    features = torch.nn.Parameter(torch.tensor(np.asarray(graph.features, dtype=np.float32), dtype=tdtype))
+    features = torch.tensor(np.asarray(graph.features, dtype=np.float32), dtype=tdtype)
+    if not fixed_features:
+        features = torch.nn.Parameter(features)
     labels = torch.from_numpy(np.array(graph.labels, dtype=np.int64))
-    params = [features] + list(convs.parameters())
+    params = ([] if fixed_features else [features]) + list(convs.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if split is None:
         split = random_split(labels.shape[0], seed)

@@ -25,6 +25,7 @@ from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
+from plexus_tune.resources import check_memory
 from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
@@ -157,10 +158,28 @@ def prepare(config: TrainConfig, launcher=None, env=None) -> tuple[TrainConfig, 
     if env is None:
         launcher = launcher or Launcher()
         launcher.check(config.world_size)
+        check_training_memory(config, launcher)
         config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
                          machine=config.machine or launcher.machine_name())
     validate(config, env.world_size if env else None)
     return config, launcher
+
+
+def check_training_memory(config: TrainConfig, launcher=None) -> None:
+    """UserError if the ranks that ``launcher`` starts on this host (the local and emulated
+    launchers; others start them elsewhere) cannot hold the weights and activations, before any
+    rank starts (:func:`plexus_tune.resources.check_memory`; ``--oversubscribe`` lifts it). A
+    lower bound, whatever the grid: each of the (layers - 1) hidden x hidden weights held once
+    over the ranks with its gradient and two AdamW moments (16 bytes), and each layer's
+    N x hidden activations once (4 bytes; N of a synthetic spec, else 0)."""
+    if getattr(launcher, "name", "local") not in ("local", "emulated"):
+        return
+    hidden, layers = int(config.hidden), int(config.layers)
+    nodes = int(parse_spec(config.synthetic)[1].get("nodes", 0)) if config.synthetic else 0
+    need = 16 * (layers - 1) * hidden * hidden + 4 * layers * nodes * hidden
+    check_memory(need, f"training {layers:,} layers of width {hidden:,} (weights, AdamW state"
+                 + (f", activations of {nodes:,} nodes)" if nodes else ")"),
+                 allow=bool(getattr(launcher, "oversubscribe", False)))
 
 
 def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None:

@@ -27,14 +27,13 @@ FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from plexus_tune.graph.sampling import rescale_factor, sample_range, sample_vertices, sampled_block
-from plexus_tune.graph.splits import SPLIT_PARTS, TRAIN, random_split
+from plexus_tune.graph.sampling import rescale_factor, sample_vertices, sampled_block
+from plexus_tune.graph.splits import TRAIN, random_split
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import coords_of, layer_roles, rank_of
 from plexus_tune.model.scalegnn import steps_per_epoch
