@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from plexus_tune.fit import fit_profile
+from plexus_tune.fit.profile import fit_profile
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
     python campaigns/cpu_calibration.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
 
 Steps (each logged with its duration and the load average before and after; the fits call
-:func:`plexus_tune.fit.fit_profile`, the others are plexus-tune commands):
+:func:`plexus_tune.fit.profile.fit_profile`, the others are plexus-tune commands):
 1. ``calibrate collectives`` on every G of ``--gpus`` (default 4, 6, 8: every group shape
    of their grids, 1 KiB..64 MiB);
 2. ``calibrate spmm --sweep`` (random shard shapes, 24 interleaved passes, median; the
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from plexus_tune.cli.output import ProgressReporter
 from plexus_tune.errors import UserError
-from plexus_tune.fit import fit_profile, write_profile
+from plexus_tune.fit.profile import fit_profile, write_profile
 GRAPHS = (
     "rmat:nodes=16384,edges=262144,features=64,classes=8,seed=0",  # average degree ~32, skewed
     "grid2d:nodes=16384,features=64,classes=8,seed=0",  # road-like lattice, degree ~4

@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 from plexus_tune.cluster.spec import parse_cluster
-from plexus_tune.fit import write_profile
+from plexus_tune.fit.profile import write_profile
 from plexus_tune.fit.collectives import fit_collectives
 from plexus_tune.fit.profile import load_tables
 from plexus_tune.measure.store import read_records

@@ -270,3 +270,25 @@ def test_ctrl_c_in_a_measured_search_keeps_the_finished_trials(inputs, tmp_path)
     assert last.startswith("plexus-tune: interrupted; study ") and f"the finished runs are in {log}" in last, err
     for line in log.read_text().splitlines() if log.exists() else ():
         json.loads(line)  # every logged line whole
+
+
+@pytest.mark.slow
+def test_no_process_outlives_train_at_its_exit(inputs, tmp_path):
+    """The fork server and the resource tracker are stopped as the command exits, not seconds later."""
+    proc = subprocess.Popen([sys.executable, "-m", "plexus_tune", "train", "--graph", str(inputs / "g.npz"), "--grid",
+                             "2x1x1", "--epochs", "2", "--warmup", "1"], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    left = []
+    for entry in os.listdir("/proc"):  # the session's processes (the command's pid is its id), zombies excluded
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == proc.pid and fields[0] != "Z":
+                left.append(int(entry))
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes outlived train: {left}"

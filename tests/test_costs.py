@@ -327,3 +327,50 @@ def test_ranks_time_sharing_cpu_cores_stretch_every_modelled_part():
             toy_machine(host_cores=bad)
     with pytest.raises(UserError, match="threads_per_rank"):
         toy_machine(host_cores=2, threads_per_rank=0)
+
+
+def test_fixed_features_drop_layer0_feature_gradient_by_hand():
+    # grid 2x2x2 as in test_g8_every_collective_term_by_hand: layer 0 roles (X, Y, Z); fixed
+    # features drop its backward all-gather of W over Z, all-reduce of dH over X,
+    # reduce-scatter of dF over Z, backward SpMM, the dH GEMM and the features' gradient
+    # and optimizer state (3 of 4 copies of ceil(501/2) x 6 elements)
+    m = toy_machine()
+    plain = predict_grids(W, m, [[2, 2, 2]])
+    fixed = predict_grids(W, m, [[2, 2, 2]], fixed_features=True)
+    ag_w_z = 1 * 20e-3 + (1 / 2) * (4 * 6 * 4) / 10e9 * 1e3
+    ar_dh_x = 2 * 10e-3 + (2 * 1 / 2) * (4 * 501 * 6) / 100e9 * 1e3
+    rs_df_z = 1 * 20e-3 + (1 / 2) * (4 * 502 * 6) / 10e9 * 1e3
+    assert one(plain, "comm_x_ms") - one(fixed, "comm_x_ms") == pytest.approx(ar_dh_x, rel=1e-9)
+    assert one(plain, "comm_z_ms") - one(fixed, "comm_z_ms") == pytest.approx(ag_w_z + rs_df_z, rel=1e-9)
+    assert one(plain, "comm_y_ms") == pytest.approx(one(fixed, "comm_y_ms"), rel=1e-12)
+    root = math.sqrt(1250 * 6)
+    assert one(plain, "spmm_ms") - one(fixed, "spmm_ms") == pytest.approx(0.5e-3 * root - 1e-4 * root * 501 / 6)
+    assert one(plain, "gemm_ms") - one(fixed, "gemm_ms") == pytest.approx(2 * 501 * 6 * 4 / 1e9 * 1e3)
+    assert one(plain, "memory_bytes") - one(fixed, "memory_bytes") == pytest.approx(3 * 251 * 6 * 4)
+    # the optimizer (7 accesses, fused AdamW) and the gradient pass (1) no longer touch the features
+    features = 251 * 6
+    assert one(plain, "other_optimizer_ms") - one(fixed, "other_optimizer_ms") == pytest.approx(
+        4 * 7 * features / 1e9 * 1e3)
+
+
+def test_overlap_hides_each_blocks_all_reduce_under_the_next_spmm_by_hand():
+    # 2x2x2, block_rows 100: 6 blocks of the forward aggregation in each layer. Per block, the
+    # all-reduce (layer 0 over X, intra: 2 alpha 10 us; layer 1 over Z, inter: 2 alpha 20 us,
+    # beta 10 GB/s) is far shorter than the block's SpMM, so (6 - 1) all-reduces are hidden
+    m = toy_machine()
+    plain = predict_grids(W, m, [[2, 2, 2]], block_rows=100)
+    over = predict_grids(W, m, [[2, 2, 2]], block_rows=100, overlap=True)
+    ar0 = (6 * 2 * 10e-3 + (4 * 501 * 6) / 100e9 * 1e3) / 6
+    ar1 = (6 * 2 * 20e-3 + (4 * 501 * 4) / 10e9 * 1e3) / 6
+    # the SpMM of a block: c0/2 sqrt(f) + c1 sqrt(f) r_o / c_i, f = (1250 / 6) c_i
+    for c in (6, 4):
+        root = math.sqrt(1250 / 6 * c)
+        assert 0.5e-3 * root + 2e-4 * root * 501 / c > max(ar0, ar1)
+    assert one(plain, "comm_x_ms") - one(over, "comm_x_ms") == pytest.approx(5 * ar0, rel=1e-9)
+    assert one(plain, "comm_z_ms") - one(over, "comm_z_ms") == pytest.approx(5 * ar1, rel=1e-9)
+    assert one(over, "overlap_hidden_ms") == pytest.approx(5 * (ar0 + ar1), rel=1e-9)
+    assert one(plain, "total_ms") - one(over, "total_ms") == pytest.approx(5 * (ar0 + ar1), rel=1e-9)
+    assert one(over, "spmm_ms") == one(plain, "spmm_ms")
+    # one block: nothing to overlap
+    assert one(predict_grids(W, m, [[2, 2, 2]], overlap=True), "total_ms") == pytest.approx(
+        one(predict_grids(W, m, [[2, 2, 2]]), "total_ms"))

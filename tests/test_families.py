@@ -448,3 +448,113 @@ def test_the_codec_estimate_is_marked_in_the_table_and_json():
     table = subprocess.run([sys.executable, "-m", "plexus_tune", *args], capture_output=True, text=True,
                            env={**__import__("os").environ, "COLUMNS": "250"}).stdout
     assert "(estimated)" in table and "quant (estimated): perlmutter has no measured codec rates for int8" in table
+
+
+def _dense_words(calls):
+    return float(sum(c.sent_bytes for c in calls if c.comm_class != "adjacency").max()) / 4
+
+
+def test_cagnet_schedules_word_counts_on_ogbn_products_by_hand():
+    # ogbn-products with every width 128 (the paper's constant f), 3 layers, FP32 words per process
+    from plexus_tune.model.volumes import cagnet_summa_schedule
+
+    n, nnz = 2449029, 126167053
+    widths = (128, 128, 128, 128)
+    # 2D 8x8: q = 8, N' = 8 ceil(N / 8) = 2449032, rb = rf = 306129 rows, d = 128 / 8 = 16 columns.
+    # bundled, per layer: SUMMA broadcast of F and of dT over the column, all-gather of T and
+    # reduce-scatter of dT over the row: 4 units of (8 - 1) rb d; all-reduce of dW, db
+    # ((128 + 1) x 16) over the column: 2 (8 - 1) ceil(2064 / 8)
+    unit = 7 * 306129 * 16
+    bundled = 3 * (4 * unit + 2 * 7 * 258)
+    # paper: the same 4 units, plus the log_softmax all-gather of Z, the sigma'(Z) all-gather and
+    # the dense SUMMA of dW (H along the row, A G along the column): 8 units; and the f x f
+    # result all-gathered on all 64 ranks, 63 ceil(129 * 128 / 64), instead of the all-reduce
+    paper = 3 * (8 * unit + 63 * 258)
+    got_b = _dense_words(cagnet_summa_schedule(n, widths, 8, 8, 1, nnz=nnz))
+    got_p = _dense_words(cagnet_summa_schedule(n, widths, 8, 8, 1, nnz=nnz, schedule="paper"))
+    assert got_b == bundled and got_p == paper
+    assert round(got_b / 1e8, 1) == 4.1  # the bundled trainers' 4.1e8
+    # CAGNET's own count, L (8 n f / sqrt(P)) = 9.4e8, counts every broadcast block in full;
+    # the collectives send (sqrt(P) - 1) / sqrt(P) of it
+    formula = 3 * 8 * 2449032 * 128 / 8
+    assert round(3 * 8 * n * 128 / 8 / 1e8, 1) == 9.4
+    assert got_p == pytest.approx(formula * 7 / 8 + 3 * 63 * 258, rel=1e-12)
+    # split-3D 4x4x4: q = 4, N' = 16 ceil(N / 16) = 2449040, rb = 612260, rf = 153065, d = 32.
+    # bundled, per layer: 6 units of (4 - 1) rf d (SUMMA and fibre reduce-scatter, all-gather of
+    # T forward; their backward counterparts) and the dW all-reduces over column and fibre
+    unit = 3 * 153065 * 32
+    bundled = 3 * (6 * unit + 2 * (2 * 3 * 1032))
+    # paper: CAGNET's 12 units (the partial 3D product's fibre all-gather forward and backward,
+    # log_softmax and sigma' all-gathers, the dense SUMMA of dW) and the f x f all-gather
+    paper = 3 * (12 * unit + 63 * 258)
+    got_b = _dense_words(cagnet_summa_schedule(n, widths, 4, 4, 4, nnz=nnz))
+    got_p = _dense_words(cagnet_summa_schedule(n, widths, 4, 4, 4, nnz=nnz, schedule="paper"))
+    assert got_b == bundled and got_p == paper
+    assert round(got_b / 1e8, 1) == 2.6 and round(3 * 12 * n * 128 / 16 / 1e8, 1) == 7.1
+    assert got_p == pytest.approx(3 * 12 * 2449040 * 128 / 16 * 3 / 4 + 3 * 63 * 258, rel=1e-12)
+
+
+def test_the_paper_schedule_is_an_option_of_the_summa_families():
+    w = workload_from_dataset("ogbn-products")
+    bundled = joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d", "cagnet-3d"))
+    paper = joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d", "cagnet-3d"), schedule="paper")
+    assert {r["schedule"] for r in bundled.records} == {"bundled"}
+    assert {r["schedule"] for r in paper.records} == {"paper"}
+    by = {(r["algorithm"], r["grid"]): r for r in bundled.records}
+    for rec in paper.records:
+        base = by[(rec["algorithm"], rec["grid"])]
+        assert rec["config"].endswith("paper schedule")
+        assert rec["comm_ms"] > base["comm_ms"]  # more collectives
+        assert rec["spmm_ms"] == base["spmm_ms"] and rec["gemm_ms"] == base["gemm_ms"]
+    with pytest.raises(UserError, match="schedule"):
+        joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-1d",), schedule="paper")
+    with pytest.raises(UserError, match="unknown CAGNET schedule"):
+        joint_ranking(w, "perlmutter", 64, algorithms=("cagnet-2d",), schedule="theirs")
+
+
+@pytest.mark.parametrize("name", ["perlmutter", "frontier", "h100-80gb-fitted"])
+def test_fixed_features_lower_every_family_and_stay_alike_at_one_gpu(name):
+    w = workload_from_dataset("ogbn-products")
+    one = joint_ranking(w, name, 1, fixed_features=True)
+    totals = {r["algorithm"]: r["total_ms"] for r in one.records}
+    assert max(totals.values()) <= 1.01 * min(totals.values()), totals
+    trained = {r["algorithm"]: r["total_ms"] for r in joint_ranking(w, name, 1).records}
+    assert all(totals[f] < trained[f] for f in totals)
+    for family in ("cagnet-1.5d", "cagnet-2d", "cagnet-3d", "supergcn"):
+        grid = family_of(family).configurations(16)[:1]
+        a = family_of(family).predict(w, name, grid)
+        b = family_of(family).predict(w, name, grid, options={"fixed_features": True})
+        assert b["spmm_ms"][0] < a["spmm_ms"][0] and b["gemm_ms"][0] < a["gemm_ms"][0]
+        assert b["comm_ms"][0] < a["comm_ms"][0] and b["memory_bytes"][0] < a["memory_bytes"][0]
+        assert b["memory_features_bytes"][0] == pytest.approx(a["memory_features_bytes"][0] / 4)
+
+
+def test_run_identity_carries_fixed_features_and_old_records_read_as_trainable():
+    from plexus_tune.measure.identity import prediction_settings, run_identity
+
+    old = {"graph_source": "rmat:nodes=64", "gx": 2, "gy": 1, "gz": 1, "algorithm": "cagnet-2d", "options": {}}
+    new = {**old, "options": {"fixed_features": True}}
+    assert run_identity(old).fixed_features is False and run_identity(new).fixed_features is True
+    assert run_identity(old) != run_identity(new)
+    assert prediction_settings(old)["fixed_features"] is False
+    assert prediction_settings(new)["fixed_features"] is True
+    paper = {**old, "options": {"schedule": "paper"}}
+    assert prediction_settings(paper)["options"] == {"schedule": "paper"}
+
+
+def test_measure_logs_and_predicts_fixed_features():
+    # measure's --fixed-features is a TrainConfig field: the run identity carries it and the
+    # prediction logged beside the run is predict's with fixed features
+    from plexus_tune.measure.campaign import campaign_config, config_settings
+    from plexus_tune.model.prediction import predict_run
+
+    spec = "rmat:nodes=256,edges=2048,features=8,classes=4,seed=1"
+    config = campaign_config(spec, (2, 1, 1), layers=2, hidden=8, epochs=3, warmup=1,
+                             options={"fixed_features": True, "algorithm": "cagnet-1d"})
+    settings = config_settings(config)
+    assert settings["fixed_features"] is True
+    w = Workload("g", 256, 2304, (8, 8, 4))
+    logged = predict_run(w, "perlmutter", (2, 1, 1), **settings)
+    own = FAMILIES["cagnet-1d"].predict(w, "perlmutter", [(2, 1, 1)], options={"fixed_features": True})
+    assert logged["total_ms"] == pytest.approx(float(own["total_ms"][0]))
+    assert logged["total_ms"] < predict_run(w, "perlmutter", (2, 1, 1), algorithm="cagnet-1d")["total_ms"]

@@ -8,18 +8,12 @@ import pytest
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.model.spmm import PaperSpmm, Roofline
 from plexus_tune.errors import UserError
-from plexus_tune.fit import (
-    SPMM_KINDS,
-    bus_bandwidth_gbps,
-    fit_collectives,
-    fit_epoch,
-    fit_gemm,
-    fit_spmm,
-    load_table,
-    regression_scores,
-    repeated_split_scores,
-    split_indices,
-)
+from plexus_tune.fit.collectives import bus_bandwidth_gbps, fit_collectives
+from plexus_tune.fit.epoch import fit_epoch
+from plexus_tune.fit.gemm import fit_gemm
+from plexus_tune.fit.scoring import regression_scores, repeated_split_scores, split_indices
+from plexus_tune.fit.spmm import fit_spmm, SPMM_KINDS
+from plexus_tune.fit.tables import load_table
 
 
 def _shapes(n, seed=0):
@@ -224,7 +218,7 @@ def test_load_table_names_file_lines(tmp_path):
 def test_collective_time_sharing_of_each_calibration_run():
     import pandas as pd
 
-    from plexus_tune.fit import collective_time_sharing
+    from plexus_tune.fit.collectives import collective_time_sharing
 
     df = pd.DataFrame({"world_size": [8, 4, 2, 2, None], "machine_info.cpu_count": [2, 2, 2, 8, 2],
                        "threads_per_rank": [None, None, 2, None, None]})
@@ -237,7 +231,7 @@ def test_collective_time_sharing_of_each_calibration_run():
 def test_boosted_trees_evaluate_as_scikit_learn_predicts():
     from sklearn.ensemble import HistGradientBoostingRegressor
 
-    from plexus_tune.fit import BOOSTING, exported_trees
+    from plexus_tune.fit.spmm_kinds import BOOSTING, exported_trees
 
     rng = np.random.default_rng(5)
     z = rng.normal(size=(300, 4))
@@ -347,7 +341,7 @@ def test_parallel_scoring_gives_the_same_scores(monkeypatch):
 
 
 def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
-    from plexus_tune.fit import profile_json_text
+    from plexus_tune.fit.profile import profile_json_text
 
     profile = {"name": "m", "spmm": {"leaf": [[0.5, -1.25], [2.0, 3.0]], "note": "see [1,\n 2]"}, "empty": [], "objs": [{"a": [1, 2]}]}
     text = profile_json_text(profile)
@@ -357,7 +351,7 @@ def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
 
 
 def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
-    from plexus_tune.fit import fit_profile
+    from plexus_tune.fit.profile import fit_profile
     from plexus_tune.model.machine import load_machine
 
     logs = Path(__file__).resolve().parents[1] / "measurements" / "cpu-gloo-2026-11-23"
@@ -393,7 +387,7 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
 
 
 def test_fit_profile_takes_tables_and_says_what_is_missing():
-    from plexus_tune.fit import fit_profile
+    from plexus_tune.fit.profile import fit_profile
 
     df = _shapes(40)
     df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols
@@ -413,7 +407,7 @@ def test_fit_profile_takes_tables_and_says_what_is_missing():
 
 
 def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest():
-    from plexus_tune.fit import fit_profile
+    from plexus_tune.fit.profile import fit_profile
 
     df = _shapes(40)
     df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols

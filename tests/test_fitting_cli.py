@@ -157,7 +157,7 @@ def test_fit_names_the_kinds_and_the_flag_of_a_missing_gemm_rate(tmp_path, capsy
 
 
 def test_bandwidth_table_is_kept_only_if_no_held_out_score_is_worse():
-    from plexus_tune.fit import no_worse as _no_worse
+    from plexus_tune.fit.collectives import no_worse as _no_worse
 
     formula = {"test_r2": 0.64, "test_mape": 40.8}
     assert not _no_worse({"test_r2": 0.10, "test_mape": 31.7}, formula)  # lower MAPE, far worse R^2

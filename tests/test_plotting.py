@@ -93,6 +93,8 @@ def test_pred_vs_obs_points_stats_and_marks(tmp_path):
     feas = frame[frame["pred_feasible"]]
     assert any(f"recommended {feas.loc[feas['pred_total_ms'].idxmin(), 'grid']}" == s for s in legend)
     assert any(f"observed best {frame.loc[frame['obs_epoch_ms'].idxmin(), 'grid']}" == s for s in legend)
+    assert (frame["obs_epoch_ms_std"] > 0).any()  # two trials a grid: error bars, and the legend says what they are
+    assert "bars: observed +- std over the trials" in legend
     check_files(plotting.save_figure(fig, tmp_path / "out", "pred-vs-obs_tiny_G8"))
 
 

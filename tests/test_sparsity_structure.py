@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from plexus_tune.fit.spmm_kinds import fit_kind
 from plexus_tune.errors import UserError
 from plexus_tune.graph import gcn_normalize, generate, permutations_for, permute_matrix
 from plexus_tune.graph.permute import grid_parts
@@ -116,7 +117,7 @@ def _synthetic_timings(n_rows: int, seed: int = 0):
 
 def test_structure_boosted_learns_cache_hits_and_round_trips():
     shapes, structure, y = _synthetic_timings(400)
-    model = StructureBoosted().fit(shapes, y, structure)
+    model = fit_kind("structure-boosted", shapes, y, structure)
     pred = model.predict(*shapes, structure)
     assert np.median(np.abs(pred / y - 1)) < 0.05
     # where few columns fit in cache, the same shapes with uniformly random columns are
@@ -138,7 +139,7 @@ def test_structure_boosted_learns_cache_hits_and_round_trips():
 
 def test_structure_boosted_rejects_bad_profiles():
     shapes, structure, y = _synthetic_timings(200)
-    data = StructureBoosted().fit(shapes, y, structure).to_dict()
+    data = fit_kind("structure-boosted", shapes, y, structure).to_dict()
     with pytest.raises(UserError, match="coefficients"):
         spmm_model_from_dict({**data, "coefficients": [-1.0] * len(data["coefficients"])})
     with pytest.raises(UserError, match="cache_bytes"):
@@ -200,7 +201,7 @@ def test_predict_graph_uses_the_largest_shards(run_cli, tmp_path):
     save_graph(g, path)
     shapes, structure, y = _synthetic_timings(200)
     profile = load_machine("h100-80gb-fitted").raw
-    profile = {**profile, "name": "structure-test", "spmm": StructureBoosted().fit(shapes, y, structure).to_dict()}
+    profile = {**profile, "name": "structure-test", "spmm": fit_kind("structure-boosted", shapes, y, structure).to_dict()}
     machine_path = tmp_path / "m.json"
     machine_path.write_text(json.dumps(profile))
     base = ["predict", "--graph", str(path), "--gpus", "4", "-m", str(machine_path), "--format", "json", "--top", "0"]

@@ -7,7 +7,8 @@ import pytest
 from plexus_tune.cli import main
 from plexus_tune.model.costs import predict_grids
 from plexus_tune.errors import UserError
-from plexus_tune.fit import EpochModel, apply_epoch_fit, scale_spmm_entry
+from plexus_tune.fit.epoch import EpochModel
+from plexus_tune.fit.profile import apply_epoch_fit, scale_spmm_entry
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import Machine
 from plexus_tune.model.spmm import predict_spmm_ms

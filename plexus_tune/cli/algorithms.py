@@ -25,7 +25,7 @@ from plexus_tune.model.breakdown import TOTAL_PARTS, labelled
 ALGORITHM_HELP = (f"algorithm family: {', '.join(family_names(None))}, or {ALL} (one ranking over every family, "
                   f"configuration and communication precision; default {DEFAULT_FAMILY}; docs/model.md, Planner)")
 #: The planner's family choices and their flags.
-CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation"}
+CHOICE_FLAGS = {"replication": "--replication", "aggregation": "--aggregation", "schedule": "--schedule"}
 #: Mark after a family whose partition-dependent figures are estimated (no graph given).
 ESTIMATE_MARK = "~"
 #: Columns of the ranking: total, then its parts.
@@ -38,6 +38,14 @@ def add_algorithm_argument(parser) -> None:
     parser.add_argument("--replication", metavar="C",
                         help=f"{', '.join(families_choosing('replication'))}: only the replication factor C "
                              "(C divides G, C*C <= G; 1 is cagnet-1d)")
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="the input features are not trained: no layer-0 feature gradient, backward SpMM "
+                             "and collectives, nor the features' optimizer state (default: trained, as the "
+                             "Plexus paper trains; docs/model.md, Fixed features)")
+    parser.add_argument("--schedule", metavar="NAME",
+                        help=f"{', '.join(families_choosing('schedule'))}: the communication schedule priced, "
+                             "bundled (the bundled trainers', default) or paper (CAGNET's own: log_softmax "
+                             "all-gathers, dense SUMMA for the weight gradient; docs/model.md, CAGNET schedules)")
     parser.add_argument("--aggregation", metavar="MODE",
                         help=f"{', '.join(families_choosing('aggregation'))}: only the aggregation mode pre, post "
                              "or hybrid (default: all three)")
@@ -218,7 +226,8 @@ def predict_families(args, workload, machine, gpus: int, algorithms, *, top: int
         except UserError as exc:
             raise UserError(f"{CHOICE_FLAGS[key]}: {exc}") from None
     ranking = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions, graph=graph,
-                            optimizer=optimizer, plexus_options=plexus_options, **filters)
+                            optimizer=optimizer, plexus_options=plexus_options,
+                            fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
     return print_ranking(ranking, workload, machine, top=top, fmt=getattr(args, "format", "table"),
                          graph_name=getattr(graph, "name", None))
 
@@ -246,7 +255,8 @@ def search_families(args, workload, machine, gpus_counts, algorithms, *, graph=N
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
     launcher = launcher_from_args(args, gpus_counts) if measured else None
     ranking = search_ranking(workload, machine, gpus_counts, objective=args.objective, algorithms=algorithms,
-                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0), **filters)
+                             precisions=precisions, graph=graph, seed=getattr(args, "seed", 0),
+                             fixed_features=bool(getattr(args, "fixed_features", False)), **filters)
     if not measured:
         return print_ranking(ranking, workload, machine, top=args.top, graph_name=getattr(graph, "name", None),
                              objective=args.objective)

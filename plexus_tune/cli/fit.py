@@ -1,13 +1,13 @@
 """``plexus-tune fit``: a machine profile from calibration logs and trainer runs.
 
-The work is :func:`plexus_tune.fit.fit_profile`; this module parses the arguments,
+The work is :func:`plexus_tune.fit.profile.fit_profile`; this module parses the arguments,
 shows progress on stderr, prints the scores and writes the profile.
 """
 
 from __future__ import annotations
 
 from plexus_tune.cli.options import count, real
-from plexus_tune import fit as fitting
+from plexus_tune.fit import profile as fitting
 from plexus_tune.errors import Interrupted, UserError
 from plexus_tune.model.machine import FIELDS
 from plexus_tune.model.other import check_optimizer

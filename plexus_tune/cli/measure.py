@@ -60,6 +60,9 @@ def register(subparsers) -> None:
                         help="random permutation of the adjacency for load balance: double (default; rows and columns), "
                              "single, none, or local (double kept in node order inside each block of the grid)")
     parser.add_argument("--block-rows", type=count(1), default=None, help="blocked aggregation: rows per SpMM block")
+    parser.add_argument("--fixed-features", action="store_true",
+                        help="train with the input features fixed (no layer-0 feature gradient); logged and "
+                             "predicted as such (docs/model.md, Fixed features)")
     add_comm_precision_argument(parser)
     parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S", help="stop a run after S seconds (logged as timeout)")
     parser.add_argument("--machine", default=None, help="profile for the predictions (name or JSON path)")
@@ -96,7 +99,7 @@ def run(args) -> int:
             raise UserError(f"--dp {family_options['dp']} does not divide --gpus {args.gpus}")
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
-               "aggregation": args.aggregation, **family_options}
+               "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
     settings = config_settings(campaign_config(graph, some_grid(options["algorithm"], args.gpus), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,

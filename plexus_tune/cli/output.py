@@ -66,7 +66,7 @@ def check_log(name: str, path, **kwargs):
 
 
 class ProgressReporter:
-    """``progress(stage, done, total)`` of a long step (e.g. :func:`plexus_tune.fit.fit_profile`), on stderr.
+    """``progress(stage, done, total)`` of a long step (e.g. :func:`plexus_tune.fit.profile.fit_profile`), on stderr.
 
     On a terminal: a rich progress bar per stage. Otherwise: one plain line when a stage
     ends and at most one every ``interval_s`` seconds while it runs.

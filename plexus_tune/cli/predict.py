@@ -123,6 +123,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-y", help="largest allowed Gy")
     parser.add_argument("--max-z", help="largest allowed Gz")
     parser.add_argument("--block-rows", help="blocked aggregation: rows per block of the aggregation all-reduce")
+    parser.add_argument("--overlap", action="store_true",
+                        help="with --block-rows: each block's all-reduce overlaps the next block's SpMM, as the "
+                             "trainer's --overlap (docs/model.md, Overlap)")
     parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
                         help="with --graph: the trainer's permutation of the graph (default double; a shard "
                         "directory keeps its own): each grid's largest shard and its structure are taken after it")
@@ -281,6 +284,8 @@ def run(args) -> int:
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
     workload = workload_from_args(args)  # last: --graph loads the graph
+    if args.overlap and not block_rows:
+        raise UserError("--overlap overlaps row blocks: give --block-rows too")
     if algorithms != (DEFAULT_FAMILY,):
         plexus_options = None
         if DEFAULT_FAMILY in algorithms:
@@ -311,6 +316,7 @@ def run(args) -> int:
     sparsity, permute = graph_shards(args, grids, workload)
     options = {"sparsity": sparsity} if sparsity is not None else None
     by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
+                                         overlap=bool(args.overlap), fixed_features=bool(args.fixed_features),
                                          optimizer=optimizer, options=options)
                     for p in precisions}
     best_of = {}

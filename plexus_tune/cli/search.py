@@ -149,7 +149,7 @@ def run(args) -> int:
                         f"'plexus-tune predict --algorithm {args.algorithm} --batch-size B[,B...]'")
     algorithms = selected_algorithms(args)
     name, workload, machine, graph, space = build_inputs(args)
-    if algorithms != (DEFAULT_FAMILY,):
+    if algorithms != (DEFAULT_FAMILY,) or getattr(args, "fixed_features", False):  # the exact planner
         return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
     if args.measured and graph is None:

@@ -12,16 +12,8 @@ from plexus_tune.errors import UserError
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, repeated_split_scores, upper_mape
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
 from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
-from plexus_tune.model.spmm import (  # noqa: F401  (re-exported)
-    BOOSTED_FEATURE_SET,
-    BOOSTING,
-    FIT_KINDS,
-    LEARNED_FEATURE_SET,
-    SPMM_MODELS,
-    SpmmKind,
-    complete_tree,
-    exported_trees,
-)
+from plexus_tune.fit.spmm_kinds import fit_kind
+from plexus_tune.model.spmm import FIT_KINDS, SPMM_MODELS, SpmmKind
 
 #: the kinds ``fit_spmm`` fits and scores, cheapest first (names as in profiles)
 SPMM_KINDS = FIT_KINDS
@@ -113,13 +105,6 @@ class SpmmModel:
 
 def _rows_of(structure: dict | None, idx) -> dict | None:
     return None if structure is None else {key: value[idx] for key, value in structure.items()}
-
-
-def fit_kind(cls: type[SpmmKind], shapes, y, structure: dict | None = None) -> SpmmKind:
-    """A kind fitted on shapes and times (and the operands' structure, for the kinds that use it)."""
-    if cls.uses_structure:
-        return cls().fit(shapes, y, structure)
-    return cls().fit(shapes, y)
 
 
 def _fitter(cls: type[SpmmKind], shapes: tuple[np.ndarray, ...], y: np.ndarray, structure: dict | None = None) -> Callable:

@@ -261,6 +261,7 @@ SCAN_MAX_CELLS = 1 << 22
 
 def _csr_parts(adjacency) -> tuple[np.ndarray, np.ndarray, int]:
     """(indptr, indices, N) of a square CSR matrix without copying memory-mapped arrays."""
+    import scipy.sparse as sp
     if getattr(adjacency, "format", None) != "csr":
         import scipy.sparse as sp
 

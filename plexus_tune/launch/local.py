@@ -19,6 +19,7 @@ own timeout, and a rank that never returns would hold its whole set.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -261,7 +262,28 @@ def _context(preload: Sequence[str]):
     ctx = mp.get_context("forkserver")
     wanted = list(dict.fromkeys(_PRELOAD + list(preload)))
     ctx.set_forkserver_preload(wanted)  # takes effect when the server first starts
+    if not _STOP_REGISTERED:
+        atexit.register(_stop_fork_server)
+        _STOP_REGISTERED.append(True)
     return ctx
+
+
+_STOP_REGISTERED: list = []
+
+
+def _stop_fork_server() -> None:
+    """Stop the fork server and the resource tracker as the command exits, and wait for them: left
+    alone they notice the closed pipe only later (2 s, more on a loaded host), outliving the
+    command (docs/cli.md, Ending a command)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for server in (forkserver._forkserver, resource_tracker._resource_tracker):  # the fork server, then its tracker
+        stop = getattr(server, "_stop", None)  # the standard library's own shutdown (3.9+)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ChildProcessError):
+                pass
 
 
 def default_threads_per_rank(world_size: int) -> int:

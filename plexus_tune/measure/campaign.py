@@ -146,8 +146,9 @@ def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings:
     for text in spec.split(","):
         grid = tuple(int(v) for v in parse_grid(text.strip()))
         if int(np.prod(grid)) != ranks:
-            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not {ranks}"
-                            + ("" if ranks == gpus else f" (the GPU count {gpus} over {gpus // ranks} data-parallel groups)"),
+            raise UserError(f"grid {text.strip()} has {int(np.prod(grid))} ranks, not "
+                            + (f"the GPU count {gpus}" if ranks == gpus
+                               else f"{ranks} (the GPU count {gpus} over {gpus // ranks} data-parallel groups)"),
                             parameter="grids")
         if grid not in grids:
             raise UserError(f"grid {text.strip()} is not a configuration of {algorithm} on {gpus} GPUs; "

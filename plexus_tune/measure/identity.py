@@ -58,6 +58,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("algorithm", ("algorithm",), DEFAULT_FAMILY, str),
     IdentityField("replication", ("options", "replication"), 0, int),
     IdentityField("aggregation", ("options", "aggregation"), "", str),
+    IdentityField("schedule", ("options", "schedule"), "", str),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
 )
@@ -127,6 +128,7 @@ def prediction_settings(record: Mapping) -> dict:
     if not isinstance(ident, RunIdentity):
         ident = run_identity(record)
     settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
+                "fixed_features": bool(getattr(ident, "fixed_features", False)),
                 "comm_precision": ident.comm_precision,
                 "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_FAMILY}
     family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted

@@ -147,7 +147,8 @@ def _check_block_rows(block_rows):
 
 
 def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
-                  comm_precision=None, optimizer=None, sparsity=None) -> dict[str, np.ndarray]:
+                  comm_precision=None, optimizer=None, sparsity=None, fixed_features: bool = False,
+                  overlap: bool = False) -> dict[str, np.ndarray]:
     """Predicted per-epoch breakdown (ms) and memory of every grid; keys :data:`PREDICTION_KEYS`.
 
     ``optimizer`` (a name of :data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default
@@ -158,6 +159,13 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     :func:`~plexus_tune.model.comm_precision.wire_message_bytes` instead of M, and
     ``quant_ms`` adds the codec time at the profile's ``quant`` rates
     (docs/comm-precision.md, "In the cost model").
+
+    ``fixed_features``: the input features are not trained: layer 0 computes no dH or dF
+    (no backward SpMM, its all-gather of W, all-reduce of dH and reduce-scatter of dF, a
+    third of its GEMM flops) and the features have no gradient or optimizer state.
+    ``overlap`` (with ``block_rows``): each forward row block's aggregation all-reduce runs
+    under the next block's SpMM, hiding (b - 1) min(SpMM, all-reduce) of a block per layer
+    from ``comm_ms`` (``overlap_hidden_ms``; docs/model.md, "Overlap").
 
     ``padded`` (default: the machine's ``padded_sizes``, normally True) chooses
     ceil(n / g) local sizes; False divides exactly, as the paper's model does
@@ -183,6 +191,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     comm_kind = {key[:-3]: zeros() for key in COMM_OP_KEYS}  # no broadcast or point-to-point on the 3D grid
     strides = [axis_stride(a, grids) for a in range(3)]
     gemm_flops = zeros()
+    overlap_hidden = zeros()
     spmm = zeros()
     spmm_bytes = zeros()
 
@@ -197,6 +206,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         comm_kind[op] += t
         if precision != "fp32":
             quant[:] += quant_time_ms(quant_profile, precision, op, g, message_bytes * 4.0 / u, messages)
+        return t
 
     for i, s in enumerate(shapes):
         o, inner, d = s.outer, s.inner, s.depth
@@ -209,16 +219,18 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         f_rows = s.features_gathered_rows if i == 0 else r_o
         if i == 0:
             add("all_gather", d, f_bytes, f_rows, "gather")
-        add("all_reduce", o, h_bytes, r_d, "aggregation", blocks)
+        aggregation_ms = add("all_reduce", o, h_bytes, r_d, "aggregation", blocks)
         add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
         add("all_reduce", inner, q_bytes, r_d, "combination")
-        # backward
+        # backward; with fixed features layer 0 computes dW only (no dH, dF, nor its SpMM)
+        feature_gradient = not (fixed_features and i == 0)
         add("reduce_scatter", d, w_bytes, s.w_gathered_rows, "gather")
-        add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
-        add("all_reduce", o, h_bytes, r_d, "aggregation")
-        add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes, f_rows, "gather")
+        if feature_gradient:
+            add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
+            add("all_reduce", o, h_bytes, r_d, "aggregation")
+            add("reduce_scatter" if i == 0 else "all_reduce", d, f_bytes, f_rows, "gather")
 
-        gemm_flops += 6.0 * r_d * c_i * c_o
+        gemm_flops += (6.0 if feature_gradient else 4.0) * r_d * c_i * c_o
 
         z = np.asarray(s.z, dtype=np.float64)
         forward = backward = None
@@ -226,9 +238,17 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
             z, forward, backward = sparsity.layer(i, s.g_d, s.g_o)
         ib = csr_index_bytes(z, r_d, r_o)
         spmm_bytes += spmm_traffic_bytes(z, r_d, r_o, c_i, u, ib, blocks)
-        spmm_bytes += spmm_traffic_bytes(z, r_o, r_d, c_i, u, ib)
-        spmm += blocks * predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i, forward)
-        spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i, backward, backward=True)
+        block_ms = predict_spmm_ms(machine.spmm, z / blocks, s.block_rows, r_o, c_i, forward)
+        spmm += blocks * block_ms
+        if feature_gradient:
+            spmm_bytes += spmm_traffic_bytes(z, r_o, r_d, c_i, u, ib)
+            spmm += predict_spmm_ms(machine.spmm, z, r_o, r_d, c_i, backward, backward=True)
+        if overlap:
+            # block k's all-reduce runs under block k+1's SpMM: (b - 1) min(SpMM, all-reduce) of a block hidden
+            hidden = (blocks - 1) * np.minimum(np.maximum(block_ms, 0.0), aggregation_ms / blocks)
+            overlap_hidden = overlap_hidden + hidden
+            comm_axis[o] -= hidden
+            comm_kind["all_reduce"] -= hidden
 
     clipped = spmm < 0
     bandwidth = machine.memory_bandwidth_gbps
@@ -237,9 +257,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     spmm = np.maximum(np.maximum(spmm, 0.0), floor)
     gemm = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
-                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer, fixed_features=fixed_features)
     comm = comm_axis[0] + comm_axis[1] + comm_axis[2]
-    mem = memory_breakdown(workload, grids, block_rows=block_rows)["total"]
+    mem = memory_breakdown(workload, grids, block_rows=block_rows, fixed_features=fixed_features)["total"]
     out = {
         "gx": grids[:, 0].copy(), "gy": grids[:, 1].copy(), "gz": grids[:, 2].copy(),
         "spmm_ms": np.asarray(spmm, dtype=np.float64), "spmm_floor_ms": floor, "gemm_ms": gemm, "comm_ms": comm,
@@ -263,6 +283,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     out["spmm_clipped"] = clipped
     out["spmm_floored"] = floored
     out["quant_estimated"] = (out["quant_ms"] > 0) & codec_estimated(machine, choice)
+    out["overlap_hidden_ms"] = overlap_hidden * stretch
     return out
 
 

@@ -32,10 +32,12 @@ from plexus_tune.model.grid import check_gpus, divisors, enumerate_grids, format
 from plexus_tune.model.machine import Machine, load_machine
 from plexus_tune.model.scalegnn import config_label as minibatch_label
 from plexus_tune.model.scalegnn import predict_configs as predict_minibatch
-from plexus_tune.model.volumes import check_replication
+from plexus_tune.model.volumes import check_replication, check_schedule
 
-#: Options every family's model takes (docs/model.md, "Algorithm families").
-COMMON_OPTIONS: tuple[str, ...] = ()
+#: Options every family's model takes (docs/model.md, "Algorithm families"): ``fixed_features``
+#: (the input features are not trained: no layer-0 feature gradient, its backward SpMM and
+#: collectives, nor the features' optimizer state).
+COMMON_OPTIONS: tuple[str, ...] = ("fixed_features",)
 
 
 def _grids(grids) -> np.ndarray:
@@ -179,7 +181,7 @@ class Family:
 class Plexus3d(Family):
     name = "plexus-3d"
     summary = "the Plexus 3D grid Gx x Gy x Gz"
-    options = ("sparsity",)  # the graph's shards (model.sparsity.GraphSparsity)
+    options = ("sparsity", "overlap")  # the graph's shards (model.sparsity.GraphSparsity); overlapped blocks
     trainer_entry = "plexus_tune.trainer.plexus3d:Plexus3dTrainer"
     takes_block_rows = True
     trainer_options = ("block_rows", "overlap", "layer_norm", "permute")
@@ -190,7 +192,8 @@ class Plexus3d(Family):
 
     def evaluate(self, workload, machine, grids, *, block_rows, choice, optimizer, options):
         return predict_grids(workload, machine, grids, block_rows=block_rows, comm_precision=choice,
-                             optimizer=optimizer, sparsity=options.get("sparsity"))
+                             optimizer=optimizer, sparsity=options.get("sparsity"),
+                             fixed_features=bool(options.get("fixed_features")), overlap=bool(options.get("overlap")))
 
 
 class Cagnet1d(Family):
@@ -215,7 +218,7 @@ class Cagnet1d(Family):
             if gy != 1 or gz != 1 or int(options.get("replication", 1)) != 1:
                 raise UserError(f"cagnet-1d runs on G x 1 x 1 with replication 1, not {format_grid((gx, gy, gz))}")
             out.append(cagnet_15d_config(workload, machine, int(gx), 1, choice, optimizer,
-                                         _block_pieces(options, int(gx))))
+                                         _block_pieces(options, int(gx)), bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -256,7 +259,7 @@ class Cagnet15d(Family):
                 raise UserError(f"cagnet-1.5d runs on (G/c) x c x 1 (c = replication), not {format_grid((gx, gy, gz))}"
                                 + (f" with replication {options['replication']}" if "replication" in options else ""))
             out.append(cagnet_15d_config(workload, machine, int(gx * gy), int(gy), choice, optimizer,
-                                         _block_pieces(options, int(gx))))
+                                         _block_pieces(options, int(gx)), bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -279,12 +282,33 @@ def _summa_pieces(options, pr, pc, pl):
 
 class _Summa(Family):
     """CAGNET's SUMMA families: ``options["graph"]`` (a graph, its adjacency or a
-    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces."""
+    :class:`plexus_tune.graph.partition.PiecePattern`) gives the A pieces; ``schedule``
+    is the bundled trainers' (default) or CAGNET's own as its paper counts it
+    (docs/model.md, "CAGNET schedules")."""
 
-    options = ("graph",)
+    options = ("graph", "schedule")
+    choices = ("schedule",)
+    identity_options = ("schedule",)
+    default_schedule = "bundled"
 
     def graph_options(self, context, gpus):
         return {"graph": context.pattern}
+
+    def variants(self, **fixed):
+        return [{"schedule": check_schedule(fixed.get("schedule") or self.default_schedule)}]
+
+    def check_choice(self, option, value, gpus):
+        if option != "schedule":
+            return super().check_choice(option, value, gpus)
+        return check_schedule(value)
+
+    def record_fields(self, grid, options=None):
+        return {"schedule": check_schedule((options or {}).get("schedule") or self.default_schedule)}
+
+    def label(self, grid, options=None):
+        text = format_grid(tuple(int(g) for g in grid)) if grid[2] > 1 else f"{int(grid[0])}x{int(grid[1])}"
+        paper = check_schedule((options or {}).get("schedule") or self.default_schedule) == "paper"
+        return text + (", paper schedule" if paper else "")
 
     def check_grid(self, gx, gy, gz) -> None:
         raise NotImplementedError
@@ -294,7 +318,9 @@ class _Summa(Family):
         for gx, gy, gz in grids:
             self.check_grid(gx, gy, gz)
             out.append(cagnet_summa_config(workload, machine, int(gx), int(gy), int(gz), choice,
-                                           _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer))
+                                           _summa_pieces(options, int(gx), int(gy), int(gz)), optimizer,
+                                           check_schedule(options.get("schedule") or self.default_schedule),
+                                           bool(options.get("fixed_features"))))
         return _stack(out)
 
 
@@ -310,9 +336,6 @@ class Cagnet2d(_Summa):
     def check_grid(self, gx, gy, gz):
         if gz != 1:
             raise UserError(f"cagnet-2d runs on Pr x Pc x 1, not {format_grid((gx, gy, gz))}")
-
-    def label(self, grid, options=None):
-        return f"{int(grid[0])}x{int(grid[1])}"
 
 
 class Cagnet3d(_Summa):
@@ -372,7 +395,8 @@ class SuperGcn(Family):
             if plan is None and options.get("graph") is not None:
                 graph = options["graph"]
                 plan = partition_exchange(getattr(graph, "adjacency", graph), int(gx), seed=int(options.get("seed", 0)))
-            out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer))
+            out.append(supergcn_config(workload, machine, int(gx), mode, choice, plan, optimizer,
+                                       bool(options.get("fixed_features"))))
         return _stack(out)
 
 

@@ -215,7 +215,7 @@ def _shapes(widths, rows, feature_rows, cols_of=lambda d: d):
 
 
 def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, shapes, memory, volume, estimated,
-            optimizer=None, choice=None):
+            optimizer=None, choice=None, fixed_features=False):
     u = workload.bytes_per_element
     bandwidth = machine.memory_bandwidth_gbps
     floor = floor_bytes / (bandwidth * 1e9) * 1e3 if bandwidth else 0.0
@@ -227,7 +227,7 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
     out["spmm_clipped"] = spmm_ms < 0
     out["gemm_ms"] = gemm_flops / (machine.gemm_tflops * 1e12) * 1e3
     other = other_ms(shapes, u, elementwise_gbps=machine.elementwise_gbps, optimizer_gbps=machine.optimizer_gbps,
-                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer)
+                     sync_us=machine.sync_us, optimizer=optimizer or machine.optimizer, fixed_features=fixed_features)
     for key in ("other_ms", *OTHER_PARTS):
         out[key] = float(other[key])
     gpus = int(np.prod(grid))
@@ -258,18 +258,20 @@ def _max_volume(calls, gpus):
     return float(per_rank.max()) if gpus else 0.0
 
 
-def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None, blocks=None) -> dict:
+def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecision, optimizer=None, blocks=None,
+                      fixed_features: bool = False) -> dict:
     """Prediction of CAGNET 1.5D (1D at c = 1) on (G/c) x c ranks. ``blocks``: (A, A^T) nonzeros
     of the r x r blocks of b = ceil(N / r) rows from a graph (:meth:`PiecePattern.pieces` (r, r));
     rank (i, j) multiplies the blocks (i, k) of its stages k in [j r / c, (j+1) r / c), and the
-    busiest rank's SpMM time is taken; else NNZ / r^2 per block."""
+    busiest rank's SpMM time is taken; else NNZ / r^2 per block. ``fixed_features``: layer 0
+    computes no feature gradient (:func:`feature_gradient_dropped`)."""
     c = check_replication(gpus, c)
     r = gpus // c
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     b = ceil_div(n, r)
     stage_sets = [range(j * r // c, (j + 1) * r // c) for j in range(c)]
     stages = max(len(k) for k in stage_sets)
-    calls = cagnet_15d_schedule(n, widths, gpus, c, u)
+    calls = feature_gradient_dropped(cagnet_15d_schedule(n, widths, gpus, c, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
     flops = act = 0.0
     if blocks is not None:
@@ -279,6 +281,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         floor_rank = np.zeros((r, c))
         for i in range(workload.layers):
             for backward, direction in zip((False, True), mine):
+                if backward and fixed_features and i == 0:
+                    continue  # no feature gradient
                 for j, z in enumerate(direction):
                     t, f = _pieces_spmm(machine, z, b, b, widths[i], u, backward=backward)
                     spmm_rank[:, j] += t
@@ -291,31 +295,31 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
         z_stage = nnz / (r * r)
         spmm = floor = 0.0
         for i in range(workload.layers):
-            for backward in (False, True):
+            for backward in (False, True) if not (fixed_features and i == 0) else (False,):
                 t, f = _spmm(machine, z_stage, b, b, widths[i], u, stages, backward)
                 spmm += t
                 floor += f
         z_rank = nnz * stages / (r * r)
     for i in range(workload.layers):
         d_in, d_out = widths[i], widths[i + 1]
-        flops += 6.0 * b * d_in * d_out
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * b * d_in * d_out
         act += (2.0 * b * d_in + 2.0 * b * d_out) * u
     params = _weights_elements(widths)
     ib = csr_index_bytes(z_rank, b, n)
     memory = {
         "adjacency": 2.0 * csr_bytes(z_rank, b * stages, u, ib, stages),
         "weights": 4.0 * params * u,
-        "features": 4.0 * b * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * b * widths[0] * u,
         "activations": act,
         "gathered": float(max(widths[:-1])) * b * u if r > 1 else 0.0,
         "labels": 8.0 * b,
     }
     return _finish(machine, workload, (r, c, 1), times, spmm, floor, flops, _shapes(widths, b, b), memory,
-                   _max_volume(calls, gpus), False, optimizer, choice)
+                   _max_volume(calls, gpus), False, optimizer, choice, fixed_features)
 
 
 def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: CommPrecision, pieces=None,
-                        optimizer=None) -> dict:
+                        optimizer=None, schedule: str = "bundled", fixed_features: bool = False) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
     piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`): the
     SpMM time is the busiest block row's sum over its q pieces; else NNZ spread evenly."""
@@ -323,7 +327,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     gpus = pr * pc * pl
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
     calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
-                                  at_pieces=at_pieces, nnz=nnz)
+                                  at_pieces=at_pieces, nnz=nnz, schedule=schedule)
+    calls = feature_gradient_dropped(calls, fixed_features)
     times = schedule_times(machine, calls, choice, u)
     sizes = summa_sizes(n, pr, pc, pl)
     q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
@@ -340,6 +345,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         floor_row = np.zeros((pl, pr))
         for i in range(workload.layers):
             for backward, z in ((False, a_pieces), (True, at_pieces)):
+                if backward and fixed_features and i == 0:
+                    continue  # no feature gradient
                 t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u,
                                     backward=backward)
                 per_row += t
@@ -350,25 +357,34 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         d_in = ceil_div(widths[i], pc)
         d_out = ceil_div(widths[i + 1], pc)
         if a_pieces is None:
-            for backward in (False, True):
+            for backward in (False, True) if not (fixed_features and i == 0) else (False,):
                 t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
                 spmm += t
                 floor += f
-        flops += 6.0 * rf * pc * d_in * d_out
+        flops += (4.0 if fixed_features and i == 0 else 6.0) * rf * pc * d_in * d_out
         act += (2.0 * rb * d_in * (pl > 1) + 2.0 * rf * pc * d_in + 2.0 * rf * d_out) * u
         gathered = max(gathered, piece * d_in * u + float(csr_bytes(z_piece, rb, u, 4)))
     params = _weights_elements(widths, lambda d: ceil_div(d, pc))
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z_rank, rb * (q // pc), u, csr_index_bytes(z_rank, rb, n), q // pc)),
         "weights": 4.0 * params * u,
-        "features": 4.0 * rf * ceil_div(widths[0], pc) * u,
+        "features": (1.0 if fixed_features else 4.0) * rf * ceil_div(widths[0], pc) * u,
         "activations": act,
         "gathered": gathered if gpus > 1 else 0.0,
         "labels": 8.0 * rf,
     }
     return _finish(machine, workload, (pr, pc, pl), times, spmm, floor, flops,
                    _shapes(widths, rf, rf, lambda d: ceil_div(d, pc)), memory,
-                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice)
+                   _max_volume(calls, gpus), a_pieces is None and pc > 1, optimizer, choice, fixed_features)
+
+
+def feature_gradient_dropped(calls, fixed_features: bool):
+    """``calls`` without what only the input features' gradient needs when they are fixed: layer 0's
+    backward communication other than its weight gradient (``gather`` class)."""
+    if not fixed_features:
+        return calls
+    return [c for c in calls if not (c.name.startswith("layer 0 ") and c.direction == "backward"
+                                     and c.comm_class != "gather")]
 
 
 def estimated_boundary_rows(nodes: int, nnz: int, parts: int) -> UniformExchange:
@@ -402,7 +418,8 @@ def _pieces_spmm(machine, nnz, rows, common, cols, u, used=None, *, backward=Fal
     return t.sum(axis=-1), f.sum(axis=-1)
 
 
-def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u) -> tuple[np.ndarray, np.ndarray]:
+def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u,
+                    fixed_features: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Per part, the SpMMs of the partitioned trainer over all layers (docs/model.md, SuperGCN):
     forward A_pp H_p, each pre-aggregation P_pq H_p (pre_rows x n_p) and each scatter of a
     received message (n_p x message rows); backward their transposes. (ms, floor bytes) arrays."""
@@ -418,6 +435,8 @@ def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u) -> tu
         d = widths[i]
         for backward, rows_pre, common_pre, rows_msg, common_msg in ((False, pre_r, n[:, None], n[:, None], msg_rows),
                                                                      (True, n[:, None], pre_r, msg_rows, n[:, None])):
+            if backward and fixed_features and i == 0:
+                continue  # no feature gradient
             t0, f0 = _pieces_spmm(machine, local[:, None], n[:, None], n[:, None], d, u, backward=backward)
             t1, f1 = _pieces_spmm(machine, pre_e, rows_pre, common_pre, d, u, pre_e > 0, backward=backward)
             t2, f2 = _pieces_spmm(machine, msg_nnz, rows_msg, common_msg, d, u, msg_rows > 0, backward=backward)
@@ -426,7 +445,8 @@ def _partition_spmm(machine, parts: dict, nodes_p, widths, layers: int, u) -> tu
     return total_t, total_f
 
 
-def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None) -> dict:
+def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecision, plan=None, optimizer=None,
+                    fixed_features: bool = False) -> dict:
     """Prediction of the partitioned GCN on G ranks, ``mode`` pre, post or hybrid; ``plan`` an
     :class:`plexus_tune.graph.partition.ExchangePlan` of G parts, else the estimate."""
     mode = check_aggregation(mode)
@@ -441,40 +461,44 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         rows = estimated_boundary_rows(n, nnz, gpus)
         nodes_p = np.full(gpus, float(ceil_div(n, gpus)))
         local_nnz = np.full(gpus, nnz / gpus)
-    calls = supergcn_schedule(widths, rows, u)
+    calls = feature_gradient_dropped(supergcn_schedule(widths, rows, u), fixed_features)
     times = schedule_times(machine, calls, choice, u)
     if isinstance(rows, UniformExchange):
         sent = recv = rows.sent()
     else:
         recv, sent = rows.sum(axis=0) - np.diag(rows), rows.sum(axis=1) - np.diag(rows)
     if plan is not None:
-        spmm_p, floor_p = _partition_spmm(machine, plan.spmm_parts(mode), nodes_p, widths, workload.layers, u)
+        spmm_p, floor_p = _partition_spmm(machine, plan.spmm_parts(mode), nodes_p, widths, workload.layers, u,
+                                          fixed_features)
     else:
         spmm_p = np.zeros(gpus)
         floor_p = np.zeros(gpus)
         ib = csr_index_bytes(local_nnz, nodes_p, nodes_p + recv)
         for i in range(workload.layers):
+            directions = (False,) if fixed_features and i == 0 else (False, True)  # forward A F, backward A^T dH
             t = sum(predict_spmm_ms(machine.spmm, local_nnz, nodes_p, nodes_p + recv, widths[i], backward=back)
-                    for back in (False, True))  # forward A F and backward A^T dH
+                    for back in directions)
             f = spmm_traffic_bytes(local_nnz, nodes_p, nodes_p + recv, widths[i], u, ib)
             spmm_p += t
-            floor_p += 2.0 * f
+            floor_p += len(directions) * f
     rate = (machine.memory_bandwidth_gbps or 0.0) * 1e9
     floor_ms = floor_p / rate * 1e3 if rate else np.zeros(gpus)
     busiest = int(np.argmax(np.maximum(spmm_p, floor_ms)))
     n_max = float(nodes_p.max())
-    flops = sum(6.0 * n_max * widths[i] * widths[i + 1] for i in range(workload.layers))
+    flops = sum((4.0 if fixed_features and i == 0 else 6.0) * n_max * widths[i] * widths[i + 1]
+                for i in range(workload.layers))
     params = _weights_elements(widths)
     z = float(local_nnz.max())
     halo = float((recv + sent).max())
     memory = {
         "adjacency": 2.0 * float(csr_bytes(z, n_max, u, csr_index_bytes(z, n_max, n))),
         "weights": 4.0 * params * u,
-        "features": 4.0 * n_max * widths[0] * u,
+        "features": (1.0 if fixed_features else 4.0) * n_max * widths[0] * u,
         "activations": sum((2.0 * n_max * widths[i] + 2.0 * n_max * widths[i + 1]) * u for i in range(workload.layers)),
         "gathered": halo * max(widths[:-1]) * u,
         "labels": 8.0 * n_max,
     }
     return _finish(machine, workload, (gpus, 1, 1), times, float(spmm_p[busiest]), float(floor_p[busiest]), flops,
-                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice)
+                   _shapes(widths, n_max, n_max), memory, _max_volume(calls, gpus), plan is None, optimizer, choice,
+                   fixed_features)
 

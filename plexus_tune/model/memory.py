@@ -40,7 +40,7 @@ from plexus_tune.model.shapes import csr_bytes, csr_index_bytes, layer_shapes
 
 
 def memory_breakdown(workload, grids, *, index_bytes: int | None = None, double_permutation: bool = True,
-                     block_rows=None) -> dict[str, np.ndarray]:
+                     block_rows=None, fixed_features: bool = False) -> dict[str, np.ndarray]:
     """Bytes per GPU by part (keys adjacency, weights, features, activations, gathered, labels, total).
 
     ``index_bytes`` overrides the trainer's index width (default: int32, int64 past
@@ -70,7 +70,8 @@ def memory_breakdown(workload, grids, *, index_bytes: int | None = None, double_
         split = s.g_d > 1
         gathered = np.maximum(gathered, np.where(split, s.w_gathered_rows * c_o, 0))
         if i == 0:
-            feature_elems = 4.0 * s.feature_rows * c_i
+            # value, gradient and two optimizer moments; the value alone when the features are fixed
+            feature_elems = (1.0 if fixed_features else 4.0) * s.feature_rows * c_i
             gathered = np.maximum(gathered, np.where(split, s.features_gathered_rows * c_i, 0))
         if i == len(shapes) - 1:
             labels = 8.0 * r_d

@@ -87,44 +87,48 @@ def trainer_optimizer(device_type: str) -> str:
     return TRAINER_OPTIMIZERS["cuda" if str(device_type).startswith("cuda") else "cpu"]
 
 
-def trainable_elements(shapes) -> np.ndarray:
-    """P per rank: input-feature rows f c_0 of layer 0, plus w c_o weights and c_o biases per layer."""
+def trainable_elements(shapes, fixed_features: bool = False) -> np.ndarray:
+    """P per rank: input-feature rows f c_0 of layer 0 (unless the features are fixed), plus w c_o
+    weights and c_o biases per layer."""
     total = 0.0
     for s in shapes:
         total = total + np.asarray(s.w_rows, dtype=np.float64) * s.c_o + np.asarray(s.c_o, dtype=np.float64)
-        if s.layer == 0:
+        if s.layer == 0 and not fixed_features:
             total = total + np.asarray(s.feature_rows, dtype=np.float64) * s.c_i
     return np.asarray(total, dtype=np.float64)
 
 
-def elementwise_bytes(shapes, u: float, passes: ElementwisePasses = TRAINER_PASSES) -> np.ndarray:
+def elementwise_bytes(shapes, u: float, passes: ElementwisePasses = TRAINER_PASSES,
+                      fixed_features: bool = False) -> np.ndarray:
     """Bytes of the elementwise passes of one epoch on one rank (module docstring)."""
     last = len(shapes) - 1
     total = 0.0
     for s in shapes:
         out = np.asarray(s.r_d, dtype=np.float64) * s.c_o
         total = total + (passes.last + passes.loss if s.layer == last else passes.hidden) * out
-    return u * (np.asarray(total, dtype=np.float64) + passes.gradient * trainable_elements(shapes))
+    return u * (np.asarray(total, dtype=np.float64) + passes.gradient * trainable_elements(shapes, fixed_features))
 
 
-def optimizer_bytes(shapes, u: float, optimizer: str) -> np.ndarray:
+def optimizer_bytes(shapes, u: float, optimizer: str, fixed_features: bool = False) -> np.ndarray:
     """Bytes one optimizer step moves on one rank: u P accesses."""
-    return u * OPTIMIZER_ACCESSES[check_optimizer(optimizer)] * trainable_elements(shapes)
+    return u * OPTIMIZER_ACCESSES[check_optimizer(optimizer)] * trainable_elements(shapes, fixed_features)
 
 
 def other_ms(shapes, u: float, *, elementwise_gbps, optimizer_gbps=None, sync_us: float = 0.0,
-             optimizer: str = "adamw-fused", passes: ElementwisePasses = TRAINER_PASSES) -> dict[str, np.ndarray]:
+             optimizer: str = "adamw-fused", passes: ElementwisePasses = TRAINER_PASSES,
+             fixed_features: bool = False) -> dict[str, np.ndarray]:
     """The parts of ``other_ms`` (:data:`OTHER_PARTS`) and their sum ``other_ms``, per grid.
 
     Without ``elementwise_gbps`` the elementwise and optimizer parts are 0 (not modelled);
-    ``optimizer_gbps`` defaults to ``elementwise_gbps``.
+    ``optimizer_gbps`` defaults to ``elementwise_gbps``; ``fixed_features``: the input
+    features are not trained (no gradient bookkeeping or optimizer step for them).
     """
-    elem = elementwise_bytes(shapes, u, passes)
+    elem = elementwise_bytes(shapes, u, passes, fixed_features)
     zeros = np.zeros_like(elem)
     if elementwise_gbps:
         elementwise = elem / (float(elementwise_gbps) * 1e9) * 1e3
         rate = float(optimizer_gbps or elementwise_gbps)
-        opt = optimizer_bytes(shapes, u, optimizer) / (rate * 1e9) * 1e3
+        opt = optimizer_bytes(shapes, u, optimizer, fixed_features) / (rate * 1e9) * 1e3
     else:
         elementwise, opt = zeros, zeros.copy()
     sync = zeros + SYNCS_PER_EPOCH * float(sync_us or 0.0) / 1e3

@@ -101,6 +101,7 @@ def _records(family, pred, precision, options) -> list[dict]:
 
 def joint_ranking(workload, machine, gpus: int, *, algorithms=None, precisions=("fp32",),
                   graph=None, seed: int = 0, replication: int | None = None, aggregation: str | None = None,
+                  schedule: str | None = None, fixed_features: bool = False,
                   optimizer: str | None = None, plexus_options=None, family_options=None) -> Ranking:
     """Every configuration of every family in ``algorithms`` (default all) at every precision, ranked.
 
@@ -108,16 +109,17 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=None, precisions=(
     partition-dependent figures (:meth:`plexus_tune.model.family.Family.graph_options`:
     SuperGCN's boundary rows from its METIS partition into G parts (``seed``), the 2D/3D
     sparse pieces); without it those families use the documented estimates and their
-    records say ``estimated``. ``replication`` and ``aggregation`` fix a family's choice
-    (cagnet-1.5d's c, supergcn's mode; :func:`check_choices`); ``optimizer`` the optimizer
+    records say ``estimated``. ``replication``, ``aggregation`` and ``schedule`` fix a family's
+    choice (cagnet-1.5d's c, supergcn's mode, the CAGNET SUMMA schedule; :func:`check_choices`); ``optimizer`` the optimizer
     step of ``other_ms`` (default the machine's); ``family_options`` maps a family name to
     further options of its model (``plexus_options``: those of the default family, e.g.
-    the graph's sparsity).
+    the graph's sparsity); ``fixed_features``: the input features are not trained.
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     gpus = check_gpus(gpus)
     algorithms = tuple(algorithms or family_names())
-    fixed = check_choices(gpus, algorithms, {"replication": replication, "aggregation": aggregation})
+    fixed = check_choices(gpus, algorithms, {"replication": replication, "aggregation": aggregation,
+                                             "schedule": schedule})
     precisions = tuple(str(parse_comm_precision(p)) for p in precisions)
     if not precisions:
         raise UserError("give at least one communication precision")
@@ -143,7 +145,8 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=None, precisions=(
         for precision in precisions:
             for variant in fam.variants(**mine):
                 pred = predict_run_grids(workload, machine, grids, comm_precision=precision, algorithm=name,
-                                         optimizer=optimizer, options={**variant, **base})
+                                         optimizer=optimizer, options={**variant, **base},
+                                         fixed_features=fixed_features)
                 records += _records(fam, pred, precision, variant)
     estimated = {rec["algorithm"] for rec in records if rec["estimated"]}
     order = sorted(range(len(records)), key=lambda i: (not records[i]["feasible"], records[i]["total_ms"]))

@@ -11,8 +11,8 @@ The family of a run is a :class:`plexus_tune.model.family.Family` of the registr
 ``predict`` returns arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`.
 
 ``overlap`` (the trainer's all-reduce of a row block overlapped with the next block's
-SpMM) is part of a run's identity; the model does not credit it, so its prediction is
-that of the same run without overlap (an upper bound on the overlapped run).
+SpMM) is credited by the families that have it (plexus-3d: docs/model.md, "Overlap");
+``fixed_features`` (input features not trained) by every family.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ PREDICTED_TIME_KEYS = (*BREAKDOWN_KEYS, "overhead_ms", "total_ms")
 
 def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None, overlap: bool = False,
                       comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
-                      optimizer: str | None = None, options: Mapping | None = None) -> dict[str, np.ndarray]:
+                      optimizer: str | None = None, options: Mapping | None = None,
+                      fixed_features: bool = False) -> dict[str, np.ndarray]:
     """The predictions of runs that differ only in their grid: the family's model at the run's settings.
 
     Arrays with the keys of :data:`plexus_tune.model.costs.PREDICTION_KEYS`, one entry per
@@ -49,17 +50,21 @@ def predict_run_grids(workload, machine, grids, *, block_rows: int | None = None
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
-    del overlap  # part of the identity; not credited by the model (module docstring)
+    options = dict(options or {})
+    if overlap:
+        options["overlap"] = True  # a family without overlap refuses it
+    if fixed_features:
+        options["fixed_features"] = True
     family = family_of(algorithm)
     if np.ndim(grids) == 0:  # a GPU count: every configuration of it
         grids = family.configurations(int(grids))
     return family.predict(workload, machine, grids, block_rows=int(block_rows) if block_rows else None,
-                                        comm_precision=choice, optimizer=optimizer, options=dict(options or {}))
+                                        comm_precision=choice, optimizer=optimizer, options=options)
 
 
 def predict_run(workload, machine, grid, *, block_rows: int | None = None, overlap: bool = False,
                 comm_precision: str | CommPrecision | None = "fp32", algorithm: str | None = DEFAULT_ALGORITHM,
-                optimizer: str | None = None, options: Mapping | None = None) -> dict:
+                optimizer: str | None = None, options: Mapping | None = None, fixed_features: bool = False) -> dict:
     """The prediction of one run, plain Python values (JSON-ready).
 
     Keys: :data:`PREDICTED_TIME_KEYS` (floats, ms per epoch; the parts in
@@ -70,12 +75,13 @@ def predict_run(workload, machine, grid, *, block_rows: int | None = None, overl
     :func:`plexus_tune.model.comm_precision.parse_comm_precision`; ``optimizer`` names the
     optimizer step (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; default the
     machine's); ``options`` are the family's own settings (none for Plexus 3D).
-    ``overlap`` does not change the prediction (module docstring).
+    ``overlap`` and ``fixed_features`` as in the module docstring.
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     grids = np.asarray([tuple(int(g) for g in grid)], dtype=np.int64)
     pred = predict_run_grids(workload, machine, grids, block_rows=block_rows, overlap=overlap,
-                             comm_precision=comm_precision, algorithm=algorithm, optimizer=optimizer, options=options)
+                             comm_precision=comm_precision, algorithm=algorithm, optimizer=optimizer, options=options,
+                             fixed_features=fixed_features)
     return prediction_of(pred, 0, machine=machine.name, algorithm=algorithm or DEFAULT_ALGORITHM)
 
 

@@ -2,12 +2,12 @@
 
 One SpMM multiplies a sparse ``rows x common`` matrix holding ``nnz`` nonzeros by a
 dense ``common x dense_cols`` matrix (``dense_cols`` is written k below). Every kind is
-a class with ``fit(shapes, time_ms)``, ``predict(nnz, rows, common, dense_cols)`` (ms),
-``to_dict()``/``from_dict()`` (the ``spmm`` entry of a machine profile), ``describe()``,
-``scaled(s)`` and ``n_parameters``; :data:`SPMM_MODELS` registers each under the one
-name that both ``plexus-tune fit --kind`` and a profile's ``spmm.kind`` use. Adding a
-kind is one class and one registry entry. Fitting imports scipy or scikit-learn when it
-runs; prediction never does. Formulas: docs/model.md (SpMM kinds).
+a class with ``predict(nnz, rows, common, dense_cols)`` (ms), ``to_dict()``/``from_dict()``
+(the ``spmm`` entry of a machine profile: the coefficients its estimator exported),
+``describe()``, ``scaled(s)`` and ``n_parameters``; :data:`SPMM_MODELS` registers each
+under the one name that both ``plexus-tune fit --kind`` and a profile's ``spmm.kind`` use.
+The estimators (scipy, scikit-learn) are in :mod:`plexus_tune.fit.spmm_kinds`, one per
+fitted kind; this module needs numpy only. Formulas: docs/model.md (SpMM kinds).
 
 Kinds:
 
@@ -84,7 +84,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.model.solvers import nnls_relative, ridge_loo
 from plexus_tune.model.sparsity import SHARE_POINTS, share_at, uniform_structure
 
 #: Roofline terms: name -> (description, function of (nnz, rows, common, k, s)).
@@ -106,16 +105,13 @@ LEARNED_FEATURES = {"log-shape-polynomial": 4, "log-shape-lines-polynomial": 5, 
 LEARNED_FEATURE_SET = "log-shape-lines-polynomial"
 #: The feature set that the trees of ``learned-boosted`` split on.
 BOOSTED_FEATURE_SET = "log-shape-footprints"
-#: Polynomial degrees the learned kinds choose from by leave-one-out error.
-LEARNED_DEGREES = (2, 3, 4)
-#: Gradient boosting of ``learned-boosted`` (scikit-learn HistGradientBoostingRegressor):
-#: 150 trees of depth 5, shrinkage 0.1, at least 5 rows per leaf, no early stopping.
-BOOSTING = {"max_iter": 150, "max_depth": 5, "learning_rate": 0.1, "min_samples_leaf": 5, "max_leaf_nodes": None,
-            "early_stopping": False, "random_state": 0}
+#: The lowest polynomial degree a fit of the learned kinds tries (it sets their parameter count;
+#: the estimators are in :mod:`plexus_tune.fit.spmm_kinds`).
+LEARNED_MIN_DEGREE = 2
 #: Threshold of a padding node of a complete tree (above any log shape): always go left.
 TREE_PAD = 1e30
 #: Floor of a base model's time before its log is taken (ms).
-_TINY_MS = 1e-12
+TINY_MS = 1e-12
 
 
 # --------------------------------------------------------------------------- features
@@ -269,8 +265,8 @@ def _floats(data: Mapping, key: str, kind: str) -> np.ndarray:
     return values
 
 
-def _base_log_ms(base: "SpmmKind", shapes) -> np.ndarray:
-    return np.log(np.maximum(base.predict(*shapes), _TINY_MS))
+def base_log_ms(base: "SpmmKind", shapes) -> np.ndarray:
+    return np.log(np.maximum(base.predict(*shapes), TINY_MS))
 
 
 # --------------------------------------------------------------------------- kinds
@@ -290,14 +286,13 @@ class SpmmKind:
     n_parameters: int = 0
     #: whether the kind is fitted from SpMM timings (``paper`` keeps the paper's coefficients)
     fittable: bool = True
+    #: what to fit instead, for a kind that is not fitted ("; ..." appended to the refusal)
+    not_fitted_hint: str = ""
     #: whether fit and predict read the operands' sparsity structure (``structure=``);
     #: the other kinds ignore it
     uses_structure: bool = False
     #: whether predict tells a forward A F from a backward A^T dH (``backward=``; ``paper``)
     directional: bool = False
-
-    def fit(self, shapes, time_ms) -> "SpmmKind":
-        raise NotImplementedError
 
     def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         raise NotImplementedError
@@ -325,7 +320,7 @@ class SpmmKind:
 
     def _check_fitted(self, attribute: str) -> None:
         if getattr(self, attribute, None) is None:
-            raise ValueError(f"this {self.name} SpMM model is not fitted: call fit() or build it with from_dict()")
+            raise ValueError(f"this {self.name} SpMM model is not fitted: fit it (plexus_tune.fit.spmm_kinds.fit_kind) or build it with from_dict()")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe() if self._is_fitted() else 'not fitted'}>"
@@ -338,14 +333,6 @@ class SpmmKind:
         return True
 
 
-def _fit_arrays(shapes, time_ms) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    shapes = tuple(np.asarray(a, dtype=np.float64) for a in shapes)
-    y = np.asarray(time_ms, dtype=np.float64)
-    if len(shapes) != 4 or any(a.shape != y.shape for a in shapes) or y.ndim != 1:
-        raise ValueError("fit takes shapes = (nnz, rows, common, dense_cols), four arrays as long as time_ms")
-    return shapes, y
-
-
 class PaperSpmm(SpmmKind):
     """t = c0 sqrt(f) + c1 sqrt(f) common / k + c2 sqrt(f) rows / k with f = nnz k (least squares)."""
 
@@ -354,12 +341,6 @@ class PaperSpmm(SpmmKind):
 
     def __init__(self, c0: float | None = None, c1: float | None = None, c2: float | None = None):
         self.c0, self.c1, self.c2 = c0, c1, c2
-
-    def fit(self, shapes, time_ms) -> "PaperSpmm":
-        shapes, y = _fit_arrays(shapes, time_ms)
-        coef, *_ = np.linalg.lstsq(paper_terms(*shapes), y, rcond=None)
-        self.c0, self.c1, self.c2 = (float(c) for c in coef)
-        return self
 
     def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("c0")
@@ -398,11 +379,8 @@ class Paper(PaperSpmm):
 
     name = "paper"
     fittable = False
+    not_fitted_hint = "; it is the paper's per-layer form: fit its per-SpMM form, kind 'paper-spmm'"
     directional = True
-
-    def fit(self, shapes, time_ms) -> "Paper":
-        raise UserError("SpMM kind 'paper' is the paper's per-layer form and is not fitted from SpMM timings; "
-                        "fit its per-SpMM form, kind 'paper-spmm'")
 
     def predict(self, nnz, rows, common, dense_cols, structure=None, backward=False) -> np.ndarray:
         self._check_fitted("c0")
@@ -420,12 +398,6 @@ class Roofline(SpmmKind):
     def __init__(self, coefficients: Mapping | None = None, bytes_per_element: float = 4):
         self.coefficients = None if coefficients is None else {k: float(v) for k, v in coefficients.items()}
         self.bytes_per_element = bytes_per_element
-
-    def fit(self, shapes, time_ms) -> "Roofline":
-        shapes, y = _fit_arrays(shapes, time_ms)
-        w = nnls_relative(roofline_terms(*shapes, self.bytes_per_element), y)
-        self.coefficients = {name: float(v) for name, v in zip(ROOFLINE_TERMS, w)}
-        return self
 
     def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("coefficients")
@@ -460,35 +432,16 @@ class Learned(SpmmKind):
     """log t = intercept + ((phi(z) - mean) / scale) @ coef: ridge on monomials of the log shapes z."""
 
     name = "learned"
-    n_parameters = len(monomial_exponents(LEARNED_FEATURES[LEARNED_FEATURE_SET], LEARNED_DEGREES[0])) + 1
+    n_parameters = len(monomial_exponents(LEARNED_FEATURES[LEARNED_FEATURE_SET], LEARNED_MIN_DEGREE)) + 1
     #: the fitted keys of the dict besides kind, features and base
     _KEYS = ("degree", "exponents", "mean", "scale", "coef", "intercept", "ridge_alpha", "z_min", "z_max")
 
-    def __init__(self, features: str = LEARNED_FEATURE_SET, degrees=LEARNED_DEGREES):
+    def __init__(self, features: str = LEARNED_FEATURE_SET):
         if features not in LEARNED_FEATURES:
             raise UserError(f"unknown learned SpMM feature set {features!r}; known: {', '.join(LEARNED_FEATURES)}")
         self.features = features
-        self.degrees = tuple(degrees)
         self.exponents = None
         self.degree = self.ridge_alpha = self.z_min = self.z_max = None
-
-    # the correction in log time, shared with learned-roofline
-    def _fit_log(self, shapes, target: np.ndarray) -> None:
-        z = learned_features(self.features, *shapes)
-        best = None
-        # the lowest degree always; a higher one only with at least 3 rows per monomial
-        for deg in self.degrees:
-            exponents = monomial_exponents(z.shape[1], deg)
-            if deg > self.degrees[0] and len(target) < 3 * len(exponents):
-                continue
-            r = ridge_loo(polynomial_features(z, exponents), target)
-            if best is None or r["loo_mse"] < best[0]["loo_mse"]:
-                best = (r, deg, exponents)
-        r, deg, exponents = best
-        self.degree, self.exponents = deg, exponents
-        self.mean, self.scale, self.coef = r["mean"], r["scale"], r["coef"]
-        self.intercept, self.ridge_alpha = float(r["intercept"]), float(r["alpha"])
-        self.z_min, self.z_max = z.min(axis=0), z.max(axis=0)
 
     def _log_correction(self, nnz, rows, common, dense_cols) -> np.ndarray:
         self._check_fitted("exponents")
@@ -496,11 +449,6 @@ class Learned(SpmmKind):
         if self.z_min is not None and self.z_max is not None:
             z = np.clip(z, self.z_min, self.z_max)
         return self.intercept + ((polynomial_features(z, self.exponents) - self.mean) / self.scale) @ self.coef
-
-    def fit(self, shapes, time_ms) -> "Learned":
-        shapes, y = _fit_arrays(shapes, time_ms)
-        self._fit_log(shapes, np.log(y))
-        return self
 
     def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         return np.exp(self._log_correction(nnz, rows, common, dense_cols))
@@ -557,20 +505,14 @@ class LearnedRoofline(Learned):
     name = "learned-roofline"
     n_parameters = Learned.n_parameters + Roofline.n_parameters
 
-    def __init__(self, features: str = LEARNED_FEATURE_SET, degrees=LEARNED_DEGREES):
-        super().__init__(features, degrees)
+    def __init__(self, features: str = LEARNED_FEATURE_SET):
+        super().__init__(features)
         self.base: Roofline | None = None
-
-    def fit(self, shapes, time_ms) -> "LearnedRoofline":
-        shapes, y = _fit_arrays(shapes, time_ms)
-        self.base = Roofline().fit(shapes, y)
-        self._fit_log(shapes, np.log(y) - _base_log_ms(self.base, shapes))
-        return self
 
     def predict(self, nnz, rows, common, dense_cols, structure=None) -> np.ndarray:
         self._check_fitted("base")
         log_t = self._log_correction(nnz, rows, common, dense_cols)
-        return np.exp(log_t + _base_log_ms(self.base, (nnz, rows, common, dense_cols)))
+        return np.exp(log_t + base_log_ms(self.base, (nnz, rows, common, dense_cols)))
 
     def to_dict(self) -> dict:
         self._check_fitted("base")
@@ -598,33 +540,13 @@ class LearnedBoosted(SpmmKind):
     # trees need many more rows than a polynomial's parameters: 100 (150 rows) at least
     n_parameters = 100
 
-    def __init__(self, features: str = BOOSTED_FEATURE_SET, boosting: Mapping | None = None):
+    def __init__(self, features: str = BOOSTED_FEATURE_SET):
         if features not in LEARNED_FEATURES:
             raise UserError(f"unknown learned SpMM feature set {features!r}; known: {', '.join(LEARNED_FEATURES)}")
         self.features = features
-        self.boosting = dict(BOOSTING if boosting is None else boosting)
         self.base: SpmmKind | None = None
         self.depth = self.learning_rate = self.init = None
         self.feature = self.threshold = self.leaf = None
-
-    def fit(self, shapes, time_ms) -> "LearnedBoosted":
-        import sklearn
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
-        shapes, y = _fit_arrays(shapes, time_ms)
-        self.base = LearnedRoofline().fit(shapes, y)
-        z = learned_features(self.features, *shapes)
-        residual = np.log(y) - _base_log_ms(self.base, shapes)
-        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
-            raise ValueError("boosted trees need finite features and log times")
-        # the inputs are checked above: skip scikit-learn's own checks
-        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            hgb = HistGradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
-        self.depth = int(self.boosting["max_depth"])
-        self.learning_rate = float(self.boosting["learning_rate"])
-        self.init, trees = exported_trees(hgb, self.depth)
-        self.feature, self.threshold, self.leaf = (np.array(part, dtype=dtype) for part, dtype in zip(trees, (np.int64, np.float64, np.float64)))
-        return self
 
     def _trees(self) -> dict:
         return {"depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
@@ -707,67 +629,8 @@ def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
     return init + rate * leaf[tree, node - internal].sum(axis=1)
 
 
-def exported_trees(hgb, depth: int) -> tuple[float, tuple[list, list, list]]:
-    """(init, (features, thresholds, leaves)) of a fitted HistGradientBoostingRegressor.
-
-    Each tree is laid out complete in heap order by :func:`complete_tree`; its leaves are
-    divided by the learning rate, so that init + learning_rate * sum(leaves) is the
-    regressor's own prediction. The trees come from scikit-learn's fitted predictors
-    (``_predictors``, ``_baseline_prediction``): a scikit-learn without them is refused.
-    """
-    try:
-        predictors, baseline = hgb._predictors, hgb._baseline_prediction
-    except AttributeError:  # pragma: no cover - a scikit-learn that stores its trees elsewhere
-        raise UserError("this scikit-learn does not expose the trees of HistGradientBoostingRegressor; "
-                        "install a scikit-learn between 1.3 and 1.9") from None
-    rate = float(hgb.learning_rate)
-    trees = [complete_tree(stage[0].nodes, depth, rate) for stage in predictors]
-    return float(np.ravel(baseline)[0]), tuple([t[k] for t in trees] for k in range(3))
-
-
-def complete_tree(nodes, depth: int, learning_rate: float) -> tuple[list, list, list]:
-    """(feature, threshold, leaf / learning_rate) of one HistGradientBoosting tree, complete in heap order.
-
-    ``nodes`` is the tree's node array (fields ``is_leaf``, ``left``, ``right``,
-    ``feature_idx``, ``num_threshold``, ``value``). Internal heap node i has children
-    2i + 1 (z <= threshold) and 2i + 2; a leaf reached above ``depth`` becomes padding
-    nodes (feature 0, threshold TREE_PAD: always left) over copies of its value.
-    Thresholds are kept exactly (scikit-learn compares float64 values), leaves to 7
-    significant digits.
-    """
-    internal = 2**depth - 1
-    feature = [0] * internal
-    threshold = [TREE_PAD] * internal
-    leaf = [0.0] * (internal + 1)
-    # plain lists once: indexing a structured array field by field is slow
-    is_leaf, left, right = nodes["is_leaf"].tolist(), nodes["left"].tolist(), nodes["right"].tolist()
-    split_on, split_at, value = nodes["feature_idx"].tolist(), nodes["num_threshold"].tolist(), nodes["value"].tolist()
-
-    def place(node: int, i: int, level: int) -> None:
-        if level == depth:
-            if not is_leaf[node]:
-                raise ValueError(f"tree deeper than {depth}")
-            leaf[i - internal] = float(f"{value[node] / learning_rate:.7g}")
-            return
-        if is_leaf[node]:
-            place(node, 2 * i + 1, level + 1)
-            place(node, 2 * i + 2, level + 1)
-            return
-        feature[i] = int(split_on[node])
-        threshold[i] = float(split_at[node])
-        place(left[node], 2 * i + 1, level + 1)
-        place(right[node], 2 * i + 2, level + 1)
-
-    place(0, 0, 0)
-    return feature, threshold, leaf
-
-
 # --------------------------------------------------------------------------- structure-boosted
 
-#: Gradient boosting of ``structure-boosted``: as :data:`BOOSTING` with trees of depth 4.
-STRUCTURE_BOOSTING = {**BOOSTING, "max_depth": 4}
-#: Cache sizes (bytes) the ``structure-boosted`` kind chooses from (by its base's fit error).
-CACHE_BYTES_CANDIDATES = tuple(2**20 * m for m in (8, 16, 32, 64, 128))
 #: Granule of a gathered dense row: rows are read in 32-byte sectors.
 SECTOR_BYTES = 32
 #: Terms of the ``structure-boosted`` base, each once for k = 1 and once for k > 1.
@@ -840,7 +703,7 @@ class StructureBoosted(SpmmKind):
     so that outside the measured shapes only the base scales. ``predict`` takes
     ``structure`` (the arrays of :mod:`plexus_tune.model.sparsity`; None: uniformly
     random nonzeros). Fitting chooses ``cache_bytes`` from
-    :data:`CACHE_BYTES_CANDIDATES` by the base's relative error. docs/model.md
+    :data:`plexus_tune.fit.spmm_kinds.CACHE_BYTES_CANDIDATES` by the base's relative error. docs/model.md
     (SpMM kinds, structure-boosted).
     """
 
@@ -848,39 +711,12 @@ class StructureBoosted(SpmmKind):
     n_parameters = 100
     uses_structure = True
 
-    def __init__(self, boosting: Mapping | None = None, bytes_per_element: float = 4):
-        self.boosting = dict(STRUCTURE_BOOSTING if boosting is None else boosting)
+    def __init__(self, bytes_per_element: float = 4):
         self.bytes_per_element = bytes_per_element
         self.coefficients = self.cache_bytes = None
         self.z_min = self.z_max = None
         self.depth = self.learning_rate = self.init = None
         self.feature = self.threshold = self.leaf = None
-
-    def fit(self, shapes, time_ms, structure=None) -> "StructureBoosted":
-        import sklearn
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
-        shapes, y = _fit_arrays(shapes, time_ms)
-        best = None
-        for cache in CACHE_BYTES_CANDIDATES:
-            terms, z = structure_features(*shapes, structure, cache_bytes=cache, bytes_per_element=self.bytes_per_element)
-            w = nnls_relative(terms, y)
-            err = float(np.mean(((terms @ w) / y - 1.0) ** 2))
-            if best is None or err < best[0]:
-                best = (err, cache, w, terms, z)
-        _, self.cache_bytes, w, terms, z = best
-        self.coefficients = w
-        residual = np.log(y) - np.log(np.maximum(terms @ w, _TINY_MS))
-        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
-            raise ValueError("boosted trees need finite features and log times")
-        self.z_min, self.z_max = z.min(axis=0), z.max(axis=0)
-        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            hgb = HistGradientBoostingRegressor(loss="squared_error", **self.boosting).fit(z, residual)
-        self.depth = int(self.boosting["max_depth"])
-        self.learning_rate = float(self.boosting["learning_rate"])
-        self.init, trees = exported_trees(hgb, self.depth)
-        self.feature, self.threshold, self.leaf = (np.array(part, dtype=dtype) for part, dtype in zip(trees, (np.int64, np.float64, np.float64)))
-        return self
 
     def _trees(self) -> dict:
         return {"depth": self.depth, "learning_rate": self.learning_rate, "init": self.init,
@@ -897,7 +733,7 @@ class StructureBoosted(SpmmKind):
         self._check_fitted("coefficients")
         terms, z = structure_features(nnz, rows, common, dense_cols, structure, cache_bytes=self.cache_bytes,
                                       bytes_per_element=self.bytes_per_element)
-        base = np.maximum(terms @ np.asarray(self.coefficients, dtype=np.float64), _TINY_MS)
+        base = np.maximum(terms @ np.asarray(self.coefficients, dtype=np.float64), TINY_MS)
         flat = np.clip(z.reshape(-1, z.shape[-1]), self.z_min, self.z_max)
         correction = boosted_correction(self._trees(), flat).reshape(z.shape[:-1])
         return base * np.exp(correction)

@@ -247,9 +247,64 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
     return calls
 
 
+#: CAGNET schedules: the bundled trainers' and CAGNET's own as its paper counts it.
+CAGNET_SCHEDULES = ("bundled", "paper")
+
+
+def check_schedule(schedule) -> str:
+    """``schedule`` if it is one of :data:`CAGNET_SCHEDULES`, else UserError."""
+    text = str(schedule if schedule is not None else "bundled").strip().lower()
+    if text not in CAGNET_SCHEDULES:
+        raise UserError(f"unknown CAGNET schedule {schedule!r}; choose one of {', '.join(CAGNET_SCHEDULES)}")
+    return text
+
+
+def _paper_extra_calls(layer, direction, gpus, pr, pc, pl, rf, d_in, d_out, widths, u) -> list[CommCall]:
+    """What CAGNET's own schedule adds to the bundled one for one layer and direction
+    (docs/model.md, "CAGNET schedules"): the log_softmax all-gather of Z (forward) and of
+    sigma'(Z) (backward) over the process row, the second half of the partial dense
+    product over the fibre (3D), and the weight gradient as a dense SUMMA of H and A G
+    (a broadcast of each block along its row and its column) whose f x f result is
+    all-gathered on all ranks (it replaces the bundled all-reduce of dW)."""
+    full = lambda value: np.full(gpus, float(value), dtype=np.float64)  # noqa: E731
+    calls = []
+    if direction == "forward":
+        if pc > 1:
+            calls.append(CommCall(f"layer {layer} all-gather Z over the row (log_softmax)", "all_gather", "combination",
+                                  direction, 1, pc, 1, pc * rf * d_out * u, pc * rf, 1, full((pc - 1) * rf * d_out * u)))
+        if pl > 1:
+            calls.append(CommCall(f"layer {layer} all-gather T over the fibre (partial 3D product)", "all_gather",
+                                  "combination", direction, 2, pl, pr * pc, pl * rf * d_in * u, pl * rf, 1,
+                                  full((pl - 1) * rf * d_in * u)))
+        return calls
+    if pc > 1:
+        calls.append(CommCall(f"layer {layer} all-gather sigma'(Z) over the row", "all_gather", "combination",
+                              direction, 1, pc, 1, pc * rf * d_in * u, pc * rf, 1, full((pc - 1) * rf * d_in * u)))
+    if pl > 1:
+        calls.append(CommCall(f"layer {layer} all-gather dT over the fibre (partial 3D product)", "all_gather",
+                              "combination", direction, 2, pl, pr * pc, pl * rf * d_in * u, pl * rf, 1,
+                              full((pl - 1) * rf * d_in * u)))
+    if pc > 1:
+        calls.append(CommCall(f"layer {layer} broadcast H blocks along the row (dense SUMMA of dW)", "broadcast",
+                              "gather", direction, 1, pc, 1, rf * d_in * u, rf, pc, full((pc - 1) * rf * d_in * u)))
+    if pr > 1:
+        calls.append(CommCall(f"layer {layer} broadcast A G blocks along the column (dense SUMMA of dW)", "broadcast",
+                              "gather", direction, 0, pr, pc, rf * d_out * u, rf, pr, full((pr - 1) * rf * d_out * u)))
+    if gpus > 1:
+        y = (int(widths[layer]) + 1) * int(widths[layer + 1])
+        calls.append(CommCall(f"layer {layer} all-gather dW, db on all ranks", "all_gather", "gather", direction, 0,
+                              gpus, 1, y * u, int(widths[layer]) + 1, 1, full((gpus - 1) * ceil_div(y, gpus) * u)))
+    return calls
+
+
 def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, bytes_per_element: int = 4,
-                          a_pieces=None, at_pieces=None, nnz: int | None = None) -> list[CommCall]:
+                          a_pieces=None, at_pieces=None, nnz: int | None = None,
+                          schedule: str = "bundled") -> list[CommCall]:
     """The epoch's communication of CAGNET 2D (``pl`` = 1) or split-3D on Pr x Pc x Pl ranks.
+
+    ``schedule``: ``bundled`` (the bundled trainers', module docstring) or ``paper``
+    (CAGNET's own as its paper counts it: :func:`_paper_extra_calls` added, the dW
+    all-reduce replaced; docs/model.md, "CAGNET schedules").
 
     ``a_pieces`` / ``at_pieces``: nonzeros of every piece of A and A^T, shape (Pl, Pr, q)
     (``at_pieces`` serves 2D only: split-3D broadcasts A's pieces in both directions)
@@ -257,6 +312,7 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
     without them ``nnz`` spread evenly (:func:`uniform_pieces`).
     """
     pr, pc, pl = int(pr), int(pc), int(pl)
+    schedule = check_schedule(schedule)
     gpus = pr * pc * pl
     u = int(bytes_per_element)
     sizes = summa_sizes(nodes, pr, pc, pl)
@@ -275,7 +331,9 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
         d_out = ceil_div(int(widths[layer + 1]), pc)
         # split-3D multiplies by the transposes of the forward's pieces (module docstring)
         for direction, what, pieces in (("forward", "F", a_pieces), ("backward", "dT", at_pieces if pl == 1 else a_pieces)):
-            if direction == "backward":
+            if schedule == "paper":
+                calls.extend(_paper_extra_calls(layer, direction, gpus, pr, pc, pl, rf, d_in, d_out, widths, u))
+            if direction == "backward" and schedule == "bundled":
                 if pr > 1 or pl > 1:
                     x = (int(widths[layer]) + 1) * d_out
                     if pr > 1:
@@ -286,6 +344,7 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
                         calls.append(CommCall(f"layer {layer} all-reduce dW, db over the fibre", "all_reduce", "gather",
                                               direction, 2, pl, pr * pc, x * u, int(widths[layer]) + 1, 1,
                                               full(_allreduce_sent(x, pl) * u)))
+            if direction == "backward":
                 if pc > 1:
                     calls.append(CommCall(f"layer {layer} reduce-scatter dT over the row", "reduce_scatter",
                                           "combination", direction, 1, pc, 1, pc * rf * d_in * u, pc * rf, 1,

@@ -221,7 +221,8 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
     """Observed against predicted epoch time, one labelled point per grid, y = x, and the picks.
 
     Marked: the recommended grid (best predicted among feasible ones, a star) and the
-    observed best (a ring). The legend gives Spearman's rho and R^2 about y = x.
+    observed best (a ring). The legend gives Spearman's rho and R^2 about y = x, and what the
+    error bars are (the standard deviation of the observed epoch over the trials).
     """
     fig = _figure()
     ax = fig.add_subplot()
@@ -234,7 +235,8 @@ def plot_pred_vs_obs(frame, *, title: str = "", label_points: bool = True):
                      f"MAPE {mape:.1f} %, median obs/pred {ratio:.2f}")
     std = frame["obs_epoch_ms_std"].fillna(0).to_numpy(dtype=float) if "obs_epoch_ms_std" in frame else np.zeros(len(frame))
     if (std > 0).any():
-        ax.errorbar(pred, obs, yerr=std, fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2)
+        ax.errorbar(pred, obs, yerr=std, fmt="none", ecolor="#4c72b0", alpha=0.5, zorder=2,
+                    label="bars: observed +- std over the trials")
     lo = float(np.nanmin(np.concatenate([pred, obs - std])))  # the axes hold the error bars whole
     hi = float(np.nanmax(np.concatenate([pred, obs + std])))
     pad = 0.05 * (hi - lo if hi > lo else max(abs(hi), 1.0))

@@ -35,6 +35,17 @@ class StudyOutcome:
     best_value: float | None
 
 
+def _interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error raised while handling it (Optuna, stopped while it
+    records a trial, fails in its own clean-up)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__context__ or exc.__cause__, seen + 1
+    return False
+
+
 def check_study_name(name: str | None) -> None:
     """UserError if a study name is given but empty (None: the default name)."""
     if name is not None and not name.strip():
@@ -73,7 +84,9 @@ def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, 
     try:
         with launcher if launcher is not None else contextlib.nullcontext():
             ran = run_search(study, target, trials, callbacks=callbacks, show_progress=show_progress)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
         kept = f"study {name} keeps its {len(finished_trials(study))} finished trials"
         if measured is not None:
             kept += f"; the finished runs are in {measured.log_path}"

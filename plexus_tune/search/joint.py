@@ -20,7 +20,8 @@ MAX_SEARCH_CONFIGURATIONS = 20_000
 
 
 def search_ranking(workload, machine, gpus_counts, *, objective: str = "epoch", algorithms=None,
-                   precisions=("fp32",), graph=None, seed: int = 0, replication=None, aggregation=None) -> Ranking:
+                   precisions=("fp32",), graph=None, seed: int = 0, replication=None, aggregation=None,
+                   schedule=None, fixed_features: bool = False) -> Ranking:
     """:func:`joint_ranking` over several GPU counts, ranked by ``objective`` (epoch time, or
     GPU-hours per 100 epochs: :func:`plexus_tune.search.space.objective_value`'s formula,
     ``objective_value`` in each record). Exact; UserError past
@@ -28,7 +29,8 @@ def search_ranking(workload, machine, gpus_counts, *, objective: str = "epoch", 
     check_objective(objective)
     algorithms = tuple(algorithms or family_names())
     counts = [int(g) for g in gpus_counts]
-    fixed = {k: v for k, v in (("replication", replication), ("aggregation", aggregation)) if v is not None}
+    fixed = {k: v for k, v in (("replication", replication), ("aggregation", aggregation), ("schedule", schedule))
+             if v is not None}
     total = sum(joint_space_size(g, len(precisions), algorithms, **fixed)["total"] for g in counts)
     if total > MAX_SEARCH_CONFIGURATIONS:
         raise UserError(f"{total:,} configurations over {len(counts)} GPU counts is more than the exact planner "
@@ -44,7 +46,8 @@ def search_ranking(workload, machine, gpus_counts, *, objective: str = "epoch", 
             refused = exc  # a choice this count does not allow (e.g. c must divide G, c c <= G)
             continue
         part = joint_ranking(workload, machine, g, algorithms=algorithms, precisions=precisions, graph=graph, seed=seed,
-                             replication=replication, aggregation=aggregation)
+                             replication=replication, aggregation=aggregation, schedule=schedule,
+                             fixed_features=fixed_features)
         records += part.records
         estimated.update(part.estimated_families)
     if not records:

@@ -70,7 +70,7 @@ def process_grid(algorithm: str, *, grid=None, gpus: int | None = None, replicat
                         parameter="replication")
     if family.takes_grid:
         if grid is None:
-            raise UserError(f"{name} needs its process grid (--grid GXxGYxGZ)", parameter="grid")
+            raise UserError(f"{name} needs its process grid (GxxGyxGz)", parameter="grid")
         allowed = [tuple(int(g) for g in row) for row in family.configurations(gpus)]
         if grid not in allowed:
             raise UserError(f"{name} on {gpus} ranks runs on {', '.join(map(format_grid, allowed)) or 'no grid'}, "
