@@ -112,6 +112,12 @@ SIZES = [
     (["train", "--graph", "{d}/g.npz", "--grid", "2x1x1", "--layers", "1e7"], "training 10,000,000 layers"),
     (["measure", "--graph", "{d}/g.npz", "--gpus", "2", "--hidden", "1e9", "--log", "{d}/new.jsonl"], "GiB of memory"),
     (["predict", "--dataset", "reddit", "--gpus", "963761198400", "--machine", "perlmutter"], "1,837,080 grids"),
+    (["predict", "--dataset", "reddit", "--gpus", "8", "--layers", "1e7", "--machine", "perlmutter"],
+     "10,000,000 GCN layers is outside 1..1,000"),
+    (["calibrate", "spmm", "--graph", "{d}/g.npz", "--gpus", "2", "--layers", "1e7", "--out", "{d}/new.jsonl"],
+     "10,000,000 GCN layers is outside 1..1,000"),
+    (["search", "--dataset", "reddit", "--gpus", "8", "--layers", "1001", "--machine", "perlmutter"],
+     "1,001 GCN layers is outside 1..1,000"),
 ]
 PROFILES = [
     (["predict", "--dataset", "reddit", "--gpus", "8", "--machine", "{d}/mem.json"],

@@ -22,6 +22,7 @@ from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, 
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
 from plexus_tune.model.collectives import ALL_OPS
 from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.workload import check_layers, model_widths
 
 
 def register(subparsers) -> None:
@@ -328,7 +329,7 @@ def run_spmm(args) -> int:
         if args.gpus is None:
             raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")
         gpus = _positive(args.gpus, "--gpus")
-        layers = _positive(args.layers, "--layers")
+        layers = check_layers(_positive(args.layers, "--layers"))
         hidden = _positive(args.hidden, "--hidden")
     if args.structure != "uniform" and not args.sweep:
         raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
@@ -359,7 +360,7 @@ def run_spmm(args) -> int:
                                      progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
         else:
             graph = load_graph_source(args.graph)
-            widths = [graph.num_features] + [hidden] * (layers - 1) + [graph.num_classes]
+            widths = model_widths(graph.num_features, graph.num_classes, layers, hidden)
             grids = enumerate_grids(gpus)
             if device.type != "cpu":
                 records = device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,

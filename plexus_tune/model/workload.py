@@ -12,9 +12,23 @@ from dataclasses import dataclass
 from plexus_tune.errors import UserError
 
 
+#: The deepest GCN a workload may have (docs/cli.md, Sizes): the deepest GCNs trained in the
+#: literature have about a thousand layers; every model evaluation and trainer loop is linear in L.
+MAX_LAYERS = 1000
+
+
+def check_layers(layers) -> int:
+    """``layers`` as an int in [1, :data:`MAX_LAYERS`]; UserError otherwise."""
+    layers = int(layers)
+    if not 1 <= layers <= MAX_LAYERS:
+        raise UserError(f"{layers:,} GCN layers is outside 1..{MAX_LAYERS:,}, the depths this model and its trainers "
+                        "cover; give fewer layers", parameter="layers")
+    return layers
+
+
 def model_widths(features: int, classes: int, layers: int, hidden: int) -> list[int]:
     """Layer widths D_0..D_L of the GCN (the trainer builds these): ``[features] + [hidden] * (layers - 1) + [classes]``."""
-    return [int(features)] + [int(hidden)] * (int(layers) - 1) + [int(classes)]
+    return [int(features)] + [int(hidden)] * (check_layers(layers) - 1) + [int(classes)]
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class Workload:
         widths = tuple(self.widths)
         if len(widths) < 2:
             raise UserError(f"a workload needs at least two widths (input and output), got {widths!r}")
+        check_layers(len(widths) - 1)
         object.__setattr__(
             self, "widths", tuple(_positive_int(w, f"layer width D_{i}") for i, w in enumerate(widths))
         )
