@@ -212,7 +212,9 @@ def test_calibrate_collectives_times_the_reduced_precision_scheme(tmp_path):
                           "--out", str(log)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     records = read_records(log, schema="collective")[0]
-    assert len(records) == 3 * 3 * 2  # precisions x ops x sizes
+    # the three collectives at every precision, broadcast and point-to-point (sent as they are) at fp32, x 2 sizes
+    assert len(records) == (3 * 3 + 2) * 2
+    assert {r["op"] for r in records if r["comm_precision"] != "fp32"} == {"all_gather", "reduce_scatter", "all_reduce"}
     for rec in records:
         precision = rec["comm_precision"]
         if precision == "fp32":

@@ -122,3 +122,13 @@ def test_measured_search_over_families_trains_the_models_best_first(tmp_path):
     again = measured_joint_search(ranking, graph, log=log, count=2, epochs=2, warmup=1, layers=2, hidden=8)
     assert len(read_records(log, schema="run")[0]) == len(records)
     assert [r["epoch_ms"] for r in again] == [r["epoch_ms"] for r in rows]
+
+
+def test_a_campaign_trains_only_what_the_trainers_run():
+    from plexus_tune.errors import UserError
+    from plexus_tune.measure.families import trainer_options
+
+    assert trainer_options("cagnet-2d", {"schedule": "bundled"}) == {}
+    assert trainer_options("supergcn", {"aggregation": "post"}) == {"aggregation": "post"}
+    with pytest.raises(UserError, match="trains its schedule 'bundled', not 'paper'"):
+        trainer_options("cagnet-3d", {"schedule": "paper"})

@@ -46,11 +46,11 @@ def test_blocked_aggregation_adds_one_row_pointer_per_block():
 def test_index_width_grows_past_int32():
     # 5e9 nonzeros: one GPU's shard needs int64 indices, 4 GPUs on X (layer 0's outer and
     # layer 1's inner) split layer 0's shard to 1.25e9 nonzeros: int32 again
-    big = Workload("big", nodes=1000, nnz=5_000_000_000, widths=(4, 4))
+    big = Workload("big", nodes=100_000, nnz=5_000_000_000, widths=(4, 4))  # half of N^2
     one = memory_breakdown(big, [[1, 1, 1]])["adjacency"][0]
-    assert one == 2 * 5_000_000_000 * (4 + 8) + (1001 + 1001) * 8
+    assert one == 2 * 5_000_000_000 * (4 + 8) + (100_001 + 100_001) * 8
     four = memory_breakdown(big, [[4, 1, 1]])["adjacency"][0]
-    assert four == 2 * 1_250_000_000 * (4 + 4) + (1000 + 1 + 250 + 1) * 4
+    assert four == 2 * 1_250_000_000 * (4 + 4) + (100_000 + 1 + 25_000 + 1) * 4
 
 
 def test_shard_count_with_double_permutation():

@@ -12,6 +12,7 @@ aggregation) at each of its configurations (plexus-3d every grid, cagnet-1d, 1.5
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from plexus_tune.measure.store import RUN_LOG, check_log
 from plexus_tune.model.comm_precision import parse_precision
 from plexus_tune.model.family import family_names, family_of
 from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
+from plexus_tune.trainer.config import TrainConfig
 
 #: Named emulated clusters: ``NxR`` -> N nodes of R ranks, 0.05 GB/s per node link, no added latency.
 CLUSTER_SPEC = "emulated:nodes={nodes},ranks_per_node={ranks},inter_gbps=0.05,inter_latency_us=0"
@@ -86,6 +88,19 @@ def run_family_campaign(graph: str, gpus: int, *, log, precisions: Sequence[str]
                                   on_result=on_result, on_start=on_start)
 
 
+def trainer_options(family: str, options: dict) -> dict:
+    """The options of a configuration that its run sets (TrainConfig fields). An option the
+    trainers do not take (a CAGNET ``schedule``) must have the value the family trains,
+    that of its first variant; UserError otherwise."""
+    train_fields = {f.name for f in fields(TrainConfig)}
+    trained = family_of(family).variants()[0]
+    for key, value in options.items():
+        if key not in train_fields and value != trained.get(key):
+            raise UserError(f"{family} trains its {key} {trained.get(key)!r}, not {value!r}: that configuration "
+                            "can be predicted but not measured", parameter=key)
+    return {key: value for key, value in options.items() if key in train_fields}
+
+
 def measure_configurations(graph: str, configs, *, log, trials: int = 1, epochs: int = 6, warmup: int = 2,
                            layers: int = 3, hidden: int = 64, batch: int = 4, launcher=None, timeout_s: float = 900.0,
                            on_result: Callable[[dict, tuple], None] | None = None,
@@ -108,7 +123,8 @@ def measure_configurations(graph: str, configs, *, log, trials: int = 1, epochs:
         for g, trial, config in pending_runs(
                 graph, [grid], log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers, hidden=hidden,
                 launcher=launcher, train_options={"algorithm": family, "comm_precision": parse_precision(precision),
-                                                  "timeout_s": float(timeout_s), **dict(options)}):
+                                                  "timeout_s": float(timeout_s),
+                                                  **trainer_options(family, dict(options))}):
             pending.append((trial, g, config))
     rng = np.random.default_rng([len(pending), trials])
     keys = {i: (pending[i][0], int(np.prod(pending[i][1])), rng.random()) for i in range(len(pending))}
