@@ -130,46 +130,60 @@ class Cagnet15dTrainer(FamilyTrainer):
 
 
 # ------------------------------------------------------------------------------ 2D
+def combine_forward(ctx, shard, t, w, b):
+    """Z = T_row W + b on a SUMMA grid: T's column blocks all-gathered along Y into the row
+    block T_row, which is saved with W for :func:`combine_backward` (docs/algorithms.md)."""
+    comm = shard.comm
+    pc = comm.grid[Y_AXIS]
+    rows, d = t.shape
+    if pc > 1:
+        t = comm.all_gather(t, Y_AXIS, comm_class="combination").view(pc, rows, d).permute(1, 0, 2)
+    t_row = t.reshape(rows, pc * d)[:, : shard.width_in].contiguous()
+    z = shard.gemm(t_row, w) + b
+    ctx.save_for_backward(t_row, w)
+    ctx.shard = shard
+    shard.saved_bytes.append(t_row.numel() * t_row.element_size() + z.numel() * z.element_size())
+    return z
+
+
+def combine_backward(ctx, dz, reduce_axes):
+    """(dW, db, dT) of :func:`combine_forward`: dW and db summed over ``reduce_axes``, dT = dZ W^T
+    reduce-scattered back to T's column block along Y; dT is None for fixed features."""
+    t_row, w = ctx.saved_tensors
+    shard = ctx.shard
+    comm = shard.comm
+    dz = dz.contiguous()
+    dw = shard.gemm(t_row.t(), dz)
+    t0 = shard.timer.now()
+    db = dz.sum(dim=0)
+    shard.timer.add(t0, "gemm_ms")
+    for axis in reduce_axes:
+        dw, db = fused_gradient_reduce(comm, dw, db, axis)
+    if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db (module docstring)
+        return dw, db, None
+    dt = shard.gemm(dz, w.t())
+    pc = comm.grid[Y_AXIS]
+    rows, d = dt.shape[0], shard.block_in
+    if pc > 1:
+        padded = torch.nn.functional.pad(dt, (0, pc * d - dt.shape[1]))
+        stacked = padded.view(rows, pc, d).permute(1, 0, 2).reshape(pc * rows, d)
+        dt = comm.reduce_scatter(stacked, Y_AXIS, comm_class="combination")
+    return dw, db, dt
+
+
 class Cagnet2dLayer(torch.autograd.Function):
     """Z_ij = (A_hat H)_i W_j + b_j on a Pr x Pc grid (module docstring)."""
 
     @staticmethod
     def forward(ctx, h, w, b, shard):
-        t = summa(shard, h, shard.a_pieces, "fwd")
-        comm = shard.comm
-        pc = comm.grid[Y_AXIS]
-        rows, d = t.shape
-        if pc > 1:
-            t = comm.all_gather(t, Y_AXIS, comm_class="combination").view(pc, rows, d).permute(1, 0, 2)
-        t_row = t.reshape(rows, pc * d)[:, : shard.width_in].contiguous()
-        z = shard.gemm(t_row, w) + b
-        ctx.save_for_backward(t_row, w)
-        ctx.shard = shard
-        shard.saved_bytes.append(t_row.numel() * t_row.element_size() + z.numel() * z.element_size())
-        return z
+        return combine_forward(ctx, shard, summa(shard, h, shard.a_pieces, "fwd"), w, b)
 
     @staticmethod
     def backward(ctx, dz):
-        t_row, w = ctx.saved_tensors
-        shard = ctx.shard
-        comm = shard.comm
-        dz = dz.contiguous()
-        dw = shard.gemm(t_row.t(), dz)
-        t0 = shard.timer.now()
-        db = dz.sum(dim=0)
-        shard.timer.add(t0, "gemm_ms")
-        dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
-        if not ctx.needs_input_grad[0]:  # fixed features (module docstring)
+        dw, db, dt = combine_backward(ctx, dz, (X_AXIS,))
+        if dt is None:
             return None, dw, db, None
-        dt = shard.gemm(dz, w.t())
-        pc = comm.grid[Y_AXIS]
-        rows, d = dt.shape[0], shard.block_in
-        if pc > 1:
-            padded = torch.nn.functional.pad(dt, (0, pc * d - dt.shape[1]))
-            stacked = padded.view(rows, pc, d).permute(1, 0, 2).reshape(pc * rows, d)
-            dt = comm.reduce_scatter(stacked, Y_AXIS, comm_class="combination")
-        dh = summa(shard, dt.contiguous(), shard.at_pieces, "bwd")
-        return dh, dw, db, None
+        return summa(ctx.shard, dt.contiguous(), ctx.shard.at_pieces, "bwd"), dw, db, None
 
 
 def summa(shard, dense, pieces, direction: str):

@@ -33,8 +33,9 @@ import torch
 from plexus_tune.graph.partition import split3d_positions
 from plexus_tune.model.shapes import ceil_div, csr_index_dtype
 from plexus_tune.model.volumes import summa_sizes
+from plexus_tune.trainer.cagnet import combine_backward, combine_forward
 from plexus_tune.trainer.exchange import ExchangeComm
-from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
+from plexus_tune.trainer.family import FamilyShard, FamilyTrainer
 from plexus_tune.trainer.layout import Block, block
 from plexus_tune.trainer.tensors import csr_bytes, take_block, take_dense, torch_csr
 
@@ -63,38 +64,16 @@ class Cagnet3dLayer(torch.autograd.Function):
             h_s = comm.broadcast(mine, (piece_rows, h.shape[1]), X_AXIS, owner_i)
             partial.add_(shard.spmm(a_is, h_s.contiguous()))
         t = comm.reduce_scatter(partial, Z_AXIS, comm_class="aggregation")
-        pc = comm.grid[Y_AXIS]
-        rows, d = t.shape
-        if pc > 1:
-            t = comm.all_gather(t, Y_AXIS, comm_class="combination").view(pc, rows, d).permute(1, 0, 2)
-        t_row = t.reshape(rows, pc * d)[:, : shard.width_in].contiguous()
-        z = shard.gemm(t_row, w) + b
-        ctx.save_for_backward(t_row, w)
-        ctx.shard = shard
-        shard.saved_bytes.append(t_row.numel() * t_row.element_size() + z.numel() * z.element_size())
-        return z
+        return combine_forward(ctx, shard, t, w, b)
 
     @staticmethod
     def backward(ctx, dz):
-        t_row, w = ctx.saved_tensors
         shard = ctx.shard
         comm = shard.comm
-        dz = dz.contiguous()
-        dw = shard.gemm(t_row.t(), dz)
-        t0 = shard.timer.now()
-        db = dz.sum(dim=0)
-        shard.timer.add(t0, "gemm_ms")
-        dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
-        dw, db = fused_gradient_reduce(comm, dw, db, Z_AXIS)
-        if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db
+        dw, db, dt = combine_backward(ctx, dz, (X_AXIS, Z_AXIS))
+        if dt is None:  # fixed features: layer 0 stops after dW and db
             return None, dw, db, None
-        dt = shard.gemm(dz, w.t())
-        pc = comm.grid[Y_AXIS]
-        rows, d = dt.shape[0], shard.block_in
-        if pc > 1:
-            padded = torch.nn.functional.pad(dt, (0, pc * d - dt.shape[1]))
-            stacked = padded.view(rows, pc, d).permute(1, 0, 2).reshape(pc * rows, d)
-            dt = comm.reduce_scatter(stacked, Y_AXIS, comm_class="combination")
+        d = shard.block_in
         dt_block = comm.all_gather(dt.contiguous(), Z_AXIS, comm_class="aggregation")  # rb x d_l, block i
         piece_rows = shard.piece_rows
         partial = torch.empty((shard.stages * piece_rows, d), dtype=dt.dtype, device=dt.device)
