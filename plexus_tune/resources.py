@@ -16,11 +16,18 @@ A refusal is one :class:`~plexus_tune.errors.UserError` line with the figures. W
 user may mean it (more ranks per core than the guard allows, an estimate they know to
 be pessimistic) ``allow=True`` lifts the check; the command line's flag for it is
 ``--oversubscribe``.
+
+:func:`worker_pool` gives the worker processes a command scores or fits in: they start
+with Ctrl-C ignored, so that an interrupt reaches the command alone, which stops them.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
 
 from plexus_tune.errors import UserError
 
@@ -102,3 +109,66 @@ def check_device_memory(nbytes: float, what: str, device="cpu", *, allow: bool =
         where = "this host" if not str(device).startswith("cuda") else str(device)
         raise UserError(f"{what} needs about {nbytes / GIB:,.1f} GiB of memory, {have / GIB:,.1f} GiB is free on "
                         f"{where}; make it smaller")
+
+
+class WorkerPool:
+    """Spawned worker processes that leave Ctrl-C to the command that started them.
+
+    A worker starts inside :meth:`submit` with SIGINT ignored (an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler), so
+    Ctrl-C in a terminal, which reaches the whole foreground group, interrupts only the
+    command; :meth:`terminate` then stops the workers at once.
+    """
+
+    def __init__(self, max_workers: int):
+        self.max_workers = int(max_workers)
+        self._pool = ProcessPoolExecutor(max_workers=self.max_workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+            return self._pool.submit(fn, *args, **kwargs)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:  # a worker, if this submit starts one, inherits SIG_IGN; the window is the fork and exec only
+            return self._pool.submit(fn, *args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def terminate(self) -> None:
+        """Cancel what has not started and stop the workers without waiting for their tasks."""
+        processes = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(5)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self._pool.shutdown(wait=True)
+        else:
+            self.terminate()
+
+
+_shared: WorkerPool | None = None
+
+
+def worker_pool(max_workers: int) -> WorkerPool:
+    """The command's pool of ``max_workers`` workers, started once and reused by later calls."""
+    global _shared
+    if _shared is None or _shared.max_workers != int(max_workers):
+        if _shared is not None:
+            _shared.terminate()
+        _shared = WorkerPool(max_workers)
+    return _shared
+
+
+def stop_worker_pool() -> None:
+    """Stop the shared pool's workers now (an interrupt, an error): nothing waits for their tasks."""
+    global _shared
+    if _shared is not None:
+        _shared.terminate()
+        _shared = None

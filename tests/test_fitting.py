@@ -1,4 +1,5 @@
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -466,3 +467,22 @@ def test_auto_keeps_the_kind_that_scoring_every_split_keeps():
     beaten = [k for k, s in raced.all_scores.items() if s.get("beaten")]
     assert beaten and all(raced.all_scores[k]["splits"] < 200 for k in beaten)
     assert raced.scores == every[raced.kind]
+
+
+def test_scoring_workers_leave_ctrl_c_to_the_command():
+    """Ctrl-C reaches the whole foreground group: the workers ignore it, the command stops them."""
+    import signal
+
+    from plexus_tune import resources
+
+    pool = resources.worker_pool(2)
+    try:
+        assert pool.submit(signal.getsignal, signal.SIGINT).result(120) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's own handler is back
+        slow = pool.submit(time.sleep, 600)
+        while not slow.running():
+            time.sleep(0.05)
+    finally:
+        started = time.monotonic()
+        resources.stop_worker_pool()
+    assert time.monotonic() - started < 60  # the 600 s task was stopped, not waited for

@@ -14,12 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -372,7 +370,7 @@ def fit_profile(
         for stage in ("collectives", "gemm"):
             if progress:
                 progress(stage, 0, 1)
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with resources.WorkerPool(1) as pool:
             others = pool.submit(_other_fits, coll_df, gemm_df, n_splits=n_splits, seed=seed, form=collective_form,
                                  sharing=collective_sharing, table=table,
                                  gpus_per_node=gpn)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plexus_tune import resources
+
 #: the most random 70/30 splits a score is averaged over
 DEFAULT_SPLITS = 1000
 TRAIN_FRACTION = 0.7
@@ -86,6 +88,13 @@ def _score_splits(fit, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> np
     return out
 
 
+def _score_pickled(payload: bytes, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """:func:`_score_splits` in a worker, for a ``fit`` pickled by cloudpickle."""
+    import pickle
+
+    return _score_splits(pickle.loads(payload), y, train, test)
+
+
 def _r2_sem(test_r2: np.ndarray) -> float:
     values = test_r2[np.isfinite(test_r2)]
     return float(np.std(values) / math.sqrt(len(values))) if len(values) > 1 else math.inf
@@ -113,7 +122,7 @@ def repeated_split_scores(
     ``n_splits``, and the result (``splits``: n, ``test_r2_sem``) does not depend on
     ``n_jobs``. ``n_jobs`` > 1 scores batches of splits in that many worker processes
     when one split takes at least :data:`PARALLEL_MIN_SECONDS` (``fit`` must then
-    pickle, as closures do with cloudpickle). ``progress(done, total)`` is called after
+    pickle with cloudpickle, as closures do). ``progress(done, total)`` is called after
     each batch; total is ``n_splits`` until the run stops. ``beaten_by``: the held-out
     MAPE (%) of a rival; scoring stops at the first check (at least ``min_splits``) where
     this model's mean held-out MAPE less :data:`RACE_SEMS` standard errors exceeds it, as
@@ -137,16 +146,18 @@ def repeated_split_scores(
             started = time.perf_counter()
             batch = np.concatenate([batch, _score_splits(fit, y, train[first:hi], test[first:hi])])
             if n_jobs > 1 and hi > first and (time.perf_counter() - started) / (hi - first) >= PARALLEL_MIN_SECONDS:
-                from joblib import Parallel
+                import cloudpickle  # closures pickle by value
 
-                parallel = Parallel(n_jobs=n_jobs, backend="loky")
+                parallel, payload = resources.worker_pool(n_jobs), cloudpickle.dumps(fit)
         else:
-            from joblib import delayed
-
             hi = min(stop, lo + n_jobs * CHECK_EVERY)
             bounds = list(range(lo, hi, CHECK_EVERY)) + [hi]
-            parts = parallel(delayed(_score_splits)(fit, y, train[a:b], test[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
-            batch = np.concatenate(parts)
+            try:
+                futures = [parallel.submit(_score_pickled, payload, y, train[a:b], test[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+                batch = np.concatenate([future.result() for future in futures])
+            except BaseException:  # Ctrl-C, a worker's error: stop the workers rather than wait for them
+                resources.stop_worker_pool()
+                raise
         rows = np.concatenate([rows, batch])
         if adaptive or beaten_by is not None:
             for n in range(lo + 1, len(rows) + 1):
