@@ -1,9 +1,9 @@
-"""campaigns/cagnet_replication.py at a tiny size: 1D and 1.5D bytes from the trainer's logs."""
+"""runners/campaigns/cagnet_replication.py at a tiny size: 1D and 1.5D bytes from the trainer's logs."""
 
 import importlib.util
 from pathlib import Path
 
-RUNNER = Path(__file__).resolve().parents[1] / "campaigns" / "cagnet_replication.py"
+RUNNER = Path(__file__).resolve().parents[1] / "runners" / "campaigns" / "cagnet_replication.py"
 
 
 def _runner():

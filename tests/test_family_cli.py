@@ -98,13 +98,13 @@ def test_shard_directory_is_refused_for_a_family(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_torchrun_runs_a_family(tmp_path):
-    """examples/torchrun_train.sh with --algorithm: two torchrun ranks of the partitioned trainer."""
+    """runners/examples/torchrun_train.sh with --algorithm: two torchrun ranks of the partitioned trainer."""
     from plexus_tune.launch import free_port
 
     log = tmp_path / "runs.jsonl"
     env = {**os.environ, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")), "BACKEND": "gloo",
            "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([str(ROOT / "examples" / "torchrun_train.sh"), "1", "2", "2x1x1", "--synthetic", SPEC,
+    proc = subprocess.run([str(ROOT / "runners" / "examples" / "torchrun_train.sh"), "1", "2", "2x1x1", "--synthetic", SPEC,
                            "--algorithm", "supergcn", "--aggregation", "hybrid", "--layers", "2", "--hidden", "4",
                            "--epochs", "3", "--warmup", "1", "--check", "--log", str(log)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)

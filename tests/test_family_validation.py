@@ -70,7 +70,7 @@ def test_scores_by_hand():
 def test_runner_refuses_bad_input_before_any_run(tmp_path):
     for args, message in ((["--cluster", "2by4"], "NODESxRANKS"), (["--graph", "nosuch:nodes=5"], "unknown graph generator"),
                           (["--comm-precision", "fp7"], "precision")):
-        proc = subprocess.run([sys.executable, str(REPO / "campaigns" / "emulated_families.py"), "--out-dir",
+        proc = subprocess.run([sys.executable, str(REPO / "runners" / "campaigns" / "emulated_families.py"), "--out-dir",
                                str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr
@@ -84,7 +84,7 @@ def test_tiny_campaign_on_the_emulated_cluster(tmp_path):
         pytest.skip("the emulated cluster needs root with ip and tc")
     out = tmp_path / "tiny"
     env = {**os.environ, "PLEXUS_TUNE_NETNS_PREFIX": prefix_for("v")}
-    proc = subprocess.run([sys.executable, str(REPO / "campaigns" / "emulated_families.py"), "--tiny", "--out-dir", str(out)],
+    proc = subprocess.run([sys.executable, str(REPO / "runners" / "campaigns" / "emulated_families.py"), "--tiny", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]

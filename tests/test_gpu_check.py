@@ -1,4 +1,4 @@
-"""campaigns/gpu_check.py: bad devices refused, the H100 profile against the shipped H100 data, the tiny CPU run."""
+"""runners/gpu_check.py: bad devices refused, the H100 profile against the shipped H100 data, the tiny CPU run."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "campaigns" / "gpu_check.py"
+SCRIPT = REPO / "runners" / "gpu_check.py"
 H100 = REPO / "measurements" / "h100-2026-11-25"
 
 

@@ -261,7 +261,7 @@ def test_a_cut_link_stops_a_measured_run_within_its_timeout_and_logs_it(prefix, 
 @needs_netns
 @pytest.mark.timeout(300)
 def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
-    """examples/torchrun_train.sh started on each node of a 2 x 2 emulated cluster, as a user
+    """runners/examples/torchrun_train.sh started on each node of a 2 x 2 emulated cluster, as a user
     would on two hosts (NODE_RANK, MASTER_ADDR = node 0): grid 1x2x2 trains across the link,
     equals serial PyG, and the record carries each rank's node with the placement checked."""
     from pathlib import Path
@@ -280,7 +280,7 @@ def test_torchrun_script_spans_two_emulated_nodes(prefix, tmp_path):
         procs = []
         for node in range(2):
             env = {**base, "NODE_RANK": str(node), "GLOO_SOCKET_IFNAME": cluster.nic(node)}
-            argv = cluster.exec_argv(node, [str(root / "examples" / "torchrun_train.sh"), "2", "2", "1x2x2",
+            argv = cluster.exec_argv(node, [str(root / "runners" / "examples" / "torchrun_train.sh"), "2", "2", "1x2x2",
                                             "--synthetic", "rmat:nodes=61,edges=300,features=6,classes=3,seed=2",
                                             "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1",
                                             "--check", "--timeout", "120", "--log", str(log)])

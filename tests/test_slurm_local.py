@@ -373,7 +373,7 @@ def test_slurm_train_sbatch_runs_the_trainer(slurm, tmp_path):
     env = dict(os.environ, BACKEND="gloo", PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     job = ls.submit(
-        REPO / "examples" / "slurm_train.sbatch",
+        REPO / "runners" / "examples" / "slurm_train.sbatch",
         ["2x1x1", "--synthetic", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0",
          "--epochs", "3", "--hidden", "16", "--log", str(log)],
         nodes=1, ntasks_per_node=2, gpus_per_node=0, output=str(tmp_path / "train-%j.out"),

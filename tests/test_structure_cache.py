@@ -105,7 +105,7 @@ def test_bench_predict_graph_runs_on_a_tiny_graph(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_predict.py"), "--graph",
+    proc = subprocess.run([sys.executable, str(root / "runners" / "benchmarks" / "bench_predict.py"), "--graph",
                            "rmat:nodes=2000,edges=16000", "--gpus", "8", "--data", str(tmp_path / "graphs")],
                           capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr

@@ -108,7 +108,7 @@ def test_bad_input_subprocess_has_no_traceback():
 
 
 def test_torchrun_runner_joins_its_process_set(tmp_path):
-    """examples/torchrun_train.sh: two torchrun ranks on gloo; only rank 0 logs, and the run checks out."""
+    """runners/examples/torchrun_train.sh: two torchrun ranks on gloo; only rank 0 logs, and the run checks out."""
     import os
     from pathlib import Path
 
@@ -118,7 +118,7 @@ def test_torchrun_runner_joins_its_process_set(tmp_path):
     from plexus_tune.launch import free_port
 
     env = {**os.environ, "TORCHRUN": str(torchrun), "BACKEND": "gloo", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([str(root / "examples" / "torchrun_train.sh"), "1", "2", "1x2x1", "--synthetic", SPEC,
+    proc = subprocess.run([str(root / "runners" / "examples" / "torchrun_train.sh"), "1", "2", "1x2x1", "--synthetic", SPEC,
                            "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1", "--check",
                            "--log", str(log)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -129,6 +129,6 @@ def test_torchrun_runner_joins_its_process_set(tmp_path):
     # torchrun chose the layout: every rank reported its host and node, and the record checks them
     assert records[0]["launcher"] == "torchrun" and records[0]["rank_nodes"] == [0, 0]
     assert records[0]["placement_ok"] is True and len(records[0]["hosts"]) == 1
-    bad = subprocess.run([str(root / "examples" / "torchrun_train.sh"), "1", "2", "2x2x1"], capture_output=True,
+    bad = subprocess.run([str(root / "runners" / "examples" / "torchrun_train.sh"), "1", "2", "2x2x1"], capture_output=True,
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "does not have" in bad.stderr

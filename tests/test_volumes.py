@@ -176,7 +176,7 @@ def test_table5_runner_tiny_prints_ratios_of_at_least_one():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "campaigns/supergcn_volumes.py", "--tiny"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "runners/campaigns/supergcn_volumes.py", "--tiny"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("rmat:", "grid2d:"))]

@@ -2,7 +2,7 @@
 "Floors"): :func:`floor_report` sets each part of the critical rank's epoch beside its
 floor (:mod:`plexus_tune.measure.floor`), :func:`trainer_vs_pyg` the 1x1x1 epoch beside
 PyG's, :func:`lattice_permutations` the SpMM phase per permutation. The benchmark
-``benchmarks/bench_trainer.py`` and ``campaigns/gpu_check.py`` print them.
+``runners/benchmarks/bench_trainer.py`` and ``runners/gpu_check.py`` print them.
 """
 
 from __future__ import annotations

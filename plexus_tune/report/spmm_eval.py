@@ -1,6 +1,6 @@
 """How well an SpMM model kind predicts measured timings it was not fitted on
 (docs/model.md, "Structure-boosted SpMM model"): extrapolation MAPE, the V/U shape
-ratio and per-grid SpMM-per-epoch errors. ``campaigns/spmm_model_eval.py`` prints them.
+ratio and per-grid SpMM-per-epoch errors. ``runners/campaigns/spmm_model_eval.py`` prints them.
 """
 
 from __future__ import annotations

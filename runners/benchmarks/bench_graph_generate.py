@@ -1,6 +1,6 @@
 """Benchmark: R-MAT generation time and the 2D load-balance report on a locality graph.
 
-    python benchmarks/bench_graph_generate.py [--rmat-nodes 1M --rmat-edges 16M]
+    python runners/benchmarks/bench_graph_generate.py [--rmat-nodes 1M --rmat-edges 16M]
         [--grid-nodes 1M] [--blocks 8x8]
 
 Prints the wall time of generating the R-MAT adjacency (and of the full synthetic graph

@@ -1,13 +1,13 @@
 """Communication precision: grids of G at fp32, bf16, int8, int2, observed against predicted.
 
-    PYTHONPATH=. python campaigns/comm_precision.py measure --out measurements/comm-precision-DATE
-    PYTHONPATH=. python campaigns/comm_precision.py report  --out measurements/comm-precision-DATE
+    PYTHONPATH=. python runners/campaigns/comm_precision.py measure --out measurements/comm-precision-DATE
+    PYTHONPATH=. python runners/campaigns/comm_precision.py report  --out measurements/comm-precision-DATE
 
 On an emulated cluster (root), the best grid of G = 8 behind a slow link, 3 trials:
 
-    PYTHONPATH=. python campaigns/comm_precision.py measure --out OUT --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05 \
+    PYTHONPATH=. python runners/campaigns/comm_precision.py measure --out OUT --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05 \
         --gpus 8 --grids 2x2x2 --graphs large --trials 3 --quant-from measurements/comm-precision-2026-11-24/quant.jsonl
-    PYTHONPATH=. python campaigns/comm_precision.py report --out OUT --profile models/emulated-2x4-fitted.json
+    PYTHONPATH=. python runners/campaigns/comm_precision.py report --out OUT --profile models/emulated-2x4-fitted.json
 
 ``measure`` writes two small graphs into ``OUT/graphs`` (an R-MAT graph trained with
 the seeded random split, and a second R-MAT graph written as an OGB node-property
@@ -145,7 +145,7 @@ def report(args) -> int:
         provenance += f"; call_ms from {collectives} (fit_call_ms, median per call and quartiles: " + "; ".join(
             f"{p} {c['call_ms']:.2f} ms ({c['q1_ms']:.2f}..{c['q3_ms']:.2f}, {c['pairs']} pairs)" for p, c in calls.items()) + ")"
         print(provenance)
-    quant["provenance"] = provenance + " by campaigns/comm_precision.py"
+    quant["provenance"] = provenance + " by runners/campaigns/comm_precision.py"
     profile["quant"] = quant
     profile["name"] = profile["name"] + "-quant"
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Benchmark: peak memory of one rank reading its shard from 2D files vs loading the whole graph.
 
-    python benchmarks/bench_graph_shards.py [--kind rmat --nodes 1M --edges 3M] [--files 8x8]
+    python runners/benchmarks/bench_graph_shards.py [--kind rmat --nodes 1M --edges 3M] [--files 8x8]
         [--rank-grids 8x8,4x4,2x2] [--features 32]
 
 Writes the graph in the project's own format and as 2D shard files (temporary directory),

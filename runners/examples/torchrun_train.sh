@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Launch `plexus-tune train` with torchrun: one process per GPU, on one node or several.
 #
-#   examples/torchrun_train.sh NODES GPUS_PER_NODE GRID [train options...]
+#   runners/examples/torchrun_train.sh NODES GPUS_PER_NODE GRID [train options...]
 #
 # e.g. on each of 2 nodes (NODE_RANK=0 and 1, same MASTER_ADDR):
-#   MASTER_ADDR=node01 NODE_RANK=0 examples/torchrun_train.sh 2 4 2x2x2 \
+#   MASTER_ADDR=node01 NODE_RANK=0 runners/examples/torchrun_train.sh 2 4 2x2x2 \
 #       --graph products.plexus --epochs 10 --log measurements/runs.jsonl
 #
 # Environment: MASTER_ADDR (default 127.0.0.1), MASTER_PORT (29500), NODE_RANK (0),

@@ -1,6 +1,6 @@
 """CAGNET's claim that 1.5D communicates less than 1D as c grows, with the trainer's logged bytes.
 
-    python campaigns/cagnet_replication.py [--gpus 8,16] [--synthetic SPEC] [--layers 3] [--hidden 64]
+    python runners/campaigns/cagnet_replication.py [--gpus 8,16] [--synthetic SPEC] [--layers 3] [--hidden 64]
 
 For every G and every replication factor c (c | G, c c <= G; c = 1 is cagnet-1d) the
 1.5D trainer trains the graph for two epochs (local processes, gloo) and logs the bytes

@@ -12,10 +12,10 @@ Prints, for the kind (default structure-boosted) beside learned-boosted (shape o
    skewed and the uniform R-MAT (never fitted on): per G the largest error and the
    Spearman rank correlation of the grids.
 
-  python campaigns/spmm_model_eval.py [--data measurements/h100-2026-11-25] [--kind structure-boosted]
+  python runners/campaigns/spmm_model_eval.py [--data measurements/h100-2026-11-25] [--kind structure-boosted]
 
 The shard and structured-sweep files are read from DATA/structure/ (records with the
-column popularity curve, campaigns/spmm_structure_annotate.py), the uniform sweep from DATA.
+column popularity curve, runners/campaigns/spmm_structure_annotate.py), the uniform sweep from DATA.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from plexus_tune.report.spmm_eval import (SpmmData, concat_tables, extrapolation
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parent.parent / "measurements" / "h100-2026-11-25")
+    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "measurements" / "h100-2026-11-25")
     ap.add_argument("--kind", default="structure-boosted", choices=sorted(k for k, c in SPMM_MODELS.items() if c.fittable))
     ap.add_argument("--baseline", default="learned-boosted", help="the kind compared beside it (default learned-boosted)")
     ap.add_argument("--ablate", action="store_true", help="also score the kind with every operand taken as uniformly "

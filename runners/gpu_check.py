@@ -1,8 +1,8 @@
 """The GPU checks in one command: calibration, the trainer against PyG, memory, the profile's predictions.
 
-    python campaigns/gpu_check.py --device cuda --out gpu-check            # one GPU, at most ~8 minutes on an H100
-    python campaigns/gpu_check.py --device cpu --tiny --out /tmp/check     # the same steps at a tiny size (CI)
-    python campaigns/gpu_check.py --from-data measurements/h100-2026-11-25 # the profile against a measured set
+    python runners/gpu_check.py --device cuda --out gpu-check            # one GPU, at most ~8 minutes on an H100
+    python runners/gpu_check.py --device cpu --tiny --out /tmp/check     # the same steps at a tiny size (CI)
+    python runners/gpu_check.py --from-data measurements/h100-2026-11-25 # the profile against a measured set
 
 On a device it runs, each step's log written under ``--out``:
 

@@ -1,6 +1,6 @@
 """Calibrate this machine end to end: microbenchmarks, a first profile, trainer runs, refit, validation.
 
-    python campaigns/cpu_calibration.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
+    python runners/campaigns/cpu_calibration.py --out-dir measurements/cpu-gloo --name cpu-gloo-2core-fitted
 
 Steps (each logged with its duration and the load average before and after; the fits call
 :func:`plexus_tune.fit.profile.fit_profile`, the others are plexus-tune commands):
@@ -31,7 +31,7 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from plexus_tune.cli.output import ProgressReporter
 from plexus_tune.errors import UserError

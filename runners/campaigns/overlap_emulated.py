@@ -1,6 +1,6 @@
 """The 3D trainer's ``--overlap`` against no overlap on an emulated cluster, back to back (root).
 
-    PLEXUS_TUNE_NETNS_PREFIX=ov python campaigns/overlap_emulated.py --out-dir measurements/overlap-emulated-DATE
+    PLEXUS_TUNE_NETNS_PREFIX=ov python runners/campaigns/overlap_emulated.py --out-dir measurements/overlap-emulated-DATE
 
 Runs ``plexus-tune train --cluster SPEC --grid G --block-rows B`` without and with
 ``--overlap`` alternately (no overlap first), ``--repeats`` times, each logged to
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

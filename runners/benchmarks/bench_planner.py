@@ -1,6 +1,6 @@
 """Benchmark: size of the planner's joint space and the time to evaluate it exactly.
 
-    python benchmarks/bench_planner.py [--dataset ogbn-products] [--machine perlmutter]
+    python runners/benchmarks/bench_planner.py [--dataset ogbn-products] [--machine perlmutter]
         [--gpus 64,1024,4096] [--precisions fp32,bf16,fp16,int8,int4,int2]
 
 For every G: the configurations per family (every grid of Plexus 3D, CAGNET 1D, 1.5D

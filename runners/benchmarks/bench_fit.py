@@ -1,8 +1,8 @@
 """Time ``fit`` on a shipped calibration and compare its scores with the shipped profile's.
 
-    python benchmarks/bench_fit.py                       # measurements/cpu-gloo-2026-11-23
-    python benchmarks/bench_fit.py --jobs 1 --r2-sem 0   # every split, one process
-    python benchmarks/bench_fit.py --h100                # also: auto against one learned-boosted fit, H100 sweep
+    python runners/benchmarks/bench_fit.py                       # measurements/cpu-gloo-2026-11-23
+    python runners/benchmarks/bench_fit.py --jobs 1 --r2-sem 0   # every split, one process
+    python runners/benchmarks/bench_fit.py --h100                # also: auto against one learned-boosted fit, H100 sweep
 
 Prints progress as the fit goes (stage, splits scored), the wall time of each stage and
 in all, the load average before and after, and per SpMM kind the splits scored (``beaten``:
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from plexus_tune.fit.profile import fit_profile
 

@@ -14,8 +14,8 @@ The structure-boosted SpMM model reads each operand's column popularity curve
           of exponent zipf_s over the ranks 1..common, nnz draws; seeded), marked
           ``column_share_from: simulation``; the recorded statistics are kept.
 
-  python campaigns/spmm_structure_annotate.py shards IN.jsonl OUT.jsonl --graph rmat:nodes=2449029,edges=61859012
-  python campaigns/spmm_structure_annotate.py sweep IN.jsonl OUT.jsonl
+  python runners/campaigns/spmm_structure_annotate.py shards IN.jsonl OUT.jsonl --graph rmat:nodes=2449029,edges=61859012
+  python runners/campaigns/spmm_structure_annotate.py sweep IN.jsonl OUT.jsonl
 """
 
 from __future__ import annotations

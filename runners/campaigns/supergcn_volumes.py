@@ -1,6 +1,6 @@
 """SuperGCN's pre / post / hybrid aggregation volumes on METIS partitions (its Table 5, in kind).
 
-    python campaigns/supergcn_volumes.py [--graphs rmat:nodes=65536,edges=1M grid2d:nodes=65536]
+    python runners/campaigns/supergcn_volumes.py [--graphs rmat:nodes=65536,edges=1M grid2d:nodes=65536]
         [--parts 16,64,256] [--width 128] [--seed 0]
 
 For every graph and part count: partition with METIS (pymetis), build the boundary

@@ -1,6 +1,6 @@
 """Calibrate, measure, fit and validate the topology model on an emulated cluster (root).
 
-    PLEXUS_TUNE_NETNS_PREFIX=mn python campaigns/emulated_validation.py --nodes 2 --ranks-per-node 4 \\
+    PLEXUS_TUNE_NETNS_PREFIX=mn python runners/campaigns/emulated_validation.py --nodes 2 --ranks-per-node 4 \\
         --inter-gbps 0.05 --out-dir measurements/emulated-2x4-DATE
 
 Steps (plexus-tune commands, each logged in ``campaign.json`` with its duration and the
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from plexus_tune.cluster.spec import parse_cluster
 from plexus_tune.fit.profile import write_profile
@@ -203,7 +203,7 @@ def write_readme(out: Path, summary: dict, campaign: list, argv: list[str]) -> N
              "Calibration, trainer runs, fits and validation of the topology model on an emulated cluster",
              "(network namespaces, tbf-shaped veth links, one torchrun agent per node, gloo) on a 2-core host.",
              "Re-run end to end (root):", "",
-             "```", "PLEXUS_TUNE_NETNS_PREFIX=mn python " + shlex.join(["campaigns/emulated_validation.py", *argv]), "```", "",
+             "```", "PLEXUS_TUNE_NETNS_PREFIX=mn python " + shlex.join(["runners/campaigns/emulated_validation.py", *argv]), "```", "",
              "The steps it ran (also in `commands.txt`), each with the 1-minute load average before and after",
              "(this host has 2 cores; the campaign's own ranks raise it during a step, and a load above about 2",
              "before a step means other jobs were running):", "", "| step | seconds | load before | load after | command |", "|---|---|---|---|---|"]
@@ -287,7 +287,7 @@ def main() -> int:
               "--gpus-per-node", str(args.ranks_per_node), "--splits", str(args.splits), "--jobs", "1",
               "--force"]  # the campaign refits the shipped profiles
     plan.append(("fit", [*common, "--machine-name", name, "--out", str(models["sharing"]),
-                         "--description", f"emulated cluster {cluster} on a 2-core host, fitted by campaigns/emulated_validation.py"]))
+                         "--description", f"emulated cluster {cluster} on a 2-core host, fitted by runners/campaigns/emulated_validation.py"]))
     plan.append(("fit-nosharing", [*common, "--collective-sharing", "off", "--machine-name", f"{name}-nosharing",
                                    "--out", str(models["nosharing"]),
                                    "--description", f"as {name}, NIC sharing switched off"]))

@@ -11,7 +11,7 @@ Each figure is the median (and min, max) over --repeat runs of a fresh process:
 The in-process time of the model alone for G = 720720 is reported too. Run from the
 repository root::
 
-    python benchmarks/bench_predict.py [--repeat 5]
+    python runners/benchmarks/bench_predict.py [--repeat 5]
 
 With ``--graph PATH|SPEC`` it instead times ``predict --graph`` on one graph, each figure
 one fresh process with its wall time and peak RSS (``wait4``), in this order:
@@ -26,7 +26,7 @@ is generated once into ``--data`` (default /tmp/plexus-bench-graphs) in the memo
 format. Targets: cold <= 3 x one pass, warm <= 2 s above no graph, peak RSS <= 1.5 x the
 graph's arrays::
 
-    python benchmarks/bench_predict.py --graph rmat:nodes=2449029,edges=61859012 --gpus 64
+    python runners/benchmarks/bench_predict.py --graph rmat:nodes=2449029,edges=61859012 --gpus 64
 """
 
 from __future__ import annotations

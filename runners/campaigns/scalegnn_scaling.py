@@ -8,7 +8,7 @@ prints each step of the series and the predicted speedup beside the paper's, for
 batch size B = 131,072 and, to show how much the figure depends on it, two others
 (docs/model.md, "ScaleGNN", Paper scaling).
 
-    python campaigns/scalegnn_scaling.py [--machine perlmutter] [--batch-size 131072]
+    python runners/campaigns/scalegnn_scaling.py [--machine perlmutter] [--batch-size 131072]
 """
 
 from __future__ import annotations

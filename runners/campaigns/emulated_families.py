@@ -1,6 +1,6 @@
 """Every algorithm family's configurations of G = 8 on an emulated cluster, against the planner (root).
 
-    PLEXUS_TUNE_NETNS_PREFIX=af python campaigns/emulated_families.py --cluster 2x4 \\
+    PLEXUS_TUNE_NETNS_PREFIX=af python runners/campaigns/emulated_families.py --cluster 2x4 \\
         --graph rmat:nodes=8192,edges=65536,features=64,classes=8,seed=3 --graph grid2d:nodes=8192,... \\
         --machine models/emulated-2x4-fitted.json --out-dir measurements/emulated-2x4-families-DATE
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from plexus_tune.errors import UserError  # noqa: E402

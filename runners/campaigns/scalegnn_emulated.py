@@ -7,7 +7,7 @@ beside each run), then score:
         --algorithm scalegnn-4d --dp $dp --batch-size 2048 --gpus 8 --grids all --trials 1 --epochs 3 \\
         --warmup 1 --hidden 64 --machine models/emulated-2x4-fitted.json \\
         --cluster emulated:nodes=2,ranks_per_node=4,inter_gbps=0.05,inter_latency_us=0 --log runs.jsonl; done
-    python campaigns/scalegnn_emulated.py --log runs.jsonl
+    python runners/campaigns/scalegnn_emulated.py --log runs.jsonl
 
 For each graph of the log: Spearman of the predicted and observed epoch times over the
 (Gd, grid) configurations, and the regret (observed time of the predicted best over the

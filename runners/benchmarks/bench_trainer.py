@@ -1,9 +1,9 @@
 """Trainer benchmark: the epoch against its floor, the fair PyG baseline, the lattice permutations, every grid.
 
-    python benchmarks/bench_trainer.py floor   [--nodes 262144 --edges 2100000 --hidden 64 --grid 1x1x1 --device cpu]
-    python benchmarks/bench_trainer.py pyg     [--nodes ... --hidden ...]          trainer 1x1x1 against fair PyG
-    python benchmarks/bench_trainer.py lattice [--nodes 1000000 --hidden 64]       SpMM phase per permutation
-    python benchmarks/bench_trainer.py grids   [--gpus 4 ...]                      every grid, memory against the model
+    python runners/benchmarks/bench_trainer.py floor   [--nodes 262144 --edges 2100000 --hidden 64 --grid 1x1x1 --device cpu]
+    python runners/benchmarks/bench_trainer.py pyg     [--nodes ... --hidden ...]          trainer 1x1x1 against fair PyG
+    python runners/benchmarks/bench_trainer.py lattice [--nodes 1000000 --hidden 64]       SpMM phase per permutation
+    python runners/benchmarks/bench_trainer.py grids   [--gpus 4 ...]                      every grid, memory against the model
 
 ``floor`` prints each part of the 1x1x1 (or ``--grid``) epoch on CPU or CUDA (SpMM,
 GEMM, communication, loss, optimizer, elementwise, synchronisation and the rest) beside

@@ -1,7 +1,7 @@
 """How many model-driven TPE trials reach within 1% of the exhaustive optimum.
 
 Usage:
-    python benchmarks/bench_search.py [--dataset ogbn-papers100M] [--machine perlmutter]
+    python runners/benchmarks/bench_search.py [--dataset ogbn-papers100M] [--machine perlmutter]
         [--gpus 8..4096] [--trials 60] [--seeds 8] [--snap 128] [--encoding sizes]
 
 For each objective (epoch, gpu-hours): the exhaustive optimum over every grid of every
