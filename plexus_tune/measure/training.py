@@ -110,7 +110,7 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
-    for key in ("comm_dp_ms", "sample_ms"):  # the mini-batch family's own timers, max over ranks
+    for key in ("comm_dp_ms", "sample_ms", "sample_work_ms"):  # the mini-batch family's own timers, max over ranks
         if any(key in row for row in timers[0]):
             values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
             out[key] = float(values.max(axis=0)[measured].mean())

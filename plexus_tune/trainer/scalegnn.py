@@ -18,7 +18,11 @@ whole B x h output from the seed, the step, the layer and the group, so replicas
 residual (the input resharded from rows over o and columns over n to rows over d and
 columns over o: all-gather over n, then over o; backward: all-reduce of the B x h
 gradient over d and over o); then the head X W_out (all-reduce over n) and the sharded
-cross-entropy over the sample's training vertices. Gradients that a replicated operand
+cross-entropy over the sample's training vertices. With ``prefetch`` (default) the sampling of
+step t + 1 runs on a background thread while step t trains (it needs no communication),
+and step t ends by waiting for it: ``sample_ms`` times that wait (the exposed sampling,
+inside ``other_ms``), ``sample_work_ms`` the sampling itself; the first sample is drawn
+before the first epoch. Gradients that a replicated operand
 receives from different shards are summed over the replicas' axis in the backward pass
 (:class:`CopyTo`); every parameter's gradient is then averaged over the Gd groups in one
 FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
@@ -27,6 +31,8 @@ FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
 from __future__ import annotations
 
 import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -251,6 +257,7 @@ class ScaleGnnTrainer(RankTrainer):
         self.batch = int(config.batch_size)
         self.components = {name: bool(options.get(name, True)) for name in ("rmsnorm", "residual")}
         self.dropout = float(options.get("dropout", 0.0))
+        self.prefetch = bool(options.get("prefetch", True))
         self.comm = comm or GroupComm(self.grid, self.dp, rank, self.timer, precision=config.comm_precision,
                                       seed=config.seed)
         self.group = self.comm.group_index
@@ -408,12 +415,23 @@ class ScaleGnnTrainer(RankTrainer):
 
     # ----------------------------------------------------------------------------- training
 
-    def step(self, t: int):
-        """One training step: sample, forward, loss, backward, data-parallel average, AdamW. Returns the loss."""
-        t0 = self.timer.now()
+    def prepare(self, t: int) -> tuple:
+        """Step ``t``'s sample and its (A_S, A_S^T) per layout, with the host ms the sampling took
+        (no communication, no timer: safe on the prefetch thread)."""
+        t0 = time.perf_counter()
         sample = self.sample(t)
         shards = self.sampled_shards(sample)
-        self.timer.add(t0, "sample_ms")
+        return sample, shards, (time.perf_counter() - t0) * 1e3
+
+    def step(self, t: int, prepared: tuple | None = None):
+        """One training step on ``prepared`` (:meth:`prepare` of ``t``; drawn here and timed as
+        ``sample_ms`` if None): forward, loss, backward, data-parallel average, AdamW. Returns the loss."""
+        if prepared is None:
+            t0 = self.timer.now()
+            prepared = self.prepare(t)
+            self.timer.add(t0, "sample_ms")
+        sample, shards, work_ms = prepared
+        self.timer.add_ms(work_ms, "sample_work_ms")
         self.last_sample_nnz = [int(a._nnz()) for a, _ in shards]
         t0 = self.timer.now()
         self.optimizer.zero_grad(set_to_none=True)
@@ -488,28 +506,47 @@ class ScaleGnnTrainer(RankTrainer):
             self.timer = self.comm.timer = saved
 
     def _train_epochs(self, epochs, rss_start, progress):
-        step = 0
-        for epoch in range(epochs):
-            _maybe_fail(self.rank, epoch)
-            if self.comm.counter is not None:
-                self.comm.counter.reset()
-            t_epoch = self.timer.now()
-            losses = []
-            for _ in range(self.steps):
-                losses.append(self.step(step))
-                step += 1
-            self.timer.end_epoch(t_epoch)
-            if self.comm.counter is not None:
-                self.comm_epochs.append(dict(self.comm.counter.bytes))
-            self.losses.append(float(torch.stack(losses).to(torch.float64).mean()))
-            for part, value in accuracy_from_counts(self.evaluate()).items():
-                self.accuracy[part].append(value)
-            self.timer.resolve(wait=True)
-            if progress is not None:
-                progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
-            tracked = self.persistent_bytes + self.comm.max_gathered_bytes
-            self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
-            self.peak_rss_delta = max(self.peak_rss_delta, _current_rss_bytes() - rss_start)
+        """Train ``epochs`` epochs of :attr:`steps` steps; with :attr:`prefetch` step t + 1 is
+        prepared on a background thread while step t trains, and step t ends waiting for it
+        (``sample_ms``); the first sample is drawn before the first epoch, untimed."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling") if self.prefetch else None
+        try:
+            ahead = self.prepare(0) if pool is not None else None
+            t = 0
+            for epoch in range(epochs):
+                _maybe_fail(self.rank, epoch)
+                if self.comm.counter is not None:
+                    self.comm.counter.reset()
+                t_epoch = self.timer.now()
+                losses = []
+                for _ in range(self.steps):
+                    if pool is None:
+                        losses.append(self.step(t))
+                    else:
+                        future = pool.submit(self.prepare, t + 1)
+                        losses.append(self.step(t, ahead))
+                        t0 = self.timer.now()
+                        ahead = future.result()
+                        self.timer.add(t0, "sample_ms")
+                    t += 1
+                self.timer.end_epoch(t_epoch)
+                self._end_epoch(epoch, losses, progress, rss_start)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _end_epoch(self, epoch, losses, progress, rss_start):
+        if self.comm.counter is not None:
+            self.comm_epochs.append(dict(self.comm.counter.bytes))
+        self.losses.append(float(torch.stack(losses).to(torch.float64).mean()))
+        for part, value in accuracy_from_counts(self.evaluate()).items():
+            self.accuracy[part].append(value)
+        self.timer.resolve(wait=True)
+        if progress is not None:
+            progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
+        tracked = self.persistent_bytes + self.comm.max_gathered_bytes
+        self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
+        self.peak_rss_delta = max(self.peak_rss_delta, _current_rss_bytes() - rss_start)
 
     # ----------------------------------------------------------------------------- results
 
