@@ -260,7 +260,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                                    hidden=config.hidden, seed=config.seed, dtype=config.dtype,
                                    split=result.get("split_codes"), rmsnorm=bool(options.get("rmsnorm", True)),
                                    residual=bool(options.get("residual", True)),
-                                   dropout=float(options.get("dropout", 0.0)))
+                                   dropout=float(options.get("dropout", 0.0)),
+                                   fixed_features=bool(config.fixed_features))
     grad = max(max_relative_difference(got["grads"][k], ref["grads"][k], normwise=True) for k in ref["grads"])
     return replace(RunRecord.from_dict(record),
                    check_loss_rel_diff=max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]),
