@@ -109,7 +109,7 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
-    for key in ("comm_dp_ms", "sample_ms"):  # the mini-batch family's own timers, max over ranks
+    for key in ("comm_dp_ms", "sample_ms", "sample_work_ms"):  # the mini-batch family's own timers, max over ranks
         if any(key in row for row in timers[0]):
             values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
             out[key] = float(values.max(axis=0)[measured].mean())
@@ -253,7 +253,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                                    hidden=config.hidden, seed=config.seed, dtype=config.dtype,
                                    split=result.get("split_codes"), rmsnorm=bool(options.get("rmsnorm", True)),
                                    residual=bool(options.get("residual", True)),
-                                   dropout=float(options.get("dropout", 0.0)))
+                                   dropout=float(options.get("dropout", 0.0)),
+                                   fixed_features=bool(config.fixed_features))
     grad = max(max_relative_difference(got["grads"][k], ref["grads"][k], normwise=True) for k in ref["grads"])
     return replace(RunRecord.from_dict(record),
                    check_loss_rel_diff=max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]),
