@@ -244,33 +244,22 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
 def _submit(args, launcher, space, storage) -> int:
     """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
     sharing the study; wait for it (or for the one already submitted for this log)."""
-    reporter = dispatch.Reporter()
     argv = command_argv(args)
     if args.storage is None:  # the workers must open the same database, wherever they start
         argv += ["--storage", default_storage_url()]
-    live = dispatch.live_or_submit(
-        args.log, args.resume, reporter,
-        lambda: dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
-                                array=args.workers if args.workers > 1 else None, reporter=reporter),
-        lambda job: f"job {job}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
-                    f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
-    if args.no_wait:
-        return 0
-    states, signum = dispatch.wait(live, args.log, reporter)
-    dispatch.mark_collected(args.log, live)
-    if signum is not None:
-        return 128 + signum
-    bad = [s for s in states if s.state != "COMPLETED"]
-    for state in bad:
-        tail = dispatch.job_output_tail(args.log, state)
-        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
-                      + (f":\n{tail}" if tail else ""))
+    job = dispatch.BatchJob(argv, args.log, launcher, space.gpus, "plexus-tune-search",
+                            array=args.workers if args.workers > 1 else None, resume=args.resume, wait=not args.no_wait)
+    outcome = dispatch.dispatch(job, dispatch.Reporter(), describe=lambda job_id, _: (
+        f"job {job_id}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+        f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}"))
+    if outcome.detached or outcome.signum is not None:
+        return outcome.exit_code()
     study_name = driver.study_name(args._name, args._machine, space, args.objective, measured=True, name=args.study)
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
     console = make_console()
     console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")
     print_best_table(study, args.objective, args.top, console, measured=True)
-    return 1 if bad else 0
+    return outcome.exit_code()
 
 
 def run_exhaustive(args, name, machine, space, model, plan, console, precision: str = "fp32") -> float:
