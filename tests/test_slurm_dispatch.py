@@ -95,7 +95,7 @@ def test_dispatch_submits_waits_collects_and_then_submits_nothing(monkeypatch, t
     submitted, polls = [], {"n": 0}
     monkeypatch.setattr(dispatch, "POLL_S", 0.01)
 
-    def submit(script, **options):
+    def submit(script, options):
         submitted.append(options)
         return "41"
 
@@ -124,8 +124,8 @@ def test_dispatch_submits_waits_collects_and_then_submits_nothing(monkeypatch, t
     assert job.world_sizes == (1, 2)
     outcome = dispatch.dispatch(job, reporter, describe=lambda j, left: f"job {j}: {left} run(s)", pending=lambda: 2,
                                 collect=collect)
-    assert outcome.submitted == "41" and submitted[0]["nodes"] == 1 and submitted[0]["ntasks_per_node"] == 2
-    assert submitted[0]["partition"] == "debug"
+    assert outcome.submitted == "41" and submitted[0].nodes == 1 and submitted[0].ntasks_per_node == 2
+    assert submitted[0].partition == "debug" and submitted[0].job_name == "plexus-tune-test"
     assert [r["grid"] for r in outcome.records] == ["2x1x1", "1x2x1"] and [s.job_id for s in collected] == ["41"]
     assert "Submitted batch job 41" in lines and "job 41: 2 run(s)" in lines
     assert any(line.startswith("job 41 ended FAILED (reason NonZeroExitCode, exit code 1)") for line in lines)

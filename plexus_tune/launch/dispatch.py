@@ -106,17 +106,14 @@ def batch_script(argv: Sequence[str], *, directory: Path, cwd: str, python: str 
     )
 
 
-def batch_resources(launcher, world_sizes: Iterable[int]) -> dict:
-    """``sbatch`` options of a job that can run every world size as one step."""
+def batch_resources(launcher, world_sizes: Iterable[int], **options) -> slurm.SbatchOptions:
+    """``sbatch`` options of a job that can run every world size as one step (``options``:
+    further fields of :class:`~plexus_tune.launch.slurm.SbatchOptions`)."""
     layouts = [launcher.layout(int(w)) for w in world_sizes]
-    nodes = max(n for n, _ in layouts)
-    per_node = max(p for _, p in layouts)
-    options = {"nodes": nodes, "ntasks_per_node": per_node}
-    for key in ("partition", "account", "time_limit"):
-        if launcher.submit_options.get(key):
-            options[key] = launcher.submit_options[key]
-    options["extra"] = list(launcher.submit_options.get("extra") or ())
-    return options
+    given = {key: launcher.submit_options[key] for key in ("partition", "account", "time_limit")
+             if launcher.submit_options.get(key)}
+    return slurm.SbatchOptions(nodes=max(n for n, _ in layouts), ntasks_per_node=max(p for _, p in layouts),
+                               extra=tuple(launcher.submit_options.get("extra") or ()), **given, **options)
 
 
 def parse_job_ids(text: str) -> list[str]:
@@ -254,10 +251,9 @@ def submit(argv: Sequence[str], log, launcher, world_sizes: Iterable[int], *, jo
     """Submit the command as a batch job (array of ``array`` tasks); record it beside the log."""
     directory = state_dir(log)
     directory.mkdir(parents=True, exist_ok=True)
-    options = batch_resources(launcher, world_sizes)
-    script = batch_script(argv, directory=directory, cwd=os.getcwd())
     output = str(directory / ("slurm-%A_%a.out" if array else "slurm-%j.out"))
-    job_id = slurm.submit(script, job_name=job_name, output=output, array=array, **options)
+    options = batch_resources(launcher, world_sizes, job_name=job_name, output=output, array=array)
+    job_id = slurm.submit(batch_script(argv, directory=directory, cwd=os.getcwd()), options)
     jobs = read_jobs(log)
     jobs.append({"job_id": job_id, "argv": list(argv), "array": array, "submitted": time.time(),
                  "collected": False})
