@@ -224,10 +224,11 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     callbacks = None if progress is None else [
         lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)]
     try:
-        outcome = driver.run_study(study_name, storage, space, model, args.objective, trials=args.trials,
-                                   seed=args.seed, attrs=attrs, measured=measured, warm_start_k=args.warm_start,
-                                   snap_neighbours=args.snap, starts=args.starts, launcher=launcher,
-                                   callbacks=callbacks, show_progress=launcher is not None and console.is_terminal)
+        options = driver.StudyOptions(study_name, args.objective, args.trials, seed=args.seed, attrs=attrs,
+                                      warm_start_k=args.warm_start, snap_neighbours=args.snap, starts=args.starts,
+                                      show_progress=launcher is not None and console.is_terminal)
+        outcome = driver.run_study(options, storage, space, model, measured=measured, launcher=launcher,
+                                   callbacks=callbacks)
     finally:
         if progress is not None:
             progress.close()
