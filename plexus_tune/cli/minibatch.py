@@ -76,7 +76,9 @@ def rank(args, settings, workload, machine, gpus, precision, optimizer) -> list[
     try:
         return rank_minibatch(workload, machine, gpus, batch_sizes=settings["batch_sizes"], dp=settings["dp"],
                               comm_precision=precision, optimizer=optimizer,
-                              options={"prefetch": not args.no_prefetch}, graph=getattr(args, "loaded_graph", None))
+                              options={"prefetch": not args.no_prefetch,
+                                       "fixed_features": bool(getattr(args, "fixed_features", False))},
+                              graph=getattr(args, "loaded_graph", None))
     except UserError as exc:
         flag = {"batch_size": "--batch-size", "dp": "--dp"}.get(getattr(exc, "parameter", None) or "", None)
         raise UserError(f"{flag}: {exc}" if flag else str(exc)) from None

@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import RunIdentity, predict_record, prediction_settings, run_identity, run_setting
+from plexus_tune.measure.identity import RunIdentity, RunSpec, predict_record, run_identity, run_setting
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
 from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
@@ -110,7 +110,7 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
                  replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :func:`~plexus_tune.measure.identity.prediction_settings`) or a list ``2x2x2,1x4x2``.
+    runs' :meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
@@ -173,12 +173,12 @@ def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, 
 
 def config_identity(config) -> RunIdentity:
     """The run identity a configuration's record will have (its launcher and cluster included)."""
-    return run_identity(config_fields(config))
+    return RunSpec.from_config(config).identity()
 
 
 def config_settings(config) -> dict:
-    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.identity.prediction_settings`)."""
-    return prediction_settings({"identity": config_identity(config)})
+    """The prediction settings of a configuration's runs (:meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`)."""
+    return RunSpec.from_config(config).prediction_settings()
 
 
 def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
