@@ -45,9 +45,9 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph.core import gcn_normalize
 from plexus_tune.graph.sampling import check_batch_size, expected_sampled_nnz, sampled_shard_nnz
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms, wire_message_bytes
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, check_gpus, divisors, enumerate_grids, format_grid, layer_roles
-from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription, precision_collective_time_ms
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, SYNCS_PER_EPOCH, check_optimizer
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
@@ -232,8 +232,7 @@ def _comm(machine, calls, grid, choice: CommPrecision, u):
         if g <= 1:
             continue
         precision = "fp32" if comm_class is None else choice.of(comm_class)
-        sent = message if precision == "fp32" else float(wire_message_bytes(message, rows, precision, u))
-        t = float(collective_time_ms(machine, op, g, axis_stride(axis, grid), sent))
+        t = float(precision_collective_time_ms(machine, op, g, axis_stride(axis, grid), message, rows, precision, u))
         out["comm_ms"] += t
         out[f"comm_{AXIS_NAMES[axis]}_ms"] += t
         out[f"{op}_ms"] += t
