@@ -265,7 +265,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                    check_grad_rel_diff=grad, reference_losses=ref["losses"]).to_dict()
 
 
-def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None) -> dict | None:
+def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None,
+                 spec: RunSpec | None = None) -> dict | None:
     """Train one configuration and return its record (appended to ``config.log`` if set).
 
     Run by hand it starts ``prod(grid)`` ranks with ``launcher`` (default: local processes;
@@ -273,11 +274,13 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     process is one rank and only rank 0 returns the record (others return None). A
     failing rank stops the run; the failed-run record is logged and
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
-    False).
+    False). ``spec``: the configuration's :class:`~plexus_tune.measure.identity.RunSpec` where the caller has it
+    (a campaign), else made once here from the prepared configuration.
     """
     env = detect_environment()
     config, launcher = prepare(config, launcher, env)
-    spec = RunSpec.from_config(config, normalized=True)  # the run as it will run: its record's fields
+    if spec is None:  # the run as it will run: its record's fields (a campaign made it already)
+        spec = RunSpec.from_config(config, normalized=True)
     where = {} if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
