@@ -18,6 +18,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import fit_collectives, frame_placement, size_groups
 from plexus_tune.measure.collectives import collective_shapes, partition
 from plexus_tune.model import costs
+from plexus_tune.model import machine as machine_module
 from plexus_tune.model.collectives import (
     COLLECTIVE_OPS,
     Network,
@@ -275,14 +276,14 @@ def test_a_fitted_profile_predicts_what_the_fit_predicts(form, table, sharing, m
         np.testing.assert_allclose(got, fitted[rows], rtol=1e-12, atol=0)
     # the cost model's collectives are the same function: record its calls on every grid of 16
     calls = []
-    original = costs.collective_time_ms
+    original = machine_module.collective_time_ms
 
     def recorded(machine_, op, group_size, stride, message_bytes, messages=1):
         t = original(machine_, op, group_size, stride, message_bytes, messages)
         calls.append((op, *np.broadcast_arrays(group_size, stride, message_bytes, messages), t))
         return t
 
-    monkeypatch.setattr(costs, "collective_time_ms", recorded)
+    monkeypatch.setattr(machine_module, "collective_time_ms", recorded)
     pred = costs.predict_grids(Workload("toy", nodes=100_000, nnz=2_000_000, widths=(64, 32, 8)), machine, enumerate_grids(16), block_rows=5000)
     assert calls and np.allclose(pred["comm_ms"], sum(c[-1] for c in calls), rtol=1e-12)
     for op, g, p, m_bytes, messages, t in calls:

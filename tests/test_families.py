@@ -530,16 +530,16 @@ def test_fixed_features_lower_every_family_and_stay_alike_at_one_gpu(name):
 
 
 def test_run_identity_carries_fixed_features_and_old_records_read_as_trainable():
-    from plexus_tune.measure.identity import prediction_settings, run_identity
+    from plexus_tune.measure.identity import RunSpec, run_identity
 
     old = {"graph_source": "rmat:nodes=64", "gx": 2, "gy": 1, "gz": 1, "algorithm": "cagnet-2d", "options": {}}
     new = {**old, "options": {"fixed_features": True}}
     assert run_identity(old).fixed_features is False and run_identity(new).fixed_features is True
     assert run_identity(old) != run_identity(new)
-    assert prediction_settings(old)["fixed_features"] is False
-    assert prediction_settings(new)["fixed_features"] is True
+    assert RunSpec.from_record(old).prediction_settings()["fixed_features"] is False
+    assert RunSpec.from_record(new).prediction_settings()["fixed_features"] is True
     paper = {**old, "options": {"schedule": "paper"}}
-    assert prediction_settings(paper)["options"] == {"schedule": "paper"}
+    assert RunSpec.from_record(paper).prediction_settings()["options"] == {"schedule": "paper"}
 
 
 def test_measure_logs_and_predicts_fixed_features():

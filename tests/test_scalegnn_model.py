@@ -54,14 +54,23 @@ def test_epoch_is_steps_times_step_and_parts_add_up():
 def test_data_parallel_all_reduce_crosses_at_stride_of_the_group():
     w = Workload("t", 4096, 40960, (16, 8, 8, 4))
     m = load_machine("perlmutter")
-    one = predict_config(w, m, 1, (2, 1, 1), 64, choice=FP32)
-    two = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32)
+    one = predict_config(w, m, 1, (2, 1, 1), 64, choice=FP32, fixed_features=True)
+    two = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32, fixed_features=True)
     assert one["comm_dp_ms"] == 0
     # hand count on 2x1x1, h = 8, D_0 = 16, C = 4, 3 layers: W_in 16x8; layer 0 (n = Y, o = X) 8x4 + scale 4;
     # layer 1 (n = X, o = Z) 4x8 + 8; layer 2 (n = Z, o = Y) 8x8 + 8; head (roles of layer 3: n = Y, d = Z) 8x4
     assert parameter_elements(w, (2, 1, 1), ALL_ON) == 128 + 36 + 40 + 72 + 32
     want = float(collective_time_ms(m, "all_reduce", 2, 2, 4.0 * 308)) * two["steps"]
     assert two["comm_dp_ms"] == pytest.approx(want)
+    # trained input features: the groups' sampled-row gradients (64 / Gx = 32 rows x 16) all-gathered at
+    # the same stride, the rank's 2048 x 16 feature block in the optimizer step and 3 more copies in memory
+    trained = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32)
+    gather = float(collective_time_ms(m, "all_gather", 2, 2, 2 * 4.0 * 32 * 16)) * two["steps"]
+    assert trained["comm_dp_ms"] == pytest.approx(want + gather)
+    assert trained["all_gather_ms"] - two["all_gather_ms"] == pytest.approx(gather)
+    assert trained["other_optimizer_ms"] / two["other_optimizer_ms"] == pytest.approx((308 + 2048 * 16) / 308)
+    assert trained["memory_features_bytes"] - two["memory_features_bytes"] == pytest.approx(3 * 4.0 * 2048 * 16)
+    assert trained["gemm_ms"] > two["gemm_ms"]
 
 
 def test_one_rank_per_group_communicates_only_across_groups():

@@ -12,7 +12,6 @@ partitions the epoch instead, with ``wait_ms`` the imbalance/wait remainder. The
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, replace
 
@@ -20,16 +19,16 @@ import numpy as np
 
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.launch import RankFailure, detect_environment
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.model.grid import format_grid
-from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, parse_comm_precision
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_minibatch_step, reference_train
-from plexus_tune.trainer.run import describe_source, prepare, train
+from plexus_tune.trainer.run import prepare, train
 
 
 class TrainingFailed(RuntimeError):
@@ -110,7 +109,7 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
-    for key in ("comm_dp_ms", "sample_ms"):  # the mini-batch family's own timers, max over ranks
+    for key in ("comm_dp_ms", "sample_ms", "sample_work_ms"):  # the mini-batch family's own timers, max over ranks
         if any(key in row for row in timers[0]):
             values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
             out[key] = float(values.max(axis=0)[measured].mean())
@@ -119,11 +118,6 @@ def summarize_timers(timers, warmup: int) -> dict:
         out["breakdown_ms"] = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
         out["wait_ms"] = out["breakdown_ms"]["wait_ms"]
     return out
-
-
-def _precision_text(config: TrainConfig) -> str:
-    """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
-    return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
 
 
 def comm_bytes_fields(per_rank_epochs) -> dict:
@@ -153,38 +147,37 @@ def accuracy_fields(result: dict) -> dict:
 
 def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
                   placement_ok=None, slurm=None) -> dict:
-    """The run record fields a configuration fixes before it runs (its identity among them).
+    """The run record fields a configuration fixes before it runs: its :class:`~plexus_tune.measure.identity.RunSpec`'s
+    (:meth:`~plexus_tune.measure.identity.RunSpec.from_config`) and the training settings (lr, weight decay, seed).
 
-    ``run_identity(config_fields(config))`` is the identity the run's record will have
-    (docs/records.md); campaigns use it to find what a log already holds.
+    ``RunSpec.from_record(config_fields(config)).identity()`` is ``RunSpec.from_config(config).identity()``,
+    the identity the run's record will have (docs/records.md).
     """
-    config = normalize_config(config)
-    grid = [int(g) for g in config.grid]
-    options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
+    spec = RunSpec.from_config(config)
+    options = RunOptions(permute=spec.permute, block_rows=spec.block_rows, overlap=spec.overlap, dtype=spec.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
-                         fixed_features=bool(config.fixed_features),
-                         replication=config.replication, aggregation=config.aggregation, dp=int(config.dp or 1),
-                         batch_size=config.batch_size)
+                         threads_per_rank=spec.threads_per_rank, layer_norm=spec.layer_norm,
+                         fixed_features=spec.fixed_features, replication=spec.replication, aggregation=spec.aggregation,
+                         dp=spec.dp, batch_size=spec.batch_size)
     return {
-        "machine": config.machine or platform.node(),
-        "backend": config.backend,
-        "launcher": launcher or config.launcher,
-        "cluster": config.cluster,
+        "machine": spec.machine,
+        "backend": spec.backend,
+        "launcher": launcher or spec.launcher,
+        "cluster": config.cluster,  # as described (the spec holds its canonical text)
         "rank_nodes": rank_nodes,
         "hosts": hosts,
         "placement_ok": placement_ok,
         "slurm": slurm,
-        "comm_precision": _precision_text(config),
-        "algorithm": config.algorithm,
-        "graph_source": describe_source(config),
-        "grid": format_grid(grid),
-        "gx": grid[0], "gy": grid[1], "gz": grid[2],
-        "gpus": config.world_size,
-        "layers": config.layers,
-        "hidden": config.hidden,
-        "epochs": config.epochs,
-        "warmup": config.warmup,
+        "comm_precision": str(spec.comm_precision),
+        "algorithm": spec.algorithm,
+        "graph_source": spec.graph,
+        "grid": format_grid(spec.grid),
+        "gx": spec.grid[0], "gy": spec.grid[1], "gz": spec.grid[2],
+        "gpus": spec.dp * int(np.prod(spec.grid)),
+        "layers": spec.layers,
+        "hidden": spec.hidden,
+        "epochs": spec.epochs,
+        "warmup": spec.warmup,
         "options": asdict(options),
     }
 
@@ -260,7 +253,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                                    hidden=config.hidden, seed=config.seed, dtype=config.dtype,
                                    split=result.get("split_codes"), rmsnorm=bool(options.get("rmsnorm", True)),
                                    residual=bool(options.get("residual", True)),
-                                   dropout=float(options.get("dropout", 0.0)))
+                                   dropout=float(options.get("dropout", 0.0)),
+                                   fixed_features=bool(config.fixed_features))
     grad = max(max_relative_difference(got["grads"][k], ref["grads"][k], normwise=True) for k in ref["grads"])
     return replace(RunRecord.from_dict(record),
                    check_loss_rel_diff=max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]),

@@ -28,7 +28,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
-from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry
+from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry, parse_precision, wire_message_bytes
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -418,3 +418,31 @@ def collective_time_ms(machine: Machine, op: str, group_size, stride, message_by
         reduce_scatter:    (g-1) alpha m +   (g-1)/g M / beta
     """
     return _network(machine).time_ms(op, group_size, stride, message_bytes, messages)
+
+
+def precision_collective_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, rows, precision: str,
+                                 element_bytes: float = 4.0, messages=1) -> np.ndarray:
+    """Network time (ms) of one collective ``op`` sent at ``precision``, in the scheme the trainer
+    runs (docs/comm-precision.md, "In the cost model"); M' = :func:`wire_message_bytes` (M, rows)::
+
+        fp32                 op on M                      (:func:`collective_time_ms`)
+        all_gather           all-gather of M'
+        reduced reduce-scatter  all-to-all of M'          (the ``point_to_point`` op)
+        reduced all-reduce   all-to-all of M', then all-gather of M'
+
+    The all-to-all is timed as the exchange it is (every rank sends M'/g to each other
+    rank, the crossing ranks of a node sharing its link), not as a ring: across nodes it
+    moves more bytes over the node link than the ring of the same wire volume. Vectorized.
+    """
+    precision = parse_precision(precision)
+    if precision == "fp32":
+        return collective_time_ms(machine, op, group_size, stride, message_bytes, messages)
+    wire = wire_message_bytes(message_bytes, rows, precision, element_bytes)
+    if op == "all_gather":
+        return collective_time_ms(machine, op, group_size, stride, wire, messages)
+    t = collective_time_ms(machine, "point_to_point", group_size, stride, wire, messages)
+    if op == "all_reduce":
+        t = t + collective_time_ms(machine, "all_gather", group_size, stride, wire, messages)
+    elif op != "reduce_scatter":
+        raise UserError(f"unknown collective {op!r} at {precision}; expected all_reduce, all_gather or reduce_scatter")
+    return t
