@@ -19,8 +19,8 @@ runs too, unless ``retry_failed``; everything with ``redo``). The identity is
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,8 +31,9 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import RunIdentity, RunSpec, predict_record, run_identity
-from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
+from plexus_tune.measure.identity import RunIdentity, RunSpec, predict_record, run_identity, run_setting
+from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
+from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -209,9 +210,55 @@ def launcher_options(train_options: dict | None, launcher) -> dict:
     return options
 
 
-def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, trials: int, epochs: int, warmup: int,
-                 layers: int, hidden: int, redo: bool = False, retry_failed: bool = False,
-                 train_options: dict | None = None, on_skip: Callable[[tuple, int], None] | None = None,
+@dataclass(frozen=True)
+class Campaign:
+    """What a campaign trains: ``graph`` on ``gpus`` ranks, each of ``grids`` ``trials`` times,
+    logged to ``log`` (``train_options``: further :class:`~plexus_tune.trainer.TrainConfig`
+    fields). Logged runs are skipped, failed ones too unless ``retry_failed``; ``redo``
+    trains everything again. ``batch`` > 1 trains that many runs in one process set."""
+
+    graph: str
+    gpus: int
+    grids: tuple[tuple[int, int, int], ...]
+    log: str | None = None
+    trials: int = 3
+    epochs: int = 10
+    warmup: int = 2
+    layers: int = 3
+    hidden: int = 128
+    train_options: Mapping = field(default_factory=dict)
+    redo: bool = False
+    retry_failed: bool = False
+    batch: int = 1
+
+    def __post_init__(self):
+        grids = tuple(tuple(int(v) for v in g) for g in self.grids)
+        if not grids:
+            raise UserError("a campaign needs at least one grid", parameter="grids")
+        for name in ("gpus", "trials", "epochs", "layers", "hidden", "batch"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"{name} must be at least 1, not {getattr(self, name)}", parameter=name)
+        if not 0 <= self.warmup < self.epochs:
+            raise UserError(f"need 0 <= warmup < epochs, got warmup {self.warmup}, epochs {self.epochs}",
+                            parameter=("warmup", "epochs"))
+        if self.redo and self.retry_failed:
+            raise UserError("redo already trains the failed runs again; give redo or retry_failed, not both",
+                            parameter=("redo", "retry_failed"))
+        object.__setattr__(self, "grids", grids)
+        object.__setattr__(self, "train_options", dict(self.train_options or {}))
+        object.__setattr__(self, "log", None if self.log is None else os.fspath(self.log))
+
+    def config(self, grid, launcher=None):
+        """The trainer configuration of one grid's runs (:func:`campaign_config`), with the
+        launcher's name, cluster and machine (:func:`launcher_options`)."""
+        return campaign_config(self.graph, grid, layers=self.layers, hidden=self.hidden, epochs=self.epochs,
+                               warmup=self.warmup, options=launcher_options(self.train_options, launcher))
+
+    def runs(self) -> int:
+        return len(self.grids) * self.trials
+
+
+def pending_runs(campaign: Campaign, *, on_skip: Callable[[tuple, int], None] | None = None,
                  launcher=None) -> list[tuple[tuple, int, object]]:
     """(grid, trial, config) of every run a campaign still has to make, trials interleaved.
 
@@ -220,19 +267,19 @@ def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, tria
     again. ``launcher`` (checked against every grid) adds its name, cluster and machine to
     the identity.
     """
+    grids = campaign.grids
     if launcher is not None:
         for grid in grids:
-            launcher.check(int(np.prod(grid)) * int((train_options or {}).get("dp") or 1))  # dp groups of the grid
-    train_options = launcher_options(train_options, launcher)
-    done = logged_trials(log)
+            launcher.check(int(np.prod(grid)) * int(campaign.train_options.get("dp") or 1))  # dp groups of the grid
+    done = logged_trials(campaign.log)
     pending = []
-    for trial in range(trials):
+    for trial in range(campaign.trials):
         for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
             grid = grids[int(g)]
-            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
-                                     options=train_options)
+            config = campaign.config(grid, launcher)
             status = done.get((config_identity(config), trial))
-            if status is not None and status != "cancelled" and not redo and not (retry_failed and status != "ok"):
+            if status is not None and status != "cancelled" and not campaign.redo \
+                    and not (campaign.retry_failed and status != "ok"):
                 if on_skip is not None:
                     on_skip(tuple(grid), trial)
                 continue
@@ -240,35 +287,19 @@ def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, tria
     return pending
 
 
-def run_campaign(
-    graph: str,
-    gpus: int,
-    grids: Sequence[tuple[int, int, int]],
-    *,
-    log,
-    trials: int = 3,
-    epochs: int = 10,
-    warmup: int = 2,
-    layers: int = 3,
-    hidden: int = 128,
-    machine=None,
-    stats: GraphStats | None = None,
-    redo: bool = False,
-    retry_failed: bool = False,
-    train_options: dict | None = None,
-    on_result: Callable[[dict, tuple], None] | None = None,
-    on_skip: Callable[[tuple, int], None] | None = None,
-    batch: int = 1,
-    launcher=None,
-    on_start: Callable[[tuple, int], None] | None = None,
-) -> list[dict]:
-    """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
+def run_campaign(campaign: Campaign, *, machine=None, stats: GraphStats | None = None, launcher=None,
+                 on_result: Callable[[dict, tuple], None] | None = None,
+                 on_skip: Callable[[tuple, int], None] | None = None,
+                 on_start: Callable[[tuple, int], None] | None = None) -> list[dict]:
+    """Train every (grid, trial) of ``campaign`` not yet logged, trials interleaved; returns the
+    new records (also appended).
 
-    ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
     of every run's identity, so a campaign on another cluster does not count as done.
-    ``on_start(grid, trial)`` is called before each run (each batch's first) starts.
+    ``machine`` (a profile) predicts each run, logged beside it. ``on_start(grid, trial)``
+    is called before each run (each batch's first) starts.
     """
+    graph = campaign.graph
     if machine is not None:
         machine = load_machine(machine)
     if stats is None:  # a missing, truncated or corrupt file or a bad spec fails before any run
@@ -276,22 +307,21 @@ def run_campaign(
             stats = load_stats(graph)
         else:
             check_graph(graph)
-    if log is not None:
-        check_log(log, kinds=RUN_LOG, inputs=[graph])
-    workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
-    pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
-                           hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,
-                           on_skip=on_skip, launcher=launcher)
+    if campaign.log is not None:
+        check_log(campaign.log, kinds=RUN_LOG, inputs=[graph])
+    workload = workload_of(stats, campaign.layers, campaign.hidden) if stats is not None and machine is not None else None
+    pending = pending_runs(campaign, on_skip=on_skip, launcher=launcher)
 
     new = []
 
     def finish(grid, trial, record):
-        log_campaign_run(log, record, trial=trial, gpus=gpus, trials=trials, grids=grids, machine=machine, workload=workload)
+        log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
+                         grids=campaign.grids, machine=machine, workload=workload)
         new.append(record)
         if on_result is not None:
             on_result(record, grid)
 
-    batch = max(1, int(batch))
+    batch = campaign.batch
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
         if on_start is not None:
@@ -337,6 +367,34 @@ def job_failure_record(config, state, *, launcher: str) -> dict:
     record.update(status=dispatch.failure_status(state.state),
                   reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})")
     return record
+
+
+def campaign_rows(campaign: Campaign, launcher=None):
+    """The runs table's rows of the campaign's log at its setting (any grid) on its GPU count,
+    fastest first, failures included (:func:`plexus_tune.measure.table.runs_table`)."""
+    setting = run_setting(config_identity(campaign.config(campaign.grids[0], launcher)))
+    table = runs_table(read_runs(campaign.log, warn=False), include_failed=True)
+    mine = table[[run_setting(i) == setting for i in table["identity"]]]
+    return setting, mine[mine["gpus"] == campaign.gpus].sort_values("obs_epoch_ms", na_position="last")
+
+
+def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, workload=None) -> list[dict]:
+    """Log the run each Slurm job of ``states`` that ended other than COMPLETED had in flight
+    (:func:`job_failure_record`), unless the run was logged before the job ended; returns the
+    records (:func:`plexus_tune.launch.dispatch.dispatch`'s ``collect``)."""
+    out = []
+    for state in states:
+        running = dispatch.in_flight(campaign.log, state.key) if state.state != "COMPLETED" else None
+        if running is None:
+            continue
+        config = campaign.config(parse_grid(running["grid"]), launcher)
+        trial = int(running["trial"])
+        if logged_trials(campaign.log).get((config_identity(config), trial)) not in (None, "cancelled"):
+            continue  # the run was logged before the job ended
+        out.append(log_campaign_run(campaign.log, job_failure_record(config, state, launcher=launcher.name),
+                                    trial=trial, gpus=campaign.gpus, trials=campaign.trials, grids=campaign.grids,
+                                    machine=machine, workload=workload))
+    return out
 
 
 def _run_batch(configs, launcher=None) -> list[dict] | None:
