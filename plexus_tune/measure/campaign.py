@@ -69,14 +69,16 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
-def load_graph_source(graph: str):
+def load_graph_source(graph: str, *, pattern_only: bool = False):
     """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
 
     This is the check that a graph file is readable before any rank starts: a truncated or
     corrupt file raises UserError here, once, instead of failing in every rank.
+    ``pattern_only``: the caller reads the adjacency's pattern alone (``predict``), so a
+    plexus graph's values, features and labels are not checked entry by entry.
     """
     _, path, spec = graph_source_text(graph)
-    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec), pattern_only=pattern_only)
 
 
 def check_graph(graph: str) -> None:
