@@ -16,14 +16,14 @@ partitioned: the critical rank's SpMM, GEMM and other, the least communication, 
 beside the predicted ones (other includes the profile's fixed overhead); then Spearman of
 the predicted and observed epoch times and the regret (observed time of the predicted
 best over the observed best). ``--machine`` scores the current model of that profile
-instead of the logged prediction (:func:`plexus_tune.measure.identity.predict_record`).
+instead of the logged prediction (:meth:`plexus_tune.measure.identity.RunSpec.predict`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from plexus_tune.measure.identity import predict_record
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.store import read_runs
 from plexus_tune.measure.table import runs_table
 from plexus_tune.report.metrics import regret, spearman
@@ -38,7 +38,7 @@ def main() -> int:
     table = table[(table["algorithm"] == "scalegnn-4d") & (table["trials"] > 0)].copy()
     if args.machine:
         for key in ("total_ms", "spmm_ms", "gemm_ms", "comm_ms", "other_ms", "overhead_ms"):
-            table[f"pred_{key}"] = [predict_record(row.to_dict(), args.machine)[key] for _, row in table.iterrows()]
+            table[f"pred_{key}"] = [RunSpec.from_row(row).predict(args.machine)[key] for _, row in table.iterrows()]
     source = f"the current model of {args.machine}" if args.machine else "the logged prediction"
     print(f"predicted: {source}; observed: median over the trials (ms per epoch)")
     for graph, rows in table.groupby("graph"):
