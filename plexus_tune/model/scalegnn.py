@@ -495,8 +495,8 @@ def near_cubic_grids(gpus: int) -> np.ndarray:
 def scaling_series(workload, machine, first_gpus: int, last_gpus: int, batch_size: int, *,
                    comm_precision="bf16", optimizer=None, fixed_features: bool = True) -> dict:
     """Strong scaling as the paper runs it: the fastest near-cubic grid of ``first_gpus`` at Gd = 1,
-    kept, and Gd doubled up to ``last_gpus`` / ``first_gpus``; the input features fixed, as the
-    paper trains them (``fixed_features``). Returns ``grid`` and ``rows``
+    kept, and Gd doubled up to ``last_gpus`` / ``first_gpus``; the input features fixed
+    (``fixed_features``; docs/model.md, "Paper scaling"). Returns ``grid`` and ``rows``
     (gpus, gd, steps, total_ms, comm_dp_ms, step_ms, speedup over the first row)."""
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     if last_gpus % first_gpus:
