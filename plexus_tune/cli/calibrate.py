@@ -35,6 +35,16 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="what", metavar="WHAT", parser_class=type(parser))
     sub.required = True
 
+    _register_collectives(sub)
+
+    _register_spmm(sub)
+
+    _register_bandwidth(sub)
+
+    _register_quant(sub)
+
+
+def _register_collectives(sub) -> None:
     coll = sub.add_parser(
         "collectives",
         help="all-reduce, all-gather, reduce-scatter for every group shape of G ranks",
@@ -65,6 +75,8 @@ def register(subparsers) -> None:
     add_launcher_arguments(coll)
     coll.set_defaults(handler=run_collectives)
 
+
+def _register_spmm(sub) -> None:
     spmm = sub.add_parser(
         "spmm",
         help="time SpMM (and GEMM) on synthetic shard shapes or a graph's real shards",
@@ -97,6 +109,8 @@ def register(subparsers) -> None:
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
 
+
+def _register_bandwidth(sub) -> None:
     bandwidth = sub.add_parser(
         "bandwidth",
         help="elementwise passes, the optimizer step and a synchronisation: the epoch's other part",
@@ -113,6 +127,8 @@ def register(subparsers) -> None:
     bandwidth.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     bandwidth.set_defaults(handler=run_bandwidth)
 
+
+def _register_quant(sub) -> None:
     quant = sub.add_parser(
         "quant",
         help="quantize/dequantize and 16-bit casts of the communication precisions",

@@ -84,6 +84,15 @@ def rank(args, settings, workload, machine, gpus, precision, optimizer) -> list[
         raise UserError(f"{flag}: {exc}" if flag else str(exc)) from None
 
 
+def ranked(args, settings, workload, machine, gpus, precisions, optimizer) -> list[dict]:
+    """The rankings of every precision merged: feasible first, fastest first, numbered from 1."""
+    records = [r for p in precisions for r in rank(args, settings, workload, machine, gpus, p, optimizer)]
+    records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
+    for k, rec in enumerate(records, start=1):
+        rec["rank"] = k
+    return records
+
+
 def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
     shown = records[:top] if top else records
     if fmt == "json":

@@ -44,6 +44,22 @@ def register(subparsers) -> None:
             "Prints the epoch time, its breakdown and the losses; --log appends one JSON record."
         ),
     )
+    _add_source_arguments(parser)
+    _add_training_arguments(parser)
+    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
+                        help="stop the whole run after S seconds (default 1800)")
+    parser.add_argument("--machine", help="machine name for the log (default: host name)")
+    parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
+                        help="append the run record (JSON Lines) to FILE (--run-log: the same, for torchrun command lines)")
+    parser.add_argument("--check", action="store_true",
+                        help="also train serially with PyTorch Geometric and report the largest relative differences")
+    parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
+    add_launcher_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_source_arguments(parser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads), or a directory of 2D shard files "
                              "(each rank reads only the files it needs; their permutation is used)")
@@ -54,6 +70,9 @@ def register(subparsers) -> None:
                              "follow from --gpus")
     parser.add_argument("--gpus", type=count(1), help="number of ranks; must equal the grid's product")
     add_algorithm_arguments(parser)
+
+
+def _add_training_arguments(parser) -> None:
     parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
     parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
@@ -74,17 +93,6 @@ def register(subparsers) -> None:
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
     add_features_argument(parser)
-    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
-    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
-                        help="stop the whole run after S seconds (default 1800)")
-    parser.add_argument("--machine", help="machine name for the log (default: host name)")
-    parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
-                        help="append the run record (JSON Lines) to FILE (--run-log: the same, for torchrun command lines)")
-    parser.add_argument("--check", action="store_true",
-                        help="also train serially with PyTorch Geometric and report the largest relative differences")
-    parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
-    add_launcher_arguments(parser)
-    parser.set_defaults(handler=run)
 
 
 def add_features_argument(parser) -> None:
