@@ -128,7 +128,7 @@ def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
         table.add_row(*row, style=None if rec["feasible"] else "red")
     console.print(table)
     console.print("times are ms per mini-batch epoch (steps x step time); total = SpMM + GEMM + comm + quant + other "
-                  "+ overhead; comm DP: the gradient all-reduce over the Gd groups (inside comm); sampling: the "
+                  "+ overhead; comm DP: the gradient all-reduce (and, with trained input features, the all-gather of their sampled rows' gradients) over the Gd groups (inside comm); sampling: the "
                   "sampling work, of which 'hidden' runs under the previous step (prefetch), the rest in other",
                   style="dim")
     best = next((r for r in records if r["feasible"]), None)
