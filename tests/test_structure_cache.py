@@ -138,3 +138,22 @@ def test_unchanged_graph_files_are_not_checked_again(tmp_path, monkeypatch):
     np.save(path / "labels.npy", labels)
     with pytest.raises(UserError, match="label"):
         load_graph(path)
+
+
+def test_a_pattern_read_checks_the_pattern_alone(tmp_path, monkeypatch):
+    """predict reads the pattern: bad features pass a pattern read and fail a full one; a bad column index fails both."""
+    from plexus_tune.errors import UserError
+
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
+    path = _saved(tmp_path)
+    features = np.load(path / "features.npy")
+    features[3, 1] = np.nan
+    np.save(path / "features.npy", features)
+    assert load_graph(path, pattern_only=True).num_features == 8
+    with pytest.raises(UserError, match="NaN"):
+        load_graph(path)
+    indices = np.load(path / "indices.npy")
+    indices[7] = 900  # one past the last node
+    np.save(path / "indices.npy", indices)
+    with pytest.raises(UserError, match="out of range"):
+        load_graph(path, pattern_only=True)

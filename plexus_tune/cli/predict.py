@@ -95,7 +95,7 @@ def _graph_workload(args, features, classes, sizes):
             raise UserError(f"{args.graph} holds no node data: give --features and --classes")
         return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]),
                                          int(manifest["nnz"]), features, classes, **sizes)
-    graph = load_graph_source(args.graph)
+    graph = load_graph_source(args.graph, pattern_only=True)  # the model reads the pattern and widths alone
     args.loaded_graph = graph
     args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
     summary = graph_summary(graph, args.structure_cache)

@@ -530,6 +530,7 @@ def fit_profile(options: FitOptions, *, progress: Progress | None = None) -> Fit
                          "epoch_scores": coll.epoch_scores or None,
                          "op_tiers": ({op: {**dict(coll.network.op_tiers)[op], **fit} for op, fit in coll.op_fit.items()}
                                       or None),
+                         "reduce_scatter": coll.reduce_scatter_fit or None,
                          "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                          "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
                         if coll is not None else {"copied_from": copied.name}),
@@ -597,7 +598,11 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
                       f"{fit['rows']} {op} timings ({fit['intra']} with intra-node and {fit['inter']} with inter-node messages; "
                       + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
-                      + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
+                      + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items())
+            + (f"; reduce_scatter_form {coll.reduce_scatter_fit['form']}: the lower in-sample MAPE of the "
+               f"{coll.reduce_scatter_fit['rows']} reduce-scatter timings as rings "
+               f"({coll.reduce_scatter_fit['mape']['ring']:.1f} %) or as all-reduces of the whole buffer "
+               f"({coll.reduce_scatter_fit['mape']['all_reduce']:.1f} %)" if coll.reduce_scatter_fit else ""))
 
 
 def _check_log_path(path, what: str) -> None:

@@ -2,7 +2,7 @@
 
 Statistics that take a scan over a graph's entries (the normalized nonzeros, whether the
 pattern is symmetric, the largest block of every split and its structure) are stored
-under ``<data dir>/structure-cache/<key>/``, where the key is the BLAKE2b hash of the
+under ``<data dir>/structure-cache/<key>/``, where the key is the XXH3 (128-bit) hash of the
 adjacency's pattern (N, indptr, indices; the values do not enter any statistic):
 
     graph.json                   name, nodes, stored and normalized nonzeros, rows storing
@@ -20,7 +20,6 @@ is ignored with one :class:`CorruptCacheWarning` and rewritten.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import warnings
@@ -51,9 +50,11 @@ def _hash_array(h, array) -> None:
 
 
 def pattern_hash(adjacency) -> str:
-    """BLAKE2b (128-bit, hex) of a square CSR pattern: N, indptr and indices, not the values."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"csr-pattern-v1:{adjacency.shape[0]}:".encode())
+    """XXH3 (128-bit, hex) of a square CSR pattern: N, indptr and indices, not the values."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    h.update(f"csr-pattern-v2:{adjacency.shape[0]}:".encode())
     _hash_array(h, adjacency.indptr)
     _hash_array(h, adjacency.indices)
     return h.hexdigest()
@@ -119,7 +120,12 @@ def known_valid(files) -> list | None:
         warnings.simplefilter("ignore", CorruptCacheWarning)
         memo = _read_json(cache_root() / "validated.json")
     entries = memo.get("files") if isinstance(memo, dict) else None
-    return stat if isinstance(entries, dict) and entries.get(stat[0][0]) == stat else None
+    return stat if isinstance(entries, dict) and entries.get(_files_key(stat)) == stat else None
+
+
+def _files_key(stat: list) -> str:
+    """The memo key of a set of files: their resolved paths."""
+    return "|".join(entry[0] for entry in stat)
 
 
 def remember_valid(files) -> None:
@@ -133,7 +139,7 @@ def remember_valid(files) -> None:
         memo = _read_json(path) or {"version": CACHE_VERSION, "files": {}}
     if not isinstance(memo.get("files"), dict):
         memo["files"] = {}
-    memo["files"][stat[0][0]] = stat
+    memo["files"][_files_key(stat)] = stat
     with contextlib.suppress(OSError):
         _write_json(path, memo)
 

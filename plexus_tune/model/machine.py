@@ -76,6 +76,8 @@ FIELDS = {
     "collectives.op_tiers": "optional; {'broadcast'|'point_to_point': {'alpha_intra_us', 'beta_intra_gbps', "
     "'alpha_inter_us', 'beta_inter_gbps'}}: the tier parameters of the families' broadcasts and point-to-point "
     "exchanges (docs/model.md, Point-to-point and broadcast time); absent: the collectives' tiers",
+    "collectives.reduce_scatter_form": "optional; 'ring' (default) or 'all_reduce': a reduce-scatter of M takes the "
+    "time of an all-reduce of M (a backend that all-reduces and keeps its block, as gloo)",
     "collectives.note": "optional; free text about how the collectives were fitted",
     "host_cores": "optional; CPU cores shared by the ranks of one node when ranks are processes on a CPU "
     "(gloo); null/absent for GPUs. When ranks_per_node x threads_per_rank exceeds it, the ranks time-share "

@@ -291,6 +291,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     two_sided = permute in TWO_SIDED_MODES
     # a graph whose values are symmetric (its metadata says so) has a symmetric pattern
     symmetric = True if stored or not two_sided else graph_pattern_symmetric(graph, cache)
+    # the adjacency's own pattern symmetric: the second scan reads rows in their stored order
+    pattern_symmetric_ = False if stored else (symmetric if two_sided else graph_pattern_symmetric(graph, cache))
     # the permutations: one pair for every mode but local, one per grid's parts for local
     wanted: dict = {}
     for grid in grids.tolist():
@@ -328,7 +330,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 rows, cols = (row_perm, col_perm) if which == "pattern" else (col_perm, row_perm)
                 report = None if progress is None else (lambda stage, seconds: progress(sorted(wanted_splits), stage, seconds))
                 found = split_statistics(adjacency, wanted_splits, rows, cols, self_loops=not stored,
-                                         has_diagonal=has_diagonal, progress=report)
+                                         has_diagonal=has_diagonal, symmetric_pattern=pattern_symmetric_,
+                                         progress=report)
                 computed.update({(which, R, C): e for (R, C), e in found.items()})
             done.update(computed)
             if cache is not None:
