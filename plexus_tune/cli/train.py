@@ -242,25 +242,32 @@ def summary_lines(record: dict) -> list[str]:
         lines.append(f"accuracy after the last epoch ({record.get('split')}): "
                      + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
-        ref = record.get("reference_accuracy") or {}
-        verdict = check_result(record)
-        if verdict is not None:
-            grad = record.get("check_grad_rel_diff")
-            if grad is not None:
-                lines.append(f"one step against serial PyG on the same samples: gradients after the data-parallel "
-                             f"average differ by {grad:.2e} (normwise, largest over the parameters)")
-            lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
-                         f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
-                         f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
-                         f"{'PASSED' if verdict['passed'] else 'FAILED'}"
-                         + (f"; PyG epoch {record['reference_epoch_ms']:.2f} ms" if record.get("reference_epoch_ms") else ""))
-        else:
-            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
-                         f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
-                         f"outputs by {record['check_output_rel_diff']:.2e}")
-        if ref and final:
-            lines.append("accuracy against serial PyG: " + ", ".join(
-                f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
+        lines += _check_lines(record, final)
+    return lines
+
+
+def _check_lines(record: dict, final) -> list[str]:
+    """The lines of --check: the trainer against serial PyG."""
+    lines = []
+    ref = record.get("reference_accuracy") or {}
+    verdict = check_result(record)
+    if verdict is not None:
+        grad = record.get("check_grad_rel_diff")
+        if grad is not None:
+            lines.append(f"one step against serial PyG on the same samples: gradients after the data-parallel "
+                         f"average differ by {grad:.2e} (normwise, largest over the parameters)")
+        lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
+                     f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
+                     f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
+                     f"{'PASSED' if verdict['passed'] else 'FAILED'}"
+                     + (f"; PyG epoch {record['reference_epoch_ms']:.2f} ms" if record.get("reference_epoch_ms") else ""))
+    else:
+        lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
+                     f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
+                     f"outputs by {record['check_output_rel_diff']:.2e}")
+    if ref and final:
+        lines.append("accuracy against serial PyG: " + ", ".join(
+            f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
 
 
@@ -283,8 +290,6 @@ def check_batch_flag(batch: int, nodes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     config = _config(args)
     if config.check:
         configure_compute_process()  # the serial reference runs in this process, as the ranks do
@@ -292,20 +297,7 @@ def run(args: argparse.Namespace) -> int:
     environment = detect_environment()
     if args.log:
         check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
-    if environment is None:
-        if args.synthetic:  # a bad or too large spec fails here, not in every rank
-            parse_spec(args.synthetic)
-        launcher = launcher_from_args(args, [config.world_size])
-        if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
-            if config.batch_size is not None:
-                check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
-            else:
-                check_graph(args.graph)
-        elif config.batch_size is not None:
-            check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
-        config.extra["progress"] = True
-    else:
-        launcher = None
+    launcher = _launcher(args, config) if environment is None else None
     try:
         if launcher is None:
             record = run_training(config)
@@ -319,6 +311,28 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if record is None:  # a non-zero rank under torchrun/srun
         return 0
+    return _report(args, record)
+
+
+def _launcher(args, config):
+    """Started by hand (no torchrun or srun around it): the launcher, the graph checked once here."""
+    if args.synthetic:  # a bad or too large spec fails here, not in every rank
+        parse_spec(args.synthetic)
+    launcher = launcher_from_args(args, [config.world_size])
+    if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
+        if config.batch_size is not None:
+            check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
+        else:
+            check_graph(args.graph)
+    elif config.batch_size is not None:
+        check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
+    config.extra["progress"] = True
+    return launcher
+
+
+def _report(args, record) -> int:
+    import json
+
     verdict = check_result(record)
     if args.json:
         print(json.dumps({**record, **({"check": verdict} if verdict else {})}, default=str))

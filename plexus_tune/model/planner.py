@@ -172,6 +172,23 @@ class GridRanking:
     precision: str
     best_of: dict
 
+    @classmethod
+    def of(cls, pred: dict, grids, precision: str | None = None) -> "GridRanking":
+        """The ranking of one precision's predictions of ``grids``."""
+        return cls(np.asarray(grids), pred, rank_order(pred), precision or "fp32", {})
+
+    def index(self, grid) -> int:
+        """The row of ``grid``; UserError if it is not one of the grids."""
+        rows = np.flatnonzero((self.grids == np.asarray(grid)).all(axis=1))
+        if not rows.size:
+            raise UserError(f"grid {format_grid(grid)} is not one of the {len(self.grids)} grids ranked")
+        return int(rows[0])
+
+    def best_feasible(self) -> int | None:
+        """The row of the fastest grid that fits, or None."""
+        first = int(self.order[0])
+        return first if bool(self.pred["feasible"][first]) else None
+
     @property
     def n_feasible(self) -> int:
         return int(np.asarray(self.pred["feasible"]).sum())
