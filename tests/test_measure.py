@@ -12,7 +12,7 @@ SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
 
 def _fake_trainer(calls, fail_grids=()):
-    def run_training(config, raise_on_failure=True, launcher=None):
+    def run_training(config, raise_on_failure=True, launcher=None, spec=None):
         calls.append((tuple(config.grid), config.synthetic))
         base = {"kind": "train", "status": "ok", **config_fields(config)}  # what the trainer's record starts with
         if config.grid in fail_grids:

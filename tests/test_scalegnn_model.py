@@ -197,3 +197,23 @@ def test_search_points_the_minibatch_family_to_predict(run_cli):
     code, _, err = run_cli(["search", "--algorithm", "scalegnn-4d", "--dataset", "ogbn-products", "--gpus", "8",
                             "--machine", "perlmutter"])
     assert code == 2 and "predict --algorithm scalegnn-4d" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prefetch_hides_what_the_rest_of_the_step_covers_and_holds_two_samples():
+    """As the trainer prefetches: step t ends waiting for step t + 1's sampling, so a step exposes
+    max(0, sampling - the rest of the step); the next A_S and A_S^T exist beside the current ones.
+    ogbn-products: the step covers the sampling; a graph of degree 10,000 sampled 1,024 vertices at
+    a time: the sampled rows' gathers outlast the step."""
+    m = load_machine("perlmutter")
+    cases = ((workload_from_dataset("ogbn-products"), 2, (2, 2, 1), 8192, False),
+             (Workload("dense", 10**5, 10**9, (16, 8, 8, 4)), 1, (1, 1, 1), 1024, True))
+    for w, dp, grid, batch, exposed in cases:
+        on = predict_config(w, m, dp, grid, batch, choice=FP32, fixed_features=True)
+        off = predict_config(w, m, dp, grid, batch, choice=FP32, fixed_features=True, prefetch=False)
+        assert off["other_sampling_ms"] == pytest.approx(off["sampling_ms"]) and off["sampling_hidden_ms"] == 0
+        rest = off["step_ms"] * off["steps"] - off["other_sampling_ms"]  # the steps without their sampling
+        assert on["other_sampling_ms"] == pytest.approx(max(0.0, on["sampling_ms"] - rest))
+        assert (on["other_sampling_ms"] > 0) == exposed
+        assert on["sampling_hidden_ms"] == pytest.approx(on["sampling_ms"] - on["other_sampling_ms"])
+        assert on["total_ms"] < off["total_ms"]
+        assert on["memory_sampled_bytes"] == pytest.approx(2 * off["memory_sampled_bytes"])

@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import RunIdentity, RunSpec, predict_record, run_identity, run_setting
+from plexus_tune.measure.identity import RunIdentity, RunSpec, run_identity, run_setting
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
 from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
@@ -261,31 +261,32 @@ class Campaign:
 
 
 def pending_runs(campaign: Campaign, *, on_skip: Callable[[tuple, int], None] | None = None,
-                 launcher=None) -> list[tuple[tuple, int, object]]:
-    """(grid, trial, config) of every run a campaign still has to make, trials interleaved.
+                 launcher=None) -> list[tuple[tuple, int, object, RunSpec]]:
+    """(grid, trial, config, spec) of every run a campaign still has to make, trials interleaved.
 
     A (identity, trial) in the log is done, a failure too (unless ``retry_failed``), except
     a cancelled run (stopped from outside: it measured nothing); ``redo`` makes them all
     again. ``launcher`` (checked against every grid) adds its name, cluster and machine to
-    the identity.
+    the identity. ``spec`` is the run's :class:`~plexus_tune.measure.identity.RunSpec`, made once per grid.
     """
     grids = campaign.grids
     if launcher is not None:
         for grid in grids:
             launcher.check(int(np.prod(grid)) * int(campaign.train_options.get("dp") or 1))  # dp groups of the grid
     done = logged_trials(campaign.log)
+    configs = {grid: campaign.config(grid, launcher) for grid in grids}
+    specs = {grid: RunSpec.from_config(config) for grid, config in configs.items()}
     pending = []
     for trial in range(campaign.trials):
         for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
             grid = grids[int(g)]
-            config = campaign.config(grid, launcher)
-            status = done.get((config_identity(config), trial))
+            status = done.get((specs[grid].identity(), trial))
             if status is not None and status != "cancelled" and not campaign.redo \
                     and not (campaign.retry_failed and status != "ok"):
                 if on_skip is not None:
                     on_skip(tuple(grid), trial)
                 continue
-            pending.append((tuple(grid), trial, config))
+            pending.append((tuple(grid), trial, configs[grid], specs[grid]))
     return pending
 
 
@@ -316,9 +317,9 @@ def run_campaign(campaign: Campaign, *, machine=None, stats: GraphStats | None =
 
     new = []
 
-    def finish(grid, trial, record):
+    def finish(grid, trial, spec, record):
         log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
-                         grids=campaign.grids, machine=machine, workload=workload)
+                         grids=campaign.grids, machine=machine, workload=workload, spec=spec)
         new.append(record)
         if on_result is not None:
             on_result(record, grid)
@@ -328,34 +329,40 @@ def run_campaign(campaign: Campaign, *, machine=None, stats: GraphStats | None =
         chunk = pending[start : start + batch]
         if on_start is not None:
             on_start(chunk[0][0], chunk[0][1])
-        records = _run_batch([c for _, _, c in chunk], launcher) if len(chunk) > 1 else None
+        records = _run_batch([c for _, _, c, _ in chunk], launcher, [s for *_, s in chunk]) if len(chunk) > 1 else None
         if records is None:  # one at a time (or the batch failed: redo its runs one by one)
-            for k, (grid, trial, config) in enumerate(chunk):
+            for k, (grid, trial, config, spec) in enumerate(chunk):
                 if k and on_start is not None:
                     on_start(grid, trial)
-                finish(grid, trial, run_training(config, raise_on_failure=False, launcher=launcher))
+                finish(grid, trial, spec, run_training(config, raise_on_failure=False, launcher=launcher, spec=spec))
         else:
-            for (grid, trial, _), record in zip(chunk, records):
-                finish(grid, trial, record)
+            for (grid, trial, _, spec), record in zip(chunk, records):
+                finish(grid, trial, spec, record)
     return new
 
 
-def run_batch(configs, launcher=None) -> list[dict]:
+def run_batch(configs, launcher=None, specs=None) -> list[dict]:
     """The records of ``configs`` (one world size) trained in one process set, or one by one
-    where there is one or the set failed (so that the failing run is logged as such)."""
-    records = _run_batch(list(configs), launcher) if len(configs) > 1 else None
+    where there is one or the set failed (so that the failing run is logged as such);
+    ``specs``: their :class:`~plexus_tune.measure.identity.RunSpec` where the caller has them."""
+    specs = list(specs) if specs is not None else [None] * len(configs)
+    records = _run_batch(list(configs), launcher, specs) if len(configs) > 1 else None
     if records is None:
-        records = [run_training(config, raise_on_failure=False, launcher=launcher) for config in configs]
+        records = [run_training(config, raise_on_failure=False, launcher=launcher, spec=spec)
+                   for config, spec in zip(configs, specs)]
     return records
 
 
-def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None) -> dict:
+def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None,
+                     spec: RunSpec | None = None) -> dict:
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
-    machine profile) the prediction at the run's settings; returns the record."""
+    machine profile) the prediction at the run's settings (:meth:`RunSpec.predict` of ``spec``,
+    else of the record); returns the record."""
     record["trial"] = int(trial)
     record["campaign"] = {"gpus": gpus, "trials": trials, "grids": [format_grid(g) for g in grids]}
     if workload is not None and machine is not None:
-        record["predicted"] = predict_record(record, machine, workload=workload)
+        spec = spec if spec is not None else RunSpec.from_record(record)
+        record["predicted"] = spec.predict(machine, workload=workload)
     append_records(log, [record])
     return record
 
@@ -399,7 +406,7 @@ def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, worklo
     return out
 
 
-def _run_batch(configs, launcher=None) -> list[dict] | None:
+def _run_batch(configs, launcher=None, specs=None) -> list[dict] | None:
     """Train several configurations of one graph and world size in one process set.
 
     Saves the process start and graph load per run; the records say ``batched``. Returns
@@ -434,8 +441,9 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
 
         device = torch.cuda.get_device_name(0)
     out = []
-    for config, result in zip(configs, results):
-        record = build_record(config, result, wall_s, device, **placement_fields(launched.placement, launcher.ranks_per_node))
+    for config, spec, result in zip(configs, specs or [None] * len(configs), results):
+        record = build_record(config, result, wall_s, device, spec=spec,
+                              **placement_fields(launched.placement, launcher.ranks_per_node))
         record["batched"] = len(configs)
         out.append(record)
     return out

@@ -124,7 +124,7 @@ def measure_configurations(graph: str, configs, *, log, trials: int = 1, epochs:
                             layers=layers, hidden=hidden,
                             train_options={"algorithm": family, "comm_precision": parse_precision(precision),
                                            "timeout_s": float(timeout_s), **trainer_options(family, dict(options))})
-        for g, trial, config in pending_runs(campaign, launcher=launcher):
+        for g, trial, config, _ in pending_runs(campaign, launcher=launcher):
             pending.append((trial, g, config))
     rng = np.random.default_rng([len(pending), trials])
     keys = {i: (pending[i][0], int(np.prod(pending[i][1])), rng.random()) for i in range(len(pending))}

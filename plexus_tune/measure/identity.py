@@ -235,11 +235,13 @@ class RunSpec:
                                  widths=tuple(widths) if isinstance(widths, (tuple, list)) else None)
 
     @classmethod
-    def from_config(cls, config) -> RunSpec:
+    def from_config(cls, config, *, normalized: bool = False) -> RunSpec:
         """The spec of a trainer configuration (:class:`plexus_tune.trainer.config.TrainConfig`) with its family's
-        settings filled in (:func:`plexus_tune.trainer.algorithms.normalize_config`); ``machine`` is the host's
-        name where the configuration names none. Its identity is the one the run's record will have."""
-        config = normalize_config(config)
+        settings filled in (:func:`plexus_tune.trainer.algorithms.normalize_config`, unless ``normalized`` says
+        the configuration has them: :func:`plexus_tune.trainer.run.prepare`'s); ``machine`` is the host's name
+        where the configuration names none. Its identity is the one the run's record will have."""
+        if not normalized:
+            config = normalize_config(config)
         return cls(graph=describe_source(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,

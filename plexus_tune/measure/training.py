@@ -145,15 +145,16 @@ def accuracy_fields(result: dict) -> dict:
             "final_accuracy": {k: float(vals[-1]) for k, vals in acc.items() if vals}}
 
 
-def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                  placement_ok=None, slurm=None) -> dict:
+def config_fields(config: TrainConfig, *, spec: RunSpec | None = None, launcher: str | None = None, rank_nodes=None,
+                  hosts=None, placement_ok=None, slurm=None) -> dict:
     """The run record fields a configuration fixes before it runs: its :class:`~plexus_tune.measure.identity.RunSpec`'s
     (:meth:`~plexus_tune.measure.identity.RunSpec.from_config`) and the training settings (lr, weight decay, seed).
 
     ``RunSpec.from_record(config_fields(config)).identity()`` is ``RunSpec.from_config(config).identity()``,
-    the identity the run's record will have (docs/records.md).
+    the identity the run's record will have (docs/records.md). ``spec``: the configuration's spec, where the
+    caller has it.
     """
-    spec = RunSpec.from_config(config)
+    spec = spec if spec is not None else RunSpec.from_config(config)
     options = RunOptions(permute=spec.permute, block_rows=spec.block_rows, overlap=spec.overlap, dtype=spec.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
                          threads_per_rank=spec.threads_per_rank, layer_norm=spec.layer_norm,
@@ -182,20 +183,22 @@ def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_node
     }
 
 
-def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                placement_ok=None, slurm=None) -> dict:
-    """The record of a run before its results: what runs where, when, with what software."""
+def base_record(config: TrainConfig, *, spec: RunSpec | None = None, launcher: str | None = None, rank_nodes=None,
+                hosts=None, placement_ok=None, slurm=None) -> dict:
+    """The record of a run before its results: what runs where, when, with what software (``spec``: as for
+    :func:`config_fields`)."""
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
-                       **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
+                       **config_fields(config, spec=spec, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
                                      placement_ok=placement_ok, slurm=slurm))
     return record.to_dict()
 
 
-def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, **where) -> dict:
-    """The record of a finished run (``where``: launcher, rank_nodes, hosts as for :func:`base_record`)."""
-    record = RunRecord.from_dict(base_record(config, **where))
+def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, *, spec: RunSpec | None = None,
+                 **where) -> dict:
+    """The record of a finished run (``spec`` and ``where``: launcher, rank_nodes, hosts as for :func:`base_record`)."""
+    record = RunRecord.from_dict(base_record(config, spec=spec, **where))
     record.options["permute"] = result.get("permute", config.permute)  # shard files fix their own
     timers = summarize_timers(result["timers"], config.warmup)
     names = set(RunRecord.field_names())
@@ -262,7 +265,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                    check_grad_rel_diff=grad, reference_losses=ref["losses"]).to_dict()
 
 
-def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None) -> dict | None:
+def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None,
+                 spec: RunSpec | None = None) -> dict | None:
     """Train one configuration and return its record (appended to ``config.log`` if set).
 
     Run by hand it starts ``prod(grid)`` ranks with ``launcher`` (default: local processes;
@@ -270,17 +274,20 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     process is one rank and only rank 0 returns the record (others return None). A
     failing rank stops the run; the failed-run record is logged and
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
-    False).
+    False). ``spec``: the configuration's :class:`~plexus_tune.measure.identity.RunSpec` where the caller has it
+    (a campaign), else made once here from the prepared configuration.
     """
     env = detect_environment()
     config, launcher = prepare(config, launcher, env)
+    if spec is None:  # the run as it will run: its record's fields (a campaign made it already)
+        spec = RunSpec.from_config(config, normalized=True)
     where = {} if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
         trained = train(config, launcher=launcher, env=env)
     except RankFailure as exc:
         where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
-        record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
+        record = replace(RunRecord.from_dict(base_record(config, spec=spec, **where)), status=_failure_status(exc.reason),
                          reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
                          traceback=exc.details[-4000:] if exc.details else None).to_dict()
         _append(config, record)
@@ -291,7 +298,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
         return None
     where = {**where, **placement_fields(trained.placement, trained.ranks_per_node)}
     result = trained.results[0]
-    record = build_record(config, result, trained.wall_s, trained.device, **where)
+    record = build_record(config, result, trained.wall_s, trained.device, spec=spec, **where)
     if config.check and "check_step" in result:
         record = _check_one_step(config, trained.source, result, record)
     elif config.check:

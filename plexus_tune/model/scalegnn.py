@@ -333,7 +333,7 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
         shards += float(csr_bytes(full, rows, u, float(csr_index_bytes(full, rows, cols))))
         sampled += 2.0 * float(csr_bytes(z[i], max(s["r_d"], s["r_o"]), u, 4.0))
     memory["graph_shards"] = shards
-    memory["sampled"] = sampled
+    memory["sampled"] = sampled * (2.0 if prefetch else 1.0)  # with prefetch the next step's are built meanwhile
     memory["features"] = ceil_div(n, gx) * (ceil_div(d0, gz) * u * (1.0 if fixed_features else 4.0) + 8.0)
     memory["activations"] = act
     memory["parameters"] = 4.0 * u * params

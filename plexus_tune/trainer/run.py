@@ -24,7 +24,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
-from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
 from plexus_tune.resources import check_memory
 from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
@@ -119,7 +119,7 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     if config.overlap and not config.block_rows:
         raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
                         parameter="block_rows")
-    choice = parse_comm_precision(config.comm_precision)
+    choice = config.comm_precision if isinstance(config.comm_precision, CommPrecision) else parse_comm_precision(config.comm_precision)
     check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch
