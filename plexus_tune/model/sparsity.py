@@ -39,6 +39,7 @@ from plexus_tune.graph.structure import (  # noqa: F401
     split_statistics,
     split_structure,
 )
+from plexus_tune.graph.structure_sample import sampled_split_statistics
 from plexus_tune.model.grid import layer_roles
 
 
@@ -322,8 +323,6 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
         if sampled:
-            from plexus_tune.graph.structure_sample import sampled_split_statistics
-
             row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
                                   else permutations_for(permute, n, seed))
             found, info = sampled_split_statistics(adjacency, {(R, C) for _, R, C, _ in splits.values()}, row_perm,
