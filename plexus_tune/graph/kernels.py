@@ -36,7 +36,7 @@ def _cell_counts(indptr, indices, row_cell, col_cell, cells):
             cells[base + col_cell[indices[p]]] += 1
 
 
-def _symmetric_blocks(indptr, indices, loops, ranges, shift, kc, kr, spans, row_targets_ptr, row_targets,
+def _symmetric_blocks(indptr, indices, loops, ranges, own_ranges, shift, kc, kr, spans, row_targets_ptr, row_targets,
                       col_targets_ptr, col_targets, row_fill, col_fill, row_out, col_out):
     """Row lengths and column counts of target blocks of a symmetric pattern (see
     :func:`plexus_tune.graph.structure._block_vectors_symmetric`).
@@ -48,7 +48,9 @@ def _symmetric_blocks(indptr, indices, loops, ranges, shift, kc, kr, spans, row_
     [f0, f1) (the targets ``row_targets[row_targets_ptr[g]:row_targets_ptr[g + 1]]`` of
     range g), the entries between column ranges e0 and e1, written at ``row_fill[t]``, and
     for each m whose column range is in [e0, e1), those between row ranges f0 and f1,
-    written at ``col_fill[t]``; ``loops[m]`` adds the self-loop (m, m)."""
+    written at ``col_fill[t]``; ``loops[m]`` adds the self-loop (m, m). ``own_ranges[m]``:
+    the ranges of row m's own id (``ranges`` itself, or its rows' entries where the CSR
+    holds some rows of the graph only)."""
     mask = (1 << shift) - 1
     counts = np.zeros(kc + kr, dtype=np.int64)
     by_col = np.zeros(kc + 1, dtype=np.int64)
@@ -58,7 +60,7 @@ def _symmetric_blocks(indptr, indices, loops, ranges, shift, kc, kr, spans, row_
             v = ranges[indices[p]]
             counts[v & mask] += 1
             counts[kc + (v >> shift)] += 1
-        own = ranges[m]
+        own = own_ranges[m]
         if loops[m]:
             counts[own & mask] += 1
             counts[kc + (own >> shift)] += 1

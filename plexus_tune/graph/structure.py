@@ -622,7 +622,7 @@ def _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, chun
         col_out = np.zeros(int(col_offsets[-1]), dtype=np.int32)
         loop_mask = np.zeros(n, dtype=bool)
         loop_mask[loops] = True
-        kernels.symmetric_blocks(np.asarray(indptr), np.asarray(indices), loop_mask, ranges, shift, kc, kr, span_array,
+        kernels.symmetric_blocks(np.asarray(indptr), np.asarray(indices), loop_mask, ranges, ranges, shift, kc, kr, span_array,
                                  row_ptr, row_targets, col_ptr, col_targets, row_offsets[:-1].copy(),
                                  col_offsets[:-1].copy(), row_out, col_out)
         vectors = {}

@@ -69,7 +69,7 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
-def load_graph_source(graph: str, *, pattern_only: bool = False):
+def load_graph_source(graph: str, *, pattern_only: bool | str = False):
     """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
 
     This is the check that a graph file is readable before any rank starts: a truncated or

@@ -11,6 +11,7 @@ time; trials of one identity are repeated measurements of one thing), its
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections import namedtuple
 from collections.abc import Mapping
@@ -25,7 +26,6 @@ from plexus_tune.model.grid import format_grid
 from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
 from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.run import describe_source
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,15 @@ def _count(value) -> int | None:
     return int(value)
 
 
+def graph_source_of(config) -> str:
+    """The graph source a trainer configuration names: its file path, ``synthetic:<spec>`` or ``in-memory``."""
+    if config.synthetic is not None:
+        return f"synthetic:{config.synthetic}"
+    if isinstance(config.graph, (str, os.PathLike)):
+        return str(config.graph)
+    return "in-memory"
+
+
 def _cluster_text(cluster) -> str:
     """A cluster description as its canonical JSON text ("" for one host)."""
     if cluster is None:
@@ -242,7 +251,7 @@ class RunSpec:
         where the configuration names none. Its identity is the one the run's record will have."""
         if not normalized:
             config = normalize_config(config)
-        return cls(graph=describe_source(config), layers=int(config.layers), hidden=int(config.hidden),
+        return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
                    comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
