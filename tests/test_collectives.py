@@ -18,6 +18,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.fit.collectives import fit_collectives, frame_placement, size_groups
 from plexus_tune.measure.collectives import collective_shapes, partition
 from plexus_tune.model import costs
+from plexus_tune.model import machine as machine_module
 from plexus_tune.model.collectives import (
     COLLECTIVE_OPS,
     Network,
@@ -275,14 +276,14 @@ def test_a_fitted_profile_predicts_what_the_fit_predicts(form, table, sharing, m
         np.testing.assert_allclose(got, fitted[rows], rtol=1e-12, atol=0)
     # the cost model's collectives are the same function: record its calls on every grid of 16
     calls = []
-    original = costs.collective_time_ms
+    original = machine_module.collective_time_ms
 
     def recorded(machine_, op, group_size, stride, message_bytes, messages=1):
         t = original(machine_, op, group_size, stride, message_bytes, messages)
         calls.append((op, *np.broadcast_arrays(group_size, stride, message_bytes, messages), t))
         return t
 
-    monkeypatch.setattr(costs, "collective_time_ms", recorded)
+    monkeypatch.setattr(machine_module, "collective_time_ms", recorded)
     pred = costs.predict_grids(Workload("toy", nodes=100_000, nnz=2_000_000, widths=(64, 32, 8)), machine, enumerate_grids(16), block_rows=5000)
     assert calls and np.allclose(pred["comm_ms"], sum(c[-1] for c in calls), rtol=1e-12)
     for op, g, p, m_bytes, messages, t in calls:
@@ -385,3 +386,31 @@ def test_per_span_fits_only_what_a_key_was_timed_at():
     assert e["beta_gbps"] == pytest.approx(TRUTH["beta_inter_gbps"] / 1.2, rel=0.03)
     e = entries[("all_gather", 8, 2)]  # timed on both sides of its crossover: both fitted
     assert (e["alpha_us"], e["beta_gbps"]) == pytest.approx((TRUTH["alpha_inter_us"], TRUTH["beta_inter_gbps"]), rel=1e-6)
+
+
+def test_a_backend_that_reduces_the_whole_buffer_times_its_reduce_scatter_as_an_all_reduce():
+    """gloo's reduce_scatter_tensor all-reduces the input and keeps a block: with
+    reduce_scatter_form all_reduce, a reduce-scatter of M on 8 ranks over 2 nodes of 4 costs
+    14 x 20 us + 14/8 M / 40 GB/s (the all-reduce of M), not 7 x 20 us + 7/8 M / 40 GB/s."""
+    ring, whole = net(), net(reduce_scatter_form="all_reduce")
+    assert one(ring, "reduce_scatter", 8, 1) == pytest.approx(7 * 20 * US + 7 / 8 * bw(M, 40), rel=1e-12)
+    assert one(whole, "reduce_scatter", 8, 1) == pytest.approx(14 * 20 * US + 14 / 8 * bw(M, 40), rel=1e-12)
+    assert one(whole, "all_gather", 8, 1) == one(ring, "all_gather", 8, 1)  # nothing else changes
+    assert whole.to_dict()["reduce_scatter_form"] == "all_reduce" and "reduce_scatter_form" not in ring.to_dict()
+    assert Network.from_dict(whole.to_dict(), 4) == whole
+    with pytest.raises(UserError, match="reduce_scatter_form must be one of ring, all_reduce"):
+        net(reduce_scatter_form="halving")
+
+
+@pytest.mark.parametrize("rs_form", ["ring", "all_reduce"])
+def test_the_fit_finds_how_the_backend_runs_a_reduce_scatter(rs_form):
+    truth = Network.from_dict({**TRUTH, "reduce_scatter_form": rs_form}, N)
+    df = synthetic(network_times(truth), seed=0, noise=0.0, ops=COLLECTIVE_OPS)
+    model = fit_collectives(df, n_splits=0, form="two-tier", sharing=True)
+    assert model.network.reduce_scatter_form == rs_form and model.reduce_scatter_fit["form"] == rs_form
+    assert model.reduce_scatter_fit["rows"] == int((df["op"] == "reduce_scatter").sum())
+    other = "ring" if rs_form == "all_reduce" else "all_reduce"
+    assert model.reduce_scatter_fit["mape"][rs_form] < 1e-6 < model.reduce_scatter_fit["mape"][other]
+    np.testing.assert_allclose(model.predict(df), df["time_ms"], rtol=1e-6)
+    for key, value in TRUTH.items():
+        assert getattr(model.network, key) == pytest.approx(value, rel=1e-6), key

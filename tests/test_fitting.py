@@ -352,14 +352,13 @@ def test_profile_json_text_puts_flat_lists_on_one_line_and_round_trips():
 
 
 def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
-    from plexus_tune.fit.profile import fit_profile
+    from plexus_tune.fit.profile import FitOptions, fit_profile
     from plexus_tune.model.machine import load_machine
 
     logs = Path(__file__).resolve().parents[1] / "measurements" / "cpu-gloo-2026-11-23"
     calls = []
-    fitted = fit_profile(spmm=logs / "spmm-sweep.jsonl", gemm=[logs / "spmm-shards.jsonl"], collectives=logs / "collectives.jsonl",
-                         runs=logs / "runs.jsonl", name="shipped-logs", n_splits=3, device_memory_gib=4,
-                         progress=lambda *a: calls.append(a))
+    fitted = fit_profile(FitOptions(spmm=logs / "spmm-sweep.jsonl", gemm=[logs / "spmm-shards.jsonl"], collectives=logs / "collectives.jsonl",
+                         runs=logs / "runs.jsonl", name="shipped-logs", n_splits=3, device_memory_gib=4), progress=lambda *a: calls.append(a))
     profile = fitted.profile
     machine = load_machine(profile)
     assert machine.name == "shipped-logs" and machine.host_cores == 2 and machine.gpus_per_node == 8
@@ -388,27 +387,27 @@ def test_fit_profile_from_the_shipped_logs_gives_a_loadable_profile():
 
 
 def test_fit_profile_takes_tables_and_says_what_is_missing():
-    from plexus_tune.fit.profile import fit_profile
+    from plexus_tune.fit.profile import FitOptions, fit_profile
 
     df = _shapes(40)
     df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols
     coll = pd.DataFrame({"op": ["all_gather"] * 4, "group_size": [2, 2, 4, 4], "nodes": [1] * 4, "message_bytes": [1e3, 1e6, 1e3, 1e6],
                          "time_ms": [0.0105, 0.02, 0.0307, 0.045]})
     with pytest.raises(UserError, match="no GEMM measurements") as err:
-        fit_profile(spmm=df, collectives=coll, name="t", n_splits=0)
+        fit_profile(FitOptions(spmm=df, collectives=coll, name="t", n_splits=0))
     assert err.value.parameter == "gemm_tflops"  # the command line names its flag
-    fitted = fit_profile(spmm=df, collectives=coll, name="t", kind="roofline", n_splits=4, gemm_tflops=0.5, device_memory_gib=1)
+    fitted = fit_profile(FitOptions(spmm=df, collectives=coll, name="t", kind="roofline", n_splits=4, gemm_tflops=0.5, device_memory_gib=1))
     assert fitted.profile["gemm_tflops"] == 0.5 and fitted.profile["spmm"]["kind"] == "roofline"
     assert fitted.profile["fit"]["inputs"]["spmm"] == [{"table": "a table", "rows": 40}]
     # an explicit kind is scored beside every other kind the 40 rows support: rows > (parameters + 2) / 0.7,
     # so learned (21) needs 33, learned-roofline (27) 42 and learned-boosted (100) 146
     assert set(fitted.profile["fit"]["spmm"]["scores"]) == {"paper-spmm", "roofline", "learned"}
     with pytest.raises(UserError, match="number of splits"):
-        fit_profile(spmm=df, collectives=coll, name="t", n_splits=-1, gemm_tflops=0.5)
+        fit_profile(FitOptions(spmm=df, collectives=coll, name="t", n_splits=-1, gemm_tflops=0.5))
 
 
 def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest():
-    from plexus_tune.fit.profile import fit_profile
+    from plexus_tune.fit.profile import FitOptions, fit_profile
 
     df = _shapes(40)
     df["time_ms"] = 0.01 + 1e-6 * df.nnz * df.dense_cols
@@ -426,8 +425,8 @@ def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest(
                          "time_ms": steps * 0.2 + factor * wire / 1e9 * 1e3 + 0.05 + 1.5 * (2 if op == "all_reduce" else 1)})
     coll = pd.DataFrame(rows)
     kw = dict(spmm=df, name="t", kind="roofline", n_splits=4, gemm_tflops=0.5, device_memory_gib=1)
-    both = fit_profile(collectives=coll, **kw)
-    fp32 = fit_profile(collectives=coll[coll.comm_precision == "fp32"].drop(columns=["rows", "cols", "quant_ms"]), **kw)
+    both = fit_profile(FitOptions(collectives=coll, **kw))
+    fp32 = fit_profile(FitOptions(collectives=coll[coll.comm_precision == "fp32"].drop(columns=["rows", "cols", "quant_ms"]), **kw))
     assert both.profile["collectives"] == fp32.profile["collectives"]  # the network sees FP32 timings only
     assert "quant" not in fp32.profile
     entry = both.profile["quant"]["int2"]
@@ -435,7 +434,7 @@ def test_fit_profile_fits_the_network_on_fp32_and_the_per_call_time_on_the_rest(
     assert entry["call_ms"] == pytest.approx(1.5, rel=0.05) and entry["call_samples"] == 8
     assert both.report["quant"]["int2"]["pairs"] == 8 and "call_ms" in both.profile["provenance"]["quant"]
     with pytest.raises(UserError, match="only reduced-precision"):
-        fit_profile(collectives=coll[coll.comm_precision == "int2"], **kw)
+        fit_profile(FitOptions(collectives=coll[coll.comm_precision == "int2"], **kw))
 
 
 def test_scoring_stops_once_a_rival_is_beaten_by_four_standard_errors():

@@ -3,7 +3,7 @@ import pytest
 import plexus_tune.measure.campaign as campaign_mod
 from plexus_tune.cli import main
 from plexus_tune.errors import UserError
-from plexus_tune.measure.campaign import choose_grids, load_stats, run_campaign
+from plexus_tune.measure.campaign import Campaign, choose_grids, load_stats, run_campaign
 from plexus_tune.measure.store import read_records
 from plexus_tune.measure.training import config_fields
 from plexus_tune.model.prediction import predict_run
@@ -12,7 +12,7 @@ SPEC = "rmat:nodes=256,edges=1024,features=8,classes=3,seed=0"
 
 
 def _fake_trainer(calls, fail_grids=()):
-    def run_training(config, raise_on_failure=True, launcher=None):
+    def run_training(config, raise_on_failure=True, launcher=None, spec=None):
         calls.append((tuple(config.grid), config.synthetic))
         base = {"kind": "train", "status": "ok", **config_fields(config)}  # what the trainer's record starts with
         if config.grid in fail_grids:
@@ -27,7 +27,7 @@ def test_campaign_logs_every_trial_keeps_failures_and_resumes(tmp_path, monkeypa
     monkeypatch.setattr(campaign_mod, "run_training", _fake_trainer(calls, fail_grids={(1, 2, 1)}))
     log = tmp_path / "runs.jsonl"
     grids = [(2, 1, 1), (1, 2, 1)]
-    new = run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, machine="perlmutter")
+    new = run_campaign(Campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8), machine="perlmutter")
     assert len(new) == 4 and len(calls) == 4
     records, problems = read_records(log)
     assert problems == [] and len(records) == 4
@@ -36,13 +36,13 @@ def test_campaign_logs_every_trial_keeps_failures_and_resumes(tmp_path, monkeypa
     assert len(failed) == 2 and all(r["reason"].startswith("rank 1 failed") for r in failed)
     assert all(r["predicted"]["machine"] == "perlmutter" and r["predicted"]["total_ms"] > 0 for r in records)
     # resume: nothing new; retry_failed reruns only the failures; a third trial runs once per grid
-    assert run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8) == []
-    again = run_campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, retry_failed=True)
+    assert run_campaign(Campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8)) == []
+    again = run_campaign(Campaign(SPEC, 2, grids, log=log, trials=2, epochs=3, warmup=1, hidden=8, retry_failed=True))
     assert [tuple(r["grid"].split("x")) for r in again] == [("1", "2", "1")] * 2
-    more = run_campaign(SPEC, 2, grids, log=log, trials=3, epochs=3, warmup=1, hidden=8)
+    more = run_campaign(Campaign(SPEC, 2, grids, log=log, trials=3, epochs=3, warmup=1, hidden=8))
     assert sorted(r["grid"] for r in more) == ["1x2x1", "2x1x1"] and all(r["trial"] == 2 for r in more)
     # a different model is a different measurement
-    assert len(run_campaign(SPEC, 2, grids[:1], log=log, trials=1, epochs=3, warmup=1, hidden=16)) == 1
+    assert len(run_campaign(Campaign(SPEC, 2, grids[:1], log=log, trials=1, epochs=3, warmup=1, hidden=16))) == 1
 
 
 def test_choose_grids():
@@ -110,7 +110,7 @@ def test_campaign_interleaves_trials_in_fresh_orders(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(campaign_mod, "run_training", _fake_trainer(calls))
     grids = [(4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (2, 1, 2), (1, 2, 2)]
-    new = run_campaign(SPEC, 4, grids, log=tmp_path / "runs.jsonl", trials=3, epochs=3, warmup=1, hidden=8)
+    new = run_campaign(Campaign(SPEC, 4, grids, log=tmp_path / "runs.jsonl", trials=3, epochs=3, warmup=1, hidden=8))
     trials = [r["trial"] for r in new]
     assert trials == sorted(trials)  # every grid's trial t before any grid's trial t + 1
     orders = [[c[0] for c in calls[t * 6 : (t + 1) * 6]] for t in range(3)]
@@ -137,7 +137,7 @@ def test_campaign_resumes_a_v1_log(tmp_path, monkeypatch):
             for key in ("launcher", "cluster", "rank_nodes", "hosts", "comm_precision"):
                 v1.pop(key)
             fh.write(json.dumps(v1) + "\n")
-    new = run_campaign(SPEC, 2, [(2, 1, 1), (1, 2, 1)], log=log, trials=3, epochs=3, warmup=1, hidden=8, machine="perlmutter")
+    new = run_campaign(Campaign(SPEC, 2, [(2, 1, 1), (1, 2, 1)], log=log, trials=3, epochs=3, warmup=1, hidden=8), machine="perlmutter")
     assert sorted((r["grid"], r["trial"]) for r in new) == [("1x2x1", 0), ("1x2x1", 1), ("1x2x1", 2), ("2x1x1", 2)]
 
 
@@ -165,3 +165,18 @@ def test_a_job_that_ended_early_logs_its_run_with_the_slurm_state_and_prediction
     want = predict_run(w, "perlmutter", (2, 1, 1), comm_precision="bf16", block_rows=16)["total_ms"]
     assert all(r["predicted"]["total_ms"] == want for r in logged)
     assert want != predict_run(w, "perlmutter", (2, 1, 1))["total_ms"]
+
+
+def test_campaign_options_are_checked_before_any_run(tmp_path):
+    from plexus_tune.errors import UserError
+
+    with pytest.raises(UserError, match="0 <= warmup < epochs") as bad:
+        Campaign(SPEC, 2, [(2, 1, 1)], log=tmp_path / "l.jsonl", epochs=2, warmup=2)
+    assert bad.value.parameter == ("warmup", "epochs")
+    with pytest.raises(UserError, match="redo or retry_failed"):
+        Campaign(SPEC, 2, [(2, 1, 1)], redo=True, retry_failed=True)
+    with pytest.raises(UserError, match="at least one grid"):
+        Campaign(SPEC, 2, [])
+    campaign = Campaign(SPEC, 2, [[2, 1, 1], (1, 2, 1)], log=tmp_path / "l.jsonl", trials=2)
+    assert campaign.grids == ((2, 1, 1), (1, 2, 1)) and campaign.runs() == 4 and campaign.log == str(tmp_path / "l.jsonl")
+    assert not (tmp_path / "l.jsonl").exists()

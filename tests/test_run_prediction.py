@@ -14,13 +14,13 @@ import pytest
 from plexus_tune.cli import build_parser, main
 from plexus_tune.cli.plot import make_figure
 from plexus_tune.model.comm_precision import COMM_PRECISIONS
-from plexus_tune.measure.identity import predict_record
+from plexus_tune.measure.identity import RunSpec, predict_record
 from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, TOTAL_PARTS
+from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.prediction import predict_run
-from plexus_tune.model.workload import Workload
 
 GRAPH = "rmat:nodes=256,edges=2048,features=8,classes=4,seed=3"
 SHAPE = ["--layers", "2", "--hidden", "8", "--epochs", "2", "--warmup", "1"]
@@ -110,14 +110,23 @@ def log_and_check(tmp_path, capsys, settings, grids=("1x2x1", "2x1x1")):
         xs = sorted(float(x) for x in fig.axes[0].collections[0].get_offsets()[:, 0])
         assert xs == pytest.approx(want, rel=1e-12)
 
-    # the library's one home agrees with itself: a runs-table row, a record and predict_run
+    # a runs-table row: its spec holds the settings the runs were given above, and its prediction is
+    # predict's for them, with parts derived by hand (no prediction made by the code under test)
     table = runs_table(read_runs(log, warn=False))
+    # 1x2x1: each rank multiplies 128 of the 256 rows; per layer three GEMMs (Q = H W, dW, dH) of
+    # 2 r c_i c_o flops, widths 8 -> 8 -> 4, at the profile's 0.05 TFLOP/s
+    gemm_ms = 3 * 2 * 128 * (8 * 8 + 8 * 4) / 0.05e12 * 1e3
+    assert len(table) == len(grids) * len(settings)
     for _, row in table.iterrows():
-        one = predict_record(row, machine)
+        spec = RunSpec.from_row(row)
+        assert (spec.nodes, spec.widths, spec.layers, spec.hidden) == (256, (8, 8, 4), 2, 8)
+        assert (str(spec.comm_precision), spec.block_rows) in settings and format_grid(spec.grid) in grids
+        one = spec.predict(machine)
         assert sum(one[k] for k in TOTAL_PARTS) == pytest.approx(one["total_ms"])
-        w = Workload("g", int(row["graph_nodes"]), int(row["nnz"]), tuple(row["widths"]))
-        same_prediction(one, predict_run(w, machine, (row["gx"], row["gy"], row["gz"]),
-                                         comm_precision=row["comm_precision"], block_rows=row["block_rows"] or None))
+        same_prediction(one, by_setting[(str(spec.comm_precision), spec.block_rows)][format_grid(spec.grid)])
+        if spec.grid == (1, 2, 1):
+            assert one["gemm_ms"] == pytest.approx(gemm_ms, rel=1e-12)
+        assert (one["quant_ms"] > 0) == (str(spec.comm_precision) != "fp32") and one["overhead_ms"] == 0
 
 
 def test_logged_validated_plotted_and_run_predictions_equal_predict(tmp_path, capsys):

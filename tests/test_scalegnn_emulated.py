@@ -26,3 +26,5 @@ def test_data_parallel_groups_train_one_per_emulated_node():
     assert record["check_loss_rel_diff"] < 1e-5 and record["check_output_rel_diff"] < 1e-4
     assert record["check_grad_rel_diff"] < 1e-4
     assert record["comm_dp_ms"] > 0  # the groups' all-reduce ran, across the nodes
+    assert record["sample_work_ms"] > 0  # sampled on the prefetch thread; its wait is what the epoch holds
+    assert record["options"]["fixed_features"] is False  # the input features trained: their rows gathered too

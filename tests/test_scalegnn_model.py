@@ -54,14 +54,23 @@ def test_epoch_is_steps_times_step_and_parts_add_up():
 def test_data_parallel_all_reduce_crosses_at_stride_of_the_group():
     w = Workload("t", 4096, 40960, (16, 8, 8, 4))
     m = load_machine("perlmutter")
-    one = predict_config(w, m, 1, (2, 1, 1), 64, choice=FP32)
-    two = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32)
+    one = predict_config(w, m, 1, (2, 1, 1), 64, choice=FP32, fixed_features=True)
+    two = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32, fixed_features=True)
     assert one["comm_dp_ms"] == 0
     # hand count on 2x1x1, h = 8, D_0 = 16, C = 4, 3 layers: W_in 16x8; layer 0 (n = Y, o = X) 8x4 + scale 4;
     # layer 1 (n = X, o = Z) 4x8 + 8; layer 2 (n = Z, o = Y) 8x8 + 8; head (roles of layer 3: n = Y, d = Z) 8x4
     assert parameter_elements(w, (2, 1, 1), ALL_ON) == 128 + 36 + 40 + 72 + 32
     want = float(collective_time_ms(m, "all_reduce", 2, 2, 4.0 * 308)) * two["steps"]
     assert two["comm_dp_ms"] == pytest.approx(want)
+    # trained input features: the groups' sampled-row gradients (64 / Gx = 32 rows x 16) all-gathered at
+    # the same stride, the rank's 2048 x 16 feature block in the optimizer step and 3 more copies in memory
+    trained = predict_config(w, m, 2, (2, 1, 1), 64, choice=FP32)
+    gather = float(collective_time_ms(m, "all_gather", 2, 2, 2 * 4.0 * 32 * 16)) * two["steps"]
+    assert trained["comm_dp_ms"] == pytest.approx(want + gather)
+    assert trained["all_gather_ms"] - two["all_gather_ms"] == pytest.approx(gather)
+    assert trained["other_optimizer_ms"] / two["other_optimizer_ms"] == pytest.approx((308 + 2048 * 16) / 308)
+    assert trained["memory_features_bytes"] - two["memory_features_bytes"] == pytest.approx(3 * 4.0 * 2048 * 16)
+    assert trained["gemm_ms"] > two["gemm_ms"]
 
 
 def test_one_rank_per_group_communicates_only_across_groups():
@@ -188,3 +197,23 @@ def test_search_points_the_minibatch_family_to_predict(run_cli):
     code, _, err = run_cli(["search", "--algorithm", "scalegnn-4d", "--dataset", "ogbn-products", "--gpus", "8",
                             "--machine", "perlmutter"])
     assert code == 2 and "predict --algorithm scalegnn-4d" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prefetch_hides_what_the_rest_of_the_step_covers_and_holds_two_samples():
+    """As the trainer prefetches: step t ends waiting for step t + 1's sampling, so a step exposes
+    max(0, sampling - the rest of the step); the next A_S and A_S^T exist beside the current ones.
+    ogbn-products: the step covers the sampling; a graph of degree 10,000 sampled 1,024 vertices at
+    a time: the sampled rows' gathers outlast the step."""
+    m = load_machine("perlmutter")
+    cases = ((workload_from_dataset("ogbn-products"), 2, (2, 2, 1), 8192, False),
+             (Workload("dense", 10**5, 10**9, (16, 8, 8, 4)), 1, (1, 1, 1), 1024, True))
+    for w, dp, grid, batch, exposed in cases:
+        on = predict_config(w, m, dp, grid, batch, choice=FP32, fixed_features=True)
+        off = predict_config(w, m, dp, grid, batch, choice=FP32, fixed_features=True, prefetch=False)
+        assert off["other_sampling_ms"] == pytest.approx(off["sampling_ms"]) and off["sampling_hidden_ms"] == 0
+        rest = off["step_ms"] * off["steps"] - off["other_sampling_ms"]  # the steps without their sampling
+        assert on["other_sampling_ms"] == pytest.approx(max(0.0, on["sampling_ms"] - rest))
+        assert (on["other_sampling_ms"] > 0) == exposed
+        assert on["sampling_hidden_ms"] == pytest.approx(on["sampling_ms"] - on["other_sampling_ms"])
+        assert on["total_ms"] < off["total_ms"]
+        assert on["memory_sampled_bytes"] == pytest.approx(2 * off["memory_sampled_bytes"])

@@ -24,14 +24,17 @@ TOL = 1e-9  # float64
 
 
 def configs_of(gpus: int, **extra) -> list[TrainConfig]:
-    """Every Gd x (Gx x Gy x Gz) = ``gpus``, one step checked, float64; components varied with the grid."""
+    """Every Gd x (Gx x Gy x Gz) = ``gpus``, one step checked, float64; components, fixed or trained
+    input features and prefetch varied with the grid."""
     out = []
     for dp in (d for d in range(1, gpus + 1) if gpus % d == 0):
         for k, grid in enumerate(enumerate_grids(gpus // dp).tolist()):
             minibatch = [{"dropout": 0.25}, {"rmsnorm": False, "residual": True}, {"residual": False}][k % 3]
+            minibatch["prefetch"] = k % 2 == 0
             out.append(normalize_config(TrainConfig(
                 algorithm="scalegnn-4d", grid=tuple(grid), dp=dp, batch_size=BATCH, hidden=HIDDEN, layers=3,
-                epochs=1, warmup=0, seed=5, dtype="float64", check=True, extra={"minibatch": minibatch, **extra})))
+                epochs=1, warmup=0, seed=5, dtype="float64", check=True, fixed_features=k % 2 == 1,
+                extra={"minibatch": minibatch, **extra})))
     return out
 
 
@@ -55,7 +58,7 @@ def _check_against_reference(graph, config, result):
     ref = reference_minibatch_step(graph, samples, layers=config.layers, hidden=config.hidden, seed=config.seed,
                                    dtype="float64", split=result["split_codes"],
                                    rmsnorm=options.get("rmsnorm", True), residual=options.get("residual", True),
-                                   dropout=options.get("dropout", 0.0))
+                                   dropout=options.get("dropout", 0.0), fixed_features=config.fixed_features)
     what = f"Gd {config.dp} grid {config.grid} {options}"
     assert max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]) < TOL, what
     assert max_relative_difference(got["logits"], ref["logits"], normwise=True) < TOL, what
@@ -81,6 +84,22 @@ def test_one_step_equals_serial_pyg_for_every_gd_and_grid(gpus, graph):
             assert row["spmm_ms"] > 0 and row["gemm_ms"] > 0
             assert row["spmm_ms"] + row["gemm_ms"] + row["comm_ms"] + row["quant_ms"] <= row["epoch_ms"] * 1.001
             assert (row.get("comm_dp_ms", 0.0) > 0) == (config.dp > 1)
+
+
+def test_prefetched_samples_equal_the_samples_drawn_in_step(graph):
+    """Training with the sampling of step t + 1 on a background thread during step t gives the
+    same samples, hence bit-identical losses and accuracies, as drawing each sample in its step."""
+    common = dict(algorithm="scalegnn-4d", grid=(1, 1, 2), dp=2, batch_size=12, hidden=HIDDEN, layers=3, epochs=3,
+                  warmup=0, seed=7, dtype="float64")
+    configs = [normalize_config(TrainConfig(extra={"minibatch": {"prefetch": on, "dropout": 0.1}}, **common))
+               for on in (True, False)]
+    assert configs[0].batch_size * configs[0].dp < graph.num_nodes  # several steps per epoch
+    on, off = run(graph, 4, configs)
+    assert on["losses"] == off["losses"] and len(on["losses"]) == 3
+    assert on["accuracy"] == off["accuracy"]
+    for per_rank in on["timers"]:
+        for row in per_rank:
+            assert row["sample_work_ms"] > 0
 
 
 class _NoCollectives:

@@ -291,11 +291,17 @@ def test_run_study_resumes_and_its_best_is_never_below_the_exhaustive_optimum(tm
     name = driver.study_name("toy-data", "toy", space, "epoch", measured=False)
     assert driver.study_name("toy-data", "toy", space, "epoch", measured=False, precision="bf16") == name + "-comm-bf16"
     assert driver.study_name("toy-data", "toy", space, "epoch", measured=False, name="mine") == "mine"
-    first = driver.run_study(name, open_storage(url), space, model, "epoch", trials=12, seed=3, starts=4)
+    first = driver.run_study(driver.StudyOptions(name, "epoch", 12, seed=3, starts=4), open_storage(url), space, model)
     assert (first.before, first.ran) == (0, 12)
-    again = driver.run_study(name, open_storage(url), space, model, "epoch", trials=20, seed=3, starts=4)
+    again = driver.run_study(driver.StudyOptions(name, "epoch", 20, seed=3, starts=4), open_storage(url), space, model)
     assert (again.before, again.ran) == (12, 8)
     values = [t.value for t in again.study.trials if t.value is not None and t.user_attrs.get("feasible", True)]
     _, optimum = exhaustive_optimum(space, model, "epoch")
     assert again.best_value == pytest.approx(min(values))
     assert again.best_value >= optimum - 1e-9
+    with pytest.raises(UserError, match="unknown objective"):
+        driver.StudyOptions(name, "latency", 20)
+    with pytest.raises(UserError, match="at least 1 trial"):
+        driver.StudyOptions(name, "epoch", 0)
+    with pytest.raises(UserError, match="study name is empty"):
+        driver.StudyOptions(" ", "epoch", 5)

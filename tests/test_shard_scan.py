@@ -28,6 +28,20 @@ from plexus_tune.model.sparsity import SHARE_POINTS, uniform_structure
 SPLITS = [(r, c) for r in (1, 2, 3, 4, 7) for c in (1, 2, 3, 5, 8)]
 
 
+@pytest.fixture(params=["compiled", "numpy"], autouse=True)
+def loops(request, monkeypatch):
+    """Every test runs the compiled loops (graph/kernels) and the vectorized numpy forms."""
+    import plexus_tune.graph.structure as structure
+    from plexus_tune.graph.kernels import compiled
+
+    if request.param == "compiled":
+        if compiled() is None:
+            pytest.fail("numba is a dependency: install the project (pip install -e .)")
+    else:
+        monkeypatch.setattr(structure, "compiled", lambda: None)
+    return request.param
+
+
 def _directed(n: int, edges: int, seed: int) -> sp.csr_matrix:
     rng = np.random.default_rng(seed)
     src = (rng.pareto(1.2, edges) * 7).astype(np.int64) % n  # a few popular targets
@@ -39,7 +53,9 @@ def _directed(n: int, edges: int, seed: int) -> sp.csr_matrix:
 
 @pytest.mark.parametrize("graph", ["rmat", "grid2d", "directed"])
 @pytest.mark.parametrize("mode", ["none", "single", "double", "local"])
-def test_one_scan_equals_every_block_counted(graph, mode):
+def test_one_scan_equals_every_block_counted(graph, mode, monkeypatch):
+    import plexus_tune.graph.structure as structure
+
     if graph == "directed":
         adjacency = _directed(1200, 9000, seed=1)
     else:
@@ -52,6 +68,25 @@ def test_one_scan_equals_every_block_counted(graph, mode):
     for split in SPLITS:
         assert got[split] == split_structure(pattern, *split), split
     assert got[(1, 1)]["nnz_max"] == pattern.nnz == normalized_nnz(adjacency)
+    if graph != "directed":  # a symmetric pattern: the second scan in the stored row order, rows bounded too
+        assert (adjacency != adjacency.T).nnz == 0
+        monkeypatch.setattr(structure, "SCAN_MAX_ROW_CELLS", 97)
+        fast = split_statistics(adjacency, SPLITS, row_perm, col_perm, chunk_entries=613, symmetric_pattern=True)
+        for split in SPLITS:
+            _assert_same_statistics(fast[split], got[split])
+        few = [(1, 1), (2, 3), (7, 5), (4, 8)]  # few splits: one scan keeping every block
+        one = split_statistics(adjacency, few, row_perm, col_perm, symmetric_pattern=True)
+        for split in few:
+            _assert_same_statistics(one[split], got[split])
+
+
+def _assert_same_statistics(got: dict, want: dict) -> None:
+    """Equal shard statistics; the row-length CV to rounding (its vector is summed in another order)."""
+    assert {k: got[k] for k in ("nnz_max", "nnz_mean", "block")} == {k: want[k] for k in ("nnz_max", "nnz_mean", "block")}
+    for side in ("forward", "transpose"):
+        assert got[side]["row_length_cv"] == pytest.approx(want[side]["row_length_cv"], rel=1e-12, abs=1e-15)
+        assert {k: v for k, v in got[side].items() if k != "row_length_cv"} == \
+            {k: v for k, v in want[side].items() if k != "row_length_cv"}
 
 
 def test_one_scan_of_a_stored_matrix_adds_no_self_loops():

@@ -7,6 +7,7 @@ The Slurm tests skip without a running Slurm, except under PLEXUS_TUNE_CI=1 wher
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from plexus_tune.cli.launching import command_argv
+from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.launch import slurm as ls
 
@@ -76,6 +78,77 @@ def test_scancel_on_sigterm_while_waiting(monkeypatch, tmp_path):
 
     final, signum = dispatch.wait(["5"], tmp_path / "l.jsonl", dispatch.Reporter(), poll_s=0.01, states=states)
     assert signum == signal.SIGTERM and cancelled == ["5"] and final[0].state == "CANCELLED"
+
+
+class _FakeLauncher:
+    submit_options = {"partition": "debug"}
+
+    def layout(self, world_size):
+        return (1, world_size)
+
+
+def test_dispatch_submits_waits_collects_and_then_submits_nothing(monkeypatch, tmp_path):
+    """dispatch(): one job submitted, its logged run and the run it left unfinished collected,
+    the failed job reported; a second call finds nothing to submit, a third waits for a live
+    job of the log without submitting (Slurm calls replaced)."""
+    log = tmp_path / "runs.jsonl"
+    submitted, polls = [], {"n": 0}
+    monkeypatch.setattr(dispatch, "POLL_S", 0.01)
+
+    def submit(script, options):
+        submitted.append(options)
+        return "41"
+
+    def states(ids):
+        polls["n"] += 1
+        if polls["n"] == 2:  # the job logs one run, then fails during the next
+            with open(log, "a") as handle:
+                handle.write(json.dumps({"schema": "plexus-tune/run-v2", "grid": "2x1x1", "trial": 0, "status": "ok",
+                                         "epoch_ms": 5.0, "slurm": {"job_id": "41"}}) + "\n")
+        state = "FAILED" if polls["n"] >= 3 else "RUNNING"
+        return [ls.JobState(str(i), None, state, "NonZeroExitCode" if state == "FAILED" else "None",
+                            1 if state == "FAILED" else None) for i in ids]
+
+    monkeypatch.setattr(ls, "submit", submit)
+    monkeypatch.setattr(ls, "job_states", states)
+    lines, collected = [], []
+    reporter = dispatch.Reporter()
+    monkeypatch.setattr(reporter, "line", lines.append)
+
+    def collect(job_states):
+        failed = [s for s in job_states if s.state != "COMPLETED"]
+        collected.extend(failed)
+        return [{"grid": "1x2x1", "trial": 0, "status": "failed", "reason": "Slurm job 41 FAILED"} for _ in failed]
+
+    job = dispatch.BatchJob(["measure", "--log", str(log)], str(log), _FakeLauncher(), [2, 1, 2], "plexus-tune-test")
+    assert job.world_sizes == (1, 2)
+    outcome = dispatch.dispatch(job, reporter, describe=lambda j, left: f"job {j}: {left} run(s)", pending=lambda: 2,
+                                collect=collect)
+    assert outcome.submitted == "41" and submitted[0].nodes == 1 and submitted[0].ntasks_per_node == 2
+    assert submitted[0].partition == "debug" and submitted[0].job_name == "plexus-tune-test"
+    assert [r["grid"] for r in outcome.records] == ["2x1x1", "1x2x1"] and [s.job_id for s in collected] == ["41"]
+    assert "Submitted batch job 41" in lines and "job 41: 2 run(s)" in lines
+    assert any(line.startswith("job 41 ended FAILED (reason NonZeroExitCode, exit code 1)") for line in lines)
+    assert outcome.exit_code() == 1 and dispatch.uncollected(log) == []
+
+    lines.clear()
+    again = dispatch.dispatch(job, reporter, describe=lambda j, left: "", pending=lambda: 0)
+    assert again.submitted is None and lines == ["nothing to submit"] and again.exit_code() == 0
+
+    dispatch.write_jobs(log, [*dispatch.read_jobs(log), {"job_id": "42", "collected": False}])
+    polls["n"] = -10  # job 42 is running for a while, then fails
+    lines.clear()
+    live = dispatch.dispatch(dataclasses.replace(job, wait=False), reporter, describe=lambda j, left: "",
+                             pending=lambda: 2)
+    assert live.submitted is None and live.detached and "nothing is submitted" in lines[0]
+    assert len(submitted) == 1
+
+
+def test_batch_job_checks_its_request():
+    with pytest.raises(UserError, match="at least one world size"):
+        dispatch.BatchJob(["run"], "l.jsonl", _FakeLauncher(), [], "x")
+    with pytest.raises(UserError, match="at least 1 task"):
+        dispatch.BatchJob(["run"], "l.jsonl", _FakeLauncher(), [2], "x", array=0)
 
 
 # ----------------------------------------------------------------------------- a running Slurm

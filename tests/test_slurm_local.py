@@ -211,10 +211,16 @@ def test_command_lines():
     gpu = ls.srun_step_argv(1, 4, ["a"], gpus_per_task=1, cpus_per_task=8, overlap=True)
     assert {"--gpus-per-task=1", "--gpu-bind=closest", "--cpus-per-task=8", "--cpu-bind=cores",
             "--overlap"} <= set(gpu) and "--exclusive" not in gpu
-    sb = ls.sbatch_argv(wrap=["echo", "a b"], job_name="j", output="o-%A_%a.out", array=3, ntasks=2)
+    sb = ls.sbatch_argv(ls.SbatchOptions(job_name="j", output="o-%A_%a.out", array=3, ntasks=2), wrap=["echo", "a b"])
     assert sb == ["sbatch", "--parsable", "--job-name=j", "--output=o-%A_%a.out", "--array=0-2",
                   "--ntasks=2", "--wrap=echo 'a b'"]
-    assert ls.sbatch_argv(Path("s.sbatch"), ["2x1x1"], nodes=1)[-2:] == ["s.sbatch", "2x1x1"]
+    assert ls.sbatch_argv(ls.SbatchOptions(nodes=1), Path("s.sbatch"), ["2x1x1"])[-2:] == ["s.sbatch", "2x1x1"]
+    assert ls.SbatchOptions(array="0-7%2", time_limit="1:00", extra=["--qos=x"]).flags() == [
+        "--array=0-7%2", "--time=1:00", "--qos=x"]
+    with pytest.raises(UserError, match="at least one task"):
+        ls.SbatchOptions(array=0)
+    with pytest.raises(UserError, match="nodes must be at least 1"):
+        ls.SbatchOptions(nodes=0)
 
 
 def test_sbatch_errors_are_one_line():
@@ -290,21 +296,21 @@ def _wait(job_id: str, timeout_s: float = 60.0) -> list[ls.JobState]:
 
 
 def test_batch_job_completes(slurm, tmp_path):
-    job = ls.submit("#!/bin/sh\necho hello from $SLURM_JOB_ID\n", job_name="pt-ok",
-                    output=str(tmp_path / "%j.out"))
+    job = ls.submit("#!/bin/sh\necho hello from $SLURM_JOB_ID\n",
+                    ls.SbatchOptions(job_name="pt-ok", output=str(tmp_path / "%j.out")))
     (state,) = _wait(job)
     assert (state.job_id, state.state, state.exit_code) == (job, "COMPLETED", 0)
     assert (tmp_path / f"{job}.out").read_text().strip() == f"hello from {job}"
 
 
 def test_batch_job_exit_3_is_failed(slurm, tmp_path):
-    job = ls.submit(["sh", "-c", "exit 3"], job_name="pt-exit3", output=str(tmp_path / "%j.out"))
+    job = ls.submit(["sh", "-c", "exit 3"], ls.SbatchOptions(job_name="pt-exit3", output=str(tmp_path / "%j.out")))
     (state,) = _wait(job)
     assert (state.state, state.reason, state.exit_code) == ("FAILED", "NonZeroExitCode", 3)
 
 
 def test_scancel_gives_cancelled(slurm, tmp_path):
-    job = ls.submit(["sleep", "60"], job_name="pt-cancel", output=str(tmp_path / "%j.out"))
+    job = ls.submit(["sleep", "60"], ls.SbatchOptions(job_name="pt-cancel", output=str(tmp_path / "%j.out")))
     deadline = time.monotonic() + 30
     while ls.job_states([job])[0].state != "RUNNING":
         assert time.monotonic() < deadline, "the sleep job did not start"
@@ -316,8 +322,8 @@ def test_scancel_gives_cancelled(slurm, tmp_path):
 
 
 def test_job_array_completes(slurm, tmp_path):
-    job = ls.submit(["sh", "-c", "echo task $SLURM_ARRAY_TASK_ID"], job_name="pt-array", array=3,
-                    output=str(tmp_path / "%A_%a.out"))
+    job = ls.submit(["sh", "-c", "echo task $SLURM_ARRAY_TASK_ID"],
+                    ls.SbatchOptions(job_name="pt-array", array=3, output=str(tmp_path / "%A_%a.out")))
     states = _wait(job)
     assert sorted((s.job_id, s.array_task, s.state) for s in states) == \
         [(job, t, "COMPLETED") for t in range(3)]
@@ -327,7 +333,7 @@ def test_job_array_completes(slurm, tmp_path):
 
 def test_too_large_request_is_rejected(slurm):
     with pytest.raises(UserError) as info:
-        ls.submit(["true"], ntasks=64, job_name="pt-too-big")
+        ls.submit(["true"], ls.SbatchOptions(ntasks=64, job_name="pt-too-big"))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("sbatch rejected the job (--ntasks=64)")
@@ -374,9 +380,9 @@ def test_slurm_train_sbatch_runs_the_trainer(slurm, tmp_path):
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     job = ls.submit(
         REPO / "runners" / "examples" / "slurm_train.sbatch",
+        ls.SbatchOptions(nodes=1, ntasks_per_node=2, gpus_per_node=0, output=str(tmp_path / "train-%j.out")),
         ["2x1x1", "--synthetic", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0",
          "--epochs", "3", "--hidden", "16", "--log", str(log)],
-        nodes=1, ntasks_per_node=2, gpus_per_node=0, output=str(tmp_path / "train-%j.out"),
         env=env, cwd=REPO)
     (state,) = _wait(job, 180)
     output = (tmp_path / f"train-{job}.out").read_text()

@@ -96,7 +96,7 @@ def print_codec_note(console, machine, precisions) -> None:
     used = {p for text in precisions for p in parse_comm_precision(text).as_dict().values() if p != "fp32"}
     estimated = sorted(used & set(machine.quant_estimated))
     if estimated:
-        bandwidth = machine.memory_bandwidth_gbps or machine.elementwise_gbps
+        bandwidth = machine.codec_estimate_gbps
         console.print(f"quant (estimated): {machine.name} has no measured codec rates for {', '.join(estimated)}; "
                       f"their codec time is estimated as passes over the bytes at {bandwidth:g} GB/s "
                       "(docs/comm-precision.md, Estimated codec)", highlight=False)

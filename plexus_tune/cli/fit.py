@@ -108,16 +108,16 @@ def run(args) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")  # every skipped input line is reported
-            fitted = fitting.fit_profile(
+            fitted = fitting.fit_profile(fitting.FitOptions(
                 spmm=args.spmm, collectives=args.collectives, gemm=args.gemm, runs=args.runs, name=args.machine_name,
                 kind=args.kind, n_splits=args.splits, seed=args.seed, r2_sem=args.r2_sem or None, n_jobs=args.jobs or os.cpu_count() or 1,
                 table=not args.no_table, collective_form=args.collective_form,
                 collective_sharing={"auto": None, "on": True, "off": False}[args.collective_sharing], host_cores=args.host_cores, gpus_per_node=args.gpus_per_node,
                 device_memory_gib=args.device_memory_gib, gemm_tflops=args.gemm_tflops,
-                elementwise_gbps=args.elementwise_gbps, memory_bandwidth_gbps=args.memory_bandwidth_gbps, description=args.description, source=args.out, progress=progress,
+                elementwise_gbps=args.elementwise_gbps, memory_bandwidth_gbps=args.memory_bandwidth_gbps, description=args.description, source=args.out,
                 collectives_profile=args.collectives_from, bandwidth=args.bandwidth, optimizer_runs=args.optimizer_runs,
                 optimizer=args.optimizer,
-            )
+            ), progress=progress)
     except KeyboardInterrupt:
         raise Interrupted(f"no profile written ({args.out} unchanged)") from None
     except UserError as exc:

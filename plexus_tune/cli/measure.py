@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from plexus_tune.cli.options import count, real
@@ -9,29 +11,23 @@ from plexus_tune.cli.launching import add_launcher_arguments, command_argv, laun
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
-from plexus_tune.launch import dispatch, slurm
+from plexus_tune.launch import dispatch
 from plexus_tune.measure.campaign import (
-    campaign_config,
+    Campaign,
+    campaign_rows,
     choose_grids,
-    config_identity,
-    config_settings,
-    job_failure_record,
-    launcher_options,
     load_stats,
-    log_campaign_run,
-    logged_trials,
+    log_unfinished,
     pending_runs,
     run_campaign,
     workload_of,
 )
-from plexus_tune.measure.identity import run_setting
-from plexus_tune.measure.table import runs_table
-from plexus_tune.measure.store import read_runs
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
-from plexus_tune.trainer.algorithms import check_algorithm, some_grid
+from plexus_tune.trainer.algorithms import check_algorithm
 from plexus_tune.trainer.run import check_training_memory
 
 
@@ -77,20 +73,33 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    campaign, machine, stats = _campaign(args)
+    dp = int(campaign.train_options.get("dp", 1))
+    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * dp for g in campaign.grids}))
+    check_training_memory(campaign.config(campaign.grids[0]), launcher)
+    if submits(launcher):
+        return _submit(args, campaign, launcher, machine, stats)
+    err = make_console(stderr=True)
+    with launcher, _Progress(campaign, err) as progress:
+        run_campaign(campaign, machine=machine, stats=stats, launcher=launcher, on_result=progress.on_result,
+                     on_skip=progress.on_skip, on_start=dispatch.mark_running)
+    _summary(make_console(), campaign, launcher)
+    failed = sum(1 for r in progress.rows if r.get("status") != "ok")
+    err.print(f"{len(progress.rows)} new run(s), {failed} failed; log: {campaign.log}")
+    return 0
 
+
+def _campaign(args) -> tuple[Campaign, object, object]:
+    """The campaign the arguments ask for, the profile predicting it and the graph's statistics,
+    each checked before any work starts."""
     graph = args.graph or args.synthetic
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
     if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
         raise UserError(f"need 0 <= --warmup < --epochs, got warmup {args.warmup}, epochs {args.epochs}")
-    machine = None
-    if args.machine:
-        machine = load_machine(args.machine)
+    machine = load_machine(args.machine) if args.machine else None
     check_log("--log", args.log, kinds=RUN_LOG, inputs=[graph, args.machine])
-    # the graph is read once here: a missing, truncated or corrupt file fails before any rank starts
-    stats = load_stats(graph)
-    workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
+    stats = load_stats(graph)  # read once here: a missing, truncated or corrupt file fails before any rank starts
     algorithm = check_algorithm(args.algorithm)
     family_options = family_train_options(args, algorithm)
     if family_options:
@@ -100,153 +109,85 @@ def run(args) -> int:
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
                "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
-    settings = config_settings(campaign_config(graph, some_grid(options["algorithm"], args.gpus), layers=args.layers, hidden=args.hidden,
-                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    settings = RunSpec.from_args(args, **options).prediction_settings()
+    workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
                          replication=args.replication)
-    console = make_console()
-    err = make_console(stderr=True)
-    total = len(grids) * args.trials
-    launcher = launcher_from_args(args, sorted({int(np.prod(g)) * int(family_options.get("dp", 1)) for g in grids}))
-    check_training_memory(campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                                          warmup=args.warmup, options=options), launcher)
-    if submits(launcher):
-        return _submit(args, launcher, graph, grids, options, machine, stats, console, err)
-    rows = []
-    with launcher, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
-        task = progress.add_task(f"measuring {len(grids)} grids x {args.trials} trials", total=total)
-
-        def on_skip(grid, trial):
-            progress.advance(task)
-            progress.console.print(f"{'x'.join(map(str, grid)):>9} trial {trial}: already in {args.log} (a logged run with "
-                                   f"these settings, from measure, train or run, counts as this trial; --redo runs it again)",
-                                   highlight=False)
-
-        def on_result(record, grid):
-            progress.advance(task)
-            name = format_grid(grid)
-            pred = record.get("predicted", {}).get("total_ms")
-            if record.get("status") == "ok":
-                obs = record["epoch_ms"]
-                extra = (f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%} of the observed)" if pred is not None else "")
-                progress.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
-            else:
-                progress.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")
-            rows.append(record)
-
-        run_campaign(
-            graph,
-            args.gpus,
-            grids,
-            log=args.log,
-            trials=args.trials,
-            epochs=args.epochs,
-            warmup=args.warmup,
-            layers=args.layers,
-            hidden=args.hidden,
-            machine=machine,
-            stats=stats,
-            redo=args.redo,
-            retry_failed=args.retry_failed,
-            train_options=options,
-            on_result=on_result,
-            on_skip=on_skip,
-            batch=args.batch,
-            launcher=launcher,
-            on_start=dispatch.mark_running,
-        )
-    _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                                                warmup=args.warmup, options=launcher_options(options, launcher)), args.gpus)
-    failed = sum(1 for r in rows if r.get("status") != "ok")
-    err.print(f"{len(rows)} new run(s), {failed} failed; log: {args.log}")
-    return 0
+    return Campaign(graph, args.gpus, grids, log=args.log, trials=args.trials, epochs=args.epochs,
+                    warmup=args.warmup, layers=args.layers, hidden=args.hidden, train_options=options,
+                    redo=args.redo, retry_failed=args.retry_failed, batch=args.batch), machine, stats
 
 
-def _submit(args, launcher, graph, grids, options, machine, stats, console, err) -> int:
-    """Outside a Slurm allocation: one batch job runs the campaign; wait for it, resume it."""
+class _Progress:
+    """A progress bar over a local campaign's runs and one line per run; ``rows``: the new records."""
 
-    reporter = dispatch.Reporter()
-    world_sizes = sorted({int(np.prod(g)) for g in grids})
-    settings = dict(log=args.log, trials=args.trials, epochs=args.epochs, warmup=args.warmup, layers=args.layers,
-                    hidden=args.hidden, redo=False, retry_failed=args.retry_failed)
-    workload = workload_of(stats, args.layers, args.hidden) if stats is not None and machine is not None else None
-    failed_jobs, new = [], []
+    def __init__(self, campaign: Campaign, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def collect(states):
-        """Log the run each unfinished job had in flight, with the job's Slurm state."""
-        train_options = launcher_options(options, launcher)
-        for state in states:
-            if state.state == "COMPLETED":
-                continue
-            failed_jobs.append(state)
-            running = dispatch.in_flight(args.log, state.key)
-            tail = dispatch.job_output_tail(args.log, state)
-            if running is None:
-                reporter.line(f"job {state.key} ended {state.state} before any run started" + (f":\n{tail}" if tail else ""))
-                continue
-            grid = tuple(int(v) for v in running["grid"].split("x"))
-            config = campaign_config(graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                                     warmup=args.warmup, options=train_options)
-            if logged_trials(args.log).get((config_identity(config), int(running["trial"]))) not in (None, "cancelled"):
-                continue  # the run was logged before the job ended
-            record = log_campaign_run(args.log, job_failure_record(config, state, launcher=launcher.name),
-                                      trial=int(running["trial"]), gpus=args.gpus, trials=args.trials, grids=grids,
-                                      machine=machine, workload=workload)
-            new.append(record)
-            reporter.line(dispatch.describe_run(record))
+        self.campaign, self.rows = campaign, []
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console)
 
-    def finish(states, signum):
-        collect(states)
-        dispatch.mark_collected(args.log, [s.job_id for s in states])
-        _summary(console, args.log, campaign_config(graph, grids[0], layers=args.layers, hidden=args.hidden,
-                                                    epochs=args.epochs, warmup=args.warmup,
-                                                    options=launcher_options(options, launcher)), args.gpus)
-        failed = sum(1 for r in new if r.get("status") != "ok")
-        left = len(pending_runs(graph, grids, **settings, train_options=options, launcher=launcher))
-        err.print(f"{len(new)} new run(s), {failed} failed; {left} still to run; log: {args.log}", highlight=False)
-        if signum is not None:
-            return 128 + signum
-        return 1 if failed_jobs else 0
+    def __enter__(self):
+        self.bar.__enter__()
+        self.task = self.bar.add_task(f"measuring {len(self.campaign.grids)} grids x {self.campaign.trials} trials",
+                                      total=self.campaign.runs())
+        return self
 
-    ids = dispatch.parse_job_ids(args.resume) if args.resume else dispatch.uncollected(args.log)
-    if ids:
-        states = slurm.job_states(ids)
-        live = [s for s in states if not (s.done or s.state == "UNKNOWN")]
-        if not live:
-            collect(states)
-            dispatch.mark_collected(args.log, ids)
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def on_skip(self, grid, trial) -> None:
+        self.bar.advance(self.task)
+        self.bar.console.print(f"{format_grid(grid):>9} trial {trial}: already in {self.campaign.log} (a logged run "
+                               f"with these settings, from measure, train or run, counts as this trial; --redo runs "
+                               f"it again)", highlight=False)
+
+    def on_result(self, record, grid) -> None:
+        self.bar.advance(self.task)
+        name, pred = format_grid(grid), record.get("predicted", {}).get("total_ms")
+        if record.get("status") == "ok":
+            obs = record["epoch_ms"]
+            extra = (f"  predicted {pred:9.2f} ms ({(pred - obs) / obs:+.0%} of the observed)" if pred is not None else "")
+            self.bar.console.print(f"{name:>9} trial {record['trial']}: observed {obs:9.2f} ms{extra}")
         else:
-            reporter.line(f"job(s) {', '.join(ids)} of this log are still queued or running: waiting for them "
-                          f"(nothing is submitted)")
-            if args.no_wait:
-                return 0
-            states, signum = dispatch.wait(ids, args.log, reporter, on_record=new.append)
-            return finish(states, signum)
-    pending = pending_runs(graph, grids, **settings, train_options=options, launcher=launcher)
-    if not pending:
-        reporter.line(f"all {len(grids) * args.trials} runs are in {args.log}: nothing to submit")
-        return finish([], None)
-    job = dispatch.submit(command_argv(args), args.log, launcher, world_sizes, job_name="plexus-tune-measure",
-                          reporter=reporter)
-    reporter.line(f"job {job}: {len(pending)} run(s) of {len(grids)} grid(s) on {max(world_sizes)} ranks; "
-                  f"output in {dispatch.state_dir(args.log)}")
-    if args.no_wait:
+            self.bar.console.print(f"{name:>9} trial {record['trial']}: {record.get('status')} - {record.get('reason')}")
+        self.rows.append(record)
+
+
+def _submit(args, campaign: Campaign, launcher, machine, stats) -> int:
+    """Outside a Slurm allocation: one batch job runs the campaign; wait for it, resume it
+    (:func:`plexus_tune.launch.dispatch.dispatch`)."""
+    workload = workload_of(stats, campaign.layers, campaign.hidden) if machine is not None else None
+    unlogged = dataclasses.replace(campaign, redo=False)  # what the log still lacks
+    world_sizes = sorted({int(np.prod(g)) for g in campaign.grids})
+    job = dispatch.BatchJob(command_argv(args), campaign.log, launcher, world_sizes, "plexus-tune-measure",
+                            resume=args.resume, wait=not args.no_wait,
+                            nothing_to_do=f"all {campaign.runs()} runs are in {campaign.log}: nothing to submit")
+    outcome = dispatch.dispatch(
+        job, dispatch.Reporter(),
+        describe=lambda job_id, left: (f"job {job_id}: {left} run(s) of {len(campaign.grids)} grid(s) on "
+                                       f"{max(world_sizes)} ranks; output in {dispatch.state_dir(campaign.log)}"),
+        pending=lambda: len(pending_runs(unlogged, launcher=launcher)),
+        collect=lambda states: log_unfinished(campaign, states, launcher=launcher, machine=machine, workload=workload))
+    if outcome.detached:
         return 0
-    states, signum = dispatch.wait([job], args.log, reporter, on_record=new.append)
-    return finish(states, signum)
+    _summary(make_console(), campaign, launcher)
+    failed = sum(1 for r in outcome.records if r.get("status") != "ok")
+    left = len(pending_runs(unlogged, launcher=launcher))
+    make_console(stderr=True).print(f"{len(outcome.records)} new run(s), {failed} failed; {left} still to run; "
+                                    f"log: {campaign.log}", highlight=False)
+    return outcome.exit_code(ok=all(s.state == "COMPLETED" for s in outcome.collected))
 
 
-def _summary(console, log, config, gpus) -> None:
+def _summary(console, campaign: Campaign, launcher) -> None:
     """Table of the runs on G with this campaign's setting (any grid): the runs table's rows, best first."""
     import math
 
     from rich.table import Table
 
-    setting = run_setting(config_identity(config))
-    table = runs_table(read_runs(log, warn=False), include_failed=True)
-    mine = table[[run_setting(i) == setting for i in table["identity"]]]
-    mine = mine[mine["gpus"] == gpus].sort_values("obs_epoch_ms", na_position="last")
-    out = Table(title=f"{setting[0]} on {gpus} ranks")
+    setting, mine = campaign_rows(campaign, launcher)
+    out = Table(title=f"{setting[0]} on {campaign.gpus} ranks")
     for col in ("grid", "runs", "failed", "observed median ms", "min..max", "predicted ms"):
         out.add_column(col, justify="left" if col == "grid" else "right")
     for _, row in mine.iterrows():

@@ -76,7 +76,9 @@ def rank(args, settings, workload, machine, gpus, precision, optimizer) -> list[
     try:
         return rank_minibatch(workload, machine, gpus, batch_sizes=settings["batch_sizes"], dp=settings["dp"],
                               comm_precision=precision, optimizer=optimizer,
-                              options={"prefetch": not args.no_prefetch}, graph=getattr(args, "loaded_graph", None))
+                              options={"prefetch": not args.no_prefetch,
+                                       "fixed_features": bool(getattr(args, "fixed_features", False))},
+                              graph=getattr(args, "loaded_graph", None))
     except UserError as exc:
         flag = {"batch_size": "--batch-size", "dp": "--dp"}.get(getattr(exc, "parameter", None) or "", None)
         raise UserError(f"{flag}: {exc}" if flag else str(exc)) from None
@@ -117,7 +119,7 @@ def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
         table.add_row(*row, style=None if rec["feasible"] else "red")
     console.print(table)
     console.print("times are ms per mini-batch epoch (steps x step time); total = SpMM + GEMM + comm + quant + other "
-                  "+ overhead; comm DP: the gradient all-reduce over the Gd groups (inside comm); sampling: the "
+                  "+ overhead; comm DP: the gradient all-reduce (and, with trained input features, the all-gather of their sampled rows' gradients) over the Gd groups (inside comm); sampling: the "
                   "sampling work, of which 'hidden' runs under the previous step (prefetch), the rest in other",
                   style="dim")
     best = next((r for r in records if r["feasible"]), None)

@@ -18,6 +18,7 @@ from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.cache import StructureCache
 from plexus_tune.graph.structure import shard_directory_matrix
+from plexus_tune.graph.structure_sample import auto_fraction, parse_sample, sampled_normalized_nnz
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.planner import joint_ranking
@@ -77,12 +78,23 @@ def workload_from_args(args):
                 raise UserError(f"{args.graph} holds no node data: give --features and --classes")
             return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]), int(manifest["nnz"]),
                                              features, classes, layers=layers, hidden=hidden, bytes_per_element=bpe)
-        graph = load_graph_source(args.graph)
+        sample = parse_sample(getattr(args, "graph_sample", None))
+        # the model reads the pattern and widths alone; a sample reads some rows' indices, checked as read
+        graph = load_graph_source(args.graph, pattern_only="rows" if sample is not None else True)
+        fraction = auto_fraction(graph.adjacency.nnz) if sample == "auto" else sample
+        fraction = None if fraction is not None and fraction >= 1 else fraction
+        if sample is not None and fraction is None:
+            graph = load_graph_source(args.graph, pattern_only=True)  # scanned whole: every index checked first
         args.loaded_graph = graph
-        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
-        summary = graph_summary(graph, args.structure_cache)
+        args.graph_fraction = fraction
+        if fraction is not None:
+            args.structure_cache = None
+            nnz, _ = sampled_normalized_nnz(graph.adjacency, fraction)
+        else:
+            args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
+            nnz = graph_summary(graph, args.structure_cache)["normalized_nnz"]
         return Workload.from_graph_stats(
-            graph.name, graph.num_nodes, summary["normalized_nnz"], features or graph.num_features,
+            graph.name, graph.num_nodes, nnz, features or graph.num_features,
             classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
         )
     if args.dataset:
@@ -129,6 +141,10 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
                         help="with --graph: the trainer's permutation of the graph (default double; a shard "
                         "directory keeps its own): each grid's largest shard and its structure are taken after it")
+    parser.add_argument("--graph-sample", default="auto", metavar="FRACTION|auto",
+                        help="with --graph: estimate the shard statistics from a sample of rows reading this fraction "
+                        "of the entries (e.g. 0.01; 1 reads them all), its error stated under the table; auto "
+                        "(default) samples graphs of more than 400M stored nonzeros at 20M entries")
     parser.add_argument("--no-cache", action="store_true",
                         help="with --graph: neither read nor write the structure cache (statistics of the graph's shards "
                         "kept in the data directory; 'plexus-tune graph cache' lists it)")
@@ -225,7 +241,15 @@ def graph_shards(args, grids, workload):
             raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
         return None, None
     mode = args.permute or "double"
-    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None)), mode
+    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None),
+                          sample=getattr(args, "graph_fraction", None)), mode
+
+
+def sample_line(sample: dict) -> str:
+    """The line that says a prediction's shard statistics are estimated, and how well."""
+    return (f"shard statistics estimated from a sample of rows reading {100 * sample['fraction']:.3g} % of the entries "
+            f"({sample['rows']:,} rows, {sample['entries']:,} entries): largest-shard nonzeros "
+            f"+/-{100 * sample['nnz_max_rse']:.2f} % (one standard error, worst split); --graph-sample 1 scans them all")
 
 
 def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
@@ -238,7 +262,8 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
         return
     others = [m for m in ("double", "local") if m != permute]
     gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
-                             optimizer=optimizer, cache=getattr(args, "structure_cache", None))
+                             optimizer=optimizer, cache=getattr(args, "structure_cache", None),
+                             sample=getattr(args, "graph_fraction", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
     print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
@@ -343,6 +368,8 @@ def run(args) -> int:
         _print_precision(pred, order, precision, auto, best_of, machine)
         if sparsity is not None:
             _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer)
+    if sparsity is not None and sparsity.sample is not None:
+        print(sample_line(sparsity.sample), file=sys.stdout if args.format == "table" else sys.stderr)
 
     n_clipped = int(pred["spmm_clipped"].sum())
     n_floored = int(pred["spmm_floored"].sum())

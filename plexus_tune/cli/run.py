@@ -117,7 +117,7 @@ def run(args) -> int:
     config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
                              warmup=args.warmup, options=options)
     if submits(launcher):
-        return _submit(args, launcher, grid, console)
+        return _submit(args, launcher, grid, log)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
     with launcher:
         record = run_training(config, raise_on_failure=False, launcher=launcher)
@@ -153,25 +153,14 @@ def run(args) -> int:
     return 0
 
 
-def _submit(args, launcher, grid, console) -> int:
+def _submit(args, launcher, grid, log) -> int:
     """Outside a Slurm allocation: a batch job runs this command; wait for it (or for the one
-    already submitted for this log) and report its run."""
-    reporter = dispatch.Reporter()
-    live = dispatch.live_or_submit(
-        args.log, args.resume, reporter,
-        lambda: dispatch.submit(command_argv(args), args.log, launcher, [args.gpus], job_name="plexus-tune-run", reporter=reporter),
-        lambda job: f"job {job}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) in {dispatch.state_dir(args.log)}")
-    if args.no_wait:
+    already submitted for this log) and report its run (:func:`plexus_tune.launch.dispatch.dispatch`)."""
+    job = dispatch.BatchJob(command_argv(args), log, launcher, [args.gpus], "plexus-tune-run", resume=args.resume,
+                            wait=not args.no_wait)
+    outcome = dispatch.dispatch(job, dispatch.Reporter(), describe=lambda job_id, _: (
+        f"job {job_id}: trains {format_grid(grid)} on {args.gpus} ranks; its output (tables) in {dispatch.state_dir(log)}"))
+    if outcome.detached:
         return 0
-    runs: list[dict] = []
-    states, signum = dispatch.wait(live, args.log, reporter, on_record=runs.append)
-    dispatch.mark_collected(args.log, live)
-    if signum is not None:
-        return 128 + signum
-    for state in states:
-        if state.state != "COMPLETED":
-            tail = dispatch.job_output_tail(args.log, state)
-            reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
-                          + (f":\n{tail}" if tail else ""))
-    ok = runs and all(r.get("status", "ok") == "ok" for r in runs)
-    return 0 if ok and all(s.state == "COMPLETED" for s in states) else 1
+    runs = outcome.records
+    return outcome.exit_code(ok=bool(runs) and all(r.get("status", "ok") == "ok" for r in runs))

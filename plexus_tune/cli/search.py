@@ -224,10 +224,11 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     callbacks = None if progress is None else [
         lambda study_, trial: progress("TPE trials", len(finished_trials(study_)), args.trials)]
     try:
-        outcome = driver.run_study(study_name, storage, space, model, args.objective, trials=args.trials,
-                                   seed=args.seed, attrs=attrs, measured=measured, warm_start_k=args.warm_start,
-                                   snap_neighbours=args.snap, starts=args.starts, launcher=launcher,
-                                   callbacks=callbacks, show_progress=launcher is not None and console.is_terminal)
+        options = driver.StudyOptions(study_name, args.objective, args.trials, seed=args.seed, attrs=attrs,
+                                      warm_start_k=args.warm_start, snap_neighbours=args.snap, starts=args.starts,
+                                      show_progress=launcher is not None and console.is_terminal)
+        outcome = driver.run_study(options, storage, space, model, measured=measured, launcher=launcher,
+                                   callbacks=callbacks)
     finally:
         if progress is not None:
             progress.close()
@@ -244,33 +245,22 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
 def _submit(args, launcher, space, storage) -> int:
     """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
     sharing the study; wait for it (or for the one already submitted for this log)."""
-    reporter = dispatch.Reporter()
     argv = command_argv(args)
     if args.storage is None:  # the workers must open the same database, wherever they start
         argv += ["--storage", default_storage_url()]
-    live = dispatch.live_or_submit(
-        args.log, args.resume, reporter,
-        lambda: dispatch.submit(argv, args.log, launcher, space.gpus, job_name="plexus-tune-search",
-                                array=args.workers if args.workers > 1 else None, reporter=reporter),
-        lambda job: f"job {job}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
-                    f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}")
-    if args.no_wait:
-        return 0
-    states, signum = dispatch.wait(live, args.log, reporter)
-    dispatch.mark_collected(args.log, live)
-    if signum is not None:
-        return 128 + signum
-    bad = [s for s in states if s.state != "COMPLETED"]
-    for state in bad:
-        tail = dispatch.job_output_tail(args.log, state)
-        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
-                      + (f":\n{tail}" if tail else ""))
+    job = dispatch.BatchJob(argv, args.log, launcher, space.gpus, "plexus-tune-search",
+                            array=args.workers if args.workers > 1 else None, resume=args.resume, wait=not args.no_wait)
+    outcome = dispatch.dispatch(job, dispatch.Reporter(), describe=lambda job_id, _: (
+        f"job {job_id}: {args.workers} search worker(s), {args.trials} trials in all, runs on up to "
+        f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}"))
+    if outcome.detached or outcome.signum is not None:
+        return outcome.exit_code()
     study_name = driver.study_name(args._name, args._machine, space, args.objective, measured=True, name=args.study)
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
     console = make_console()
     console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")
     print_best_table(study, args.objective, args.top, console, measured=True)
-    return 1 if bad else 0
+    return outcome.exit_code()
 
 
 def run_exhaustive(args, name, machine, space, model, plan, console, precision: str = "fp32") -> float:

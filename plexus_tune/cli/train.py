@@ -14,7 +14,7 @@ from plexus_tune.cli.output import check_log
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph, load_graph_source
 from plexus_tune.graph.sampling import check_batch_size
-from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.trainer.reference import check_verdict
@@ -145,10 +145,11 @@ def add_comm_precision_argument(parser) -> None:
                              "FP32 (docs/comm-precision.md)")
 
 
-def comm_precision_of(args: argparse.Namespace) -> str:
-    """The canonical text of ``--comm-precision`` (UserError naming the flag if it is bad)."""
+def comm_precision_of(args: argparse.Namespace) -> CommPrecision:
+    """``--comm-precision``, parsed once into the typed value the trainer, the records and the model take
+    (UserError naming the flag if it is bad)."""
     try:
-        return str(parse_comm_precision(args.comm_precision))
+        return parse_comm_precision(args.comm_precision)
     except UserError as exc:
         raise UserError(f"--comm-precision: {exc}") from None
 

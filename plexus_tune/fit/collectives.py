@@ -44,6 +44,7 @@ from plexus_tune.model.collectives import (  # noqa: F401  (ring_terms, bus_band
     Network,
     PerSpanNetwork,
     Placement,
+    REDUCE_SCATTER_FORMS,
     TwoTierNetwork,
     bus_bandwidth_gbps,
     hierarchical_terms,
@@ -133,6 +134,8 @@ class _Rows:
     y: np.ndarray
     size: np.ndarray
     gpus_per_node: int | None
+    #: how the backend runs a reduce-scatter (op already mapped to all_reduce where it is one)
+    reduce_scatter_form: str = "ring"
 
     def predict(self, network: Network, idx) -> np.ndarray:
         return network.placed_time_ms(self.op[idx], self.g[idx], self.place[idx], self.m_bytes[idx], self.messages[idx])
@@ -285,7 +288,8 @@ class _Fitter:
     def fit(self, cand: _Candidate, idx: np.ndarray) -> tuple[Network, dict]:
         rows = self.rows
         tiers, samples = _fit_tiers(self.X(cand.form, cand.sharing)[idx], rows.y[idx])
-        common = dict(gpus_per_node=rows.gpus_per_node, sharing=cand.sharing, **tiers)
+        common = dict(gpus_per_node=rows.gpus_per_node, sharing=cand.sharing,
+                      reduce_scatter_form=rows.reduce_scatter_form, **tiers)
         if cand.form == "hierarchical":
             return HierarchicalNetwork(**common), samples
         table = _fit_table(rows, idx, tiers["alpha_intra_us"]) if cand.table else ()
@@ -293,6 +297,26 @@ class _Fitter:
             entries = _fit_per_span(rows, idx, tiers, cand.sharing, cand.by_stride)
             return PerSpanNetwork(**common, bandwidth_table=table, entries=entries), samples
         return TwoTierNetwork(**common, bandwidth_table=table), samples
+
+
+def reduce_scatter_form(rows: _Rows, sharing: bool | None) -> tuple[str, dict]:
+    """How the timed backend runs a reduce-scatter, from the timings: the two-tier tiers fitted
+    on every row with the reduce-scatters timed as rings, and again as all-reduces of their
+    whole buffer (gloo's reduce_scatter_tensor); the form of the lower in-sample MAPE (%) wins.
+    Returns (form, {"rows": reduce-scatter rows, "mape": {form: MAPE}}); ring without such rows."""
+    mine = rows.op == "reduce_scatter"
+    if not np.any(mine):
+        return "ring", {}
+    mape = {}
+    for form in REDUCE_SCATTER_FORMS:
+        op = np.where(mine, "all_reduce", rows.op) if form == "all_reduce" else rows.op
+        X = _terms_matrix(replace(rows, op=op), "two-tier", True if sharing is None else bool(sharing))
+        tiers, _ = _fit_tiers(X, rows.y)
+        w = np.array([tiers["alpha_intra_us"], tiers["alpha_inter_us"], 1 / tiers["beta_intra_gbps"],
+                      1 / tiers["beta_inter_gbps"]])
+        mape[form] = float(np.mean(np.abs(X @ w - rows.y) / rows.y) * 100)
+    chosen = "all_reduce" if mape["all_reduce"] < mape["ring"] - MIN_GAIN else "ring"
+    return chosen, {"form": chosen, "rows": int(mine.sum()), "mape": mape}
 
 
 def _candidates(rows: _Rows, form: str, table: bool, sharing: bool | None) -> tuple[list[_Candidate], dict]:
@@ -382,6 +406,8 @@ class CollectiveModel:
     epoch_scores: dict = field(default_factory=dict)
     #: per op of EXCHANGE_OPS fitted: rows per tier and the in-sample MAPE (%)
     op_fit: dict = field(default_factory=dict)
+    #: the reduce-scatter form chosen (:func:`reduce_scatter_form`): form, rows, MAPE (%) per form
+    reduce_scatter_fit: dict = field(default_factory=dict)
 
     def choose(self, name: str, selected_by: str) -> "CollectiveModel":
         """The same fit with candidate ``name`` as the chosen network."""
@@ -533,6 +559,9 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     rows = _Rows(op=np.asarray(df["op"]).astype(str), g=np.asarray(df["group_size"], dtype=np.float64).astype(np.int64), place=place,
                  m_bytes=m_bytes, messages=np.asarray(df["messages"], dtype=np.float64) if "messages" in df else np.ones(len(df)),
                  y=np.asarray(df["time_ms"], dtype=np.float64), size=size_groups(m_bytes), gpus_per_node=n)
+    rs_form, rs_fit = reduce_scatter_form(rows, sharing)
+    if rs_form == "all_reduce":
+        rows = replace(rows, op=np.where(rows.op == "reduce_scatter", "all_reduce", rows.op), reduce_scatter_form=rs_form)
     fitter = _Fitter(rows)
     candidates, same_as = _candidates(rows, form, table, sharing)
     all_scores: dict = {}
@@ -571,4 +600,5 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     return CollectiveModel(network=network, name=chosen.name, scores=all_scores[chosen.name], all_scores=all_scores,
                            n_samples=len(rows.y), tier_samples=samples, placement_mismatches=mismatches,
                            selected_by=decide if len(usable) > 1 else "", same_as=same_as,
-                           candidates={name: net for name, (net, _) in networks.items()}, op_fit=op_fit)
+                           candidates={name: net for name, (net, _) in networks.items()}, op_fit=op_fit,
+                           reduce_scatter_fit=rs_fit)

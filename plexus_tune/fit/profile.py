@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -210,38 +211,9 @@ def _stage(progress: Progress | None, name: str):
     return None if progress is None else (lambda done, total: progress(name, done, total))
 
 
-def fit_profile(
-    *,
-    spmm,
-    collectives,
-    name: str,
-    gemm=None,
-    runs=None,
-    kind: str = "auto",
-    n_splits: int = DEFAULT_SPLITS,
-    seed: int = 0,
-    r2_sem: float | None = R2_SEM,
-    min_splits: int = MIN_SPLITS,
-    n_jobs: int = 1,
-    table: bool = True,
-    collective_form: str = "auto",
-    collective_sharing: bool | None = None,
-    host_cores: int | None = None,
-    gpus_per_node: int | None = None,
-    device_memory_gib: float | None = None,
-    gemm_tflops: float | None = None,
-    elementwise_gbps: float = 10.0,
-    memory_bandwidth_gbps: float | None = None,
-    description: str | None = None,
-    source: str = "<fitted profile>",
-    progress: Progress | None = None,
-    quant=None,
-    collectives_profile=None,
-    bandwidth=None,
-    optimizer_runs=None,
-    optimizer: str | None = None,
-) -> FittedProfile:
-    """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements.
+@dataclass(frozen=True)
+class FitOptions:
+    """The inputs and settings of one profile fit (:func:`fit_profile`), checked when made.
 
     ``spmm``, ``collectives`` and ``gemm``: log paths (CSV or JSON Lines; one or a
     list) or DataFrames; ``gemm`` defaults to the GEMM records of the ``spmm`` logs.
@@ -259,8 +231,6 @@ def fit_profile(
     host's memory / gpus_per_node), ``gemm_tflops`` (used when there are no GEMM
     timings), ``elementwise_gbps`` (a starting value the run fit rescales) and
     ``description`` go into the profile; ``source`` names it in validation errors.
-    ``progress(stage, done, total)`` is called as work is done. Warnings name input
-    lines that were skipped.
 
     ``collectives_profile`` (a profile name or path) replaces the collective fit: its
     ``collectives`` (and ``gpus_per_node`` unless given) are copied, with provenance
@@ -268,23 +238,79 @@ def fit_profile(
     bandwidth``) giving ``elementwise_gbps``, ``optimizer_gbps`` and ``sync_us``
     (:mod:`plexus_tune.fit.bandwidth`); ``optimizer_runs``: trainer runs whose optimizer
     phase gives ``optimizer_gbps`` where no bandwidth log times the optimizer;
-    ``optimizer``: the profile's optimizer (default: the trainer's).
+    ``optimizer``: the profile's optimizer (default: the trainer's). ``quant``: further
+    logs holding quant records (``calibrate quant``).
     """
-    check_kind(kind)
-    n_jobs = max(1, min(int(n_jobs), resources.host_cores()))  # workers beyond the cores only queue
-    if collective_form not in COLLECTIVE_FORMS:
-        raise UserError(f"unknown collective model form {collective_form!r}; choose one of {', '.join(COLLECTIVE_FORMS)}")
-    if n_splits < 0:
-        raise UserError(f"the number of splits must be >= 0, got {n_splits}")
-    if host_cores is not None and host_cores < 0:
-        raise UserError(f"host_cores must be >= 0 (0: no time-sharing model), got {host_cores}")
+
+    spmm: Any
+    collectives: Any
+    name: str
+    gemm: Any = None
+    runs: Any = None
+    quant: Any = None
+    bandwidth: Any = None
+    optimizer_runs: Any = None
+    collectives_profile: Any = None
+    kind: str = "auto"
+    n_splits: int = DEFAULT_SPLITS
+    seed: int = 0
+    r2_sem: float | None = R2_SEM
+    min_splits: int = MIN_SPLITS
+    n_jobs: int = 1
+    table: bool = True
+    collective_form: str = "auto"
+    collective_sharing: bool | None = None
+    host_cores: int | None = None
+    gpus_per_node: int | None = None
+    device_memory_gib: float | None = None
+    gemm_tflops: float | None = None
+    elementwise_gbps: float = 10.0
+    memory_bandwidth_gbps: float | None = None
+    optimizer: str | None = None
+    description: str | None = None
+    source: str = "<fitted profile>"
+
+    def __post_init__(self):
+        check_kind(self.kind)
+        if self.collective_form not in COLLECTIVE_FORMS:
+            raise UserError(f"unknown collective model form {self.collective_form!r}; "
+                            f"choose one of {', '.join(COLLECTIVE_FORMS)}")
+        if self.n_splits < 0:
+            raise UserError(f"the number of splits must be >= 0, got {self.n_splits}")
+        if self.host_cores is not None and self.host_cores < 0:
+            raise UserError(f"host_cores must be >= 0 (0: no time-sharing model), got {self.host_cores}")
+        if self.collectives_profile is not None and _given(self.collectives):
+            raise UserError("give collective logs or a profile to copy the collectives from, not both")
+
+
+def _given(inputs) -> bool:
+    """Whether logs (paths, a list of them, or a DataFrame) are given."""
+    if inputs is None or isinstance(inputs, (str, os.PathLike)):
+        return bool(inputs and os.fspath(inputs))
+    return bool(len(inputs))
+
+
+def fit_profile(options: FitOptions, *, progress: Progress | None = None) -> FittedProfile:
+    """Fit a machine profile from SpMM, collective, GEMM and trainer-run measurements
+    (``options``: :class:`FitOptions`).
+
+    ``progress(stage, done, total)`` is called as work is done. Warnings name input
+    lines that were skipped.
+    """
+    o = options
+    spmm, collectives, gemm, runs, quant, name = o.spmm, o.collectives, o.gemm, o.runs, o.quant, o.name
+    bandwidth, optimizer_runs, collectives_profile, optimizer = o.bandwidth, o.optimizer_runs, o.collectives_profile, o.optimizer
+    kind, n_splits, seed, r2_sem, min_splits, table = o.kind, o.n_splits, o.seed, o.r2_sem, o.min_splits, o.table
+    collective_form, collective_sharing, host_cores, gpus_per_node = (o.collective_form, o.collective_sharing,
+                                                                      o.host_cores, o.gpus_per_node)
+    device_memory_gib, gemm_tflops, elementwise_gbps = o.device_memory_gib, o.gemm_tflops, o.elementwise_gbps
+    memory_bandwidth_gbps, description, source = o.memory_bandwidth_gbps, o.description, o.source
+    n_jobs = max(1, min(int(o.n_jobs), resources.host_cores()))  # workers beyond the cores only queue
     timings: dict = {}
     started = time.perf_counter()
     spmm_df = load_tables(spmm, "spmm")
     copied = None
     if collectives_profile is not None:
-        if collectives:
-            raise UserError("give collective logs or a profile to copy the collectives from, not both")
         copied = load_machine(collectives_profile)
         coll_df = None
     else:
@@ -478,6 +504,7 @@ def fit_profile(
                          "epoch_scores": coll.epoch_scores or None,
                          "op_tiers": ({op: {**dict(coll.network.op_tiers)[op], **fit} for op, fit in coll.op_fit.items()}
                                       or None),
+                         "reduce_scatter": coll.reduce_scatter_fit or None,
                          "same_as": coll.same_as, "placement_mismatches": coll.placement_mismatches,
                          "table_rule": "a bandwidth table replaces the plain formula only if neither held-out R^2 nor MAPE is worse"}
                         if coll is not None else {"copied_from": copied.name}),
@@ -545,7 +572,11 @@ def _collectives_provenance(coll, copied, time_sharing) -> str:
             + "".join(f"; op_tiers.{op}: fit_op_tiers (relative least squares on its per-rank terms) on "
                       f"{fit['rows']} {op} timings ({fit['intra']} with intra-node and {fit['inter']} with inter-node messages; "
                       + (f"form {fit['form']}, the lower MAPE of {', '.join(BROADCAST_FORMS)}; " if "form" in fit else "")
-                      + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items()))
+                      + f"in-sample MAPE {fit['mape']:.1f} %)" for op, fit in coll.op_fit.items())
+            + (f"; reduce_scatter_form {coll.reduce_scatter_fit['form']}: the lower in-sample MAPE of the "
+               f"{coll.reduce_scatter_fit['rows']} reduce-scatter timings as rings "
+               f"({coll.reduce_scatter_fit['mape']['ring']:.1f} %) or as all-reduces of the whole buffer "
+               f"({coll.reduce_scatter_fit['mape']['all_reduce']:.1f} %)" if coll.reduce_scatter_fit else ""))
 
 
 def _check_log_path(path, what: str) -> None:

@@ -10,11 +10,12 @@ Two sources (docs/comm-precision.md, "Calibration"):
   timed in the same run; :func:`fit_call_ms` gives the time each process-group call of
   the scheme adds beyond what the model already counts::
 
-      extra = (t_P - t_fp32) - (net(M'_P) - net(M)) - codec_P(M)
+      extra = (t_P - t_fp32) - (net_P(M) - net(M)) - codec_P(M)
       call_ms = max(0, median over the pairs of extra / calls)
 
-  with ``net`` the profile's collective model (the one ``predict`` uses), ``M'_P`` the
-  wire-equivalent buffer, ``codec_P`` the codec time at the fitted rates and ``calls``
+  with ``net`` the profile's collective model and ``net_P`` the same at precision P in
+  the trainer's scheme (:func:`plexus_tune.model.machine.precision_collective_time_ms`,
+  the one ``predict`` uses), ``codec_P`` the codec time at the fitted rates and ``calls``
   the process-group calls of one collective at P (two for an all-reduce). A pair is
   taken from one calibration run (same ``measured_at``), on all groups at once.
 """
@@ -31,10 +32,9 @@ from plexus_tune.model.comm_precision import (
     parse_precision,
     process_group_calls,
     quant_time_ms,
-    wire_message_bytes,
 )
 from plexus_tune.fit.tables import pd_numeric
-from plexus_tune.model.machine import collective_time_ms
+from plexus_tune.model.machine import collective_time_ms, precision_collective_time_ms
 
 #: an FP32 record of another size is used for pairing only this close (ratio of sizes)
 PAIR_SIZE_RATIO = 1.25
@@ -137,7 +137,8 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         net = lambda nbytes: float(collective_time_ms(machine, r.op, g, p, nbytes))  # noqa: E731
         t32 = float(part["time_ms"].iloc[nearest]) + net(m) - net(m32)  # the FP32 time at this size
         codec = float(quant_time_ms(codec_rates, precision, r.op, g, m))
-        extra = (float(r.time_ms) - t32) - (net(float(wire_message_bytes(m, rows, precision))) - net(m)) - codec
+        wire = float(precision_collective_time_ms(machine, r.op, g, p, m, rows, precision))
+        extra = (float(r.time_ms) - t32) - (wire - net(m)) - codec
         per_call[precision].append(extra / process_group_calls(r.op, precision))
     for precision, values in per_call.items():
         q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))

@@ -2,13 +2,16 @@
 
 Statistics that take a scan over a graph's entries (the normalized nonzeros, whether the
 pattern is symmetric, the largest block of every split and its structure) are stored
-under ``<data dir>/structure-cache/<key>/``, where the key is the BLAKE2b hash of the
+under ``<data dir>/structure-cache/<key>/``, where the key is the XXH3 (128-bit) hash of the
 adjacency's pattern (N, indptr, indices; the values do not enter any statistic):
 
     graph.json                   name, nodes, stored and normalized nonzeros, rows storing
                                  their diagonal, symmetry
     <permutation>.json           ``{"splits": {"<layout>:<R>x<C>": entry}}`` for one
                                  permutation mode, seed (and the part counts of ``local``)
+    metis-v1-kway-parts<P>-seed<S>.npy
+                                 the METIS partition into P parts with seed S (one part
+                                 per node), :func:`plexus_tune.graph.partition.partition_graph`
 
 A changed graph hashes to another key, so its old entries are never read. The hash of
 a graph file is remembered with the files' size, modification time and inode
@@ -20,7 +23,6 @@ is ignored with one :class:`CorruptCacheWarning` and rewritten.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import warnings
@@ -51,9 +53,11 @@ def _hash_array(h, array) -> None:
 
 
 def pattern_hash(adjacency) -> str:
-    """BLAKE2b (128-bit, hex) of a square CSR pattern: N, indptr and indices, not the values."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"csr-pattern-v1:{adjacency.shape[0]}:".encode())
+    """XXH3 (128-bit, hex) of a square CSR pattern: N, indptr and indices, not the values."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    h.update(f"csr-pattern-v2:{adjacency.shape[0]}:".encode())
     _hash_array(h, adjacency.indptr)
     _hash_array(h, adjacency.indices)
     return h.hexdigest()
@@ -119,7 +123,12 @@ def known_valid(files) -> list | None:
         warnings.simplefilter("ignore", CorruptCacheWarning)
         memo = _read_json(cache_root() / "validated.json")
     entries = memo.get("files") if isinstance(memo, dict) else None
-    return stat if isinstance(entries, dict) and entries.get(stat[0][0]) == stat else None
+    return stat if isinstance(entries, dict) and entries.get(_files_key(stat)) == stat else None
+
+
+def _files_key(stat: list) -> str:
+    """The memo key of a set of files: their resolved paths."""
+    return "|".join(entry[0] for entry in stat)
 
 
 def remember_valid(files) -> None:
@@ -133,7 +142,7 @@ def remember_valid(files) -> None:
         memo = _read_json(path) or {"version": CACHE_VERSION, "files": {}}
     if not isinstance(memo.get("files"), dict):
         memo["files"] = {}
-    memo["files"][stat[0][0]] = stat
+    memo["files"][_files_key(stat)] = stat
     with contextlib.suppress(OSError):
         _write_json(path, memo)
 
@@ -228,6 +237,46 @@ class StructureCache:
             _write_json(self.directory / f"{name}.json", data)
 
 
+#: Version of a cached partition's file name (changes when the partitioner's call changes).
+PARTITION_VERSION = 1
+
+
+def partition_file(key: str, parts: int, seed: int, root=None) -> Path:
+    """Where the METIS partition of the graph of pattern hash ``key`` into ``parts`` parts with ``seed`` is kept."""
+    return cache_root(root) / key / f"metis-v{PARTITION_VERSION}-kway-parts{int(parts)}-seed{int(seed)}.npy"
+
+
+def read_partition(path: Path, nodes: int, parts: int) -> np.ndarray | None:
+    """A cached partition (one part in [0, parts) per node), None when missing; None with one
+    :class:`CorruptCacheWarning` when unreadable or not such a partition."""
+    if not path.is_file():
+        return None
+    try:
+        part = np.load(path, allow_pickle=False)
+        if part.shape != (nodes,) or part.dtype.kind not in "iu" or (nodes and (part.min() < 0 or part.max() >= parts)):
+            raise ValueError(f"not a partition of {nodes} nodes into {parts} parts")
+        return part.astype(np.int64, copy=False)
+    except (OSError, ValueError, EOFError) as exc:
+        warnings.warn(CorruptCacheWarning(f"{path}: corrupt cached partition ignored and recomputed "
+                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"),
+                      stacklevel=3)
+        return None
+
+
+def store_partition(path: Path, part: np.ndarray) -> None:
+    """Write a partition atomically (skipped on a read-only data directory)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
+        try:
+            np.save(tmp, np.asarray(part, dtype=np.int32 if part.size and part.max() < 2**31 else np.int64),
+                    allow_pickle=False)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
 def cache_listing(root=None) -> list[dict]:
     """Every cached graph: ``{"key", "name", "nodes", "nnz", "entries": {name: splits}, "bytes"}``."""
     base = cache_root(root)
@@ -244,6 +293,9 @@ def cache_listing(root=None) -> list[dict]:
                 continue
             data = _read_json(file)
             entries[file.stem] = len(data.get("splits", {})) if isinstance(data, dict) else None
+        for file in sorted(directory.glob("metis-*.npy")):
+            size += file.stat().st_size
+            entries[file.stem] = "partition"
         out.append({"key": directory.name, "name": graph.get("name"), "nodes": graph.get("nodes"),
                     "nnz": graph.get("normalized_nnz"), "entries": entries, "bytes": size})
     return out

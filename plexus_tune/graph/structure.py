@@ -22,12 +22,28 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from plexus_tune.graph.kernels import compiled
 from plexus_tune.graph.shards import check_shard_files, load_shard_range
 
 #: Points of the column popularity curve: share of nonzeros in the 2^j most popular columns.
 SHARE_POINTS = 32
 #: Keys of a structure record (the ``structure`` field of an SpMM record), in order.
 STRUCTURE_KEYS = ("row_length_cv", "top1pct_column_share", "touched_column_fraction", "column_share")
+
+
+def _top_sums(counts: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Sum of the m largest of ``counts`` (whole numbers >= 0) for every m (<= counts.size), from
+    their histogram: with A(v) values >= v holding H(v) in total, and t the largest v with
+    A(v) >= m, the top m hold H(t + 1) + (m - A(t + 1)) t."""
+    hist = np.bincount(counts)
+    values = np.arange(hist.size, dtype=np.int64)
+    at_least = np.cumsum(hist[::-1])[::-1]  # A(v)
+    held = np.cumsum((hist * values)[::-1])[::-1]  # H(v)
+    at_least = np.append(at_least, 0)
+    held = np.append(held, 0)
+    # t: the largest v with A(v) >= m (A falls as v grows)
+    t = np.searchsorted(-at_least, -np.asarray(m, dtype=np.int64), side="right") - 1
+    return held[t + 1] + (m - at_least[t + 1]) * t
 
 
 def column_share_curve(col_counts: np.ndarray, nnz: float | None = None) -> np.ndarray:
@@ -40,29 +56,22 @@ def column_share_curve(col_counts: np.ndarray, nnz: float | None = None) -> np.n
     points = 2 ** np.arange(SHARE_POINTS, dtype=np.int64)
     inside = points < counts.size
     if np.any(inside):
-        top = int(points[inside].max())
-        # the top-m values, sorted descending, without sorting the whole vector
-        if top < counts.size // 4:
-            part = np.partition(counts, counts.size - top)[counts.size - top:]
-        else:
-            part = counts
-        ordered = np.sort(part)[::-1]
-        cum = np.cumsum(ordered, dtype=np.float64)
-        out[inside] = cum[points[inside] - 1] / total
+        out[inside] = _top_sums(counts, points[inside]).astype(np.float64) / total
     return np.minimum(out, 1.0)
 
 
 def operand_structure(row_counts, col_counts) -> dict:
     """The structure record of one sparse operand from its row lengths and column counts."""
-    rows = np.asarray(row_counts, dtype=np.float64)
-    cols = np.asarray(col_counts)
-    nnz = float(rows.sum())
+    rows = np.asarray(row_counts)
+    cols = np.asarray(col_counts, dtype=np.int64)
+    hist = np.bincount(np.asarray(rows, dtype=np.int64)) if rows.size else np.zeros(1, dtype=np.int64)
+    values = np.arange(hist.size, dtype=np.float64)
+    nnz = float(hist @ values)
     mean = nnz / max(rows.size, 1)
-    cv = float(rows.std() / mean) if mean > 0 else 0.0
+    cv = float(np.sqrt(hist @ (values - mean) ** 2 / max(rows.size, 1)) / mean) if mean > 0 else 0.0
     top = max(1, cols.size // 100)
     if nnz > 0 and cols.size:
-        head = np.partition(cols, cols.size - top)[cols.size - top:] if top < cols.size else cols
-        top_share = float(head.sum() / nnz)
+        top_share = float(_top_sums(cols, np.array([min(top, cols.size)]))[0] / nnz)
     else:
         top_share = 0.0
     return {
@@ -71,7 +80,6 @@ def operand_structure(row_counts, col_counts) -> dict:
         "touched_column_fraction": float(np.count_nonzero(cols) / max(cols.size, 1)),
         "column_share": [round(float(v), 6) for v in column_share_curve(cols, nnz)],
     }
-
 
 
 # --------------------------------------------------------------------------- graph shards
@@ -269,13 +277,14 @@ def _csr_parts(adjacency) -> tuple[np.ndarray, np.ndarray, int]:
     return np.asarray(adjacency.indptr), adjacency.indices, int(adjacency.shape[0])
 
 
-def _row_chunks(indptr: np.ndarray, chunk_entries: int):
-    """Consecutive row ranges [a, b) of about ``chunk_entries`` stored entries each."""
+def _row_chunks(indptr: np.ndarray, chunk_entries: int, max_rows: int | None = None):
+    """Consecutive row ranges [a, b) of about ``chunk_entries`` stored entries (and at most
+    ``max_rows`` rows) each."""
     n = indptr.size - 1
     a = 0
     while a < n:
         b = int(np.searchsorted(indptr, int(indptr[a]) + chunk_entries, side="right")) - 1
-        b = min(max(b, a + 1), n)
+        b = min(max(b, a + 1), n, a + max_rows if max_rows else n)
         yield a, b
         a = b
 
@@ -284,6 +293,10 @@ def diagonal_rows(adjacency, chunk_entries: int = SCAN_CHUNK_ENTRIES) -> np.ndar
     """Whether each row stores its diagonal entry (bool, N), read in chunks of rows."""
     indptr, indices, n = _csr_parts(adjacency)
     has = np.zeros(n, dtype=bool)
+    kernels = compiled()
+    if kernels is not None:
+        kernels.diagonal_rows(np.asarray(indptr), np.asarray(indices), has)
+        return has
     for a, b in _row_chunks(indptr, chunk_entries):
         lo, hi = int(indptr[a]), int(indptr[b])
         if hi > lo:
@@ -305,7 +318,7 @@ def _segments(n: int, counts) -> tuple[np.ndarray, np.ndarray]:
 
 def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_loops: bool = True,
                      has_diagonal: np.ndarray | None = None, chunk_entries: int = SCAN_CHUNK_ENTRIES,
-                     progress=None) -> dict:
+                     symmetric_pattern: bool = False, progress=None) -> dict:
     """:func:`split_structure` of every (R, C) split of ``B = A_hat[row_perm][:, col_perm]``, in two scans.
 
     Equal to ``split_structure(PermutedPattern(adjacency, row_perm, col_perm, self_loops=...), R, C)``
@@ -314,8 +327,10 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     cells); the second reads the rows of each split's largest block, in the new row order,
     for its row lengths and column counts. Both read ``chunk_entries`` entries at a time, so
     beside the graph's arrays memory holds the permutations, the cells and one chunk.
-    ``has_diagonal``: :func:`diagonal_rows` when already known. ``progress(stage, seconds)``
-    is called after each scan.
+    ``has_diagonal``: :func:`diagonal_rows` when already known. ``symmetric_pattern``: the
+    adjacency's pattern equals its transpose's, which lets the second scan read the rows in
+    their stored order (:func:`_block_vectors_symmetric`). ``progress(stage, seconds)`` is
+    called after each scan.
     """
     indptr, indices, n = _csr_parts(adjacency)
     splits = sorted({(int(r), int(c)) for r, c in splits})
@@ -329,6 +344,7 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
         first = [s for s in splits if s[1] in half]
         rest = [s for s in splits if s[1] not in half]
         kwargs = dict(self_loops=self_loops, chunk_entries=chunk_entries, progress=progress,
+                      symmetric_pattern=symmetric_pattern,
                       has_diagonal=has_diagonal if has_diagonal is not None or not self_loops else diagonal_rows(adjacency, chunk_entries))
         return {**split_statistics(adjacency, first, row_perm, col_perm, **kwargs),
                 **split_statistics(adjacency, rest, row_perm, col_perm, **kwargs)}
@@ -341,6 +357,10 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     inv_row[row_perm] = np.arange(n, dtype=index_dtype)
     inv_col = np.empty(n, dtype=index_dtype)
     inv_col[col_perm] = np.arange(n, dtype=index_dtype)
+    if (symmetric_pattern and compiled() is not None and
+            sum(R + C for R, C in splits) <= ONE_SCAN_MAX_BLOCKS):
+        return _every_block_statistics(indptr, indices, n, splits, inv_row, inv_col, self_loops, has_diagonal, adjacency,
+                                       progress)
 
     # scan 1: entries per cell, in the stored row order
     t0 = time.perf_counter()
@@ -349,7 +369,12 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     cells = np.zeros(nrs * ncs, dtype=np.int64)
     find_diagonal = self_loops and has_diagonal is None
     has = np.zeros(n, dtype=bool) if find_diagonal else None
-    for a, b in _row_chunks(indptr, chunk_entries):
+    kernels = compiled()
+    if kernels is not None:
+        if find_diagonal:
+            has, find_diagonal, has_diagonal = None, False, diagonal_rows(adjacency)
+        kernels.cell_counts(np.asarray(indptr), np.asarray(indices), row_cell, col_cell, cells)
+    for a, b in ([] if kernels is not None else _row_chunks(indptr, chunk_entries)):
         lo, hi = int(indptr[a]), int(indptr[b])
         if hi == lo:
             continue
@@ -365,7 +390,6 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     else:
         lacking = np.zeros(0, dtype=np.int64)
     loop_rows, loop_cols = inv_row[lacking], inv_col[lacking]
-    del lacking
     if loop_rows.size:
         cells += np.bincount(rseg[loop_rows].astype(np.int64) * ncs + cseg[loop_cols], minlength=nrs * ncs)
     table = np.zeros((nrs + 1, ncs + 1), dtype=np.int64)
@@ -388,8 +412,34 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
         out[(R, C)] = {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (r, c)}
         targets[(R, C)] = (min(r * br, n), min((r + 1) * br, n), c * bc, (c + 1) * bc, br, bc)
 
-    # scan 2: the rows of every largest block, in the new row order
+    # scan 2: the row lengths and column counts of every largest block
     t0 = time.perf_counter()
+    if symmetric_pattern:
+        vectors = _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, chunk_entries, lacking)
+    else:
+        vectors = _block_vectors_gathered(indptr, indices, n, row_perm, inv_col, cseg, ccuts, targets, chunk_entries)
+        for key, (r0, r1, c0, c1, br, bc) in targets.items():
+            inside = (loop_rows >= r0) & (loop_rows < r1) & (loop_cols >= c0) & (loop_cols < c1)
+            rows_out, cols_out = vectors[key]
+            if np.any(inside):
+                rows_out += np.bincount(loop_rows[inside] - r0, minlength=br)[:br]
+                cols_out += np.bincount(loop_cols[inside] - c0, minlength=bc)[:bc]
+    del lacking
+    for key in targets:
+        rows_out, cols_out = vectors[key]
+        out[key]["forward"] = operand_structure(rows_out, cols_out)
+        out[key]["transpose"] = operand_structure(cols_out, rows_out)
+    if progress is not None:
+        progress("blocks", time.perf_counter() - t0)
+    return out
+
+
+def _block_vectors_gathered(indptr, indices, n, row_perm, inv_col, cseg, ccuts, targets, chunk_entries) -> dict:
+    """Scan 2 of any pattern: ``{key: (row lengths, column counts)}`` of each target block
+    ``(r0, r1, c0, c1, br, bc)``, its stored entries only, reading the rows of every
+    target in the new row order (each chunk's entries sorted by column segment)."""
+    ncs = ccuts.size - 1
+    index_dtype = np.int32 if n < 2**31 else np.int64
     vectors = {key: (np.zeros(t[4], dtype=np.int64), np.zeros(t[5], dtype=np.int64)) for key, t in targets.items()}
     row_starts = np.asarray(indptr[:-1])
     row_lengths = np.diff(indptr)
@@ -470,14 +520,159 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
             rows_out[a - r0:b - r0] += np.bincount(sorted_rows[picked] - a, minlength=b - a)[:b - a]
             cols_out += np.bincount(sorted_cols[picked] - c0, minlength=bc)[:bc]
         k = stop
-    for key, (r0, r1, c0, c1, br, bc) in targets.items():
-        inside = (loop_rows >= r0) & (loop_rows < r1) & (loop_cols >= c0) & (loop_cols < c1)
-        rows_out, cols_out = vectors[key]
-        if np.any(inside):
-            rows_out += np.bincount(loop_rows[inside] - r0, minlength=br)[:br]
-            cols_out += np.bincount(loop_cols[inside] - c0, minlength=bc)[:bc]
-        out[key]["forward"] = operand_structure(rows_out, cols_out)
-        out[key]["transpose"] = operand_structure(cols_out, rows_out)
+    return vectors
+
+
+#: A symmetric pattern's few splits (their R + C summed up to this) are read in one scan that
+#: keeps every block's row lengths and column counts (that many N-vectors) instead of two.
+ONE_SCAN_MAX_BLOCKS = 40
+
+
+def _every_block_statistics(indptr, indices, n, splits, inv_row, inv_col, self_loops, has_diagonal, adjacency,
+                            progress) -> dict:
+    """:func:`split_statistics` of a few splits of a symmetric pattern in one scan: the row
+    lengths and column counts of every block (:func:`_block_vectors_symmetric`), each
+    block's nonzeros their sum."""
+    t0 = time.perf_counter()
+    if self_loops:
+        diagonal = diagonal_rows(adjacency) if has_diagonal is None else np.asarray(has_diagonal, dtype=bool)
+        lacking = np.flatnonzero(~diagonal)
+    else:
+        lacking = np.zeros(0, dtype=np.int64)
+    targets = {}
+    for R, C in splits:
+        br, bc = -(-n // R), -(-n // C)
+        for r in range(R):
+            for c in range(C):
+                targets[(R, C, r, c)] = (min(r * br, n), min((r + 1) * br, n), c * bc, (c + 1) * bc, br, bc)
+    vectors = _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, SCAN_CHUNK_ENTRIES, lacking)
+    out = {}
+    for R, C in splits:
+        counts = np.array([[int(vectors[(R, C, r, c)][0].sum(dtype=np.int64)) for c in range(C)] for r in range(R)],
+                          dtype=np.int64)
+        r, c = (int(v) for v in np.unravel_index(int(np.argmax(counts)), counts.shape))
+        rows_out, cols_out = vectors[(R, C, r, c)]
+        out[(R, C)] = {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (r, c),
+                       "forward": operand_structure(rows_out, cols_out), "transpose": operand_structure(cols_out, rows_out)}
     if progress is not None:
         progress("blocks", time.perf_counter() - t0)
     return out
+
+
+#: Most (rows x ranges) counts one chunk of the symmetric second scan holds.
+SCAN_MAX_ROW_CELLS = 1 << 22
+
+
+def _range_cuts(n: int, bounds) -> tuple[np.ndarray, np.ndarray]:
+    """(cuts, range of every id): ids cut at each of ``bounds`` (clipped to [0, n])."""
+    cuts = np.unique(np.clip(np.asarray(sorted(set(bounds) | {0, n}), dtype=np.int64), 0, n))
+    dtype = np.int8 if cuts.size <= 128 else np.int16 if cuts.size <= 2**15 else np.int32
+    return cuts, np.repeat(np.arange(cuts.size - 1, dtype=dtype), np.diff(cuts))
+
+
+def _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, chunk_entries, loops) -> dict:
+    """Scan 2 of a symmetric pattern A, in the stored row order: ``{key: (row lengths,
+    column counts)}`` of each target block ``(r0, r1, c0, c1, br, bc)`` of
+    ``B = A_hat[row_perm][:, col_perm]`` (``loops``: the old ids whose self-loop A_hat adds),
+    each vector in no particular order (the statistics read them as multisets), zeros
+    padding it to br and bc.
+
+    Row m of A is row ``inv_row[m]`` of B and, A being symmetric, column ``inv_col[m]``
+    of B. The new columns are cut into ranges at every target's c0 and c1, the new rows
+    at every r0 and r1; each chunk counts every row's entries per column range and per row
+    range (two bincounts), and a target's row lengths are differences of the first's
+    running sums at c0 and c1 over the rows m with ``inv_row[m]`` in [r0, r1), its column
+    counts those of the second at r0 and r1 over the rows m with ``inv_col[m]`` in
+    [c0, c1). No entry is gathered or sorted; each target costs its rows and columns.
+    """
+    ccuts, cseg = _range_cuts(n, [t[2] for t in targets.values()] + [t[3] for t in targets.values()])
+    rcuts, rseg = _range_cuts(n, [t[0] for t in targets.values()] + [t[1] for t in targets.values()])
+    kc, kr = ccuts.size - 1, rcuts.size - 1
+    col_range = cseg[inv_col]  # column range of each old id's new column
+    row_range = rseg[inv_row]  # row range of each old id's new row
+    del cseg, rseg
+    spans = {key: (int(np.searchsorted(rcuts, min(r0, n))), int(np.searchsorted(rcuts, min(r1, n))),
+                   int(np.searchsorted(ccuts, min(c0, n))), int(np.searchsorted(ccuts, min(c1, n))))
+             for key, (r0, r1, c0, c1, _, _) in targets.items()}
+    loops = np.asarray(loops, dtype=np.int64)
+    kernels = compiled()
+    if kernels is not None and max(kc, kr) <= 2**15:
+        keys = list(targets)
+        span_array = np.array([spans[key] for key in keys], dtype=np.int64).reshape(-1, 4)
+        shift = 8 if max(kc, kr) <= 2**7 else 16
+        ranges = (row_range.astype(np.int32) << shift) | col_range.astype(np.int32)
+        ranges = ranges.astype(np.uint16 if shift == 8 else np.int32)
+        del col_range, row_range
+
+        def targets_of(first: int, last: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+            # for every range g, the targets whose span [first, last) holds it (CSR)
+            members = [[t for t in range(len(keys)) if span_array[t, first] <= g < span_array[t, last]] for g in range(count)]
+            ptr = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum([len(m) for m in members], out=ptr[1:])
+            flat = np.array([t for m in members for t in m], dtype=np.int64)
+            return ptr, flat
+
+        row_ptr, row_targets = targets_of(0, 1, kr)
+        col_ptr, col_targets = targets_of(2, 3, kc)
+        row_sizes = [targets[key][1] - targets[key][0] for key in keys]
+        col_sizes = [min(targets[key][3], n) - min(targets[key][2], n) for key in keys]
+        row_offsets = np.concatenate([[0], np.cumsum(row_sizes)]).astype(np.int64)
+        col_offsets = np.concatenate([[0], np.cumsum(col_sizes)]).astype(np.int64)
+        row_out = np.zeros(int(row_offsets[-1]), dtype=np.int32)
+        col_out = np.zeros(int(col_offsets[-1]), dtype=np.int32)
+        loop_mask = np.zeros(n, dtype=bool)
+        loop_mask[loops] = True
+        kernels.symmetric_blocks(np.asarray(indptr), np.asarray(indices), loop_mask, ranges, ranges, shift, kc, kr, span_array,
+                                 row_ptr, row_targets, col_ptr, col_targets, row_offsets[:-1].copy(),
+                                 col_offsets[:-1].copy(), row_out, col_out)
+        vectors = {}
+        for i, key in enumerate(keys):
+            br, bc = targets[key][4], targets[key][5]
+            rows_out = np.zeros(br, dtype=np.int32)
+            rows_out[:row_sizes[i]] = row_out[row_offsets[i]:row_offsets[i + 1]]
+            cols_out = np.zeros(bc, dtype=np.int32)
+            cols_out[:col_sizes[i]] = col_out[col_offsets[i]:col_offsets[i + 1]]
+            vectors[key] = (rows_out, cols_out)
+        return vectors
+    pieces = {key: ([], []) for key in targets}
+    max_rows = max(1, SCAN_MAX_ROW_CELLS // max(kc, kr))
+    for a, b in _row_chunks(indptr, chunk_entries, max_rows):
+        lo, hi = int(indptr[a]), int(indptr[b])
+        rows = b - a
+        lengths = np.diff(np.asarray(indptr[a:b + 1]))
+        idx = np.asarray(indices[lo:hi])
+        local = np.repeat(np.arange(rows, dtype=np.int64), lengths)
+        own = loops[np.searchsorted(loops, a):np.searchsorted(loops, b)]  # self-loops (m, m) of the chunk's rows
+        # running sums of every row's entries over the column ranges and over the row ranges
+        by_col = np.zeros((rows, kc + 1), dtype=np.int32)
+        np.cumsum((np.bincount(local * kc + col_range[idx], minlength=rows * kc)
+                   + np.bincount((own - a) * kc + col_range[own], minlength=rows * kc)).reshape(rows, kc),
+                  axis=1, out=by_col[:, 1:])
+        by_row = np.zeros((rows, kr + 1), dtype=np.int32)
+        np.cumsum((np.bincount(local * kr + row_range[idx], minlength=rows * kr)
+                   + np.bincount((own - a) * kr + row_range[own], minlength=rows * kr)).reshape(rows, kr),
+                  axis=1, out=by_row[:, 1:])
+        del local, idx
+        # the chunk's rows grouped by their new row's range and by their new column's range
+        groups_r, groups_c = row_range[a:b], col_range[a:b]
+        order_r = np.argsort(groups_r, kind="stable")
+        order_c = np.argsort(groups_c, kind="stable")
+        start_r = np.zeros(kr + 1, dtype=np.int64)
+        np.cumsum(np.bincount(groups_r, minlength=kr), out=start_r[1:])
+        start_c = np.zeros(kc + 1, dtype=np.int64)
+        np.cumsum(np.bincount(groups_c, minlength=kc), out=start_c[1:])
+        for key, (f0, f1, e0, e1) in spans.items():
+            row_pieces, col_pieces = pieces[key]
+            sel = order_r[start_r[f0]:start_r[f1]]
+            if sel.size:
+                row_pieces.append(by_col[sel, e1] - by_col[sel, e0])
+            sel = order_c[start_c[e0]:start_c[e1]]
+            if sel.size:
+                col_pieces.append(by_row[sel, f1] - by_row[sel, f0])
+    vectors = {}
+    for key, (r0, r1, c0, c1, br, bc) in targets.items():
+        row_pieces, col_pieces = pieces.pop(key)
+        rows_out = np.concatenate(row_pieces + [np.zeros(br - (r1 - r0), dtype=np.int32)])
+        cols_out = np.concatenate(col_pieces + [np.zeros(bc - (min(c1, n) - min(c0, n)), dtype=np.int32)])
+        vectors[key] = (rows_out, cols_out)
+    return vectors

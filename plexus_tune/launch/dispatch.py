@@ -40,6 +40,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from plexus_tune.errors import UserError
@@ -105,17 +106,14 @@ def batch_script(argv: Sequence[str], *, directory: Path, cwd: str, python: str 
     )
 
 
-def batch_resources(launcher, world_sizes: Iterable[int]) -> dict:
-    """``sbatch`` options of a job that can run every world size as one step."""
+def batch_resources(launcher, world_sizes: Iterable[int], **options) -> slurm.SbatchOptions:
+    """``sbatch`` options of a job that can run every world size as one step (``options``:
+    further fields of :class:`~plexus_tune.launch.slurm.SbatchOptions`)."""
     layouts = [launcher.layout(int(w)) for w in world_sizes]
-    nodes = max(n for n, _ in layouts)
-    per_node = max(p for _, p in layouts)
-    options = {"nodes": nodes, "ntasks_per_node": per_node}
-    for key in ("partition", "account", "time_limit"):
-        if launcher.submit_options.get(key):
-            options[key] = launcher.submit_options[key]
-    options["extra"] = list(launcher.submit_options.get("extra") or ())
-    return options
+    given = {key: launcher.submit_options[key] for key in ("partition", "account", "time_limit")
+             if launcher.submit_options.get(key)}
+    return slurm.SbatchOptions(nodes=max(n for n, _ in layouts), ntasks_per_node=max(p for _, p in layouts),
+                               extra=tuple(launcher.submit_options.get("extra") or ()), **given, **options)
 
 
 def parse_job_ids(text: str) -> list[str]:
@@ -185,7 +183,7 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def wait(job_ids: Sequence[str], log, reporter: Reporter, *, poll_s: float = POLL_S,
+def wait(job_ids: Sequence[str], log, reporter: Reporter, *, poll_s: float | None = None,
          on_record: Callable[[dict], None] | None = None,
          states: Callable[[list[str]], list[slurm.JobState]] | None = None) -> tuple[list[slurm.JobState], int | None]:
     """Wait until every job has ended, reporting state changes and the runs they log.
@@ -194,6 +192,7 @@ def wait(job_ids: Sequence[str], log, reporter: Reporter, *, poll_s: float = POL
     cancelled (``scancel``) and their final states awaited (a few seconds).
     """
     read = states or slurm.job_states
+    poll_s = POLL_S if poll_s is None else poll_s
     ids = [str(j) for j in job_ids]
     tail = LogTail(log)
     last = None
@@ -252,10 +251,9 @@ def submit(argv: Sequence[str], log, launcher, world_sizes: Iterable[int], *, jo
     """Submit the command as a batch job (array of ``array`` tasks); record it beside the log."""
     directory = state_dir(log)
     directory.mkdir(parents=True, exist_ok=True)
-    options = batch_resources(launcher, world_sizes)
-    script = batch_script(argv, directory=directory, cwd=os.getcwd())
     output = str(directory / ("slurm-%A_%a.out" if array else "slurm-%j.out"))
-    job_id = slurm.submit(script, job_name=job_name, output=output, array=array, **options)
+    options = batch_resources(launcher, world_sizes, job_name=job_name, output=output, array=array)
+    job_id = slurm.submit(batch_script(argv, directory=directory, cwd=os.getcwd()), options)
     jobs = read_jobs(log)
     jobs.append({"job_id": job_id, "argv": list(argv), "array": array, "submitted": time.time(),
                  "collected": False})
@@ -271,23 +269,6 @@ def job_output_tail(log, state: slurm.JobState, lines: int = 8) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
-
-
-def live_or_submit(log, resume: str | None, reporter, submit_job: Callable[[], str], describe: Callable[[str], str]) -> list[str]:
-    """The jobs a command waits for: its jobs (``resume``, else the log's uncollected ones)
-    still queued or running, or else one new job from ``submit_job()``, described by
-    ``describe(job_id)``. Jobs that have ended are marked collected first."""
-    ids = parse_job_ids(resume) if resume else uncollected(log)
-    live = sorted({s.job_id for s in slurm.job_states(ids) if not (s.done or s.state == "UNKNOWN")}) if ids else []
-    if live:
-        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
-                      f"(nothing is submitted)")
-        return live
-    if ids:
-        mark_collected(log, ids)
-    job = submit_job()
-    reporter.line(describe(job))
-    return [job]
 
 
 def uncollected(log) -> list[str]:
@@ -321,3 +302,113 @@ def state_fields(state: slurm.JobState, step: str | None = None) -> dict:
     return {"job_id": state.job_id if state.array_task is None else state.key, "step_id": step,
             "state": state.state, "reason": state.reason, "exit_code": exit_code,
             **({"signal": state.signal} if state.signal else {})}
+
+
+def ended(state: slurm.JobState) -> bool:
+    """Whether a job has ended (or no source knows it any more)."""
+    return state.done or state.state == "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A command to run as one batch job beside its log (:func:`dispatch`).
+
+    ``world_sizes``: the rank counts of its runs (the job holds the largest);
+    ``array``: K tasks of a job array (``search --workers K``); ``resume``: job ids to wait
+    for instead of the log's uncollected ones; ``wait``: False returns after submitting;
+    ``nothing_to_do``: the line printed when no run is left to submit.
+    """
+
+    argv: tuple[str, ...]
+    log: str
+    launcher: object
+    world_sizes: tuple[int, ...]
+    job_name: str
+    array: int | None = None
+    resume: str | None = None
+    wait: bool = True
+    nothing_to_do: str = "nothing to submit"
+
+    def __post_init__(self):
+        object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
+        object.__setattr__(self, "world_sizes", tuple(sorted({int(w) for w in self.world_sizes})))
+        if not self.world_sizes:
+            raise UserError("a batch job needs at least one world size")
+        if self.array is not None and int(self.array) < 1:
+            raise UserError(f"a job array has at least 1 task, not {self.array}")
+
+
+@dataclass
+class Outcome:
+    """What :func:`dispatch` saw: the final states of the jobs waited for, the signal that
+    stopped the wait, the runs logged meanwhile (collected failures included) and the jobs
+    of the log that had ended before (``collected``)."""
+
+    states: list = field(default_factory=list)
+    signum: int | None = None
+    records: list = field(default_factory=list)
+    collected: list = field(default_factory=list)
+    submitted: str | None = None
+    detached: bool = False  # returned without waiting (``wait`` False)
+
+    @property
+    def failed_jobs(self) -> list:
+        """Jobs waited for that ended other than COMPLETED."""
+        return [s for s in self.states if s.state != "COMPLETED"]
+
+    def exit_code(self, *, ok: bool = True) -> int:
+        """128 + signal if interrupted, else 1 if a job ended badly or not ``ok``, else 0."""
+        if self.signum is not None:
+            return 128 + self.signum
+        return 0 if ok and not self.failed_jobs else 1
+
+
+def dispatch(job: BatchJob, reporter: Reporter, *, describe: Callable[[str, int | None], str],
+             pending: Callable[[], int] | None = None,
+             collect: Callable[[Sequence[slurm.JobState]], list[dict]] | None = None) -> Outcome:
+    """Submit, wait, collect and report, as ``measure``, ``run`` and ``search --measured`` do
+    outside an allocation (the module docstring).
+
+    The log's jobs (``job.resume``, else the uncollected ones) still queued or running are
+    waited for and nothing is submitted; otherwise the ended ones are collected and, unless
+    ``pending()`` says no run is left, one job is submitted and ``describe(job_id,
+    pending)`` printed. ``collect(states)`` logs the runs jobs left unfinished and returns
+    their records; every job that ended badly is reported with the tail of its output.
+    """
+    ids = parse_job_ids(job.resume) if job.resume else uncollected(job.log)
+    states = slurm.job_states(ids) if ids else []
+    live = sorted({s.job_id for s in states if not ended(s)})
+    outcome = Outcome(collected=[s for s in states if s.job_id not in live])
+    if outcome.collected and collect is not None:
+        outcome.records += _report(reporter, collect(outcome.collected))
+        mark_collected(job.log, [i for i in ids if i not in live])
+    if live:
+        reporter.line(f"job(s) {', '.join(live)} of this log are still queued or running: waiting for them "
+                      f"(nothing is submitted)")
+    else:
+        left = pending() if pending is not None else None
+        if left == 0:
+            reporter.line(job.nothing_to_do)
+            return outcome
+        outcome.submitted = submit(job.argv, job.log, job.launcher, job.world_sizes, job_name=job.job_name,
+                                   array=job.array, reporter=reporter)
+        reporter.line(describe(outcome.submitted, left))
+        live = [outcome.submitted]
+    if not job.wait:
+        outcome.detached = True
+        return outcome
+    outcome.states, outcome.signum = wait(live, job.log, reporter, on_record=outcome.records.append)
+    if collect is not None:
+        outcome.records += _report(reporter, collect(outcome.states))
+    mark_collected(job.log, live)
+    for state in outcome.failed_jobs:
+        tail = job_output_tail(job.log, state)
+        reporter.line(f"job {state.key} ended {state.state} (reason {state.reason}, exit code {state.exit_code})"
+                      + (f":\n{tail}" if tail else ""))
+    return outcome
+
+
+def _report(reporter: Reporter, records: list[dict]) -> list[dict]:
+    for record in records:
+        reporter.line(describe_run(record))
+    return records

@@ -202,41 +202,65 @@ def srun_step_argv(nodes: int, tasks_per_node: int, argv: Sequence[str], *,
     return cmd
 
 
-def sbatch_argv(script: str | os.PathLike | None = None, script_args: Sequence[str] = (), *,
-                wrap: Sequence[str] | None = None, job_name: str | None = None,
-                output: str | None = None, array: str | int | None = None,
-                nodes: int | None = None, ntasks: int | None = None,
-                ntasks_per_node: int | None = None, cpus_per_task: int | None = None,
-                gpus_per_node: int | None = None, time_limit: str | None = None,
-                partition: str | None = None, account: str | None = None,
-                extra: Sequence[str] = ()) -> list[str]:
-    """The ``sbatch --parsable`` command line.
+@dataclass(frozen=True)
+class SbatchOptions:
+    """What a batch job asks sbatch for (one ``--flag=value`` each, None leaves it out).
+
+    ``array``: ``K`` for tasks ``0-(K-1)``, or a Slurm range such as ``"0-7%2"``.
+    ``output`` may use ``%j``, ``%A`` (array job), ``%a`` (array task). ``extra``: further
+    sbatch arguments, passed as written.
+    """
+
+    job_name: str | None = None
+    output: str | None = None
+    array: str | int | None = None
+    nodes: int | None = None
+    ntasks: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    time_limit: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.array, int) and self.array < 1:
+            raise UserError(f"a job array needs at least one task, got {self.array}")
+        for name in ("nodes", "ntasks", "ntasks_per_node", "cpus_per_task"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise UserError(f"sbatch {name} must be at least 1, got {value}")
+        if self.gpus_per_node is not None and int(self.gpus_per_node) < 0:
+            raise UserError(f"sbatch gpus_per_node must be at least 0, got {self.gpus_per_node}")
+        object.__setattr__(self, "extra", tuple(str(a) for a in self.extra or ()))
+
+    def flags(self) -> list[str]:
+        """The sbatch flags, in a fixed order."""
+        out = [f"--job-name={self.job_name}"] if self.job_name else []
+        if self.output:
+            out.append(f"--output={self.output}")
+        if self.array is not None:
+            out.append(f"--array={f'0-{self.array - 1}' if isinstance(self.array, int) else self.array}")
+        for flag, value in (("--nodes", self.nodes), ("--ntasks", self.ntasks),
+                            ("--ntasks-per-node", self.ntasks_per_node),
+                            ("--cpus-per-task", self.cpus_per_task), ("--gpus-per-node", self.gpus_per_node),
+                            ("--time", self.time_limit), ("--partition", self.partition),
+                            ("--account", self.account)):
+            if value is not None:
+                out.append(f"{flag}={value}")
+        return out + list(self.extra)
+
+
+def sbatch_argv(options: SbatchOptions = SbatchOptions(), script: str | os.PathLike | None = None,
+                script_args: Sequence[str] = (), *, wrap: Sequence[str] | None = None) -> list[str]:
+    """The ``sbatch --parsable`` command line with ``options``.
 
     ``script``: a batch script file (followed by ``script_args``); or None, with
     ``wrap`` a command that sbatch wraps in a script (``--wrap``), or with neither, the
-    script text then goes to sbatch's standard input. ``array``: ``K`` for tasks
-    ``0-(K-1)``, or a Slurm range such as ``"0-7%2"``. ``output`` may use ``%j``, ``%A``
-    (array job), ``%a`` (array task).
+    script text then goes to sbatch's standard input.
     """
-    cmd = ["sbatch", "--parsable"]
-    if job_name:
-        cmd.append(f"--job-name={job_name}")
-    if output:
-        cmd.append(f"--output={output}")
-    if array is not None:
-        if isinstance(array, int):
-            if array < 1:
-                raise UserError(f"a job array needs at least one task, got {array}")
-            array = f"0-{array - 1}"
-        cmd.append(f"--array={array}")
-    for flag, value in (("--nodes", nodes), ("--ntasks", ntasks),
-                        ("--ntasks-per-node", ntasks_per_node),
-                        ("--cpus-per-task", cpus_per_task), ("--gpus-per-node", gpus_per_node),
-                        ("--time", time_limit), ("--partition", partition),
-                        ("--account", account)):
-        if value is not None:
-            cmd.append(f"{flag}={value}")
-    cmd += list(extra)
+    cmd = ["sbatch", "--parsable", *options.flags()]
     if wrap is not None:
         if script is not None:
             raise ValueError("sbatch_argv: give a script or wrap, not both")
@@ -326,14 +350,14 @@ def parse_sbatch_parsable(stdout: str) -> str:
     raise ValueError(f"no job id in sbatch output: {stdout!r}")
 
 
-def submit(script: str | os.PathLike | Sequence[str], script_args: Sequence[str] = (), *,
-           env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-           **options) -> str:
+def submit(script: str | os.PathLike | Sequence[str], options: SbatchOptions = SbatchOptions(),
+           script_args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
+           cwd: str | os.PathLike | None = None) -> str:
     """Submit a batch job; returns its job id (the array job id for job arrays).
 
     ``script``: the text of a batch script (a ``str`` starting with ``#!``), the path of
     a script file (``os.PathLike``, with ``script_args``), or a command (a list of
-    arguments, run through ``--wrap``). ``options``: those of :func:`sbatch_argv`.
+    arguments, run through ``--wrap``). ``options``: :class:`SbatchOptions`.
     Raises UserError when sbatch is missing or rejects the job.
     """
     stdin = None
@@ -341,12 +365,12 @@ def submit(script: str | os.PathLike | Sequence[str], script_args: Sequence[str]
         if not script.startswith("#!"):
             raise ValueError("submit: script text must start with '#!' "
                              "(pass a Path for a script file or a list for a command)")
-        argv = sbatch_argv(**options)
+        argv = sbatch_argv(options)
         stdin = script
     elif isinstance(script, os.PathLike):
-        argv = sbatch_argv(script, script_args, **options)
+        argv = sbatch_argv(options, script, script_args)
     else:
-        argv = sbatch_argv(wrap=list(script), **options)
+        argv = sbatch_argv(options, wrap=list(script))
     result = _run(argv, stdin=stdin, env=env, cwd=cwd)
     if result.returncode != 0:
         raise sbatch_error(result.stderr, argv)

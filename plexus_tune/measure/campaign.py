@@ -19,8 +19,8 @@ runs too, unless ``retry_failed``; everything with ``redo``). The identity is
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,8 +31,9 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import RunIdentity, predict_record, prediction_settings, run_identity
-from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records
+from plexus_tune.measure.identity import RunIdentity, RunSpec, run_identity, run_setting
+from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
+from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -68,14 +69,16 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
-def load_graph_source(graph: str):
+def load_graph_source(graph: str, *, pattern_only: bool | str = False):
     """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
 
     This is the check that a graph file is readable before any rank starts: a truncated or
     corrupt file raises UserError here, once, instead of failing in every rank.
+    ``pattern_only``: the caller reads the adjacency's pattern alone (``predict``), so a
+    plexus graph's values, features and labels are not checked entry by entry.
     """
     _, path, spec = graph_source_text(graph)
-    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec))
+    return graph_pkg.resolve_graph(path if spec is None else ("synthetic", spec), pattern_only=pattern_only)
 
 
 def check_graph(graph: str) -> None:
@@ -109,7 +112,7 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
                  replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :func:`~plexus_tune.measure.identity.prediction_settings`) or a list ``2x2x2,1x4x2``.
+    runs' :meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
@@ -172,12 +175,12 @@ def campaign_config(graph: str, grid, *, layers: int, hidden: int, epochs: int, 
 
 def config_identity(config) -> RunIdentity:
     """The run identity a configuration's record will have (its launcher and cluster included)."""
-    return run_identity(config_fields(config))
+    return RunSpec.from_config(config).identity()
 
 
 def config_settings(config) -> dict:
-    """The prediction settings of a configuration's runs (:func:`~plexus_tune.measure.identity.prediction_settings`)."""
-    return prediction_settings({"identity": config_identity(config)})
+    """The prediction settings of a configuration's runs (:meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`)."""
+    return RunSpec.from_config(config).prediction_settings()
 
 
 def logged_trials(log) -> dict[tuple[RunIdentity, int], str]:
@@ -209,66 +212,97 @@ def launcher_options(train_options: dict | None, launcher) -> dict:
     return options
 
 
-def pending_runs(graph: str, grids: Sequence[tuple[int, int, int]], *, log, trials: int, epochs: int, warmup: int,
-                 layers: int, hidden: int, redo: bool = False, retry_failed: bool = False,
-                 train_options: dict | None = None, on_skip: Callable[[tuple, int], None] | None = None,
-                 launcher=None) -> list[tuple[tuple, int, object]]:
-    """(grid, trial, config) of every run a campaign still has to make, trials interleaved.
+@dataclass(frozen=True)
+class Campaign:
+    """What a campaign trains: ``graph`` on ``gpus`` ranks, each of ``grids`` ``trials`` times,
+    logged to ``log`` (``train_options``: further :class:`~plexus_tune.trainer.TrainConfig`
+    fields). Logged runs are skipped, failed ones too unless ``retry_failed``; ``redo``
+    trains everything again. ``batch`` > 1 trains that many runs in one process set."""
+
+    graph: str
+    gpus: int
+    grids: tuple[tuple[int, int, int], ...]
+    log: str | None = None
+    trials: int = 3
+    epochs: int = 10
+    warmup: int = 2
+    layers: int = 3
+    hidden: int = 128
+    train_options: Mapping = field(default_factory=dict)
+    redo: bool = False
+    retry_failed: bool = False
+    batch: int = 1
+
+    def __post_init__(self):
+        grids = tuple(tuple(int(v) for v in g) for g in self.grids)
+        if not grids:
+            raise UserError("a campaign needs at least one grid", parameter="grids")
+        for name in ("gpus", "trials", "epochs", "layers", "hidden", "batch"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"{name} must be at least 1, not {getattr(self, name)}", parameter=name)
+        if not 0 <= self.warmup < self.epochs:
+            raise UserError(f"need 0 <= warmup < epochs, got warmup {self.warmup}, epochs {self.epochs}",
+                            parameter=("warmup", "epochs"))
+        if self.redo and self.retry_failed:
+            raise UserError("redo already trains the failed runs again; give redo or retry_failed, not both",
+                            parameter=("redo", "retry_failed"))
+        object.__setattr__(self, "grids", grids)
+        object.__setattr__(self, "train_options", dict(self.train_options or {}))
+        object.__setattr__(self, "log", None if self.log is None else os.fspath(self.log))
+
+    def config(self, grid, launcher=None):
+        """The trainer configuration of one grid's runs (:func:`campaign_config`), with the
+        launcher's name, cluster and machine (:func:`launcher_options`)."""
+        return campaign_config(self.graph, grid, layers=self.layers, hidden=self.hidden, epochs=self.epochs,
+                               warmup=self.warmup, options=launcher_options(self.train_options, launcher))
+
+    def runs(self) -> int:
+        return len(self.grids) * self.trials
+
+
+def pending_runs(campaign: Campaign, *, on_skip: Callable[[tuple, int], None] | None = None,
+                 launcher=None) -> list[tuple[tuple, int, object, RunSpec]]:
+    """(grid, trial, config, spec) of every run a campaign still has to make, trials interleaved.
 
     A (identity, trial) in the log is done, a failure too (unless ``retry_failed``), except
     a cancelled run (stopped from outside: it measured nothing); ``redo`` makes them all
     again. ``launcher`` (checked against every grid) adds its name, cluster and machine to
-    the identity.
+    the identity. ``spec`` is the run's :class:`~plexus_tune.measure.identity.RunSpec`, made once per grid.
     """
+    grids = campaign.grids
     if launcher is not None:
         for grid in grids:
-            launcher.check(int(np.prod(grid)) * int((train_options or {}).get("dp") or 1))  # dp groups of the grid
-    train_options = launcher_options(train_options, launcher)
-    done = logged_trials(log)
+            launcher.check(int(np.prod(grid)) * int(campaign.train_options.get("dp") or 1))  # dp groups of the grid
+    done = logged_trials(campaign.log)
+    configs = {grid: campaign.config(grid, launcher) for grid in grids}
+    specs = {grid: RunSpec.from_config(config) for grid, config in configs.items()}
     pending = []
-    for trial in range(trials):
+    for trial in range(campaign.trials):
         for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
             grid = grids[int(g)]
-            config = campaign_config(graph, grid, layers=layers, hidden=hidden, epochs=epochs, warmup=warmup,
-                                     options=train_options)
-            status = done.get((config_identity(config), trial))
-            if status is not None and status != "cancelled" and not redo and not (retry_failed and status != "ok"):
+            status = done.get((specs[grid].identity(), trial))
+            if status is not None and status != "cancelled" and not campaign.redo \
+                    and not (campaign.retry_failed and status != "ok"):
                 if on_skip is not None:
                     on_skip(tuple(grid), trial)
                 continue
-            pending.append((tuple(grid), trial, config))
+            pending.append((tuple(grid), trial, configs[grid], specs[grid]))
     return pending
 
 
-def run_campaign(
-    graph: str,
-    gpus: int,
-    grids: Sequence[tuple[int, int, int]],
-    *,
-    log,
-    trials: int = 3,
-    epochs: int = 10,
-    warmup: int = 2,
-    layers: int = 3,
-    hidden: int = 128,
-    machine=None,
-    stats: GraphStats | None = None,
-    redo: bool = False,
-    retry_failed: bool = False,
-    train_options: dict | None = None,
-    on_result: Callable[[dict, tuple], None] | None = None,
-    on_skip: Callable[[tuple, int], None] | None = None,
-    batch: int = 1,
-    launcher=None,
-    on_start: Callable[[tuple, int], None] | None = None,
-) -> list[dict]:
-    """Train every (grid, trial) not yet logged, trials interleaved; returns the new records (also appended).
+def run_campaign(campaign: Campaign, *, machine=None, stats: GraphStats | None = None, launcher=None,
+                 on_result: Callable[[dict, tuple], None] | None = None,
+                 on_skip: Callable[[tuple, int], None] | None = None,
+                 on_start: Callable[[tuple, int], None] | None = None) -> list[dict]:
+    """Train every (grid, trial) of ``campaign`` not yet logged, trials interleaved; returns the
+    new records (also appended).
 
-    ``batch`` > 1 trains that many runs in one process set (one start and graph load).
     ``launcher`` (default: local processes) starts the ranks; its name and cluster are part
     of every run's identity, so a campaign on another cluster does not count as done.
-    ``on_start(grid, trial)`` is called before each run (each batch's first) starts.
+    ``machine`` (a profile) predicts each run, logged beside it. ``on_start(grid, trial)``
+    is called before each run (each batch's first) starts.
     """
+    graph = campaign.graph
     if machine is not None:
         machine = load_machine(machine)
     if stats is None:  # a missing, truncated or corrupt file or a bad spec fails before any run
@@ -276,54 +310,59 @@ def run_campaign(
             stats = load_stats(graph)
         else:
             check_graph(graph)
-    if log is not None:
-        check_log(log, kinds=RUN_LOG, inputs=[graph])
-    workload = workload_of(stats, layers, hidden) if stats is not None and machine is not None else None
-    pending = pending_runs(graph, grids, log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers,
-                           hidden=hidden, redo=redo, retry_failed=retry_failed, train_options=train_options,
-                           on_skip=on_skip, launcher=launcher)
+    if campaign.log is not None:
+        check_log(campaign.log, kinds=RUN_LOG, inputs=[graph])
+    workload = workload_of(stats, campaign.layers, campaign.hidden) if stats is not None and machine is not None else None
+    pending = pending_runs(campaign, on_skip=on_skip, launcher=launcher)
 
     new = []
 
-    def finish(grid, trial, record):
-        log_campaign_run(log, record, trial=trial, gpus=gpus, trials=trials, grids=grids, machine=machine, workload=workload)
+    def finish(grid, trial, spec, record):
+        log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
+                         grids=campaign.grids, machine=machine, workload=workload, spec=spec)
         new.append(record)
         if on_result is not None:
             on_result(record, grid)
 
-    batch = max(1, int(batch))
+    batch = campaign.batch
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
         if on_start is not None:
             on_start(chunk[0][0], chunk[0][1])
-        records = _run_batch([c for _, _, c in chunk], launcher) if len(chunk) > 1 else None
+        records = _run_batch([c for _, _, c, _ in chunk], launcher, [s for *_, s in chunk]) if len(chunk) > 1 else None
         if records is None:  # one at a time (or the batch failed: redo its runs one by one)
-            for k, (grid, trial, config) in enumerate(chunk):
+            for k, (grid, trial, config, spec) in enumerate(chunk):
                 if k and on_start is not None:
                     on_start(grid, trial)
-                finish(grid, trial, run_training(config, raise_on_failure=False, launcher=launcher))
+                finish(grid, trial, spec, run_training(config, raise_on_failure=False, launcher=launcher, spec=spec))
         else:
-            for (grid, trial, _), record in zip(chunk, records):
-                finish(grid, trial, record)
+            for (grid, trial, _, spec), record in zip(chunk, records):
+                finish(grid, trial, spec, record)
     return new
 
 
-def run_batch(configs, launcher=None) -> list[dict]:
+def run_batch(configs, launcher=None, specs=None) -> list[dict]:
     """The records of ``configs`` (one world size) trained in one process set, or one by one
-    where there is one or the set failed (so that the failing run is logged as such)."""
-    records = _run_batch(list(configs), launcher) if len(configs) > 1 else None
+    where there is one or the set failed (so that the failing run is logged as such);
+    ``specs``: their :class:`~plexus_tune.measure.identity.RunSpec` where the caller has them."""
+    specs = list(specs) if specs is not None else [None] * len(configs)
+    records = _run_batch(list(configs), launcher, specs) if len(configs) > 1 else None
     if records is None:
-        records = [run_training(config, raise_on_failure=False, launcher=launcher) for config in configs]
+        records = [run_training(config, raise_on_failure=False, launcher=launcher, spec=spec)
+                   for config, spec in zip(configs, specs)]
     return records
 
 
-def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None) -> dict:
+def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None,
+                     spec: RunSpec | None = None) -> dict:
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
-    machine profile) the prediction at the run's settings; returns the record."""
+    machine profile) the prediction at the run's settings (:meth:`RunSpec.predict` of ``spec``,
+    else of the record); returns the record."""
     record["trial"] = int(trial)
     record["campaign"] = {"gpus": gpus, "trials": trials, "grids": [format_grid(g) for g in grids]}
     if workload is not None and machine is not None:
-        record["predicted"] = predict_record(record, machine, workload=workload)
+        spec = spec if spec is not None else RunSpec.from_record(record)
+        record["predicted"] = spec.predict(machine, workload=workload)
     append_records(log, [record])
     return record
 
@@ -339,7 +378,35 @@ def job_failure_record(config, state, *, launcher: str) -> dict:
     return record
 
 
-def _run_batch(configs, launcher=None) -> list[dict] | None:
+def campaign_rows(campaign: Campaign, launcher=None):
+    """The runs table's rows of the campaign's log at its setting (any grid) on its GPU count,
+    fastest first, failures included (:func:`plexus_tune.measure.table.runs_table`)."""
+    setting = run_setting(config_identity(campaign.config(campaign.grids[0], launcher)))
+    table = runs_table(read_runs(campaign.log, warn=False), include_failed=True)
+    mine = table[[run_setting(i) == setting for i in table["identity"]]]
+    return setting, mine[mine["gpus"] == campaign.gpus].sort_values("obs_epoch_ms", na_position="last")
+
+
+def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, workload=None) -> list[dict]:
+    """Log the run each Slurm job of ``states`` that ended other than COMPLETED had in flight
+    (:func:`job_failure_record`), unless the run was logged before the job ended; returns the
+    records (:func:`plexus_tune.launch.dispatch.dispatch`'s ``collect``)."""
+    out = []
+    for state in states:
+        running = dispatch.in_flight(campaign.log, state.key) if state.state != "COMPLETED" else None
+        if running is None:
+            continue
+        config = campaign.config(parse_grid(running["grid"]), launcher)
+        trial = int(running["trial"])
+        if logged_trials(campaign.log).get((config_identity(config), trial)) not in (None, "cancelled"):
+            continue  # the run was logged before the job ended
+        out.append(log_campaign_run(campaign.log, job_failure_record(config, state, launcher=launcher.name),
+                                    trial=trial, gpus=campaign.gpus, trials=campaign.trials, grids=campaign.grids,
+                                    machine=machine, workload=workload))
+    return out
+
+
+def _run_batch(configs, launcher=None, specs=None) -> list[dict] | None:
     """Train several configurations of one graph and world size in one process set.
 
     Saves the process start and graph load per run; the records say ``batched``. Returns
@@ -374,8 +441,9 @@ def _run_batch(configs, launcher=None) -> list[dict] | None:
 
         device = torch.cuda.get_device_name(0)
     out = []
-    for config, result in zip(configs, results):
-        record = build_record(config, result, wall_s, device, **placement_fields(launched.placement, launcher.ranks_per_node))
+    for config, spec, result in zip(configs, specs or [None] * len(configs), results):
+        record = build_record(config, result, wall_s, device, spec=spec,
+                              **placement_fields(launched.placement, launcher.ranks_per_node))
         record["batched"] = len(configs)
         out.append(record)
     return out

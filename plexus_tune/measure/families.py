@@ -17,7 +17,7 @@ from dataclasses import fields
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.measure.campaign import check_graph, log_campaign_run, pending_runs, run_batch
+from plexus_tune.measure.campaign import Campaign, check_graph, log_campaign_run, pending_runs, run_batch
 from plexus_tune.measure.store import RUN_LOG, check_log
 from plexus_tune.model.comm_precision import parse_precision
 from plexus_tune.model.family import family_names, family_of
@@ -120,11 +120,11 @@ def measure_configurations(graph: str, configs, *, log, trials: int = 1, epochs:
     pending = []
     for family, grid, options, precision in configs:
         grid = tuple(int(v) for v in grid)
-        for g, trial, config in pending_runs(
-                graph, [grid], log=log, trials=trials, epochs=epochs, warmup=warmup, layers=layers, hidden=hidden,
-                launcher=launcher, train_options={"algorithm": family, "comm_precision": parse_precision(precision),
-                                                  "timeout_s": float(timeout_s),
-                                                  **trainer_options(family, dict(options))}):
+        campaign = Campaign(graph, int(np.prod(grid)), [grid], log=log, trials=trials, epochs=epochs, warmup=warmup,
+                            layers=layers, hidden=hidden,
+                            train_options={"algorithm": family, "comm_precision": parse_precision(precision),
+                                           "timeout_s": float(timeout_s), **trainer_options(family, dict(options))})
+        for g, trial, config, _ in pending_runs(campaign, launcher=launcher):
             pending.append((trial, g, config))
     rng = np.random.default_rng([len(pending), trials])
     keys = {i: (pending[i][0], int(np.prod(pending[i][1])), rng.random()) for i in range(len(pending))}

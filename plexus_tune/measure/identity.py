@@ -1,24 +1,33 @@
-"""The identity of a run and its prediction (docs/records.md, "Run identity").
+"""One run, typed: :class:`RunSpec`, its identity and its prediction (docs/records.md, "Run identity").
 
-:data:`IDENTITY_FIELDS`: the fields of a run that change its measured time; trials of
-one identity are repeated measurements of one thing. :func:`predict_record` predicts a
-run at every setting of its identity (:mod:`plexus_tune.model.prediction`).
+A :class:`RunSpec` is built once (from command-line arguments, a record of any version,
+a runs-table row or a trainer configuration) and passed on as the object: its
+:meth:`~RunSpec.identity` (the :data:`IDENTITY_FIELDS`: what changes a run's measured
+time; trials of one identity are repeated measurements of one thing), its
+:meth:`~RunSpec.prediction_settings` and its :meth:`~RunSpec.predict`ion
+(:func:`plexus_tune.model.prediction.predict_run` at every setting of the identity).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
-from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, record_field_names
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, family_of, record_field_names
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
+from plexus_tune.model.grid import parse_grid
+from plexus_tune.trainer.algorithms import normalize_config, some_grid
+from plexus_tune.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,13 @@ def _identity_value(spec: IdentityField, value):
 
 
 def run_identity(record: Mapping) -> RunIdentity:
-    """The identity of a run record (any version, or the fields of a run not yet made).
+    """The identity of a run record (any version, or the fields of a run not yet made):
+    :meth:`RunSpec.identity` of :meth:`RunSpec.from_record`."""
+    return RunSpec.from_record(record).identity()
+
+
+def _record_identity(rec: Mapping) -> RunIdentity:
+    """The identity values of an upgraded run record.
 
     ``graph`` is the graph's source (file path or synthetic spec; the name when the
     source is missing); the widths are fixed by the graph (features, classes) and
@@ -102,7 +117,6 @@ def run_identity(record: Mapping) -> RunIdentity:
     ``threads_per_rank`` are 0 for None; ``cluster`` is its canonical JSON text ("" for
     one host). The grid comes from ``gx, gy, gz`` or else from ``grid`` ("2x1x2").
     """
-    rec = upgrade(record, kind="run")
     values = [_identity_value(spec, _lookup(rec, spec.path)) for spec in IDENTITY_FIELDS]
     ident = RunIdentity(*values)
     if not ident.graph and rec.get("graph"):
@@ -117,64 +131,225 @@ def run_identity(record: Mapping) -> RunIdentity:
     return ident
 
 
-def prediction_settings(record: Mapping) -> dict:
-    """The settings of a run's identity that its prediction depends on: :func:`plexus_tune.model.prediction.predict_run`'s
-    keyword arguments (``block_rows``, ``overlap``, ``comm_precision``, ``algorithm``, and ``options``: the
-    identity fields the family passes to its model, :attr:`plexus_tune.model.family.Family.identity_options`).
+#: TrainConfig field -> command-line argument (``args`` attribute) that :meth:`RunSpec.from_args` reads.
+ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "hidden", "epochs": "epochs",
+              "warmup": "warmup", "backend": "backend", "permute": "permute", "block_rows": "block_rows",
+              "overlap": "overlap", "dtype": "dtype", "comm_precision": "comm_precision", "layer_norm": "layer_norm",
+              "fixed_features": "fixed_features", "threads_per_rank": "threads", "algorithm": "algorithm",
+              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size"}
+#: Identity fields whose identity default (0 or "") means "not set" (None in a :class:`RunSpec`).
+UNSET_AS_DEFAULT = ("block_rows", "threads_per_rank", "replication", "aggregation", "schedule", "batch_size")
 
-    ``record`` is a run record (any version), a run not yet made (its fields) or a runs-table row.
+
+def _count(value) -> int | None:
+    """An int of a logged count; None for a missing one (None or NaN, as in runs-table rows of failed runs)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return int(value)
+
+
+def graph_source_of(config) -> str:
+    """The graph source a trainer configuration names: its file path, ``synthetic:<spec>`` or ``in-memory``."""
+    if config.synthetic is not None:
+        return f"synthetic:{config.synthetic}"
+    if isinstance(config.graph, (str, os.PathLike)):
+        return str(config.graph)
+    return "in-memory"
+
+
+def _cluster_text(cluster) -> str:
+    """A cluster description as its canonical JSON text ("" for one host)."""
+    if cluster is None:
+        return ""
+    return cluster if isinstance(cluster, str) else json.dumps(cluster, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One trainer run, typed: what it trains, where, in which configuration and at which settings.
+
+    Workload: ``graph`` (the graph's source: file path or ``synthetic:<spec>``), ``layers``,
+    ``hidden`` and, once the graph is known, ``graph_name``, ``nodes`` (N), ``nnz`` and
+    ``widths`` (D_0..D_L). Machine: ``machine`` (where it runs), ``backend``, ``launcher``,
+    ``cluster`` (canonical JSON text, "" for one host), ``threads_per_rank``. Configuration:
+    ``algorithm`` (a family of :data:`plexus_tune.model.family.FAMILIES`), ``grid``
+    (Gx, Gy, Gz; its process grid) and the family's options ``replication``, ``aggregation``,
+    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none). Settings:
+    ``comm_precision`` (a :class:`~plexus_tune.model.comm_precision.CommPrecision`, parsed
+    once here from text), ``dtype``, ``block_rows`` (None: one block), ``overlap``,
+    ``fixed_features``, ``layer_norm``, ``permute``, ``epochs``, ``warmup``.
+
+    Built once by :meth:`from_record` (a run record of any version, or the fields of a run
+    not yet made), :meth:`from_row` (a runs-table row), :meth:`from_identity` or
+    :meth:`from_config` (a trainer configuration); its identity is :meth:`identity`, its
+    prediction :meth:`predict` (docs/records.md, "Run identity").
     """
-    ident = record.get("identity")
-    if not isinstance(ident, RunIdentity):
-        ident = run_identity(record)
-    settings = {"block_rows": ident.block_rows or None, "overlap": bool(ident.overlap),
-                "fixed_features": bool(getattr(ident, "fixed_features", False)),
-                "comm_precision": ident.comm_precision,
-                "algorithm": getattr(ident, "algorithm", None) or record.get("algorithm") or DEFAULT_FAMILY}
-    family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
-    options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name, None)}
-    if options:
-        settings["options"] = options
-    return settings
+
+    graph: str = ""
+    layers: int = 0
+    hidden: int = 0
+    algorithm: str = DEFAULT_FAMILY
+    grid: tuple[int, int, int] = (0, 0, 0)
+    replication: int | None = None
+    aggregation: str | None = None
+    schedule: str | None = None
+    dp: int = 1
+    batch_size: int | None = None
+    comm_precision: CommPrecision = field(default_factory=CommPrecision)
+    dtype: str = "float32"
+    block_rows: int | None = None
+    overlap: bool = False
+    fixed_features: bool = False
+    layer_norm: bool = False
+    permute: str = "double"
+    threads_per_rank: int | None = None
+    machine: str = ""
+    backend: str = "gloo"
+    launcher: str = "local"
+    cluster: str = ""
+    epochs: int = 0
+    warmup: int = 0
+    graph_name: str | None = None
+    nodes: int | None = None
+    nnz: int | None = None
+    widths: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.comm_precision, CommPrecision):  # the one place a run's precision text is parsed
+            object.__setattr__(self, "comm_precision", parse_comm_precision(self.comm_precision or "fp32"))
+        object.__setattr__(self, "grid", tuple(int(g) for g in self.grid))
+        object.__setattr__(self, "cluster", _cluster_text(self.cluster))
+        if self.widths is not None:
+            object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_identity(cls, identity: RunIdentity, **workload) -> RunSpec:
+        """The spec of a run identity (``workload``: ``graph_name``, ``nodes``, ``nnz``, ``widths`` as measured)."""
+        values = identity._asdict()
+        grid = tuple(values.pop(name) for name in GRID_FIELDS)
+        for name in UNSET_AS_DEFAULT:
+            values[name] = values[name] or None
+        return cls(grid=grid, **values, **workload)
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> RunSpec:
+        """The spec of a run record of any version (:func:`plexus_tune.measure.records.upgrade`), or of the
+        fields of a run not yet made; the workload as logged where the record has it."""
+        rec = upgrade(record, kind="run")
+        name = rec.get("graph_name") or rec.get("graph")
+        return cls.from_identity(_record_identity(rec), graph_name=str(name) if name else None,
+                                 nodes=_count(rec.get("graph_nodes")), nnz=_count(rec.get("nnz")), widths=run_widths(rec))
+
+    @classmethod
+    def from_row(cls, row) -> RunSpec:
+        """The spec of a runs-table row (:func:`plexus_tune.measure.table.runs_table`: its ``identity`` and graph columns)."""
+        widths = row.get("widths")
+        name = row.get("graph_name")
+        return cls.from_identity(row["identity"], graph_name=str(name) if isinstance(name, str) and name else None,
+                                 nodes=_count(row.get("graph_nodes")), nnz=_count(row.get("nnz")),
+                                 widths=tuple(widths) if isinstance(widths, (tuple, list)) else None)
+
+    @classmethod
+    def from_config(cls, config, *, normalized: bool = False) -> RunSpec:
+        """The spec of a trainer configuration (:class:`plexus_tune.trainer.config.TrainConfig`) with its family's
+        settings filled in (:func:`plexus_tune.trainer.algorithms.normalize_config`, unless ``normalized`` says
+        the configuration has them: :func:`plexus_tune.trainer.run.prepare`'s); ``machine`` is the host's name
+        where the configuration names none. Its identity is the one the run's record will have."""
+        if not normalized:
+            config = normalize_config(config)
+        return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
+                   algorithm=config.algorithm, grid=config.grid, replication=config.replication,
+                   aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
+                   comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
+                   overlap=bool(config.overlap), fixed_features=bool(config.fixed_features),
+                   layer_norm=bool(config.layer_norm), permute=config.permute, threads_per_rank=config.threads_per_rank,
+                   machine=config.machine or platform.node(), backend=config.backend, launcher=config.launcher,
+                   cluster=config.cluster, epochs=int(config.epochs), warmup=int(config.warmup))
+
+    @classmethod
+    def from_args(cls, args, **fields) -> RunSpec:
+        """The spec of parsed command-line arguments (``train``, ``measure``, ``run``): ``--graph`` (a file or a
+        synthetic spec) or ``--synthetic``, ``--grid`` (else the family's first configuration of ``--gpus``),
+        ``--algorithm`` and its options, the model's and the run's flags that the command has. ``fields``
+        (:class:`~plexus_tune.trainer.config.TrainConfig` fields, checked values) override them. ``--machine``
+        is not read: ``measure`` and ``run`` name the predicting profile with it, not where the run happens."""
+        given = {name: getattr(args, flag) for name, flag in ARG_FIELDS.items() if getattr(args, flag, None) is not None}
+        graph = getattr(args, "graph", None)
+        if getattr(args, "synthetic", None) is not None or (graph is not None and not os.path.exists(graph) and ":" in graph):
+            given.update(graph=None, synthetic=getattr(args, "synthetic", None) or graph)
+        grid = getattr(args, "grid", None)
+        if grid:
+            given["grid"] = tuple(parse_grid(grid))
+        given.update(fields)
+        algorithm = given.get("algorithm") or DEFAULT_FAMILY
+        if "grid" not in given and given.get("gpus") and family_of(algorithm).takes_grid:
+            given["grid"] = some_grid(algorithm, int(given["gpus"]) // int(given.get("dp") or 1))
+            given["gpus"] = None  # the grid stands for the run's ranks (its data-parallel groups aside)
+        return cls.from_config(TrainConfig(**given))
+
+    # ------------------------------------------------------------------ what it is
+
+    def identity(self) -> RunIdentity:
+        """What makes two runs the same measurement (:data:`IDENTITY_FIELDS`; unset values take their defaults)."""
+        values = dict(zip(GRID_FIELDS, self.grid))
+        for spec in IDENTITY_FIELDS:
+            if spec.name not in values:
+                value = str(self.comm_precision) if spec.name == "comm_precision" else getattr(self, spec.name)
+                values[spec.name] = _identity_value(spec, value)
+        return RunIdentity(**values)
+
+    def setting(self) -> tuple:
+        """The identity without the configuration (:func:`run_setting`)."""
+        return run_setting(self.identity())
+
+    def with_grid(self, grid) -> RunSpec:
+        """The same run on another process grid of its family."""
+        return replace(self, grid=tuple(int(g) for g in grid))
+
+    def prediction_settings(self) -> dict:
+        """:func:`plexus_tune.model.prediction.predict_run`'s keyword arguments at this run's settings: ``block_rows``,
+        ``overlap``, ``fixed_features``, ``comm_precision`` (typed), ``algorithm``, and ``options`` (the identity
+        fields its family passes to its model, :attr:`plexus_tune.model.family.Family.identity_options`)."""
+        settings = {"block_rows": self.block_rows or None, "overlap": bool(self.overlap),
+                    "fixed_features": bool(self.fixed_features), "comm_precision": self.comm_precision,
+                    "algorithm": self.algorithm or DEFAULT_FAMILY}
+        family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
+        ident = self.identity()
+        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name)}
+        if options:
+            settings["options"] = options
+        return settings
+
+    def workload(self, base: Workload | None = None) -> Workload:
+        """The workload this run trains with the element size of its dtype: ``base``, else its graph as
+        measured (N, NNZ, widths; UserError if the spec lacks them)."""
+        elem = DTYPE_BYTES.get(self.dtype, 4)
+        if base is not None:
+            return replace(base, bytes_per_element=elem)
+        missing = [k for k, v in (("graph_nodes", self.nodes), ("nnz", self.nnz), ("widths", self.widths)) if v is None]
+        if missing:
+            raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure, run or train)?")
+        return Workload(name=self.graph_name or self.graph or "graph", nodes=self.nodes, nnz=self.nnz,
+                        widths=self.widths, bytes_per_element=elem)
+
+    def predict(self, machine, *, workload: Workload | None = None) -> dict:
+        """The prediction of this run at every setting of its identity: :func:`plexus_tune.model.prediction.predict_run`
+        of :meth:`workload`, ``grid`` and :meth:`prediction_settings`, so a logged prediction is what
+        ``plexus-tune predict`` gives for the same settings."""
+        return predict_run(self.workload(workload), machine, self.grid, **self.prediction_settings())
 
 
-def run_workload(record: Mapping) -> Workload:
-    """The workload a run trained: N, NNZ, widths and element size as logged (run record or runs-table row)."""
-    rec = record if isinstance(record.get("identity"), RunIdentity) else upgrade(record, kind="run")
-    widths = run_widths(rec)
-    missing = [k for k in ("graph_nodes", "nnz") if rec.get(k) is None] + (["widths"] if widths is None else [])
-    if missing:
-        raise UserError(f"run record lacks {missing[0]!r}; is this a trainer run log (plexus-tune measure, run or train)?")
-    elem = rec.get("bytes_per_element")
-    if elem is None:
-        dtype = rec.get("dtype") or (rec.get("options") or {}).get("dtype") or "float32"
-        elem = DTYPE_BYTES.get(dtype, 4)
-    return Workload(name=str(rec.get("graph_name") or rec.get("graph") or "graph"), nodes=int(rec["graph_nodes"]),
-                    nnz=int(rec["nnz"]), widths=tuple(widths), bytes_per_element=int(elem))
-
-
-def prediction_inputs(record: Mapping, *, workload: Workload | None = None) -> tuple[Workload, tuple, dict]:
-    """(workload, grid, settings) that predict a run (record, runs-table row or the fields of a run not yet made).
-
-    The workload is ``workload`` (else :func:`run_workload`) with the element size of the
-    identity's dtype; the grid and :func:`prediction_settings` come from the identity.
-    """
-    ident = record.get("identity")
-    if not isinstance(ident, RunIdentity):
-        ident = run_identity(record)
-    workload = workload if workload is not None else run_workload(record)
-    workload = replace(workload, bytes_per_element=DTYPE_BYTES.get(ident.dtype, 4))
-    return workload, (ident.gx, ident.gy, ident.gz), prediction_settings({"identity": ident, "algorithm": record.get("algorithm")})
+def prediction_settings(spec: RunSpec) -> dict:
+    """:meth:`RunSpec.prediction_settings` of ``spec``."""
+    return spec.prediction_settings()
 
 
 def predict_record(record: Mapping, machine, *, workload: Workload | None = None) -> dict:
-    """The prediction of a run at every setting of its identity (:func:`prediction_inputs`).
-
-    :func:`plexus_tune.model.prediction.predict_run`, so a logged prediction is what
-    ``plexus-tune predict`` gives for the same settings.
-    """
-    workload, grid, settings = prediction_inputs(record, workload=workload)
-    return predict_run(workload, machine, grid, **settings)
+    """The prediction of a logged run (a record of any version, or the fields of a run not yet made):
+    :meth:`RunSpec.predict` of :meth:`RunSpec.from_record`."""
+    return RunSpec.from_record(record).predict(machine, workload=workload)
 
 
 def run_setting(identity: RunIdentity) -> tuple:

@@ -306,7 +306,10 @@ class RunRecord(_Record):
     epoch_times_ms: list | None = _f(None, "ms", "every epoch's time, warm-up included")
     comm_dp_ms: float | None = _f(None, "ms", "scalegnn-4d: the gradient all-reduce over the data-parallel groups "
                                   "(inside comm_ms and all_reduce_ms)")
-    sample_ms: float | None = _f(None, "ms", "scalegnn-4d: the communication-free sampling of every step (inside other_ms)")
+    sample_ms: float | None = _f(None, "ms", "scalegnn-4d: the exposed sampling: the waits for each step's sample "
+                                 "(with prefetch, what outlasts the previous step; inside other_ms)")
+    sample_work_ms: float | None = _f(None, "ms", "scalegnn-4d: the communication-free sampling work of every step "
+                                      "(host clock; with prefetch on a background thread)")
     rank_mean_ms: dict | None = _f(None, "ms", "per timing key: mean over ranks instead of max")
     imbalance: dict | None = _f(None, "ratio", "per timing key: max over ranks / mean over ranks")
     per_rank_epoch_ms: list | None = _f(None, "ms", "each rank's mean epoch time")

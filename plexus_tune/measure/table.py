@@ -14,8 +14,8 @@ from plexus_tune.errors import UserError
 from plexus_tune.measure.identity import (
     IDENTITY_NAMES,
     RunIdentity,
+    RunSpec,
     grid_label,
-    prediction_inputs,
     run_identity,
     run_widths,
 )
@@ -179,9 +179,9 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
 def predict_runs(table, machine):
     """The runs table (successful runs) with ``machine``'s predictions instead of the logged ones.
 
-    Every row is predicted at every setting of its identity (:func:`prediction_inputs`;
-    rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
-    ``pred_feasible``, ``pred_machine``. The values equal :func:`predict_record` of each row.
+    Every row is predicted at every setting of its identity (:meth:`RunSpec.predict` of
+    :meth:`RunSpec.from_row`; rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
+    ``pred_feasible``, ``pred_machine``. The values equal :meth:`RunSpec.predict` of each row.
     """
     if table is None or len(table) == 0 or "trials" not in table or not (table["trials"] > 0).any():
         raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
@@ -189,7 +189,8 @@ def predict_runs(table, machine):
     df = table[table["trials"] > 0].copy()
     groups: dict = {}
     for index, row in df.iterrows():
-        workload, grid, settings = prediction_inputs(row)
+        spec = RunSpec.from_row(row)
+        workload, grid, settings = spec.workload(), spec.grid, spec.prediction_settings()
         # a family's own options (a dict) as sorted pairs, so that the settings form a key
         key = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v) for k, v in settings.items()))
         groups.setdefault((workload, key), []).append((index, grid))

@@ -12,7 +12,6 @@ partitions the epoch instead, with ``wait_ms`` the imbalance/wait remainder. The
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, replace
 
@@ -20,16 +19,16 @@ import numpy as np
 
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.launch import RankFailure, detect_environment
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunOptions, RunRecord
 from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.model.grid import format_grid
-from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES, parse_comm_precision
-from plexus_tune.trainer.algorithms import normalize_config
+from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_minibatch_step, reference_train
-from plexus_tune.trainer.run import describe_source, prepare, train
+from plexus_tune.trainer.run import prepare, train
 
 
 class TrainingFailed(RuntimeError):
@@ -110,7 +109,7 @@ def summarize_timers(timers, warmup: int) -> dict:
         values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
         per_layer[key.split("_")[1]].append(float(values.max(axis=0)[measured].mean()))
     out["spmm_layer_ms"] = per_layer
-    for key in ("comm_dp_ms", "sample_ms"):  # the mini-batch family's own timers, max over ranks
+    for key in ("comm_dp_ms", "sample_ms", "sample_work_ms"):  # the mini-batch family's own timers, max over ranks
         if any(key in row for row in timers[0]):
             values = np.array([[timers[r][e].get(key, 0.0) for e in range(epochs)] for r in range(ranks)])
             out[key] = float(values.max(axis=0)[measured].mean())
@@ -119,11 +118,6 @@ def summarize_timers(timers, warmup: int) -> dict:
         out["breakdown_ms"] = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
         out["wait_ms"] = out["breakdown_ms"]["wait_ms"]
     return out
-
-
-def _precision_text(config: TrainConfig) -> str:
-    """The canonical text of the run's communication precision ("bf16", "aggregation=int8,...")."""
-    return str(parse_comm_precision(getattr(config, "comm_precision", None) or "fp32"))
 
 
 def comm_bytes_fields(per_rank_epochs) -> dict:
@@ -151,58 +145,60 @@ def accuracy_fields(result: dict) -> dict:
             "final_accuracy": {k: float(vals[-1]) for k, vals in acc.items() if vals}}
 
 
-def config_fields(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                  placement_ok=None, slurm=None) -> dict:
-    """The run record fields a configuration fixes before it runs (its identity among them).
+def config_fields(config: TrainConfig, *, spec: RunSpec | None = None, launcher: str | None = None, rank_nodes=None,
+                  hosts=None, placement_ok=None, slurm=None) -> dict:
+    """The run record fields a configuration fixes before it runs: its :class:`~plexus_tune.measure.identity.RunSpec`'s
+    (:meth:`~plexus_tune.measure.identity.RunSpec.from_config`) and the training settings (lr, weight decay, seed).
 
-    ``run_identity(config_fields(config))`` is the identity the run's record will have
-    (docs/records.md); campaigns use it to find what a log already holds.
+    ``RunSpec.from_record(config_fields(config)).identity()`` is ``RunSpec.from_config(config).identity()``,
+    the identity the run's record will have (docs/records.md). ``spec``: the configuration's spec, where the
+    caller has it.
     """
-    config = normalize_config(config)
-    grid = [int(g) for g in config.grid]
-    options = RunOptions(permute=config.permute, block_rows=config.block_rows, overlap=config.overlap, dtype=config.dtype,
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    options = RunOptions(permute=spec.permute, block_rows=spec.block_rows, overlap=spec.overlap, dtype=spec.dtype,
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
-                         threads_per_rank=config.threads_per_rank, layer_norm=bool(config.layer_norm),
-                         fixed_features=bool(config.fixed_features),
-                         replication=config.replication, aggregation=config.aggregation, dp=int(config.dp or 1),
-                         batch_size=config.batch_size)
+                         threads_per_rank=spec.threads_per_rank, layer_norm=spec.layer_norm,
+                         fixed_features=spec.fixed_features, replication=spec.replication, aggregation=spec.aggregation,
+                         dp=spec.dp, batch_size=spec.batch_size)
     return {
-        "machine": config.machine or platform.node(),
-        "backend": config.backend,
-        "launcher": launcher or config.launcher,
-        "cluster": config.cluster,
+        "machine": spec.machine,
+        "backend": spec.backend,
+        "launcher": launcher or spec.launcher,
+        "cluster": config.cluster,  # as described (the spec holds its canonical text)
         "rank_nodes": rank_nodes,
         "hosts": hosts,
         "placement_ok": placement_ok,
         "slurm": slurm,
-        "comm_precision": _precision_text(config),
-        "algorithm": config.algorithm,
-        "graph_source": describe_source(config),
-        "grid": format_grid(grid),
-        "gx": grid[0], "gy": grid[1], "gz": grid[2],
-        "gpus": config.world_size,
-        "layers": config.layers,
-        "hidden": config.hidden,
-        "epochs": config.epochs,
-        "warmup": config.warmup,
+        "comm_precision": str(spec.comm_precision),
+        "algorithm": spec.algorithm,
+        "graph_source": spec.graph,
+        "grid": format_grid(spec.grid),
+        "gx": spec.grid[0], "gy": spec.grid[1], "gz": spec.grid[2],
+        "gpus": spec.dp * int(np.prod(spec.grid)),
+        "layers": spec.layers,
+        "hidden": spec.hidden,
+        "epochs": spec.epochs,
+        "warmup": spec.warmup,
         "options": asdict(options),
     }
 
 
-def base_record(config: TrainConfig, *, launcher: str | None = None, rank_nodes=None, hosts=None,
-                placement_ok=None, slurm=None) -> dict:
-    """The record of a run before its results: what runs where, when, with what software."""
+def base_record(config: TrainConfig, *, spec: RunSpec | None = None, launcher: str | None = None, rank_nodes=None,
+                hosts=None, placement_ok=None, slurm=None) -> dict:
+    """The record of a run before its results: what runs where, when, with what software (``spec``: as for
+    :func:`config_fields`)."""
     env = environment_info()
     record = RunRecord(timestamp=now_utc(), status="ok", environment=env, python=env.get("python"),
                        torch=env.get("torch"), commit=env.get("commit"),
-                       **config_fields(config, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
+                       **config_fields(config, spec=spec, launcher=launcher, rank_nodes=rank_nodes, hosts=hosts,
                                      placement_ok=placement_ok, slurm=slurm))
     return record.to_dict()
 
 
-def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, **where) -> dict:
-    """The record of a finished run (``where``: launcher, rank_nodes, hosts as for :func:`base_record`)."""
-    record = RunRecord.from_dict(base_record(config, **where))
+def build_record(config: TrainConfig, result: dict, wall_s: float, device: str, *, spec: RunSpec | None = None,
+                 **where) -> dict:
+    """The record of a finished run (``spec`` and ``where``: launcher, rank_nodes, hosts as for :func:`base_record`)."""
+    record = RunRecord.from_dict(base_record(config, spec=spec, **where))
     record.options["permute"] = result.get("permute", config.permute)  # shard files fix their own
     timers = summarize_timers(result["timers"], config.warmup)
     names = set(RunRecord.field_names())
@@ -260,7 +256,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                                    hidden=config.hidden, seed=config.seed, dtype=config.dtype,
                                    split=result.get("split_codes"), rmsnorm=bool(options.get("rmsnorm", True)),
                                    residual=bool(options.get("residual", True)),
-                                   dropout=float(options.get("dropout", 0.0)))
+                                   dropout=float(options.get("dropout", 0.0)),
+                                   fixed_features=bool(config.fixed_features))
     grad = max(max_relative_difference(got["grads"][k], ref["grads"][k], normwise=True) for k in ref["grads"])
     return replace(RunRecord.from_dict(record),
                    check_loss_rel_diff=max_relative_difference([g["loss"] for g in got["groups"]], ref["losses"]),
@@ -268,7 +265,8 @@ def _check_one_step(config: TrainConfig, source, result: dict, record: dict) -> 
                    check_grad_rel_diff=grad, reference_losses=ref["losses"]).to_dict()
 
 
-def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None) -> dict | None:
+def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher=None,
+                 spec: RunSpec | None = None) -> dict | None:
     """Train one configuration and return its record (appended to ``config.log`` if set).
 
     Run by hand it starts ``prod(grid)`` ranks with ``launcher`` (default: local processes;
@@ -276,17 +274,20 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     process is one rank and only rank 0 returns the record (others return None). A
     failing rank stops the run; the failed-run record is logged and
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
-    False).
+    False). ``spec``: the configuration's :class:`~plexus_tune.measure.identity.RunSpec` where the caller has it
+    (a campaign), else made once here from the prepared configuration.
     """
     env = detect_environment()
     config, launcher = prepare(config, launcher, env)
+    if spec is None:  # the run as it will run: its record's fields (a campaign made it already)
+        spec = RunSpec.from_config(config, normalized=True)
     where = {} if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
         trained = train(config, launcher=launcher, env=env)
     except RankFailure as exc:
         where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
-        record = replace(RunRecord.from_dict(base_record(config, **where)), status=_failure_status(exc.reason),
+        record = replace(RunRecord.from_dict(base_record(config, spec=spec, **where)), status=_failure_status(exc.reason),
                          reason=str(exc), failed_rank=exc.rank, wall_s=time.perf_counter() - start,
                          traceback=exc.details[-4000:] if exc.details else None).to_dict()
         _append(config, record)
@@ -297,7 +298,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
         return None
     where = {**where, **placement_fields(trained.placement, trained.ranks_per_node)}
     result = trained.results[0]
-    record = build_record(config, result, trained.wall_s, trained.device, **where)
+    record = build_record(config, result, trained.wall_s, trained.device, spec=spec, **where)
     if config.check and "check_step" in result:
         record = _check_one_step(config, trained.source, result, record)
     elif config.check:

@@ -45,6 +45,10 @@ hierarchical
     (all-gather: inter stage first, on M / r, then intra; reduce-scatter: intra first).
     It equals the intra ring when k = 1 and the two-tier inter ring when r = 1.
 
+A backend that reduce-scatters by all-reducing the whole buffer and keeping its block
+(gloo's reduce_scatter_tensor; ``collectives.reduce_scatter_form`` ``all_reduce``) has its
+reduce-scatter of M timed as the all-reduce of M, whatever the form.
+
 Broadcasts and point-to-point exchanges (the CAGNET and partitioned families' operations)
 have tier parameters of their own where the profile gives them (``collectives.op_tiers``,
 fitted from ``calibrate collectives`` timings of these ops), else the collectives' tiers.
@@ -86,6 +90,9 @@ EXCHANGE_OPS = ("broadcast", "point_to_point")
 ALL_OPS = (*COLLECTIVE_OPS, *EXCHANGE_OPS)
 #: how a broadcast's bytes travel: a pipelined ring, or the root sending to each member
 BROADCAST_FORMS = ("ring", "flat")
+#: how the backend runs a reduce-scatter: a ring, or an all-reduce of the whole buffer of
+#: which each rank keeps its block (gloo's reduce_scatter_tensor)
+REDUCE_SCATTER_FORMS = ("ring", "all_reduce")
 FORMS = ("two-tier", "per-span", "hierarchical")
 DEFAULT_FORM = "two-tier"
 TIER_KEYS = ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps")
@@ -410,6 +417,11 @@ def check_collectives(data, source: str = "<dict>") -> dict:
         raise UserError(f"{_where(source)}: collectives.per_span is read only by form per-span, not {form}")
     if data.get("op_tiers") is not None:
         checked["op_tiers"] = check_op_tiers(data["op_tiers"], source)
+    rs_form = data.get("reduce_scatter_form", "ring")
+    if rs_form not in REDUCE_SCATTER_FORMS:
+        raise UserError(f"{_where(source)}: collectives.reduce_scatter_form must be one of "
+                        f"{', '.join(REDUCE_SCATTER_FORMS)}, got {rs_form!r}")
+    checked["reduce_scatter_form"] = rs_form
     return checked
 
 
@@ -437,6 +449,8 @@ class Network:
     sharing: bool = True
     #: ((op, {tier parameters}), ...) of broadcast and point_to_point, where measured
     op_tiers: tuple = ()
+    #: one of :data:`REDUCE_SCATTER_FORMS`: ``all_reduce`` times a reduce-scatter of M as an all-reduce of M
+    reduce_scatter_form: str = "ring"
     form: ClassVar[str] = ""
 
     # -- construction ---------------------------------------------------------------
@@ -450,7 +464,8 @@ class Network:
         """The network of values :func:`check_collectives` returned."""
         tiers = {key: float(checked[key]) for key in TIER_KEYS}
         common = dict(gpus_per_node=None if gpus_per_node is None else int(gpus_per_node), sharing=bool(checked.get("sharing", True)),
-                      op_tiers=tuple((op, dict(t)) for op, t in sorted((checked.get("op_tiers") or {}).items())), **tiers)
+                      op_tiers=tuple((op, dict(t)) for op, t in sorted((checked.get("op_tiers") or {}).items())),
+                      reduce_scatter_form=checked.get("reduce_scatter_form", "ring"), **tiers)
         form = checked.get("form", DEFAULT_FORM)
         table = tuple(dict(e) for e in checked.get("bandwidth_table") or ())
         if form == "hierarchical":
@@ -466,6 +481,8 @@ class Network:
                "beta_inter_gbps": self.beta_inter_gbps}
         if self.op_tiers:
             out["op_tiers"] = {op: {k: (v if k == "form" else float(v)) for k, v in t.items()} for op, t in self.op_tiers}
+        if self.reduce_scatter_form != "ring":
+            out["reduce_scatter_form"] = self.reduce_scatter_form
         return out
 
     def tiers(self, op: str) -> dict:
@@ -499,9 +516,18 @@ class Network:
         g, p, m_bytes, msgs = _broadcast(group_size, stride, message_bytes, messages)
         return self.placed_time_ms(op, g, self.placement(g, p), m_bytes, msgs)
 
+    def timed_ops(self, op) -> np.ndarray:
+        """``op`` as the backend runs it: a reduce-scatter as an all-reduce of its whole buffer
+        where ``reduce_scatter_form`` is ``all_reduce``."""
+        ops = op_array(op)
+        if self.reduce_scatter_form == "all_reduce":
+            ops = np.where(ops == "reduce_scatter", "all_reduce", ops)
+        return ops
+
     def placed_time_ms(self, op, group_size, place: Placement, message_bytes, messages=1) -> np.ndarray:
-        """:meth:`time_ms` of groups whose :class:`Placement` is given (e.g. read from a log)."""
-        op = op_array(op)
+        """:meth:`time_ms` of groups whose :class:`Placement` is given (e.g. read from a log);
+        an op is timed as :meth:`timed_ops` says the backend runs it."""
+        op = self.timed_ops(op)
         g = np.asarray(group_size, dtype=np.int64)
         m_bytes = np.asarray(message_bytes, dtype=np.float64)
         msgs = np.asarray(messages, dtype=np.float64)

@@ -45,8 +45,9 @@ trainer's CSR index bytes)::
 Without ``memory_bandwidth_gbps`` the floor is 0.
 
 Communication (``comm_ms``): every collective of docs/model.md, Per-layer collectives, with the
-padded sizes above, timed by :func:`plexus_tune.model.machine.collective_time_ms` (ring
-alpha-beta, topology of docs/model.md, Collectives, or the machine's measured table), M in bytes:
+padded sizes above, timed by :func:`plexus_tune.model.machine.precision_collective_time_ms` (ring
+alpha-beta, topology of docs/model.md, Collectives, or the machine's measured table; a reduced
+precision in the trainer's all-to-all scheme), M in bytes:
 
     forward   layer 0: all-gather F over d,  M = u g_d f c_0
               all-reduce H over o,           M = u r_d c_i   (b messages if blocked)
@@ -105,12 +106,11 @@ from plexus_tune.model.comm_precision import (
     CommPrecision,
     parse_comm_precision,
     quant_time_ms,
-    wire_message_bytes,
 )
 from plexus_tune.errors import UserError
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, enumerate_grids, format_grid
-from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.machine import GIB, Machine, load_machine, oversubscription, precision_collective_time_ms
 from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
@@ -155,8 +155,9 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     the machine's, :attr:`Machine.optimizer`) sets the optimizer part of ``other_ms``.
 
     ``comm_precision`` (text or :class:`plexus_tune.model.comm_precision.CommPrecision`,
-    default fp32) sends each collective class at its precision: the ring carries
-    :func:`~plexus_tune.model.comm_precision.wire_message_bytes` instead of M, and
+    default fp32) sends each collective class at its precision: the wire buffer
+    :func:`~plexus_tune.model.comm_precision.wire_message_bytes` instead of M, in the
+    trainer's scheme (:func:`~plexus_tune.model.machine.precision_collective_time_ms`), and
     ``quant_ms`` adds the codec time at the profile's ``quant`` rates
     (docs/comm-precision.md, "In the cost model").
 
@@ -200,8 +201,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     def add(op, axis, message_bytes, rows, comm_class, messages=1):
         precision = choice.of(comm_class)
         g = grids[:, axis]
-        sent = message_bytes if precision == "fp32" else wire_message_bytes(message_bytes, rows, precision, u)
-        t = collective_time_ms(machine, op, g, strides[axis], sent, messages)
+        t = precision_collective_time_ms(machine, op, g, strides[axis], message_bytes, rows, precision, u, messages)
         comm_axis[axis] += t
         comm_kind[op] += t
         if precision != "fp32":

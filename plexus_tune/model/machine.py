@@ -28,7 +28,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
-from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry
+from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry, parse_precision, wire_message_bytes
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -76,6 +76,8 @@ FIELDS = {
     "collectives.op_tiers": "optional; {'broadcast'|'point_to_point': {'alpha_intra_us', 'beta_intra_gbps', "
     "'alpha_inter_us', 'beta_inter_gbps'}}: the tier parameters of the families' broadcasts and point-to-point "
     "exchanges (docs/model.md, Point-to-point and broadcast time); absent: the collectives' tiers",
+    "collectives.reduce_scatter_form": "optional; 'ring' (default) or 'all_reduce': a reduce-scatter of M takes the "
+    "time of an all-reduce of M (a backend that all-reduces and keeps its block, as gloo)",
     "collectives.note": "optional; free text about how the collectives were fitted",
     "host_cores": "optional; CPU cores shared by the ranks of one node when ranks are processes on a CPU "
     "(gloo); null/absent for GPUs. When ranks_per_node x threads_per_rank exceeds it, the ranks time-share "
@@ -119,6 +121,11 @@ class Machine:
     quant: dict = field(default_factory=dict, repr=False, compare=False)
     #: the precisions whose codec rates are estimated, not measured
     quant_estimated: tuple[str, ...] = ()
+
+    @property
+    def codec_estimate_gbps(self) -> float | None:
+        """The rate the codec of a precision without measured rates runs at (:func:`codec_estimate_gbps`)."""
+        return codec_estimate_gbps(self.elementwise_gbps, self.memory_bandwidth_gbps)
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -267,13 +274,20 @@ def _build_machine(data, source: str) -> Machine:
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
         path=None if source.startswith("<") else source,
-        **_quant_fields(data.get("quant"), bandwidth or elementwise),
+        **_quant_fields(data.get("quant"), codec_estimate_gbps(elementwise, bandwidth)),
     )
+
+
+def codec_estimate_gbps(elementwise_gbps, memory_bandwidth_gbps):
+    """The rate (GB/s) a codec without measured rates is estimated at: the trainer's elementwise
+    rate, else the memory bandwidth; None without either (docs/comm-precision.md, Estimated codec)."""
+    return elementwise_gbps or memory_bandwidth_gbps or None
 
 
 def _quant_fields(measured, bandwidth_gbps) -> dict:
     """The Machine's ``quant`` (measured entries, then estimates at ``bandwidth_gbps`` for the
-    other reduced precisions) and ``quant_estimated``; no estimate without a bandwidth."""
+    other reduced precisions: the profile's elementwise rate, else its memory bandwidth) and
+    ``quant_estimated``; no estimate without a bandwidth."""
     quant = {k: v for k, v in dict(measured or {}).items()}
     estimated = []
     if bandwidth_gbps:
@@ -418,3 +432,31 @@ def collective_time_ms(machine: Machine, op: str, group_size, stride, message_by
         reduce_scatter:    (g-1) alpha m +   (g-1)/g M / beta
     """
     return _network(machine).time_ms(op, group_size, stride, message_bytes, messages)
+
+
+def precision_collective_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, rows, precision: str,
+                                 element_bytes: float = 4.0, messages=1) -> np.ndarray:
+    """Network time (ms) of one collective ``op`` sent at ``precision``, in the scheme the trainer
+    runs (docs/comm-precision.md, "In the cost model"); M' = :func:`wire_message_bytes` (M, rows)::
+
+        fp32                 op on M                      (:func:`collective_time_ms`)
+        all_gather           all-gather of M'
+        reduced reduce-scatter  all-to-all of M'          (the ``point_to_point`` op)
+        reduced all-reduce   all-to-all of M', then all-gather of M'
+
+    The all-to-all is timed as the exchange it is (every rank sends M'/g to each other
+    rank, the crossing ranks of a node sharing its link), not as a ring: across nodes it
+    moves more bytes over the node link than the ring of the same wire volume. Vectorized.
+    """
+    precision = parse_precision(precision)
+    if precision == "fp32":
+        return collective_time_ms(machine, op, group_size, stride, message_bytes, messages)
+    wire = wire_message_bytes(message_bytes, rows, precision, element_bytes)
+    if op == "all_gather":
+        return collective_time_ms(machine, op, group_size, stride, wire, messages)
+    t = collective_time_ms(machine, "point_to_point", group_size, stride, wire, messages)
+    if op == "all_reduce":
+        t = t + collective_time_ms(machine, "all_gather", group_size, stride, wire, messages)
+    elif op != "reduce_scatter":
+        raise UserError(f"unknown collective {op!r} at {precision}; expected all_reduce, all_gather or reduce_scatter")
+    return t

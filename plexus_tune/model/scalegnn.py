@@ -22,9 +22,13 @@ c_o = ceil(h / g_o), z the sampled shard nonzeros):
   all-reduce of the B x h gradient over d and over o); the projection's all-reduce over
   Z and dW_in over X; the head's over n, dW_out over o, dX over d; the loss's row max
   and sums over the class axis (FP32); the gradients of all parameters over the Gd groups
-  in one FP32 all-reduce at stride Gx Gy Gz (``comm_dp_ms``);
+  in one FP32 all-reduce at stride Gx Gy Gz (``comm_dp_ms``); with trained input features
+  (not ``fixed_features``) also dX_S = dP W_in^T (2 r_x k_in c_in flops) all-reduced over Y
+  and the groups' row gradients all-gathered over the Gd groups at the same stride
+  (:func:`feature_collectives`);
 - other: the elementwise passes (:data:`LAYER_PASSES`), the optimizer step over the
-  rank's parameters (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`) and the exposed
+  rank's parameters (:data:`plexus_tune.model.other.OPTIMIZER_ACCESSES`; trained input
+  features add the rank's whole N / Gx x D_0 / Gz block) and the exposed
   sampling (:func:`sampling_ms`; with prefetch only what exceeds the rest of the step).
 
 An epoch is ceil(N / (B Gd)) steps: every time part is steps x its step time.
@@ -41,9 +45,9 @@ from plexus_tune.errors import UserError
 from plexus_tune.graph.core import gcn_normalize
 from plexus_tune.graph.sampling import check_batch_size, expected_sampled_nnz, sampled_shard_nnz
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, COMM_OP_KEYS, TOTAL_PARTS
-from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms, wire_message_bytes
+from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision, quant_time_ms
 from plexus_tune.model.grid import AXIS_NAMES, axis_stride, check_gpus, divisors, enumerate_grids, format_grid, layer_roles
-from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription
+from plexus_tune.model.machine import GIB, Machine, collective_time_ms, load_machine, oversubscription, precision_collective_time_ms
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, SYNCS_PER_EPOCH, check_optimizer
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
@@ -162,6 +166,24 @@ def parameter_elements(workload, grid, components: Mapping) -> int:
     return int(total + ceil_div(h, grid[n]) * ceil_div(classes, grid[d]))
 
 
+def feature_elements(workload, grid) -> int:
+    """Input-feature elements one rank holds: ceil(N / Gx) x ceil(D_0 / Gz)."""
+    return int(ceil_div(workload.nodes, grid[0]) * ceil_div(int(workload.widths[0]), grid[2]))
+
+
+def feature_collectives(workload, grid, batch: int, dp: int) -> list[tuple]:
+    """Trained input features' collectives of one step (op, axis, message bytes, rows, class):
+    dX_S all-reduced over Y (the projection's width is split there), and the Gd groups'
+    sampled-row gradients all-gathered at stride Gx Gy Gz (axis 3; every rank knows every
+    group's sample, so only the values move; FP32 like the parameters' average)."""
+    u = float(workload.bytes_per_element)
+    rx, k_in = ceil_div(batch, grid[0]), ceil_div(int(workload.widths[0]), grid[2])
+    calls = [("all_reduce", 1, u * rx * k_in, rx, "gather")]
+    if dp > 1:
+        calls.append(("all_gather", 3, dp * u * rx * k_in, dp * rx, None))
+    return calls
+
+
 def sampled_nnz_per_shard(workload, grid, batch: int, sampled_nnz=None) -> list[float]:
     """Nonzeros of each layer's A_S shard: ``sampled_nnz`` (per layer, from a graph), else
     E[nnz(A_S)] / (g_d g_o) (:func:`plexus_tune.graph.sampling.expected_sampled_nnz`)."""
@@ -210,8 +232,7 @@ def _comm(machine, calls, grid, choice: CommPrecision, u):
         if g <= 1:
             continue
         precision = "fp32" if comm_class is None else choice.of(comm_class)
-        sent = message if precision == "fp32" else float(wire_message_bytes(message, rows, precision, u))
-        t = float(collective_time_ms(machine, op, g, axis_stride(axis, grid), sent))
+        t = float(precision_collective_time_ms(machine, op, g, axis_stride(axis, grid), message, rows, precision, u))
         out["comm_ms"] += t
         out[f"comm_{AXIS_NAMES[axis]}_ms"] += t
         out[f"{op}_ms"] += t
@@ -222,7 +243,7 @@ def _comm(machine, calls, grid, choice: CommPrecision, u):
 
 def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, choice: CommPrecision,
                    optimizer: str | None = None, components: Mapping | None = None, prefetch: bool = True,
-                   sampled_nnz=None) -> dict:
+                   sampled_nnz=None, fixed_features: bool = False) -> dict:
     """The epoch prediction of one configuration (Gd, (Gx, Gy, Gz), B); plain floats.
 
     Keys: the common prediction keys (:data:`plexus_tune.model.costs.PREDICTION_KEYS`:
@@ -251,7 +272,7 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
         flops += 6.0 * r_d * c_n * c_o
         act += 2.0 * u * (r_o * c_n + r_d * c_n + 5.0 * r_d * c_o)
     rx, k_in, c_in = ceil_div(batch, gx), ceil_div(d0, gz), ceil_div(h, gy)
-    flops += 4.0 * rx * k_in * c_in
+    flops += (4.0 if fixed_features else 6.0) * rx * k_in * c_in
     o, nn, d = layer_roles(workload.layers)
     r_h, k_h, c_h = ceil_div(batch, grid[o]), ceil_div(h, grid[nn]), ceil_div(classes, grid[d])
     flops += 6.0 * r_h * k_h * c_h
@@ -262,19 +283,28 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
             "gemm_ms": flops / (machine.gemm_tflops * 1e12) * 1e3}
     step.update(_comm(machine, step_collectives(workload, grid, batch, components), grid, choice, u))
     params = parameter_elements(workload, grid, components)
-    dp_ms = 0.0
-    if dp > 1:
-        dp_ms = float(collective_time_ms(machine, "all_reduce", dp, g3, u * params))
-    step["comm_dp_ms"] = dp_ms
-    step["comm_ms"] += dp_ms
-    step["all_reduce_ms"] += dp_ms
+    dp_ops = {"all_reduce": float(collective_time_ms(machine, "all_reduce", dp, g3, u * params)) if dp > 1 else 0.0}
+    trained = 0 if fixed_features else feature_elements(workload, grid)
+    if trained:
+        for op, axis, message, _, _ in feature_collectives(workload, grid, batch, dp):
+            if axis == 3:  # across the Gd groups
+                dp_ops[op] = dp_ops.get(op, 0.0) + float(collective_time_ms(machine, op, dp, g3, message))
+            elif grid[axis] > 1:
+                t = float(collective_time_ms(machine, op, grid[axis], axis_stride(axis, grid), message))
+                step["comm_ms"] += t
+                step[f"comm_{AXIS_NAMES[axis]}_ms"] += t
+                step[f"{op}_ms"] += t
+    step["comm_dp_ms"] = sum(dp_ops.values())
+    step["comm_ms"] += step["comm_dp_ms"]
+    for op, t in dp_ops.items():
+        step[f"{op}_ms"] += t
     passes = LAYER_PASSES["relu"] + sum(LAYER_PASSES[c] for c in COMPONENTS if components[c])
     elementwise = u * (sum(passes * s["r_d"] * s["c_o"] for s in sizes) + LOSS_PASSES * r_h * c_h)
     rate = machine.elementwise_gbps
     step["other_elementwise_ms"] = elementwise / (rate * 1e9) * 1e3 if rate else 0.0
     opt_rate = machine.optimizer_gbps or rate
     accesses = OPTIMIZER_ACCESSES[check_optimizer(optimizer or machine.optimizer)]
-    step["other_optimizer_ms"] = u * accesses * params / (opt_rate * 1e9) * 1e3 if opt_rate else 0.0
+    step["other_optimizer_ms"] = u * accesses * (params + trained) / (opt_rate * 1e9) * 1e3 if opt_rate else 0.0
     sample = sampling_ms(workload, machine, grid, batch, sampled_nnz)
     busy = (step["spmm_ms"] + step["gemm_ms"] + step["comm_ms"] + step["quant_ms"] + step["other_elementwise_ms"]
             + step["other_optimizer_ms"])
@@ -303,8 +333,8 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
         shards += float(csr_bytes(full, rows, u, float(csr_index_bytes(full, rows, cols))))
         sampled += 2.0 * float(csr_bytes(z[i], max(s["r_d"], s["r_o"]), u, 4.0))
     memory["graph_shards"] = shards
-    memory["sampled"] = sampled
-    memory["features"] = ceil_div(n, gx) * (ceil_div(d0, gz) * u + 8.0)
+    memory["sampled"] = sampled * (2.0 if prefetch else 1.0)  # with prefetch the next step's are built meanwhile
+    memory["features"] = ceil_div(n, gx) * (ceil_div(d0, gz) * u * (1.0 if fixed_features else 4.0) + 8.0)
     memory["activations"] = act
     memory["parameters"] = 4.0 * u * params
     total = sum(memory.values())
@@ -321,21 +351,24 @@ def predict_configs(workload, machine, configs, *, batch_size: int, comm_precisi
     """Vectorized over (K, 4) rows (Gd, Gx, Gy, Gz): arrays of :func:`predict_config`'s keys.
 
     ``options``: the components of :data:`COMPONENTS` (bools), ``prefetch`` (default
-    True: sampling of step t + 1 overlaps step t) and ``sampled_nnz`` (a callable
+    True: sampling of step t + 1 overlaps step t), ``fixed_features`` (default False: the
+    input features are trained) and ``sampled_nnz`` (a callable
     ``grid -> per-layer shard nonzeros``, e.g. from a graph, else the expectation).
     """
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     choice = comm_precision if isinstance(comm_precision, CommPrecision) else parse_comm_precision(comm_precision or "fp32")
     options = dict(options or {})
-    unknown = sorted(set(options) - {*COMPONENTS, "prefetch", "sampled_nnz"})
+    unknown = sorted(set(options) - {*COMPONENTS, "prefetch", "sampled_nnz", "fixed_features"})
     if unknown:
-        raise UserError(f"{NAME} takes no option {', '.join(unknown)}; its options: {', '.join((*COMPONENTS, 'prefetch'))}")
+        raise UserError(f"{NAME} takes no option {', '.join(unknown)}; its options: "
+                        f"{', '.join((*COMPONENTS, 'prefetch', 'fixed_features'))}")
     sampled = options.get("sampled_nnz")
     configs = np.asarray(configs, dtype=np.int64).reshape(-1, 4)
     if configs.size and configs.min() < 1:
         raise UserError("configurations must be rows of four positive sizes (Gd, Gx, Gy, Gz)")
     rows = [predict_config(workload, machine, int(c[0]), c[1:], batch_size, choice=choice, optimizer=optimizer,
                            components=options, prefetch=bool(options.get("prefetch", True)),
+                           fixed_features=bool(options.get("fixed_features", False)),
                            sampled_nnz=sampled(tuple(int(g) for g in c[1:])) if callable(sampled) else sampled)
             for c in configs]
     if not rows:
@@ -460,16 +493,18 @@ def near_cubic_grids(gpus: int) -> np.ndarray:
 
 
 def scaling_series(workload, machine, first_gpus: int, last_gpus: int, batch_size: int, *,
-                   comm_precision="bf16", optimizer=None) -> dict:
+                   comm_precision="bf16", optimizer=None, fixed_features: bool = True) -> dict:
     """Strong scaling as the paper runs it: the fastest near-cubic grid of ``first_gpus`` at Gd = 1,
-    kept, and Gd doubled up to ``last_gpus`` / ``first_gpus``. Returns ``grid`` and ``rows``
+    kept, and Gd doubled up to ``last_gpus`` / ``first_gpus``; the input features fixed, as the
+    paper trains them (``fixed_features``). Returns ``grid`` and ``rows``
     (gpus, gd, steps, total_ms, comm_dp_ms, step_ms, speedup over the first row)."""
     machine = machine if isinstance(machine, Machine) else load_machine(machine)
     if last_gpus % first_gpus:
         raise UserError(f"{last_gpus} GPUs is no multiple of {first_gpus}")
     candidates = near_cubic_grids(first_gpus)
     base = predict_configs(workload, machine, np.column_stack([np.ones(len(candidates), dtype=np.int64), candidates]),
-                           batch_size=batch_size, comm_precision=comm_precision, optimizer=optimizer)
+                           batch_size=batch_size, comm_precision=comm_precision, optimizer=optimizer,
+                           options={"fixed_features": fixed_features})
     grid = tuple(int(g) for g in candidates[int(np.argmin(base["total_ms"]))])
     dps = []
     gd = 1
@@ -477,7 +512,8 @@ def scaling_series(workload, machine, first_gpus: int, last_gpus: int, batch_siz
         dps.append(gd)
         gd *= 2
     pred = predict_configs(workload, machine, [(d, *grid) for d in dps], batch_size=batch_size,
-                           comm_precision=comm_precision, optimizer=optimizer)
+                           comm_precision=comm_precision, optimizer=optimizer,
+                           options={"fixed_features": fixed_features})
     rows = [{"gpus": d * first_gpus, "gd": d, "steps": int(pred["steps"][k]), "total_ms": float(pred["total_ms"][k]),
              "comm_dp_ms": float(pred["comm_dp_ms"][k]), "step_ms": float(pred["step_ms"][k]),
              "speedup": float(pred["total_ms"][0] / pred["total_ms"][k])} for k, d in enumerate(dps)]

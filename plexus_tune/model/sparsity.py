@@ -39,6 +39,7 @@ from plexus_tune.graph.structure import (  # noqa: F401
     split_statistics,
     split_structure,
 )
+from plexus_tune.graph.structure_sample import sampled_split_statistics
 from plexus_tune.model.grid import layer_roles
 
 
@@ -246,6 +247,8 @@ class GraphSparsity:
         self.entries = {tuple(int(v) for v in key): value for key, value in entries.items()}
         self.permute = permute
         self.name = name
+        #: None, or what a sampled estimate read (graph_sparsity's ``sample``)
+        self.sample = None
 
     def layer(self, layer: int, g_d, g_o) -> tuple[np.ndarray, dict, dict]:
         """(largest-shard nonzeros, forward structure arrays, backward structure arrays) of layer ``layer`` on every grid."""
@@ -271,7 +274,7 @@ class GraphSparsity:
 
 
 def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
-                   stored: bool = False, cache=None) -> GraphSparsity:
+                   stored: bool = False, cache=None, sample: float | None = None) -> GraphSparsity:
     """The :class:`GraphSparsity` of a graph on the given grids.
 
     For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
@@ -280,7 +283,10 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     layers under the two-sided modes ``double`` and ``local``; the transpose of B when
     A is symmetric); the largest block is the slowest rank's. Permutations as the
     trainer's (:func:`plexus_tune.graph.permute.permutations_for`, ``local`` with each
-    grid's parts). ``stored``: ``graph`` is already B (a shard directory's matrix,
+    grid's parts). ``sample``: a fraction of the entries below 1 estimates the statistics
+    from a sample of rows (:mod:`plexus_tune.graph.structure_sample`; a symmetric pattern,
+    no cache); the result's ``sample`` then says what was read and the largest relative
+    standard error of a largest shard's nonzeros. ``stored``: ``graph`` is already B (a shard directory's matrix,
     self-loops included) and ``permute`` the mode it was cut with; odd layers of
     two-sided modes multiply B^T, as the trainer reading the directory does. Every
     distinct split is counted once.
@@ -291,6 +297,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     two_sided = permute in TWO_SIDED_MODES
     # a graph whose values are symmetric (its metadata says so) has a symmetric pattern
     symmetric = True if stored or not two_sided else graph_pattern_symmetric(graph, cache)
+    # the adjacency's own pattern symmetric: the second scan reads rows in their stored order
+    pattern_symmetric_ = False if stored else (symmetric if two_sided else graph_pattern_symmetric(graph, cache))
     # the permutations: one pair for every mode but local, one per grid's parts for local
     wanted: dict = {}
     for grid in grids.tolist():
@@ -300,6 +308,11 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             wanted.setdefault(perm_key, set()).add((i % 2, grid[d], grid[o]))
     entries = {}
     has_diagonal = None
+    sampled = sample is not None and sample < 1 and not stored
+    if sampled and not graph_pattern_symmetric(graph, None):
+        raise UserError(f"--graph-sample: {getattr(graph, 'name', 'the graph')}'s pattern is not symmetric, and the "
+                        "sampled estimate needs an undirected graph; leave --graph-sample out to scan it all")
+    read = {"fraction": sample, "rows": 0, "entries": 0, "nnz_max_rse": 0.0} if sampled else None
     for perm_key, keys in wanted.items():
         splits: dict = {}
         for parity, g_d, g_o in keys:
@@ -309,6 +322,20 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 splits[(parity, g_d, g_o)] = ("alternate", g_d, g_o, False)
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
+        if sampled:
+            row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
+                                  else permutations_for(permute, n, seed))
+            found, info = sampled_split_statistics(adjacency, {(R, C) for _, R, C, _ in splits.values()}, row_perm,
+                                                   col_perm, sample, seed=seed)
+            read["rows"] += info["rows"]
+            read["entries"] += info["entries"]
+            read["nnz_max_rse"] = max([read["nnz_max_rse"]] + [e["nnz_max_rse"] for e in found.values()])
+            for key, (which, R, C, transposed) in splits.items():
+                e = found[(R, C)]
+                entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
+                                "forward": e["transpose"] if transposed else e["forward"],
+                                "backward": e["forward"] if transposed else e["transpose"]}
+            continue
         name = cache.entry_name(permute, seed, perm_key, stored) if cache is not None else None
         done: dict = cache.splits(name) if cache is not None else {}
         missing = {(w, R, C) for w, R, C, _ in splits.values()} - set(done)
@@ -328,7 +355,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 rows, cols = (row_perm, col_perm) if which == "pattern" else (col_perm, row_perm)
                 report = None if progress is None else (lambda stage, seconds: progress(sorted(wanted_splits), stage, seconds))
                 found = split_statistics(adjacency, wanted_splits, rows, cols, self_loops=not stored,
-                                         has_diagonal=has_diagonal, progress=report)
+                                         has_diagonal=has_diagonal, symmetric_pattern=pattern_symmetric_,
+                                         progress=report)
                 computed.update({(which, R, C): e for (R, C), e in found.items()})
             done.update(computed)
             if cache is not None:
@@ -338,4 +366,6 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
                             "forward": e["transpose"] if transposed else e["forward"],
                             "backward": e["forward"] if transposed else e["transpose"]}
-    return GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
+    result = GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
+    result.sample = read
+    return result

@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 
 from plexus_tune.errors import Interrupted, UserError
-from plexus_tune.search.space import SearchSpace
+from plexus_tune.search.space import SearchSpace, check_objective
 from plexus_tune.search.study import (
     Objective,
     best_configs,
@@ -61,10 +61,38 @@ def study_name(dataset: str, machine: str, space: SearchSpace, objective: str, *
     return base if precision == "fp32" else f"{base}-comm-{precision}"
 
 
-def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, trials: int, seed=None,
-              attrs: dict | None = None, measured=None, warm_start_k: int = 0, snap_neighbours: int = 0,
-              starts: int = 0, launcher=None, callbacks=None, show_progress: bool = False) -> StudyOutcome:
-    """Open (or resume) study ``name`` and run it until it has ``trials`` finished trials.
+@dataclass(frozen=True)
+class StudyOptions:
+    """One study's settings: its ``name``, ``objective`` and total ``trials`` (a resumed study
+    runs only the missing ones); the sampler ``seed``; ``attrs`` stored with it; measured:
+    the model's best ``warm_start_k`` configurations first; model-driven: ``starts``
+    configurations spread over the space first, each trial the best predicted of the
+    ``snap_neighbours`` allowed grids nearest the sampled point; ``show_progress``:
+    Optuna's progress bar."""
+
+    name: str
+    objective: str
+    trials: int
+    seed: int | None = None
+    attrs: dict | None = None
+    warm_start_k: int = 0
+    snap_neighbours: int = 0
+    starts: int = 0
+    show_progress: bool = False
+
+    def __post_init__(self):
+        check_study_name(self.name)
+        check_objective(self.objective)
+        if int(self.trials) < 1:
+            raise UserError(f"a study runs at least 1 trial, not {self.trials}", parameter="trials")
+        for key in ("warm_start_k", "snap_neighbours", "starts"):
+            if int(getattr(self, key)) < 0:
+                raise UserError(f"{key} must be at least 0, not {getattr(self, key)}", parameter=key)
+
+
+def run_study(options: StudyOptions, storage, space: SearchSpace, model, *, measured=None, launcher=None,
+              callbacks=None) -> StudyOutcome:
+    """Open (or resume) study ``options.name`` and run it until it has ``options.trials`` finished trials.
 
     Model-driven (``measured`` None): the objective evaluates ``model`` and the study is
     warm-started with ``starts`` configurations spread over the space. Measured
@@ -72,14 +100,16 @@ def run_study(name: str, storage, space: SearchSpace, model, objective: str, *, 
     in its log count as trials, and the model's best ``warm_start_k`` configurations are
     tried first; ``launcher`` stays open for every run.
     """
-    study = open_study(name, storage, objective=objective, seed=seed, attrs=attrs)
+    name, objective, trials = options.name, options.objective, options.trials
+    warm_start_k, snap_neighbours, show_progress = options.warm_start_k, options.snap_neighbours, options.show_progress
+    study = open_study(name, storage, objective=objective, seed=options.seed, attrs=options.attrs)
     if measured is not None:
         target = Objective(space, measured, objective, study=study, known=measured.known_runs())
         if warm_start_k > 0:
             warm_start(study, space, model.top_k(space, warm_start_k, objective))
     else:
         target = Objective(space, model, objective, study=study, snap_neighbours=snap_neighbours)
-        warm_start(study, space, spread_starts(space, starts))
+        warm_start(study, space, spread_starts(space, options.starts))
     before = len(finished_trials(study))
     try:
         with launcher if launcher is not None else contextlib.nullcontext():

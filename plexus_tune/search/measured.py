@@ -3,6 +3,7 @@
 from __future__ import annotations
 import os
 from plexus_tune.measure.campaign import (
+    Campaign,
     campaign_config,
     config_identity,
     launcher_options,
@@ -101,9 +102,9 @@ class MeasuredEvaluator:
         options = dict(self.options)
         if config.block_rows:
             options["block_rows"] = int(config.block_rows)
-        new = run_campaign(self.graph, config.gpus, [config.grid], log=self.log_path, trials=1, epochs=self.epochs,
-                           warmup=self.warmup, layers=self.layers, hidden=self.hidden, machine=self.model.machine,
-                           stats=self.stats, train_options=options, launcher=self.launcher)
+        campaign = Campaign(self.graph, config.gpus, [config.grid], log=self.log_path, trials=1, epochs=self.epochs,
+                            warmup=self.warmup, layers=self.layers, hidden=self.hidden, train_options=options)
+        new = run_campaign(campaign, machine=self.model.machine, stats=self.stats, launcher=self.launcher)
         self.runs += len(new)
         if not new:  # logged meanwhile (another worker): read it back
             return self.known_runs().get(config, Evaluation(ev.total_ms, ev.memory_gib, ev.memory_excess_gib, failure="no run logged"))

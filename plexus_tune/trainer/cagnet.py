@@ -33,7 +33,7 @@ from plexus_tune.model.shapes import ceil_div, csr_index_dtype
 from plexus_tune.model.volumes import stage_chunks, summa_sizes
 from plexus_tune.trainer.tensors import csr_bytes, take_block, take_dense, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
-from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
+from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, dense_backward, dense_forward
 from plexus_tune.trainer.layout import Block, block
 
 X_AXIS, Y_AXIS, Z_AXIS = 0, 1, 2
@@ -51,26 +51,15 @@ class Cagnet15dLayer(torch.autograd.Function):
             h_k = comm.broadcast(h if k == shard.i else None, h.shape, X_AXIS, k)
             t.add_(shard.spmm(a_ik, h_k))
         comm.all_reduce(t, Y_AXIS, comm_class="aggregation")
-        z = shard.gemm(t, w) + b
-        ctx.save_for_backward(t, w)
-        ctx.shard = shard
-        shard.saved_bytes.append(t.numel() * t.element_size() + z.numel() * z.element_size())
-        return z
+        return dense_forward(ctx, shard, t, w, b)
 
     @staticmethod
     def backward(ctx, dz):
-        t, w = ctx.saved_tensors
         shard = ctx.shard
         comm = shard.comm
-        dz = dz.contiguous()
-        dw = shard.gemm(t.t(), dz)
-        t0 = shard.timer.now()
-        db = dz.sum(dim=0)
-        shard.timer.add(t0, "gemm_ms")
-        dw, db = fused_gradient_reduce(comm, dw, db, X_AXIS)
-        if not ctx.needs_input_grad[0]:  # fixed features (module docstring)
+        dw, db, dt = dense_backward(ctx, dz, (X_AXIS,))
+        if dt is None:  # fixed features (module docstring)
             return None, dw, db, None
-        dt = shard.gemm(dz, w.t()).contiguous()
         dh = torch.zeros_like(dt)
         for k, _, at_ik in shard.pieces:
             dt_k = comm.broadcast(dt if k == shard.i else None, dt.shape, X_AXIS, k)
@@ -138,32 +127,18 @@ def combine_forward(ctx, shard, t, w, b):
     rows, d = t.shape
     if pc > 1:
         t = comm.all_gather(t, Y_AXIS, comm_class="combination").view(pc, rows, d).permute(1, 0, 2)
-    t_row = t.reshape(rows, pc * d)[:, : shard.width_in].contiguous()
-    z = shard.gemm(t_row, w) + b
-    ctx.save_for_backward(t_row, w)
-    ctx.shard = shard
-    shard.saved_bytes.append(t_row.numel() * t_row.element_size() + z.numel() * z.element_size())
-    return z
+    return dense_forward(ctx, shard, t.reshape(rows, pc * d)[:, : shard.width_in].contiguous(), w, b)
 
 
 def combine_backward(ctx, dz, reduce_axes):
     """(dW, db, dT) of :func:`combine_forward`: dW and db summed over ``reduce_axes``, dT = dZ W^T
     reduce-scattered back to T's column block along Y; dT is None for fixed features."""
-    t_row, w = ctx.saved_tensors
-    shard = ctx.shard
-    comm = shard.comm
-    dz = dz.contiguous()
-    dw = shard.gemm(t_row.t(), dz)
-    t0 = shard.timer.now()
-    db = dz.sum(dim=0)
-    shard.timer.add(t0, "gemm_ms")
-    for axis in reduce_axes:
-        dw, db = fused_gradient_reduce(comm, dw, db, axis)
-    if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db (module docstring)
+    comm = ctx.shard.comm
+    dw, db, dt = dense_backward(ctx, dz, reduce_axes)
+    if dt is None:  # fixed features: layer 0 stops after dW and db (module docstring)
         return dw, db, None
-    dt = shard.gemm(dz, w.t())
     pc = comm.grid[Y_AXIS]
-    rows, d = dt.shape[0], shard.block_in
+    rows, d = dt.shape[0], ctx.shard.block_in
     if pc > 1:
         padded = torch.nn.functional.pad(dt, (0, pc * d - dt.shape[1]))
         stacked = padded.view(rows, pc, d).permute(1, 0, 2).reshape(pc * rows, d)

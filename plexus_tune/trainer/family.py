@@ -57,6 +57,34 @@ def fused_gradient_reduce(comm, dw: torch.Tensor, db: torch.Tensor, axis: int):
     return buf[:-1], buf[-1]
 
 
+def dense_forward(ctx, shard, t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Z = T W + b, the layer's GEMM after its aggregation T; T and W are saved for
+    :func:`dense_backward` and their bytes counted as the layer's activations."""
+    z = shard.gemm(t, w) + b
+    ctx.save_for_backward(t, w)
+    ctx.shard = shard
+    shard.saved_bytes.append(t.numel() * t.element_size() + z.numel() * z.element_size())
+    return z
+
+
+def dense_backward(ctx, dz: torch.Tensor, reduce_axes=()):
+    """(dW, db, dT) of :func:`dense_forward`: dW = T^T dZ and db = sum_rows dZ, each summed over
+    ``reduce_axes`` (:func:`fused_gradient_reduce`), dT = dZ W^T; dT is None for fixed
+    features (layer 0 stops after dW and db)."""
+    t, w = ctx.saved_tensors
+    shard = ctx.shard
+    dz = dz.contiguous()
+    dw = shard.gemm(t.t(), dz)
+    t0 = shard.timer.now()
+    db = dz.sum(dim=0)
+    shard.timer.add(t0, "gemm_ms")
+    for axis in reduce_axes:
+        dw, db = fused_gradient_reduce(shard.comm, dw, db, axis)
+    if not ctx.needs_input_grad[0]:
+        return dw, db, None
+    return dw, db, shard.gemm(dz, w.t()).contiguous()
+
+
 class FamilyTrainer(RankTrainer):
     """Common setup of the family trainers (see module docstring)."""
 

@@ -25,7 +25,7 @@ import torch
 from plexus_tune.graph.partition import check_aggregation, partition_exchange
 from plexus_tune.trainer.tensors import csr_bytes, torch_csr
 from plexus_tune.trainer.exchange import ExchangeComm
-from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, fused_gradient_reduce
+from plexus_tune.trainer.family import FamilyShard, FamilyTrainer, dense_backward, dense_forward
 from plexus_tune.trainer.layout import Block
 
 AXIS = 0
@@ -48,26 +48,15 @@ class PartitionedLayer(torch.autograd.Function):
         received = comm.exchange(messages, shapes, comm_class="aggregation", axis=AXIS)
         for peer, (_, scatter) in plan.receives.items():
             t.add_(shard.spmm(scatter, received[peer].contiguous()))
-        z = shard.gemm(t, w) + b
-        ctx.save_for_backward(t, w)
-        ctx.shard = shard
-        shard.saved_bytes.append(t.numel() * t.element_size() + z.numel() * z.element_size())
-        return z
+        return dense_forward(ctx, shard, t, w, b)
 
     @staticmethod
     def backward(ctx, dz):
-        t, w = ctx.saved_tensors
         shard = ctx.shard
         comm, plan = shard.comm, shard.plan
-        dz = dz.contiguous()
-        dw = shard.gemm(t.t(), dz)
-        t0 = shard.timer.now()
-        db = dz.sum(dim=0)
-        shard.timer.add(t0, "gemm_ms")
-        dw, db = fused_gradient_reduce(comm, dw, db, AXIS)
-        if not ctx.needs_input_grad[0]:  # fixed features: layer 0 stops after dW and db
+        dw, db, dt = dense_backward(ctx, dz, (AXIS,))
+        if dt is None:  # fixed features: layer 0 stops after dW and db
             return None, dw, db, None
-        dt = shard.gemm(dz, w.t()).contiguous()
         dh = shard.spmm(plan.local_t, dt, "bwd")
         replies = {peer: shard.spmm(scatter_t, dt, "bwd") for peer, scatter_t in plan.receives_t.items()}
         shapes = {peer: (int(post_idx.numel()) + (pre_t.shape[1] if pre_t is not None else 0), dt.shape[1])

@@ -138,7 +138,7 @@ def check_verdict(loss_rel_diff: float, output_rel_diff: float, *, dtype: str = 
 
 def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: int, dtype: str = "float32",
                              split=None, rmsnorm: bool = True, residual: bool = True, dropout: float = 0.0,
-                             step: int = 0) -> dict:
+                             step: int = 0, fixed_features: bool = False) -> dict:
     """One step of ScaleGNN's model, serially with PyTorch Geometric, on each group's sample.
 
     ``samples``: the sorted vertices of each data-parallel group at ``step``. Per group:
@@ -148,7 +148,7 @@ def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: 
     (``torch.nn.functional.rms_norm``), ReLU, the trainer's dropout mask, the residual, the
     head, cross-entropy over the sample's training vertices. Returns each group's loss,
     group 0's (B, C) logits and the gradients averaged over the groups (``w_in``, ``w_<i>``,
-    ``gamma_<i>``, ``w_out``).
+    ``gamma_<i>``, ``w_out``, and unless ``fixed_features`` ``x``: the (N, D_0) input features').
     """
     import torch
     import torch.nn.functional as F
@@ -165,6 +165,7 @@ def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: 
     weights = minibatch_weights(features.shape[1], hidden, int(graph.num_classes), layers, seed)
     losses, logits0, grads = [], None, None
     for group, sample in enumerate(samples):
+        x_all = torch.tensor(features, dtype=tdtype, requires_grad=not fixed_features)
         w_in = torch.nn.Parameter(torch.tensor(weights[0], dtype=tdtype))
         convs = []
         for i in range(layers):
@@ -177,7 +178,7 @@ def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: 
         a_s = sampled_subgraph(adjacency, sample).tocoo()
         edge_index = torch.from_numpy(np.vstack([a_s.col, a_s.row]).astype(np.int64))
         edge_weight = torch.tensor(a_s.data, dtype=tdtype)
-        x = torch.tensor(features[sample], dtype=tdtype) @ w_in
+        x = x_all[torch.from_numpy(np.asarray(sample, dtype=np.int64))] @ w_in
         for i, conv in enumerate(convs):
             q = conv(x, edge_index, edge_weight)
             if rmsnorm:
@@ -194,6 +195,8 @@ def reference_minibatch_step(graph, samples, *, layers: int, hidden: int, seed: 
         named = {"w_in": w_in, **{f"w_{i}": c.lin.weight for i, c in enumerate(convs)}, "w_out": w_out}
         if rmsnorm:
             named.update({f"gamma_{i}": g for i, g in enumerate(gammas)})
+        if not fixed_features:
+            named["x"] = x_all
         mine = {k: (p.grad.detach().numpy().T if k.startswith("w_") and k not in ("w_in", "w_out")
                     else p.grad.detach().numpy()).astype(np.float64) for k, p in named.items()}
         grads = mine if grads is None else {k: grads[k] + mine[k] for k in grads}

@@ -24,7 +24,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
-from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
 from plexus_tune.resources import check_memory
 from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
@@ -84,14 +84,6 @@ def _check_shards(path: Path, config: TrainConfig) -> None:
                         parameter="check")
 
 
-def describe_source(config: TrainConfig) -> str:
-    if config.synthetic is not None:
-        return f"synthetic:{config.synthetic}"
-    if isinstance(config.graph, (str, os.PathLike)):
-        return str(config.graph)
-    return "in-memory"
-
-
 def validate(config: TrainConfig, world_size: int | None = None) -> None:
     """Check a configuration at the edge; raises UserError with what to change."""
     grid = tuple(config.grid)
@@ -119,7 +111,7 @@ def validate(config: TrainConfig, world_size: int | None = None) -> None:
     if config.overlap and not config.block_rows:
         raise UserError("overlap needs row blocks (it overlaps the all-reduce of one row block with the next SpMM)",
                         parameter="block_rows")
-    choice = parse_comm_precision(config.comm_precision)
+    choice = config.comm_precision if isinstance(config.comm_precision, CommPrecision) else parse_comm_precision(config.comm_precision)
     check_backend(config.backend, choice)
     if config.backend == "nccl":
         import torch

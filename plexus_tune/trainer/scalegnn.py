@@ -18,7 +18,15 @@ whole B x h output from the seed, the step, the layer and the group, so replicas
 residual (the input resharded from rows over o and columns over n to rows over d and
 columns over o: all-gather over n, then over o; backward: all-reduce of the B x h
 gradient over d and over o); then the head X W_out (all-reduce over n) and the sharded
-cross-entropy over the sample's training vertices. Gradients that a replicated operand
+cross-entropy over the sample's training vertices. Unless ``fixed_features``, the rank's
+block of the input features (rows over X, columns over Z) is a parameter: dX_S is summed over
+Y (:class:`CopyTo`) and the Gd groups' sampled-row gradients are all-gathered at stride
+Gx Gy Gz (every rank draws every group's sample itself, so only the values move) and
+averaged (:meth:`ScaleGnnTrainer.average_feature_gradient`). With ``prefetch`` (default) the sampling of
+step t + 1 runs on a background thread while step t trains (it needs no communication),
+and step t ends by waiting for it: ``sample_ms`` times that wait (the exposed sampling,
+inside ``other_ms``), ``sample_work_ms`` the sampling itself; the first sample is drawn
+before the first epoch. Gradients that a replicated operand
 receives from different shards are summed over the replicas' axis in the backward pass
 (:class:`CopyTo`); every parameter's gradient is then averaged over the Gd groups in one
 FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
@@ -27,6 +35,8 @@ FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
 from __future__ import annotations
 
 import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,6 +120,21 @@ class GroupComm(GridComm):
                 self._created.append(group)
                 if rank in members:
                     self.dp_group = group
+
+    def all_gather_dp(self, tensor):
+        """The Gd groups' ``tensor`` stacked along dim 0 in group order (timed as ``comm_dp_ms``)."""
+        if self.dp == 1:
+            return tensor
+        import torch
+
+        tensor = tensor.contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(self.dp)]
+        t0 = self.timer.now()
+        self.dist.all_gather(parts, tensor, group=self.dp_group)
+        self.timer.add(t0, "comm_ms", "comm_dp_ms", "all_gather_ms")
+        if self.counter is not None:
+            self.counter.add("gather", (self.dp - 1) * tensor.numel() * tensor.element_size())
+        return torch.cat(parts, dim=0)
 
     def all_reduce_dp(self, tensor):
         """Sum over the Gd groups in FP32, in place (timed as ``comm_dp_ms``)."""
@@ -251,6 +276,7 @@ class ScaleGnnTrainer(RankTrainer):
         self.batch = int(config.batch_size)
         self.components = {name: bool(options.get(name, True)) for name in ("rmsnorm", "residual")}
         self.dropout = float(options.get("dropout", 0.0))
+        self.prefetch = bool(options.get("prefetch", True))
         self.comm = comm or GroupComm(self.grid, self.dp, rank, self.timer, precision=config.comm_precision,
                                       seed=config.seed)
         self.group = self.comm.group_index
@@ -276,10 +302,13 @@ class ScaleGnnTrainer(RankTrainer):
             self.persistent_bytes += shard.data.nbytes + shard.indices.nbytes + shard.indptr.nbytes
         self.shard_nnz = [int(self.graph_shards[i % 3][2].nnz) for i in range(self.layers)]
         xr, zc = self.node_block(0), block(self.coords[2], -(-self.features_in // self.grid[2]), self.features_in)
-        self.x_rows = xr
-        self.x_local = np.zeros((xr.stop - xr.start, zc.size), dtype=np.float64)
-        self.x_local[:, : zc.real] = np.asarray(data.pg.features, dtype=np.float64)[xr.start:xr.stop, zc.start:zc.stop]
-        self.persistent_bytes += self.x_local.size * (8 if self.dtype == torch.float64 else 4)
+        self.x_rows, self.x_cols = xr, zc
+        x_local = np.zeros((xr.stop - xr.start, zc.size), dtype=np.float64)
+        x_local[:, : zc.real] = np.asarray(data.pg.features, dtype=np.float64)[xr.start:xr.stop, zc.start:zc.stop]
+        self.fixed_features = bool(getattr(config, "fixed_features", False))
+        x_t = torch.tensor(x_local, dtype=self.dtype, device=self.device)
+        self.x_param = x_t if self.fixed_features else torch.nn.Parameter(x_t)
+        self.persistent_bytes += x_t.numel() * x_t.element_size() * (1 if self.fixed_features else 4)
         weights = minibatch_weights(self.features_in, self.hidden, self.classes, self.layers, config.seed)
         self.w_in = self._param(weights[0], block(self.coords[2], zc.size, self.features_in), self.col_block(self.hidden, 1))
         self.w_layers, self.gammas = [], []
@@ -294,8 +323,9 @@ class ScaleGnnTrainer(RankTrainer):
         self.head_roles = (o, nn, d)
         self.w_out = self._param(weights[-1], self.col_block(self.hidden, nn), self.col_block(self.classes, d))
         self.params = [self.w_in, *self.w_layers, *(self.gammas if self.components["rmsnorm"] else []), self.w_out]
-        self.optimizer, self.optimizer_name = make_adamw(self.params, lr=config.lr, weight_decay=config.weight_decay,
-                                                         device_type=self.device.type)
+        trained = [] if self.fixed_features else [self.x_param]
+        self.optimizer, self.optimizer_name = make_adamw(self.params + trained, lr=config.lr,
+                                                         weight_decay=config.weight_decay, device_type=self.device.type)
         self.persistent_bytes += 4 * sum(p.numel() * p.element_size() for p in self.params)
         self.steps = steps_per_epoch(n, self.batch, self.dp)
         self.shards = [_Stats()]
@@ -361,8 +391,10 @@ class ScaleGnnTrainer(RankTrainer):
         """Logits of this rank's block (rows over the head's outer axis, classes over its depth axis)."""
         comm = self.comm
         r0, r1 = sample.rows(0, self.coords[0])
-        rows = sample.vertices[r0:r1] - self.x_rows.start
-        x_s = torch.tensor(self.x_local[rows], dtype=self.dtype, device=self.device)
+        rows = torch.as_tensor(sample.vertices[r0:r1] - self.x_rows.start, device=self.device)
+        x_s = self.x_param.index_select(0, rows)
+        if not self.fixed_features:  # its gradient: partial sums over the projection's Y-split width
+            x_s = CopyTo.apply(x_s, comm, 1, "gather")
         x = SumOver.apply(self._gemm(x_s, CopyTo.apply(self.w_in, comm, 0, "gather")), comm, 2, "combination")
         for i in range(self.layers):
             o, n, d = layer_roles(i)
@@ -408,12 +440,23 @@ class ScaleGnnTrainer(RankTrainer):
 
     # ----------------------------------------------------------------------------- training
 
-    def step(self, t: int):
-        """One training step: sample, forward, loss, backward, data-parallel average, AdamW. Returns the loss."""
-        t0 = self.timer.now()
+    def prepare(self, t: int) -> tuple:
+        """Step ``t``'s sample and its (A_S, A_S^T) per layout, with the host ms the sampling took
+        (no communication, no timer: safe on the prefetch thread)."""
+        t0 = time.perf_counter()
         sample = self.sample(t)
         shards = self.sampled_shards(sample)
-        self.timer.add(t0, "sample_ms")
+        return sample, shards, (time.perf_counter() - t0) * 1e3
+
+    def step(self, t: int, prepared: tuple | None = None):
+        """One training step on ``prepared`` (:meth:`prepare` of ``t``; drawn here and timed as
+        ``sample_ms`` if None): forward, loss, backward, data-parallel average, AdamW. Returns the loss."""
+        if prepared is None:
+            t0 = self.timer.now()
+            prepared = self.prepare(t)
+            self.timer.add(t0, "sample_ms")
+        sample, shards, work_ms = prepared
+        self.timer.add_ms(work_ms, "sample_work_ms")
         self.last_sample_nnz = [int(a._nnz()) for a, _ in shards]
         t0 = self.timer.now()
         self.optimizer.zero_grad(set_to_none=True)
@@ -425,6 +468,7 @@ class ScaleGnnTrainer(RankTrainer):
         loss.backward()
         self.timer.add(t0, "bwd_ms")
         self.average_gradients()
+        self.average_feature_gradient(sample)
         if self.config.check and t == 0:
             self.check_payload = self._check_blocks(sample, logits, loss)
         t0 = self.timer.now()
@@ -444,6 +488,30 @@ class ScaleGnnTrainer(RankTrainer):
         for p, g in zip(self.params, grads):
             p.grad = flat[offset: offset + g.numel()].view_as(g).to(self.dtype)
             offset += g.numel()
+
+    def average_feature_gradient(self, sample: Sample) -> None:
+        """Trained features: the feature block's gradient averaged over the Gd groups. Each group's
+        gradient is nonzero on its sampled rows only; those rows are all-gathered (FP32, padded
+        to the largest count) and added where each group's sample puts them, then divided by Gd."""
+        if self.fixed_features or self.dp == 1 or self.x_param.grad is None:
+            return
+        lo, hi = self.x_rows.start, self.x_rows.stop
+        rows = []
+        for g in range(self.dp):
+            vertices = sample.vertices if g == self.group else sample_vertices(
+                self.nodes, len(sample.vertices), self.config.seed, sample.step, g)
+            a, b = np.searchsorted(vertices, [lo, hi], side="left")
+            rows.append(torch.as_tensor(vertices[a:b] - lo, device=self.device))
+        most = max(int(r.numel()) for r in rows)
+        grad = self.x_param.grad
+        send = torch.zeros((most, grad.shape[1]), dtype=grad.dtype, device=self.device)  # FP32 (FP64 runs: FP64)
+        mine = rows[self.group]
+        send[: mine.numel()] = grad.index_select(0, mine)
+        gathered = self.comm.all_gather_dp(send)
+        out = torch.zeros_like(grad)
+        for g, r in enumerate(rows):
+            out.index_add_(0, r, gathered[g * most: g * most + r.numel()])
+        self.x_param.grad = out / self.dp
 
     def _check_blocks(self, sample, logits, loss) -> dict:
         """This rank's blocks of step 0 for ``--check``: loss, logits, gradients after the average."""
@@ -465,6 +533,9 @@ class ScaleGnnTrainer(RankTrainer):
         specs.append(("w_out", self.w_out, self.col_block(self.hidden, nn), self.col_block(self.classes, dd)))
         for name, p, rb, cbk in specs:
             grads[name] = (rb.start, rb.stop, cbk.start, cbk.stop, p.grad.cpu().numpy()[: rb.real, : cbk.real])
+        if not self.fixed_features and self.coords[1] == 0:  # the feature block (replicated over Y)
+            xr, xc = self.x_rows, self.x_cols
+            grads["x"] = (xr.start, xr.stop, xc.start, xc.stop, self.x_param.grad.cpu().numpy()[:, : xc.real])
         blocks["grads"] = grads
         return blocks
 
@@ -488,28 +559,47 @@ class ScaleGnnTrainer(RankTrainer):
             self.timer = self.comm.timer = saved
 
     def _train_epochs(self, epochs, rss_start, progress):
-        step = 0
-        for epoch in range(epochs):
-            _maybe_fail(self.rank, epoch)
-            if self.comm.counter is not None:
-                self.comm.counter.reset()
-            t_epoch = self.timer.now()
-            losses = []
-            for _ in range(self.steps):
-                losses.append(self.step(step))
-                step += 1
-            self.timer.end_epoch(t_epoch)
-            if self.comm.counter is not None:
-                self.comm_epochs.append(dict(self.comm.counter.bytes))
-            self.losses.append(float(torch.stack(losses).to(torch.float64).mean()))
-            for part, value in accuracy_from_counts(self.evaluate()).items():
-                self.accuracy[part].append(value)
-            self.timer.resolve(wait=True)
-            if progress is not None:
-                progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
-            tracked = self.persistent_bytes + self.comm.max_gathered_bytes
-            self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
-            self.peak_rss_delta = max(self.peak_rss_delta, _current_rss_bytes() - rss_start)
+        """Train ``epochs`` epochs of :attr:`steps` steps; with :attr:`prefetch` step t + 1 is
+        prepared on a background thread while step t trains, and step t ends waiting for it
+        (``sample_ms``); the first sample is drawn before the first epoch, untimed."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling") if self.prefetch else None
+        try:
+            ahead = self.prepare(0) if pool is not None else None
+            t = 0
+            for epoch in range(epochs):
+                _maybe_fail(self.rank, epoch)
+                if self.comm.counter is not None:
+                    self.comm.counter.reset()
+                t_epoch = self.timer.now()
+                losses = []
+                for _ in range(self.steps):
+                    if pool is None:
+                        losses.append(self.step(t))
+                    else:
+                        future = pool.submit(self.prepare, t + 1)
+                        losses.append(self.step(t, ahead))
+                        t0 = self.timer.now()
+                        ahead = future.result()
+                        self.timer.add(t0, "sample_ms")
+                    t += 1
+                self.timer.end_epoch(t_epoch)
+                self._end_epoch(epoch, losses, progress, rss_start)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _end_epoch(self, epoch, losses, progress, rss_start):
+        if self.comm.counter is not None:
+            self.comm_epochs.append(dict(self.comm.counter.bytes))
+        self.losses.append(float(torch.stack(losses).to(torch.float64).mean()))
+        for part, value in accuracy_from_counts(self.evaluate()).items():
+            self.accuracy[part].append(value)
+        self.timer.resolve(wait=True)
+        if progress is not None:
+            progress.update(epoch, self.timer._epochs[epoch]["epoch_ms"], self.losses[-1])
+        tracked = self.persistent_bytes + self.comm.max_gathered_bytes
+        self.peak_tracked_bytes = max(self.peak_tracked_bytes, tracked)
+        self.peak_rss_delta = max(self.peak_rss_delta, _current_rss_bytes() - rss_start)
 
     # ----------------------------------------------------------------------------- results
 
@@ -551,7 +641,8 @@ class _SpMM(torch.autograd.Function):
 
 def assemble_check(payloads, nodes: int, widths) -> dict:
     """Rank 0's view of ``--check``: per group its loss and sample, group 0's (B, C) logits,
-    and the full gradient matrices after the data-parallel average (from any group);
+    and the full gradient matrices after the data-parallel average (from any group; ``x``
+    the (N, D_0) input features' where they are trained);
     ``widths`` = (D_0, h, C)."""
     groups = {}
     logits = None
@@ -572,8 +663,8 @@ def assemble_check(payloads, nodes: int, widths) -> dict:
             else:
                 r0, r1, c0, c1, values = spec
                 if name not in grads:
-                    rows = widths[0] if name == "w_in" else widths[1]
-                    cols = widths[-1] if name == "w_out" else widths[1]
+                    rows = nodes if name == "x" else widths[0] if name == "w_in" else widths[1]
+                    cols = widths[0] if name == "x" else widths[-1] if name == "w_out" else widths[1]
                     grads[name] = np.zeros((rows, cols))
                 grads[name][r0:r1, c0:c1] = values
     return {"groups": [groups[g] for g in sorted(groups)], "logits": logits, "grads": grads}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from plexus_tune.fit.profile import fit_profile
+from plexus_tune.fit.profile import FitOptions, fit_profile
 
 
 def main() -> int:
@@ -48,9 +48,8 @@ def main() -> int:
     shipped = json.loads(Path(args.profile).read_text())
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    fitted = fit_profile(spmm=logs / "spmm-sweep.jsonl", gemm=logs / "spmm-shards.jsonl", collectives=logs / "collectives.jsonl",
-                         runs=logs / "runs.jsonl", name="bench", n_splits=args.splits, r2_sem=args.r2_sem or None, n_jobs=args.jobs,
-                         progress=progress)
+    fitted = fit_profile(FitOptions(spmm=logs / "spmm-sweep.jsonl", gemm=logs / "spmm-shards.jsonl", collectives=logs / "collectives.jsonl",
+                         runs=logs / "runs.jsonl", name="bench", n_splits=args.splits, r2_sem=args.r2_sem or None, n_jobs=args.jobs), progress=progress)
     total_s = time.perf_counter() - started
     print(f"fit on {logs.name}: {total_s:.1f} s with {args.jobs} worker(s) (load average {load_before:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after)")

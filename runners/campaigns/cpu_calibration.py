@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from plexus_tune.cli.output import ProgressReporter
 from plexus_tune.errors import UserError
-from plexus_tune.fit.profile import fit_profile, write_profile
+from plexus_tune.fit.profile import FitOptions, fit_profile, write_profile
 GRAPHS = (
     "rmat:nodes=16384,edges=262144,features=64,classes=8,seed=0",  # average degree ~32, skewed
     "grid2d:nodes=16384,features=64,classes=8,seed=0",  # road-like lattice, degree ~4
@@ -75,7 +75,7 @@ def fit(args: dict) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fitted = fit_profile(**kwargs, source=args["out"], progress=progress)
+            fitted = fit_profile(FitOptions(**kwargs, source=args["out"]), progress=progress)
     except UserError as exc:
         print(f"fit: error: {exc}", file=sys.stderr)
         return 2
