@@ -27,7 +27,7 @@ from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import GIB, load_machine
 from plexus_tune.model.prediction import permutation_gain, predict_run_grids
-from plexus_tune.model.sparsity import graph_sparsity, graph_summary
+from plexus_tune.model.sparsity import DescriptorSparsity, graph_sparsity, graph_summary
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
@@ -36,6 +36,10 @@ FORMATS = ("table", "json", "csv")
 TABLE_COLUMNS = labelled(("total_ms", *TOTAL_PARTS, *COMM_AXIS_KEYS))
 #: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
 FLOOR_MARK = "*"
+#: Most distinct shard shapes a descriptor's structure is evaluated for (past them: the uniform one).
+DESCRIPTOR_MAX_SHAPES = 256
+#: Mark after a SpMM time whose shard structure comes from a catalog dataset's structure descriptor.
+DESCRIPTOR_MARK = "†"
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,7 +183,7 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
+def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows, spmm_mark: str = "") -> None:
     from rich.table import Table
 
     console = make_console()
@@ -200,6 +204,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
         row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "")
+                + (spmm_mark if key == "spmm_ms" else "")
                 + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated") else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
@@ -339,7 +344,13 @@ def run(args) -> int:
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
     sparsity, permute = graph_shards(args, grids, workload)
-    options = {"sparsity": sparsity} if sparsity is not None else None
+    described = None
+    shapes = {(int(g[d]), int(g[o])) for g in np.asarray(grids).reshape(-1, 3).tolist() for d, o in ((2, 0), (0, 2), (1, 0), (0, 1), (2, 1), (1, 2))}
+    if (sparsity is None and args.dataset and get_dataset(args.dataset).structure is not None
+            and len(shapes) <= DESCRIPTOR_MAX_SHAPES):
+        info = get_dataset(args.dataset)  # a catalog dataset's structure descriptor stands for its graph
+        described = DescriptorSparsity(info.structure, workload.nodes, workload.nnz, name=info.name)
+    options = {"sparsity": sparsity if described is None else described} if (sparsity or described) is not None else None
     by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
                                          overlap=bool(args.overlap), fixed_features=bool(args.fixed_features),
                                          optimizer=optimizer, options=options)
@@ -364,7 +375,11 @@ def run(args) -> int:
         writer.writeheader()
         writer.writerows(records)
     else:
-        _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
+        _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows,
+                     spmm_mark=DESCRIPTOR_MARK if described is not None else "")
+        if described is not None:
+            print(f"{DESCRIPTOR_MARK}: SpMM from the shard structure of {described.name}'s structure descriptor, not "
+                  f"its graph ({described.descriptor['provenance']}); give --graph for the graph's own shards")
         _print_precision(pred, order, precision, auto, best_of, machine)
         if sparsity is not None:
             _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer)
