@@ -152,6 +152,37 @@ def run(args) -> int:
     if algorithms != (DEFAULT_FAMILY,) or getattr(args, "fixed_features", False):  # the exact planner
         return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
     args._name, args._machine = name, machine.name
+    _check_measured(args, precisions, graph)
+    launcher = launcher_from_args(args, space.gpus) if args.measured else None
+    if args.workers > 1 and not submits(launcher):
+        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
+                        "command in several processes with one --storage")
+    budget = _exact_budget(args)
+    console = make_console()
+    storage_url = args.storage or default_storage_url()
+    storage = None
+    results = {}
+    for precision in precisions:
+        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_run_grids, comm_precision=precision))
+        plan = None if args.measured else plan_search(space, model, budget)
+        if plan is not None and plan.method == "exhaustive":
+            results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
+            continue
+        if storage is None:
+            storage = open_storage(storage_url)
+            if submits(launcher):
+                return _submit(args, launcher, space, storage)
+            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
+                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
+        results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
+    if auto or precisions != ["fp32"]:
+        _print_precision_pick(console, results, auto, args.objective)
+    return 0
+
+
+def _check_measured(args, precisions, graph) -> None:
+    """--measured's arguments checked before any study opens (and the run log's path settled);
+    without it, no launcher flags."""
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
     if args.measured:
@@ -165,10 +196,11 @@ def run(args) -> int:
         args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     if not args.measured and (args.launcher or args.cluster or args.hosts):
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
-    launcher = launcher_from_args(args, space.gpus) if args.measured else None
-    if args.workers > 1 and not submits(launcher):
-        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
-                        "command in several processes with one --storage")
+
+
+def _exact_budget(args) -> float:
+    """Seconds a model-driven search may enumerate for; --trials given alone asks for a study (0).
+    Sets the study's trials (default DEFAULT_TRIALS)."""
     if args.trials is not None and args.exact_budget is None:
         budget = 0.0  # --trials asks for a study of that many trials: honoured, not ignored
     else:
@@ -176,35 +208,18 @@ def run(args) -> int:
     args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     if budget != budget or budget < 0:
         raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
-    console = make_console()
-    storage_url = args.storage or default_storage_url()
-    storage = None
-    results = {}
-    for precision in precisions:
-        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_run_grids, comm_precision=precision))
-        plan = None
-        if not args.measured:
-            plan = plan_search(space, model, budget)
-            if plan.method == "exhaustive":
-                results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
-                continue
-        if storage is None:
-            storage = open_storage(storage_url)
-            if submits(launcher):
-                return _submit(args, launcher, space, storage)
-            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
-                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
-        results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
-    if auto or precisions != ["fp32"]:
-        pick, ranked = pick_precision(results)
-        if pick is None:
-            console.print("no feasible configuration at any allowed precision")
-            return 0
-        if auto:
-            ranked_text = ", ".join(f"{p} {v:.4g}" for p, v in ranked)
-            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked_text})", highlight=False)
-        console.print(f"accuracy evidence for {pick}: {accuracy_evidence(pick)}", highlight=False)
-    return 0
+    return budget
+
+
+def _print_precision_pick(console, results, auto: bool, objective: str) -> None:
+    pick, ranked = pick_precision(results)
+    if pick is None:
+        console.print("no feasible configuration at any allowed precision")
+        return
+    if auto:
+        ranked_text = ", ".join(f"{p} {v:.4g}" for p, v in ranked)
+        console.print(f"Picked precision: {pick} (best {objective} per precision: {ranked_text})", highlight=False)
+    console.print(f"accuracy evidence for {pick}: {accuracy_evidence(pick)}", highlight=False)
 
 
 def _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher):

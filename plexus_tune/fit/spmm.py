@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, repeated_split_scores, upper_mape
+from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, race_split_scores, repeated_split_scores
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
 from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
 from plexus_tune.fit.spmm_kinds import fit_kind
@@ -139,9 +139,10 @@ def fit_spmm(
     70/30 splits: at most ``n_splits``, fewer once the standard error of the mean
     held-out R^2 is at most ``r2_sem`` (see
     :func:`plexus_tune.fit.scoring.repeated_split_scores`; None scores all). auto
-    keeps the kind of lowest mean held-out MAPE; a kind whose mean MAPE trails the best
-    so far by more than :data:`plexus_tune.fit.scoring.RACE_SEMS` standard errors (both
-    sides) stops being scored (``beaten`` in its scores). The returned model is refitted on all
+    keeps the kind of lowest mean held-out MAPE; the kinds are raced
+    (:func:`plexus_tune.fit.scoring.race_split_scores`): one whose MAPE trails the best
+    kind's on the same splits by more than :data:`plexus_tune.fit.scoring.RACE_SEMS`
+    standard errors of the paired difference stops being scored (``beaten`` in its scores). The returned model is refitted on all
     rows; ``scores`` holds the chosen kind's split scores and ``all_scores`` every
     scored kind's. ``progress(kind, done, total)`` reports the splits scored.
     """
@@ -179,17 +180,18 @@ def fit_spmm(
     if structure is None and any(SPMM_MODELS[k].uses_structure for k in candidates):
         # every operand uniformly random: its expected structure, once per row
         structure = structure_arrays([None] * len(y), *shapes[:3])
-    all_scores = {}
-    for k in candidates:
-        report = None if progress is None else (lambda done, total, k=k: progress(k, done, total))
-        # auto: a kind stops being scored once it trails the best so far (its splits are then fewer)
-        rival = min((upper_mape(s) for s in all_scores.values()), default=math.inf) if kind == "auto" else math.inf
-        all_scores[k] = (
-            repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed, r2_sem=r2_sem,
-                                  min_splits=min_splits, n_jobs=n_jobs, progress=report,
-                                  beaten_by=rival if math.isfinite(rival) else None)
-            if n_splits > 0 else {}
-        )
+    if n_splits == 0:
+        all_scores = {k: {} for k in candidates}
+    elif kind == "auto":
+        # a kind stops being scored once it trails the best on the same splits (its splits are then fewer)
+        all_scores = race_split_scores({k: _fitter(SPMM_MODELS[k], shapes, y, structure) for k in candidates}, y,
+                                       n_splits=n_splits, seed=seed, r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                                       progress=progress)
+    else:  # a kind given: it and the kinds compared with it, each scored in full
+        all_scores = {k: repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed,
+                                               r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                                               progress=None if progress is None else (lambda done, total, k=k: progress(k, done, total)))
+                      for k in candidates}
     chosen = min(candidates, key=lambda k: all_scores[k].get("test_mape", math.inf)) if kind == "auto" else kind
     model = fit_kind(SPMM_MODELS[chosen], shapes, y, structure)
     return SpmmModel(kind=chosen, model=model, scores=all_scores[chosen], all_scores=all_scores, n_samples=len(y))

@@ -367,6 +367,15 @@ def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, g
     return record
 
 
+def log_run(log, record: dict, *, machine, workload) -> dict:
+    """Append one run's record to ``log`` with the prediction at its settings (``predicted``)
+    and the next trial number of its identity (:func:`next_trial`); returns the record."""
+    record["predicted"] = RunSpec.from_record(record).predict(machine, workload=workload)
+    record["trial"] = next_trial(log, run_identity(record))
+    append_records(log, [record])
+    return record
+
+
 def job_failure_record(config, state, *, launcher: str) -> dict:
     """The record of a run whose Slurm job ended before the run was logged: the job's state,
     reason and exit code or signal (``state``: :class:`plexus_tune.launch.slurm` job state)."""

@@ -183,13 +183,14 @@ def cache_lines_per_row(dense_cols, bytes_per_element: int = 4, line_bytes: int 
         lines(k) = (g / L) * sum_{o = 0, g, ..., L - g} ceil((o + k s) / L)
     """
     k = np.asarray(dense_cols, dtype=np.int64)
-    out = np.empty(k.shape, dtype=np.float64)
-    for value in np.unique(k):
+    distinct, inverse = np.unique(k, return_inverse=True)
+    lines = np.empty(distinct.shape, dtype=np.float64)
+    for i, value in enumerate(distinct.tolist()):
         row_bytes = int(value) * int(bytes_per_element)
         step = math.gcd(row_bytes, int(line_bytes))
         offsets = np.arange(0, int(line_bytes), step)
-        out[k == value] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
-    return out
+        lines[i] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
+    return lines[inverse.reshape(k.shape)]
 
 
 def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
@@ -620,13 +621,19 @@ def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
         raise _lacks("learned-boosted", exc.args[0]) from None
     depth = int(trees["depth"])
     internal = 2**depth - 1
-    rows = np.arange(len(z))[:, None]
-    tree = np.arange(len(feature))[None, :]
-    node = np.zeros((len(z), len(feature)), dtype=np.int64)
+    # flat indices into the raveled arrays: one take per level instead of 2-d fancy indexing
+    values = np.ascontiguousarray(z, dtype=np.float64).reshape(-1)
+    row_start = (np.arange(len(z)) * z.shape[1])[:, None]
+    trees_n = leaf.shape[0]
+    tree_start = (np.arange(trees_n) * internal)[None, :]
+    feature, threshold = feature.reshape(-1), threshold.reshape(-1)
+    node = np.zeros((len(z), trees_n), dtype=np.int64)
     for _ in range(depth):
-        right = z[rows, feature[tree, node]] > threshold[tree, node]
+        at = tree_start + node
+        right = values.take(row_start + feature.take(at)) > threshold.take(at)
         node = 2 * node + 1 + right
-    return init + rate * leaf[tree, node - internal].sum(axis=1)
+    leaf_start = (np.arange(trees_n) * (internal + 1))[None, :]
+    return init + rate * leaf.reshape(-1).take(leaf_start + node - internal).sum(axis=1)
 
 
 # --------------------------------------------------------------------------- structure-boosted
