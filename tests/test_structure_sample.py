@@ -72,3 +72,35 @@ def test_predict_states_a_sampled_estimate_and_refuses_a_bad_fraction(run_cli, t
     assert code == 0 and "estimated from a sample" not in out
     code, out, err = run_cli(base + ["--graph-sample", "1.5"])
     assert code == 2 and err.strip().count("\n") == 0 and "--graph-sample 1.5" in err
+
+
+def test_a_degree_descriptor_gives_the_permuted_graphs_structure():
+    """degree_structure from a graph's own degree classes against its counted structure (double permutation)."""
+    from plexus_tune.graph.structure import split_statistics
+    from plexus_tune.model.sparsity import degree_structure
+
+    adjacency = generate("rmat", nodes=20000, edges=200000, seed=2).adjacency
+    n = adjacency.shape[0]
+    degree = np.diff(adjacency.indptr) + 1  # a self-loop per row (no stored diagonal)
+    values, counts = np.unique(degree, return_counts=True)
+    shape = [[v / degree.mean(), c / n] for v, c in zip(values.tolist(), counts.tolist())]
+    row_perm, col_perm = permutations_for("double", n, 0)
+    # the whole matrix: no largest block chosen among others (the model is an expectation over blocks)
+    counted = split_statistics(adjacency, [(1, 1)], row_perm, col_perm)
+    for (R, C), entry in counted.items():
+        got = degree_structure(shape, degree.mean(), n, R, C)
+        want = entry["forward"]
+        assert got["row_length_cv"] == pytest.approx(want["row_length_cv"], rel=0.15), (R, C)  # an expectation: one realization
+        assert got["top1pct_column_share"] == pytest.approx(want["top1pct_column_share"], rel=0.15), (R, C)
+        assert got["touched_column_fraction"] == pytest.approx(want["touched_column_fraction"], abs=0.02), (R, C)
+        assert got["column_share"][6] == pytest.approx(want["column_share"][6], rel=0.15), (R, C)
+
+
+def test_catalog_predictions_mark_the_descriptors_figures(run_cli):
+    code, out, err = run_cli(["predict", "--dataset", "ogbn-products", "--gpus", "4", "--machine", "h100-80gb-fitted"])
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "x" in line and "\u2502" in line and line.split("\u2502")[1].strip().isdigit()]
+    assert rows and all("\u2020" in line.split("\u2502")[4] for line in rows)  # every SpMM cell marked
+    assert "\u2020: SpMM from the shard structure of ogbn-products's structure descriptor" in out
+    code, out, _ = run_cli(["predict", "--dataset", "reddit", "--gpus", "4", "--machine", "h100-80gb-fitted"])
+    assert code == 0 and "\u2020" not in out  # no descriptor: the uniform structure, unmarked

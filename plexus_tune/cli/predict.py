@@ -26,7 +26,8 @@ from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.prediction import permutation_gain
-from plexus_tune.model.sparsity import graph_sparsity, graph_summary
+from plexus_tune.model.sparsity import descriptor_sparsity, graph_sparsity, graph_summary
+from plexus_tune.model.spmm import spmm_model_from_dict
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
@@ -35,6 +36,8 @@ FORMATS = ("table", "json", "csv")
 TABLE_COLUMNS = labelled(("total_ms", *TOTAL_PARTS, *COMM_AXIS_KEYS))
 #: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
 FLOOR_MARK = "*"
+#: Mark after a SpMM time whose shard structure comes from a catalog dataset's structure descriptor.
+DESCRIPTOR_MARK = "†"
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +180,7 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
+def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows, described=None) -> None:
     from rich.table import Table
 
     console = make_console()
@@ -198,6 +201,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
         row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "")
+                + (DESCRIPTOR_MARK if key == "spmm_ms" and described is not None else "")
                 + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated") else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
@@ -206,6 +210,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant (quantize/dequantize) + other + overhead "
                   "(fixed per epoch); comm X/Y/Z split the communication by grid axis"
                   + (f"; {FLOOR_MARK}: SpMM floored at its memory-traffic bound" if starred else ""), style="dim")
+    _print_descriptor(described)
 
 
 def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
@@ -302,12 +307,14 @@ def run(args) -> int:
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
     sparsity, permute = graph_shards(args, grids, workload)
+    described = _described(args, sparsity, workload, grids, machine)
+    shards = sparsity if described is None else described
     ranking = rank_grids(workload, machine, grids, precisions, block_rows=block_rows, overlap=bool(args.overlap),
                          fixed_features=bool(args.fixed_features), optimizer=optimizer,
-                         options={"sparsity": sparsity} if sparsity is not None else None)
+                         options={"sparsity": shards} if shards is not None else None)
     records = ranking.records(top or None)
     if args.format == "table":
-        _print_table(records, workload, machine, gpus, len(grids), ranking.n_feasible, block_rows)
+        _print_table(records, workload, machine, gpus, len(grids), ranking.n_feasible, block_rows, described)
         _print_precision(ranking.pred, ranking.order, ranking.precision, auto, ranking.best_of, machine)
         if sparsity is not None:
             _print_permutation(args, workload, machine, ranking.pred, ranking.order, permute, block_rows,
@@ -319,6 +326,21 @@ def run(args) -> int:
     if args.format == "table":
         print(_recommendation(records[0], optimizer or machine.optimizer))
     return 0
+
+
+def _described(args, sparsity, workload, grids, machine):
+    """A catalog dataset's structure descriptor standing for its graph (None with --graph, without one,
+    or where the machine's SpMM model reads no structure)."""
+    if sparsity is not None or not args.dataset or not spmm_model_from_dict(machine.spmm).uses_structure:
+        return None
+    return descriptor_sparsity(get_dataset(args.dataset), workload, grids)
+
+
+def _print_descriptor(described) -> None:
+    """The note that names the descriptor whose structure the marked SpMM figures use."""
+    if described is not None:
+        print(f"{DESCRIPTOR_MARK}: SpMM from the shard structure of {described.name}'s structure descriptor, not "
+              f"its graph ({described.descriptor['provenance']}); give --graph for the graph's own shards")
 
 
 def _print_notes(ranking, machine, sparsity, fmt: str) -> None:

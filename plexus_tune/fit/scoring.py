@@ -18,7 +18,7 @@ TRAIN_FRACTION = 0.7
 #: errors, the half-width of a 95 % interval, are then 0.005
 R2_SEM = 0.0025
 #: splits scored before the standard error is first looked at
-MIN_SPLITS = 50
+MIN_SPLITS = 10
 #: the standard error is looked at after every this many splits
 CHECK_EVERY = 10
 #: with n_jobs > 1, a model whose splits take less than this (s) each is scored in-process
@@ -270,32 +270,27 @@ def race_split_scores(
         for k in running:
             lo = len(rows[k])
             hi = RACE_FIRST if lo < RACE_FIRST else (lo // CHECK_EVERY + 1) * CHECK_EVERY
-            if n_jobs > 1 and lo == 0:
+            if n_jobs > 1 and lo == 0 and pool is None:
                 hi = 1  # one split in-process first: is the model slow enough for the workers?
             ranges[k] = (lo, min(hi, stop[k]))
-        remote = [k for k in running if k in payloads]
-        futures = []
-        if remote:
-            tasks = []
-            for k in remote:
-                lo, hi = ranges[k]
-                size = max(1, math.ceil((hi - lo) / n_jobs))
-                tasks += [(seconds[k] * (min(a + size, hi) - a), k, a, min(a + size, hi)) for a in range(lo, hi, size)]
-            tasks.sort(key=lambda t: -t[0])  # the longest first: the workers finish together
-            try:
-                futures = [(k, a, pool.submit(_score_pickled, payloads[k], y, train[a:b], test[a:b])) for _, k, a, b in tasks]
-            except BaseException:
-                resources.stop_worker_pool()
-                raise
         batches: dict = {}
-        for k in running:
+        remote = [k for k in running if k in payloads]
+        futures = _submit_batches(pool, {k: payloads[k] for k in remote}, seconds, ranges, y, train, test, n_jobs)
+        for k in running:  # the models come cheapest first: once one is slow, those after it go to the workers too
             if k in remote:
                 continue
             lo, hi = ranges[k]
+            if pool is not None and not seconds[k]:
+                import cloudpickle  # closures pickle by value
+
+                payloads[k], seconds[k] = cloudpickle.dumps(fits[k]), max(seconds.values())
+                ranges[k] = (lo, min(max(hi, RACE_FIRST), stop[k]))
+                futures += _submit_batches(pool, {k: payloads[k]}, seconds, ranges, y, train, test, n_jobs)
+                continue
             started = time.perf_counter()
             batches[k] = _score_splits(fits[k], y, train[lo:hi], test[lo:hi])
             seconds[k] = (time.perf_counter() - started) / max(hi - lo, 1)  # the first split's includes imports
-            if n_jobs > 1 and seconds[k] >= PARALLEL_MIN_SECONDS and k not in payloads:
+            if n_jobs > 1 and seconds[k] >= PARALLEL_MIN_SECONDS:
                 import cloudpickle  # closures pickle by value
 
                 payloads[k] = cloudpickle.dumps(fits[k])
@@ -339,3 +334,18 @@ def race_split_scores(
         if k in beaten:
             out[k]["beaten"] = True
     return out
+
+
+def _submit_batches(pool, payloads: Mapping, seconds: Mapping, ranges: Mapping, y, train, test, n_jobs: int) -> list:
+    """(name, first split, future) for the split ranges of the models in ``payloads``, the longest batches first."""
+    tasks = []
+    for k in payloads:
+        lo, hi = ranges[k]
+        size = max(1, math.ceil((hi - lo) / n_jobs))
+        tasks += [(seconds[k] * (min(a + size, hi) - a), k, a, min(a + size, hi)) for a in range(lo, hi, size)]
+    tasks.sort(key=lambda t: -t[0])  # the longest first: the workers finish together
+    try:
+        return [(k, a, pool.submit(_score_pickled, payloads[k], y, train[a:b], test[a:b])) for _, k, a, b in tasks]
+    except BaseException:
+        resources.stop_worker_pool()
+        raise

@@ -11,7 +11,7 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, race_split_scores, repeated_split_scores
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
-from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
+from plexus_tune.model.sparsity import SHARE_POINTS, STRUCTURE_KEYS, check_structure, structure_arrays
 from plexus_tune.fit.spmm_kinds import fit_kind
 from plexus_tune.model.spmm import FIT_KINDS, SPMM_MODELS, SpmmKind
 
@@ -36,6 +36,9 @@ def spmm_structure(df) -> dict | None:
     present = [c for c in df.columns if str(c).startswith("structure.")]
     if not present:
         return None
+    fast = _checked_structure_columns(df, present)
+    if fast is not None:
+        return fast
     records = []
     curves = df["structure.column_share"].tolist() if "structure.column_share" in df.columns else [None] * len(df)
     for pos in range(len(df)):
@@ -52,6 +55,50 @@ def spmm_structure(df) -> dict | None:
         records.append(check_structure(entry, _where(df, pos)))
     shapes = spmm_shapes(df)
     return structure_arrays(records, shapes[0], shapes[1], shapes[2])
+
+
+def _checked_structure_columns(df, present) -> dict | None:
+    """The arrays of :func:`spmm_structure` built column by column when every record with a
+    structure holds a valid one (each checked as :func:`check_structure` does; a record
+    without one: :func:`uniform_structure`), else None (the record-by-record path then
+    names the first bad one)."""
+    if "structure.column_share" not in df.columns or any(f"structure.{key}" not in df.columns for key in STRUCTURE_KEYS):
+        return None
+    has = np.zeros(len(df), dtype=bool)
+    for c in present:
+        has |= df[c].notna().to_numpy()
+    given = df[has]
+    out = {}
+    for key in STRUCTURE_KEYS[:3]:
+        column = given[f"structure.{key}"]
+        if column.dtype.kind not in "fiuO" or column.dtype.kind == "b":
+            return None
+        if column.dtype.kind == "O" and not all(type(v) in (int, float) for v in column.tolist()):
+            return None  # booleans, strings, missing values: checked record by record
+        values = column.to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(values)) or np.any(values < 0):
+            return None
+        out[key] = values
+    curves = given["structure.column_share"].tolist()
+    if not all(isinstance(c, (list, tuple, np.ndarray)) and len(c) == SHARE_POINTS for c in curves):
+        return None
+    try:
+        share = np.array(curves, dtype=np.float64).reshape(len(curves), SHARE_POINTS)
+    except (TypeError, ValueError):
+        return None
+    if not np.all(np.isfinite(share)) or share.min(initial=0.0) < 0 or share.max(initial=0.0) > 1 + 1e-9:
+        return None
+    out["column_share"] = share
+    if np.all(has):
+        return out
+    nnz, rows, common, _ = spmm_shapes(df[~has])
+    uniform = structure_arrays([None] * int((~has).sum()), nnz, rows, common)
+    merged = {}
+    for key, values in out.items():
+        full = np.empty((len(df),) + values.shape[1:], dtype=np.float64)
+        full[has], full[~has] = values, uniform[key].reshape((-1,) + values.shape[1:])
+        merged[key] = full
+    return merged
 
 
 def _is_value(value) -> bool:

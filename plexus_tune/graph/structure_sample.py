@@ -78,7 +78,8 @@ def sample_rows(indptr, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.
     if budget >= total:
         return np.arange(lengths.size), np.ones(lengths.size)
     hist = np.bincount(lengths)
-    values = np.arange(hist.size, dtype=np.float64)
+    values = np.flatnonzero(hist).astype(np.float64)  # the lengths that occur, and how often
+    hist = hist[hist > 0]
     root = np.sqrt(values)
 
     def read(kappa: float) -> float:
@@ -236,7 +237,6 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     new_row_of_row = inv_row[rows]  # row m of A is row inv_row[m] of B ...
     new_col_of_row = inv_col[rows]  # ... and column inv_col[m] of B (A symmetric)
     entry_new_col = inv_col[cols]  # entry (m, k): column inv_col[k] of B's row inv_row[m]
-    entry_new_row = inv_row[cols]  # and row inv_row[k] of B's column inv_col[m]
 
     # scan 1 on the sample: weighted cells of the union of all splits' cuts
     rcuts, rseg = _segments(n, sorted({r for r, _ in splits}))
@@ -296,6 +296,7 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
             hit = in_rows[local] & (entry_new_col >= c0) & (entry_new_col < c1)
             x = np.bincount(local[hit], minlength=rows.size)[in_rows]
             # column side: sampled rows whose new column is in [c0, c1), their entries with new row in [r0, r1)
+            entry_new_row = inv_row[cols]  # entry (m, k): row inv_row[k] of B's column inv_col[m]
             hit = in_cols[local] & (entry_new_row >= r0) & (entry_new_row < r1)
             y = np.bincount(local[hit], minlength=rows.size)[in_cols]
         forward = _weighted_structure(x, w[in_rows], r1 - r0, br, y, w[in_cols], c1 - c0, bc)

@@ -621,19 +621,31 @@ def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
         raise _lacks("learned-boosted", exc.args[0]) from None
     depth = int(trees["depth"])
     internal = 2**depth - 1
-    # flat indices into the raveled arrays: one take per level instead of 2-d fancy indexing
-    values = np.ascontiguousarray(z, dtype=np.float64).reshape(-1)
-    row_start = (np.arange(len(z)) * z.shape[1])[:, None]
+    # flat indices into the raveled arrays, one take per level, over blocks of rows whose
+    # (rows x trees) temporaries stay in cache
+    values = np.ascontiguousarray(z, dtype=np.float64)
     trees_n = leaf.shape[0]
+    feature, threshold, leaves = feature.reshape(-1), threshold.reshape(-1), leaf.reshape(-1)
     tree_start = (np.arange(trees_n) * internal)[None, :]
-    feature, threshold = feature.reshape(-1), threshold.reshape(-1)
-    node = np.zeros((len(z), trees_n), dtype=np.int64)
-    for _ in range(depth):
-        at = tree_start + node
-        right = values.take(row_start + feature.take(at)) > threshold.take(at)
-        node = 2 * node + 1 + right
-    leaf_start = (np.arange(trees_n) * (internal + 1))[None, :]
-    return init + rate * leaf.reshape(-1).take(leaf_start + node - internal).sum(axis=1)
+    leaf_start = (np.arange(trees_n) * (internal + 1) - internal)[None, :]
+    total = np.empty(len(z), dtype=np.float64)
+    for lo in range(0, len(z), _TREE_BLOCK_ROWS):
+        block = values[lo:lo + _TREE_BLOCK_ROWS]
+        row_start = (np.arange(len(block)) * z.shape[1])[:, None]
+        flat = block.reshape(-1)
+        node = np.zeros((len(block), trees_n), dtype=np.intp)
+        for _ in range(depth):
+            at = node + tree_start
+            right = flat.take(row_start + feature.take(at)) > threshold.take(at)
+            node *= 2
+            node += 1
+            node += right
+        total[lo:lo + len(block)] = leaves.take(node + leaf_start).sum(axis=1)
+    return init + rate * total
+
+
+#: rows evaluated together by :func:`boosted_correction`
+_TREE_BLOCK_ROWS = 1024
 
 
 # --------------------------------------------------------------------------- structure-boosted
