@@ -285,3 +285,48 @@ def test_family_schedules_time_reduced_collectives_in_the_same_scheme():
     assert out["comm_ms"] == out["comm_x_ms"] == out["all_reduce_ms"] and out["quant_ms"] == 0.0  # no codec rates
     fp32 = schedule_times(_two_tier_machine(), [call], parse_comm_precision("fp32"), 4.0)
     assert fp32["all_reduce_ms"] == pytest.approx(3 * 7.7, rel=1e-12)
+
+
+def test_the_estimated_codec_runs_at_the_elementwise_rate():
+    """No measured codec: bf16 casts 1.5 passes each way at elementwise_gbps = 3 GB/s (not at
+    the 30 GB/s memory bandwidth): 2 GB/s of FP32 data. One bf16 all-gather of M = 400 MB on 4
+    ranks encodes its block, 100 MB, and decodes all four, 400 MB: 500 MB / 2 GB/s = 250 ms."""
+    from plexus_tune.model.comm_precision import parse_comm_precision
+    from plexus_tune.model.family_costs import schedule_times
+    from plexus_tune.model.volumes import CommCall
+
+    both = _two_tier_machine(elementwise_gbps=3.0, memory_bandwidth_gbps=30.0)
+    assert both.quant["bf16"]["encode_gbps"] == pytest.approx(2.0) and "bf16" in both.quant_estimated
+    assert _two_tier_machine(memory_bandwidth_gbps=30.0).quant["bf16"]["decode_gbps"] == pytest.approx(20.0)
+    assert float(quant_time_ms(both.quant, "bf16", "all_gather", 4, 400e6)) == pytest.approx(250.0, rel=1e-12)
+    call = CommCall(name="layer 0 forward", op="all_gather", comm_class="gather", direction="forward", axis=2,
+                    group_size=4, stride=1, message_bytes=400e6, rows=1000, calls=1, sent_bytes=np.zeros(4))
+    out = schedule_times(both, [call], parse_comm_precision("bf16"), 4.0)
+    assert out["quant_ms"] == pytest.approx(250.0, rel=1e-12)
+    # and the wire: an all-gather of 200 MB inside the node, 3 x 5 us + 3/4 200 MB / 20 GB/s
+    assert out["all_gather_ms"] == pytest.approx(0.015 + 7.5, rel=1e-12)
+
+
+def test_family_codec_counts_every_call_and_no_call_time_for_broadcasts_and_exchanges():
+    """Codec rates 2 GB/s each way (elementwise 3 GB/s / 1.5 passes) and call_ms 5 ms.
+    Four bf16 broadcasts of 400 MB on 4 ranks: per call a rank encodes 100 MB as root or decodes
+    300 MB, 400 MB / 2 GB/s = 200 ms; 4 calls -> 800 ms, no call time (a bf16 broadcast makes
+    the FP32 broadcast's calls). Three bf16 all-gathers of 400 MB: 3 x (250 ms + 5 ms).
+    An exchange of 100 rows of 4,000 B from each of 4 ranks to each other: the busiest rank
+    encodes 300 rows and decodes 300 rows, 2.4 MB / 2 GB/s = 1.2 ms, no call time."""
+    from plexus_tune.model.comm_precision import parse_comm_precision
+    from plexus_tune.model.family_costs import schedule_times
+    from plexus_tune.model.volumes import CommCall, UniformExchange
+
+    machine = _two_tier_machine(elementwise_gbps=3.0, quant={"bf16": {"encode_gbps": 2.0, "decode_gbps": 2.0,
+                                                                      "call_ms": 5.0}})
+    bf16 = parse_comm_precision("bf16")
+    common = dict(comm_class="aggregation", direction="forward", axis=0, group_size=4, stride=1, message_bytes=400e6,
+                  rows=1000, sent_bytes=np.zeros(4))
+    broadcast = CommCall(name="layer 0 broadcast", op="broadcast", calls=4, **common)
+    assert schedule_times(machine, [broadcast], bf16, 4.0)["quant_ms"] == pytest.approx(800.0, rel=1e-12)
+    gather = CommCall(name="layer 0 all-gather", op="all_gather", calls=3, **common)
+    assert schedule_times(machine, [gather], bf16, 4.0)["quant_ms"] == pytest.approx(3 * 255.0, rel=1e-12)
+    exchange = CommCall(name="layer 0 exchange", op="point_to_point", calls=1, pair_rows=UniformExchange(4, 100.0),
+                        row_bytes=4000.0, **{**common, "message_bytes": 0.0})
+    assert schedule_times(machine, [exchange], bf16, 4.0)["quant_ms"] == pytest.approx(1.2, rel=1e-12)

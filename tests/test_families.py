@@ -403,8 +403,8 @@ def estimated_boundary_rows_for_test(nodes, nnz, parts):
 
 
 def test_every_reduced_precision_pays_its_codec():
-    # a profile without measured codec rates gets the codec's passes over its bytes at the
-    # memory bandwidth: int8 encodes in 4 + 8/32 passes (min/max, scale and round, one FP32
+    # a profile without measured codec rates gets the codec's passes over its bytes at its
+    # elementwise rate (else the memory bandwidth): int8 encodes in 4 + 8/32 passes (min/max, scale and round, one FP32
     # random number written and read, the codes written), decodes in 1 + 8/32; bf16 casts in
     # 1 + 16/32 each way
     from plexus_tune.model.comm_precision import estimated_quant_entry
@@ -427,7 +427,7 @@ def test_every_reduced_precision_pays_its_codec():
     perlmutter = load_machine("perlmutter")
     assert "int8" in perlmutter.quant_estimated
     measured = Machine.from_dict({**perlmutter.raw, "quant": {"int8": {
-        k: v for k, v in estimated_quant_entry("int8", perlmutter.memory_bandwidth_gbps).items() if k != "estimated"}}})
+        k: v for k, v in estimated_quant_entry("int8", perlmutter.elementwise_gbps).items() if k != "estimated"}}})
     assert "int8" not in measured.quant_estimated
     for family in ("plexus-3d", "cagnet-2d", "supergcn"):
         grids = family_of(family).configurations(8)[:3]

@@ -485,3 +485,21 @@ def test_scoring_workers_leave_ctrl_c_to_the_command():
         started = time.monotonic()
         resources.stop_worker_pool()
     assert time.monotonic() - started < 60  # the 600 s task was stopped, not waited for
+
+
+def test_provenance_notes_and_annotation():
+    from plexus_tune.fit.profile import FitOptions, annotate_provenance, provenance_notes
+
+    assert provenance_notes(["gemm_tflops= measured by hand ", "sync_us=x"]) == {"gemm_tflops": "measured by hand",
+                                                                                 "sync_us": "x"}
+    for bad, why in (("gemm_tflops", "FIELD=TEXT"), ("nonsense=x", "not a profile field"), ("schema=x", "not a profile")):
+        with pytest.raises(UserError, match=why):
+            provenance_notes([bad])
+    profile = {"provenance": {"gemm_tflops": "given GEMM rate", "spmm": "fit_spmm kind roofline"}}
+    annotate_provenance(profile, {"gemm_tflops": "--gemm-tflops", "host_cores": "--host-cores"}, {"spmm": "note"})
+    assert profile["provenance"] == {"gemm_tflops": "--gemm-tflops", "spmm": "fit_spmm kind roofline; note"}
+    with pytest.raises(UserError, match="not both"):
+        FitOptions(spmm="s.jsonl", collectives=["c.jsonl"], collectives_profile="perlmutter", name="x")
+    with pytest.raises(UserError, match="unknown collective model form"):
+        FitOptions(spmm="s.jsonl", collectives=["c.jsonl"], name="x", collective_form="ring")
+    assert FitOptions(spmm="s.jsonl", collectives=[], collectives_profile="perlmutter", name="x").collectives == []

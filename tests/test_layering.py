@@ -89,3 +89,26 @@ def test_no_module_imports_a_later_stage():
 def test_the_order_judges_an_import(module, target, bad):
     own, theirs = stage_of(module), stage_of(target)
     assert (theirs is not None and STAGES.index(theirs) > STAGES.index(own)) == bad
+
+
+#: The longest a function of the command line may be: it parses, calls the library and prints
+#: (docs/architecture.md, "Rules the layout keeps").
+CLI_FUNCTION_LINES = 40
+
+
+def cli_function_lengths() -> list[tuple[int, str]]:
+    """(lines, cli/module:function) of every function in plexus_tune/cli, nested ones and methods included."""
+    out = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((node.end_lineno - node.lineno + 1, f"cli/{path.stem}:{node.name} (line {node.lineno})"))
+    return sorted(out, reverse=True)
+
+
+def test_cli_functions_are_short():
+    lengths = cli_function_lengths()
+    assert len(lengths) > 100  # the walk found the command line's functions
+    long = [f"{name}: {n} lines" for n, name in lengths if n > CLI_FUNCTION_LINES]
+    assert not long, (f"command-line functions over {CLI_FUNCTION_LINES} lines (move the work into the library, "
+                      "keep parse -> call -> print):\n" + "\n".join(long))

@@ -180,3 +180,24 @@ def test_campaign_options_are_checked_before_any_run(tmp_path):
     campaign = Campaign(SPEC, 2, [[2, 1, 1], (1, 2, 1)], log=tmp_path / "l.jsonl", trials=2)
     assert campaign.grids == ((2, 1, 1), (1, 2, 1)) and campaign.runs() == 4 and campaign.log == str(tmp_path / "l.jsonl")
     assert not (tmp_path / "l.jsonl").exists()
+
+
+def test_log_run_numbers_trials_and_logs_the_prediction(tmp_path):
+    """measure/campaign.log_run (run's single run): trial 0, then 1 for the same settings, each with
+    predict's prediction at the run's settings."""
+    import json
+
+    from plexus_tune.launch.slurm import JobState
+    from plexus_tune.measure.campaign import campaign_config, job_failure_record, log_run
+    from plexus_tune.model.workload import Workload
+
+    config = campaign_config("rmat:nodes=64,edges=256,features=4,classes=2", (2, 1, 1), layers=2, hidden=4, epochs=2,
+                             warmup=1, options={"comm_precision": "bf16"})
+    log, w = tmp_path / "runs.jsonl", Workload("g", 64, 384, (4, 4, 2))
+    for _ in range(2):
+        log_run(log, job_failure_record(config, JobState("7", None, "FAILED", "x", 1), launcher="local"),
+                machine="perlmutter", workload=w)
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["trial"] for r in logged] == [0, 1]
+    want = predict_run(w, "perlmutter", (2, 1, 1), comm_precision="bf16")["total_ms"]
+    assert all(r["predicted"]["total_ms"] == want for r in logged)

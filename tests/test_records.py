@@ -271,3 +271,13 @@ def test_validation_keeps_settings_apart():
             assert (g["spearman"], g["regret"], g["mape"]) == pytest.approx((ref["spearman"], ref["regret"], ref["mape"]))
         else:  # 3x slower: the same ranking, and MAPE of predicted p against 3 t
             assert g["spearman"] == pytest.approx(ref["spearman"]) and g["mape"] != pytest.approx(ref["mape"])
+
+
+def test_old_study_trial_attributes_are_read_with_the_current_names():
+    """Studies written before the predicted total and the observed epoch had one name each."""
+    from plexus_tune.measure.records import upgrade_trial_attrs
+
+    assert upgrade_trial_attrs({"predicted_ms": 1.5, "observed_ms": 2.5, "grid": "2x2x2"}) == {
+        "total_ms": 1.5, "epoch_ms": 2.5, "grid": "2x2x2"}
+    # a trial that has both keeps the current name's value
+    assert upgrade_trial_attrs({"predicted_ms": 1.0, "total_ms": 2.0}) == {"total_ms": 2.0}

@@ -160,3 +160,39 @@ def test_logged_prediction_follows_the_settings_not_the_grid_alone():
     record["options"]["block_rows"] = 4096
     record["comm_precision"] = "fp32"
     assert predict_record(record, "perlmutter")["total_ms"] == blocked["total_ms"]
+
+
+def test_rank_grids_keeps_the_precision_whose_best_fitting_grid_is_fastest_one_grid_at_a_time():
+    """model/planner.rank_grids against predict_run called on every grid alone: the kept
+    precision, its best grid, the grid order and the no-fit error."""
+    import pytest
+
+    from plexus_tune.errors import UserError
+    from plexus_tune.model.grid import enumerate_grids, format_grid
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.planner import GridRanking, rank_grids
+    from plexus_tune.model.prediction import predict_run, predict_run_grids
+    from plexus_tune.model.workload import workload_from_dataset
+
+    machine = load_machine("perlmutter")
+    workload = workload_from_dataset("ogbn-products")
+    grids = enumerate_grids(16)
+    ranking = rank_grids(workload, machine, grids, ["fp32", "bf16", "int8"], block_rows=None)
+    one = {p: [predict_run(workload, machine, tuple(int(v) for v in g), comm_precision=p) for g in grids]
+           for p in ("fp32", "bf16", "int8")}
+    best = {p: min(r["total_ms"] for r in runs if r["feasible"]) for p, runs in one.items()}
+    assert ranking.precision == min(best, key=best.get)
+    assert ranking.best_of == pytest.approx(best, rel=1e-9)
+    totals = [one[ranking.precision][i]["total_ms"] for i in ranking.order]
+    assert totals == sorted(totals) and ranking.n_feasible == len(grids)  # all fit on 16 GPUs
+    first = ranking.records(3)[0]
+    assert first["grid"] == format_grid(grids[ranking.best_feasible()])
+    assert first["total_ms"] == pytest.approx(best[ranking.precision], rel=1e-9)
+    assert ranking.index(grids[5]) == 5 and ranking.spmm_note(machine) is None
+    with pytest.raises(UserError, match="not one of the"):
+        ranking.index((3, 3, 3))
+    tight = GridRanking.of(predict_run_grids(workload_from_dataset("ogbn-papers100M"), machine, enumerate_grids(2)),
+                           enumerate_grids(2))
+    assert tight.best_feasible() is None
+    with pytest.raises(UserError, match="no grid of 2 GPUs fits"):
+        tight.check_fits(2, machine)

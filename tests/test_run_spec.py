@@ -93,3 +93,27 @@ def test_prediction_settings_and_prediction_follow_the_family_and_the_settings()
     by_hand = predict_run(Workload("rmat", 64, 300, (8, 16, 4), bytes_per_element=8), "perlmutter", (1, 2, 1),
                           block_rows=16, comm_precision="aggregation=bf16")
     assert spec.predict("perlmutter") == by_hand
+
+
+def test_command_line_arguments_make_the_spec_their_run_records():
+    from plexus_tune.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "--synthetic", SPEC, "--grid", "1x2x1", "--layers", "2", "--hidden", "16",
+                              "--comm-precision", "aggregation=int8,bf16", "--block-rows", "8", "--overlap",
+                              "--dtype", "float64", "--threads", "3", "--machine", "box"])
+    spec = RunSpec.from_args(args)
+    assert (spec.graph, spec.grid, spec.layers, spec.hidden) == (f"synthetic:{SPEC}", (1, 2, 1), 2, 16)
+    assert spec.comm_precision == CommPrecision(aggregation="int8", combination="bf16", gather="bf16")
+    assert (spec.block_rows, spec.overlap, spec.dtype, spec.threads_per_rank, spec.permute) == (8, True, "float64", 3, "double")
+    # measure: no grid; a family naming its grid takes its first configuration, the others follow from G
+    for algorithm, extra, want in (("plexus-3d", [], (1, 1, 4)), ("cagnet-1.5d", ["--replication", "2"], (2, 2, 1)),
+                                   ("supergcn", [], (4, 1, 1))):
+        args = parser.parse_args(["measure", "--graph", SPEC, "--gpus", "4", "--algorithm", algorithm, "--log", "x.jsonl",
+                                  "--machine", "perlmutter", *extra])
+        spec = RunSpec.from_args(args)
+        assert spec.grid == want and spec.graph == f"synthetic:{SPEC}" and spec.machine != "perlmutter"
+    assert spec.aggregation == "hybrid" and spec.permute == "none"
+    with pytest.raises(UserError, match="no-such"):
+        RunSpec.from_args(parser.parse_args(["measure", "--graph", SPEC, "--gpus", "2", "--algorithm", "no-such",
+                                             "--log", "x.jsonl"]))

@@ -74,6 +74,10 @@ def test_one_scan_equals_every_block_counted(graph, mode, monkeypatch):
         fast = split_statistics(adjacency, SPLITS, row_perm, col_perm, chunk_entries=613, symmetric_pattern=True)
         for split in SPLITS:
             _assert_same_statistics(fast[split], got[split])
+        few = [(1, 1), (2, 3), (7, 5), (4, 8)]  # few splits: one scan keeping every block
+        one = split_statistics(adjacency, few, row_perm, col_perm, symmetric_pattern=True)
+        for split in few:
+            _assert_same_statistics(one[split], got[split])
 
 
 def _assert_same_statistics(got: dict, want: dict) -> None:

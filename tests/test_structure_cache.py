@@ -157,3 +157,37 @@ def test_a_pattern_read_checks_the_pattern_alone(tmp_path, monkeypatch):
     np.save(path / "indices.npy", indices)
     with pytest.raises(UserError, match="out of range"):
         load_graph(path, pattern_only=True)
+
+
+def test_a_metis_partition_is_cached_by_graph_parts_and_seed(tmp_path, monkeypatch):
+    """The second partition_graph reads the cache (METIS replaced by a failure); another seed,
+    part count or graph computes afresh; a corrupt file is ignored with one warning and rewritten."""
+    import pymetis
+
+    from plexus_tune.graph import partition
+    from plexus_tune.graph.cache import cache_listing, partition_file, pattern_hash
+
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))
+    graph = generate("rmat", nodes=600, edges=4000, seed=3)
+    fresh = partition.partition_graph(graph.adjacency, 4, seed=1, cache=False)
+    first = partition.partition_graph(graph.adjacency, 4, seed=1)
+    assert np.array_equal(first, fresh)
+    path = partition_file(pattern_hash(graph.adjacency), 4, 1)
+    assert path.is_file()
+    calls = []
+    real = pymetis.part_graph
+    monkeypatch.setattr(pymetis, "part_graph", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert np.array_equal(partition.partition_graph(graph.adjacency, 4, seed=1), fresh) and not calls
+    partition.partition_graph(graph.adjacency, 4, seed=2)
+    partition.partition_graph(graph.adjacency, 3, seed=1)
+    partition.partition_graph(generate("rmat", nodes=600, edges=4000, seed=4).adjacency, 4, seed=1)
+    assert len(calls) == 3  # another seed, part count, graph: each cut afresh
+    listed = {entry for g in cache_listing(tmp_path / "data" / "structure-cache") for entry in g["entries"]}
+    assert path.stem in listed
+    path.write_bytes(b"not a numpy file")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = partition.partition_graph(graph.adjacency, 4, seed=1)
+    assert np.array_equal(again, fresh) and len(calls) == 4
+    assert [str(w.message).count("\n") for w in caught if issubclass(w.category, CorruptCacheWarning)] == [0]
+    assert np.array_equal(np.load(path), fresh)  # rewritten

@@ -157,8 +157,8 @@ def test_metis_partition_is_seeded_and_hybrid_never_exceeds_pre_or_post():
     rng = np.random.default_rng(0)
     a = sp.random(300, 300, density=0.03, random_state=rng, format="csr")
     a = ((a + a.T) > 0).astype(np.float32)
-    p1 = partition_graph(a, 4, seed=1)
-    assert np.array_equal(p1, partition_graph(a, 4, seed=1))
+    p1 = partition_graph(a, 4, seed=1, cache=False)
+    assert np.array_equal(p1, partition_graph(a, 4, seed=1, cache=False))  # METIS itself, not the cache
     assert sorted(np.unique(p1).tolist()) == [0, 1, 2, 3]
     plan = partition_exchange(a, 4, seed=1)
     assert np.all(plan.rows["hybrid"] <= np.minimum(plan.rows["pre"], plan.rows["post"]))

@@ -96,7 +96,7 @@ def print_codec_note(console, machine, precisions) -> None:
     used = {p for text in precisions for p in parse_comm_precision(text).as_dict().values() if p != "fp32"}
     estimated = sorted(used & set(machine.quant_estimated))
     if estimated:
-        bandwidth = machine.memory_bandwidth_gbps or machine.elementwise_gbps
+        bandwidth = machine.codec_estimate_gbps
         console.print(f"quant (estimated): {machine.name} has no measured codec rates for {', '.join(estimated)}; "
                       f"their codec time is estimated as passes over the bytes at {bandwidth:g} GB/s "
                       "(docs/comm-precision.md, Estimated codec)", highlight=False)
@@ -115,12 +115,9 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
                   objective: str = "epoch") -> int:
     """Print the planner's ranking (table, json or csv); UserError when nothing fits."""
     records = ranking.records
-    several = isinstance(ranking.gpus, tuple)
-    counts = ",".join(str(g) for g in ranking.gpus) if several else str(ranking.gpus)
     shown = records[:top] if top else records
-    best = ranking.best_per_family()
     if fmt == "json":
-        json.dump({"ranking": shown, "best_per_family": best, "configurations": len(records),
+        json.dump({"ranking": shown, "best_per_family": ranking.best_per_family(), "configurations": len(records),
                    "feasible": len(ranking.feasible), "seconds": ranking.seconds,
                    "precisions": list(ranking.precisions), "estimated": list(ranking.estimated_families)},
                   sys.stdout, indent=1)
@@ -132,73 +129,96 @@ def print_ranking(ranking, workload, machine, *, top: int | None, fmt: str = "ta
         writer.writeheader()
         writer.writerows(shown)
     else:
-        from rich.table import Table
-
-        console = make_console()
-        widths = "-".join(str(w) for w in workload.widths)
-        console.print(f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
-                      f"{counts} GPUs on {machine.name}: {len(records)} configurations "
-                      f"({', '.join(ranking.algorithms)} x precision {', '.join(ranking.precisions)}), "
-                      f"{len(ranking.feasible)} fit in memory; evaluated exactly in {ranking.seconds:.2f} s", highlight=False)
-        table = Table(title="joint ranking")
-        lead = ("rank",) + (("GPUs",) if several else ()) + ("algorithm", "configuration", "precision")
-        for name in lead:
-            table.add_column(name, justify="right" if name in ("rank", "GPUs") else "left")
-        if objective != "epoch":
-            table.add_column(objective_unit(objective), justify="right")
-        for _, label in COLUMNS:
-            table.add_column(label, justify="right")
-        table.add_column("mem GiB", justify="right")
-        table.add_column("fits")
-        for rec in shown:
-            cells = [str(rec["rank"])] + ([str(rec["gpus"])] if several else [])
-            cells += [_label(rec), rec["config"], rec["comm_precision"]]
-            if objective != "epoch":
-                cells.append(f"{rec['objective_value']:.4g}")
-            table.add_row(*cells, *(format_ms(rec[key]) + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated")
-                                                            else "") for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
-                          "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
-        console.print(table)
-        fam = Table(title="best of each family")
-        for name in ("algorithm",) + (("GPUs",) if several else ()) + ("configuration", "precision", "total ms",
-                                                                        "mem GiB", "joint rank"):
-            fam.add_column(name, justify="right" if name in ("GPUs", "total ms", "mem GiB", "joint rank") else "left")
-        for family in ranking.algorithms:
-            rec = best[family]
-            if rec is None:
-                smallest = min((r for r in records if r["algorithm"] == family), key=lambda r: r["memory_bytes"], default=None)
-                need = f"{smallest['memory_gib']:.2f}" if smallest else "-"
-                fam.add_row(family, *(["-"] if several else []), "none fits", "-", "-", need, "-", style="red")
-            else:
-                fam.add_row(_label(rec), *([str(rec["gpus"])] if several else []), rec["config"], rec["comm_precision"],
-                            format_ms(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
-        console.print(fam)
-        console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
-                      style="dim")
-        print_codec_note(console, machine, ranking.precisions)
-        if ranking.estimated_families:
-            console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
-                          "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
-                          "SUMMA pieces of evenly spread nonzeros; docs/model.md, Planner); give --graph for the "
-                          "figures of the graph's own partition and pieces", highlight=False)
-        elif graph_name:
-            console.print(f"partition-dependent figures from graph {graph_name}", highlight=False)
+        _print_joint_tables(ranking, workload, machine, shown, graph_name, objective)
     if not ranking.feasible:
         smallest = min(records, key=lambda r: r["memory_bytes"])
-        raise UserError(f"no configuration of {counts} GPUs fits: the smallest estimate is "
+        raise UserError(f"no configuration of {_gpu_counts(ranking)} GPUs fits: the smallest estimate is "
                         f"{smallest['memory_gib']:.1f} GiB per GPU ({smallest['algorithm']} {smallest['config']}) but "
                         f"{machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs or a machine "
                         "with more device memory")
     if fmt == "table":
-        first = ranking.feasible[0]
-        print(f"Recommended: {first['algorithm']} {first['config']}" + (f" on {first['gpus']} GPUs" if several else "")
-              + f" at {first['comm_precision']} "
-              f"({first['total_ms']:.1f} ms/epoch: SpMM {first['spmm_ms']:.1f}, comm {first['comm_ms']:.1f}, "
-              f"GEMM {first['gemm_ms']:.1f}; {first['memory_gib']:.2f} GiB per GPU)")
-        if first["comm_precision"] != "fp32":
-            print(f"accuracy evidence for {first['comm_precision']}: "
-                  f"{accuracy_evidence(first['comm_precision'])}")
+        _print_recommendation(ranking.feasible[0], several=isinstance(ranking.gpus, tuple))
     return 0
+
+
+def _gpu_counts(ranking) -> str:
+    return ",".join(str(g) for g in ranking.gpus) if isinstance(ranking.gpus, tuple) else str(ranking.gpus)
+
+
+def _print_joint_tables(ranking, workload, machine, shown, graph_name, objective) -> None:
+    console = make_console()
+    widths = "-".join(str(w) for w in workload.widths)
+    console.print(f"{workload.name}: N={workload.nodes:,} NNZ={workload.nnz:,} widths {widths}\n"
+                  f"{_gpu_counts(ranking)} GPUs on {machine.name}: {len(ranking.records)} configurations "
+                  f"({', '.join(ranking.algorithms)} x precision {', '.join(ranking.precisions)}), "
+                  f"{len(ranking.feasible)} fit in memory; evaluated exactly in {ranking.seconds:.2f} s", highlight=False)
+    console.print(_ranking_table(shown, isinstance(ranking.gpus, tuple), objective))
+    console.print(_family_table(ranking))
+    console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant + other + overhead; mem GiB per GPU",
+                  style="dim")
+    print_codec_note(console, machine, ranking.precisions)
+    if ranking.estimated_families:
+        console.print(f"{ESTIMATE_MARK} estimated: {', '.join(ranking.estimated_families)} "
+                      "figures use the documented estimates (SuperGCN boundary rows of a random assignment, "
+                      "SUMMA pieces of evenly spread nonzeros; docs/model.md, Planner); give --graph for the "
+                      "figures of the graph's own partition and pieces", highlight=False)
+    elif graph_name:
+        console.print(f"partition-dependent figures from graph {graph_name}", highlight=False)
+
+
+def _ranking_table(shown, several: bool, objective: str):
+    from rich.table import Table
+
+    table = Table(title="joint ranking")
+    lead = ("rank",) + (("GPUs",) if several else ()) + ("algorithm", "configuration", "precision")
+    for name in lead:
+        table.add_column(name, justify="right" if name in ("rank", "GPUs") else "left")
+    if objective != "epoch":
+        table.add_column(objective_unit(objective), justify="right")
+    for _, label in COLUMNS:
+        table.add_column(label, justify="right")
+    table.add_column("mem GiB", justify="right")
+    table.add_column("fits")
+    for rec in shown:
+        cells = [str(rec["rank"])] + ([str(rec["gpus"])] if several else [])
+        cells += [_label(rec), rec["config"], rec["comm_precision"]]
+        if objective != "epoch":
+            cells.append(f"{rec['objective_value']:.4g}")
+        table.add_row(*cells, *(format_ms(rec[key]) + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated")
+                                                        else "") for key, _ in COLUMNS), f"{rec['memory_gib']:.2f}",
+                      "yes" if rec["feasible"] else "NO (memory)", style=None if rec["feasible"] else "red")
+    return table
+
+
+def _family_table(ranking):
+    from rich.table import Table
+
+    several, best = isinstance(ranking.gpus, tuple), ranking.best_per_family()
+    fam = Table(title="best of each family")
+    for name in ("algorithm",) + (("GPUs",) if several else ()) + ("configuration", "precision", "total ms",
+                                                                    "mem GiB", "joint rank"):
+        fam.add_column(name, justify="right" if name in ("GPUs", "total ms", "mem GiB", "joint rank") else "left")
+    for family in ranking.algorithms:
+        rec = best[family]
+        if rec is None:
+            smallest = min((r for r in ranking.records if r["algorithm"] == family), key=lambda r: r["memory_bytes"],
+                           default=None)
+            need = f"{smallest['memory_gib']:.2f}" if smallest else "-"
+            fam.add_row(family, *(["-"] if several else []), "none fits", "-", "-", need, "-", style="red")
+        else:
+            fam.add_row(_label(rec), *([str(rec["gpus"])] if several else []), rec["config"], rec["comm_precision"],
+                        format_ms(rec["total_ms"]), f"{rec['memory_gib']:.2f}", str(rec["rank"]))
+    return fam
+
+
+def _print_recommendation(first, *, several: bool) -> None:
+    print(f"Recommended: {first['algorithm']} {first['config']}" + (f" on {first['gpus']} GPUs" if several else "")
+          + f" at {first['comm_precision']} "
+          f"({first['total_ms']:.1f} ms/epoch: SpMM {first['spmm_ms']:.1f}, comm {first['comm_ms']:.1f}, "
+          f"GEMM {first['gemm_ms']:.1f}; {first['memory_gib']:.2f} GiB per GPU)")
+    if first["comm_precision"] != "fp32":
+        print(f"accuracy evidence for {first['comm_precision']}: "
+              f"{accuracy_evidence(first['comm_precision'])}")
 
 
 def load_graph_argument(text):

@@ -35,6 +35,16 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="what", metavar="WHAT", parser_class=type(parser))
     sub.required = True
 
+    _register_collectives(sub)
+
+    _register_spmm(sub)
+
+    _register_bandwidth(sub)
+
+    _register_quant(sub)
+
+
+def _register_collectives(sub) -> None:
     coll = sub.add_parser(
         "collectives",
         help="all-reduce, all-gather, reduce-scatter for every group shape of G ranks",
@@ -65,6 +75,8 @@ def register(subparsers) -> None:
     add_launcher_arguments(coll)
     coll.set_defaults(handler=run_collectives)
 
+
+def _register_spmm(sub) -> None:
     spmm = sub.add_parser(
         "spmm",
         help="time SpMM (and GEMM) on synthetic shard shapes or a graph's real shards",
@@ -97,6 +109,8 @@ def register(subparsers) -> None:
     spmm.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     spmm.set_defaults(handler=run_spmm)
 
+
+def _register_bandwidth(sub) -> None:
     bandwidth = sub.add_parser(
         "bandwidth",
         help="elementwise passes, the optimizer step and a synchronisation: the epoch's other part",
@@ -113,6 +127,8 @@ def register(subparsers) -> None:
     bandwidth.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     bandwidth.set_defaults(handler=run_bandwidth)
 
+
+def _register_quant(sub) -> None:
     quant = sub.add_parser(
         "quant",
         help="quantize/dequantize and 16-bit casts of the communication precisions",
@@ -217,8 +233,6 @@ def _cluster_world(args):
 
 
 def run_collectives(args) -> int:
-    from rich.table import Table
-
     _quiet_torch_warnings()
     gpus = _cluster_world(args)
     if gpus is None:
@@ -228,6 +242,34 @@ def run_collectives(args) -> int:
         raise UserError(f"--gpus must be at least 2 to time collectives, got {gpus}")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError("GPUs per node must be at least 1", parameter="gpus_per_node")  # the library's check, before the header
+    settings = _collective_settings(args)
+    check_log("--out", args.out, kinds=COLLECTIVE_LOG)
+    launcher = launcher_from_args(args, [gpus])
+    if submits(launcher):
+        raise UserError("calibrate runs its ranks as one job step inside a Slurm allocation: run it under salloc or "
+                        "sbatch, e.g. salloc -N 2 --ntasks-per-node=4 plexus-tune calibrate collectives --launcher slurm ...")
+    per_node = launcher.ranks_per_node_for(gpus)
+    if args.gpus_per_node is not None and per_node is not None and args.gpus_per_node != per_node:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {per_node} ranks per node of "
+                        "--launcher/--cluster; leave it out")
+    console = make_console(stderr=True)
+    shapes = collective_shapes(gpus)
+    console.print(
+        f"timing {len(settings['ops'])} collective(s) x {len(settings['sizes'])} sizes x {len(shapes)} group shapes "
+        f"{', '.join(f'g={g}/p={p}' for g, p in shapes)} on {gpus} ranks ({launcher.name}) ..."
+    )
+    with launcher:
+        records = calibrate_collectives(gpus, gpus_per_node=args.gpus_per_node, warmup=args.warmup,
+                                        repeats=args.repeats, backend=args.backend, timeout_s=args.timeout,
+                                        launcher=launcher, cols=args.cols, **settings)
+    append_records(args.out, records)
+    make_console().print(_collective_table(records, gpus, launcher.name))
+    console.print(f"appended {len(records)} records to {args.out}")
+    return 0
+
+
+def _collective_settings(args) -> dict:
+    """sizes, ops, precisions and modes of --sizes, --ops, --comm-precision and --modes, checked."""
     sizes = parse_sizes(args.sizes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in ALL_OPS]
@@ -248,39 +290,15 @@ def run_collectives(args) -> int:
     modes = None if args.modes.strip() == "auto" else [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes is not None and (not modes or any(m not in COLLECTIVE_MODES for m in modes)):
         raise UserError(f"--modes must be auto or a comma-separated list of {', '.join(COLLECTIVE_MODES)}, got {args.modes!r}")
-    check_log("--out", args.out, kinds=COLLECTIVE_LOG)
-    launcher = launcher_from_args(args, [gpus])
-    if submits(launcher):
-        raise UserError("calibrate runs its ranks as one job step inside a Slurm allocation: run it under salloc or "
-                        "sbatch, e.g. salloc -N 2 --ntasks-per-node=4 plexus-tune calibrate collectives --launcher slurm ...")
-    per_node = launcher.ranks_per_node_for(gpus)
-    if args.gpus_per_node is not None and per_node is not None and args.gpus_per_node != per_node:
-        raise UserError(f"--gpus-per-node {args.gpus_per_node} disagrees with the {per_node} ranks per node of "
-                        "--launcher/--cluster; leave it out")
-    console = make_console(stderr=True)
-    shapes = collective_shapes(gpus)
-    console.print(
-        f"timing {len(ops)} collective(s) x {len(sizes)} sizes x {len(shapes)} group shapes "
-        f"{', '.join(f'g={g}/p={p}' for g, p in shapes)} on {gpus} ranks ({launcher.name}) ..."
-    )
-    with launcher:
-        records = calibrate_collectives(
-            gpus,
-            gpus_per_node=args.gpus_per_node,
-            sizes=sizes,
-            ops=ops,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            backend=args.backend,
-            timeout_s=args.timeout,
-            launcher=launcher,
-            modes=modes,
-            precisions=precisions,
-            cols=args.cols,
-        )
-    append_records(args.out, records)
+    return {"sizes": sizes, "ops": ops, "precisions": precisions, "modes": modes}
+
+
+def _collective_table(records, gpus: int, launcher_name: str):
+    """Median time and busbw of each (precision, op, group shape) at the smallest and largest message."""
+    from rich.table import Table
+
     small, large = min(r["message_bytes"] for r in records), max(r["message_bytes"] for r in records)
-    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher.name}): median time and busbw "
+    table = Table(title=f"collectives on {gpus} ranks ({records[0]['backend']}, {launcher_name}): median time and busbw "
                         f"at the smallest ({_size(small)}) and largest ({_size(large)}) message")
     for col in ("precision", "op", "group", "stride", "nodes", "groups", f"ms at {_size(small)}", f"ms at {_size(large)}",
                 f"busbw GB/s at {_size(large)}"):
@@ -292,9 +310,7 @@ def run_collectives(args) -> int:
         rows.sort(key=lambda r: r["message_bytes"])
         table.add_row(precision, op, str(g), str(p), str(rows[-1]["nodes_spanned"]), str(groups), f"{rows[0]['time_ms']:.3f}",
                       f"{rows[-1]['time_ms']:.2f}", f"{rows[-1]['busbw_gbps']:.3f}")
-    make_console().print(table)
-    console.print(f"appended {len(records)} records to {args.out}")
-    return 0
+    return table
 
 
 def _size(nbytes: int) -> str:
@@ -321,16 +337,14 @@ def run_spmm(args) -> int:
     repeats = _positive(args.repeats, "--repeats")
     threads = _positive(args.threads, "--threads")
     if args.sweep:
-        count = _positive(args.count, "--count")
-        passes = _positive(args.passes, "--passes")
-        limits = {flag: _positive(value, flag) for flag, value in
-                  (("--max-rows", args.max_rows), ("--max-cols", args.max_cols), ("--max-nnz", args.max_nnz))}
+        settings = {"count": _positive(args.count, "--count"), "passes": _positive(args.passes, "--passes"),
+                    **{flag: _positive(value, flag) for flag, value in
+                       (("--max-rows", args.max_rows), ("--max-cols", args.max_cols), ("--max-nnz", args.max_nnz))}}
     else:
         if args.gpus is None:
             raise UserError("calibrate spmm --graph needs --gpus G (the grids to time)")
-        gpus = _positive(args.gpus, "--gpus")
-        layers = check_layers(_positive(args.layers, "--layers"))
-        hidden = _positive(args.hidden, "--hidden")
+        settings = {"gpus": _positive(args.gpus, "--gpus"), "layers": check_layers(_positive(args.layers, "--layers")),
+                    "hidden": _positive(args.hidden, "--hidden")}
     if args.structure != "uniform" and not args.sweep:
         raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
     if args.all_shards and args.device.strip().lower() != "cpu":
@@ -341,44 +355,8 @@ def run_spmm(args) -> int:
     env = environment_info()
     progress = ProgressReporter(command="calibrate spmm")
     try:
-        if args.sweep:
-            shapes = sweep_shapes(
-                count,
-                seed=args.seed,
-                rows=(min(256, args.max_rows), limits["--max-rows"]),
-                common=(min(256, args.max_rows), args.max_rows),
-                dense_cols=(1, limits["--max-cols"]),
-                max_nnz=limits["--max-nnz"],
-                structure=args.structure,
-            )
-            if device.type != "cpu":
-                records = device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),
-                                            progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes)))
-            else:
-                records = spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes,
-                                     statistic=args.statistic,
-                                     progress=_counter(progress, f"SpMM sweep of {len(shapes)} shapes", len(shapes) * passes))
-        else:
-            graph = load_graph_source(args.graph)
-            widths = model_widths(graph.num_features, graph.num_classes, layers, hidden)
-            grids = enumerate_grids(gpus)
-            if device.type != "cpu":
-                records = device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,
-                                              graph_name=graph.name, min_samples=max(10, repeats),
-                                              progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers",
-                                                                len(grids) * layers))
-            else:
-                records = calibrate_graph_shards(
-                    graph.normalized_adjacency(),
-                    widths,
-                    gpus,
-                    grids=grids,
-                    seed=args.seed,
-                    repeats=repeats,
-                    all_shards=args.all_shards,
-                    graph_name=graph.name,
-                    progress=_counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers),
-                )
+        timed = _spmm_sweep if args.sweep else _graph_shards
+        records = timed(args, device, repeats, progress, **settings)
     finally:
         progress.close()
     for r in records:
@@ -389,3 +367,29 @@ def run_spmm(args) -> int:
     total = sum(r["time_ms"] for r in spmm)
     make_console().print(f"appended {len(spmm)} SpMM and {gemm} GEMM records to {args.out} (SpMM time {total:.1f} ms in all)")
     return 0
+
+
+def _spmm_sweep(args, device, repeats, progress, *, count, passes, **limits) -> list[dict]:
+    """The records of --sweep: random shard shapes, on the CPU or the device."""
+    shapes = sweep_shapes(count, seed=args.seed, rows=(min(256, args.max_rows), limits["--max-rows"]),
+                          common=(min(256, args.max_rows), args.max_rows), dense_cols=(1, limits["--max-cols"]),
+                          max_nnz=limits["--max-nnz"], structure=args.structure)
+    what = f"SpMM sweep of {len(shapes)} shapes"
+    if device.type != "cpu":
+        return device_spmm_sweep(shapes, device, seed=args.seed, min_samples=max(10, repeats),
+                                 progress=_counter(progress, what, len(shapes)))
+    return spmm_sweep(shapes, seed=args.seed, repeats=repeats, passes=passes, statistic=args.statistic,
+                      progress=_counter(progress, what, len(shapes) * passes))
+
+
+def _graph_shards(args, device, repeats, progress, *, gpus, layers, hidden) -> list[dict]:
+    """The records of --graph: the shards of every grid of G and every layer, on the CPU or the device."""
+    graph = load_graph_source(args.graph)
+    widths = model_widths(graph.num_features, graph.num_classes, layers, hidden)
+    grids = enumerate_grids(gpus)
+    counter = _counter(progress, f"shards of {len(grids)} grids x {layers} layers", len(grids) * layers)
+    if device.type != "cpu":
+        return device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,
+                                   graph_name=graph.name, min_samples=max(10, repeats), progress=counter)
+    return calibrate_graph_shards(graph.normalized_adjacency(), widths, gpus, grids=grids, seed=args.seed,
+                                  repeats=repeats, all_shards=args.all_shards, graph_name=graph.name, progress=counter)

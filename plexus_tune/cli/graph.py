@@ -38,6 +38,18 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="graph_command", metavar="ACTION", parser_class=type(parser))
     sub.required = True
 
+    _register_generate(sub)
+
+    _register_convert(sub)
+
+    _register_stats(sub)
+
+    _register_cache(sub)
+
+    _register_shard(sub)
+
+
+def _register_generate(sub) -> None:
     gen = sub.add_parser(
         "generate",
         help="make a seeded synthetic graph (R-MAT or road-like 2D lattice)",
@@ -59,6 +71,8 @@ def register(subparsers) -> None:
     gen.add_argument("--force", action="store_true", help="replace OUT if it exists")
     gen.set_defaults(handler=run_generate)
 
+
+def _register_convert(sub) -> None:
     conv = sub.add_parser(
         "convert",
         help="convert a graph between formats",
@@ -72,6 +86,8 @@ def register(subparsers) -> None:
     conv.add_argument("--force", action="store_true", help="replace OUT if it exists")
     conv.set_defaults(handler=run_convert)
 
+
+def _register_stats(sub) -> None:
     stats = sub.add_parser(
         "stats",
         help="sizes, degrees and the 2D load-balance report (max/mean nonzeros per block)",
@@ -89,6 +105,8 @@ def register(subparsers) -> None:
     _add_load_options(stats)
     stats.set_defaults(handler=run_stats)
 
+
+def _register_cache(sub) -> None:
     cache = sub.add_parser(
         "cache",
         help="list (or clear) the structure cache: shard statistics kept per graph for predict --graph",
@@ -100,6 +118,8 @@ def register(subparsers) -> None:
     cache.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     cache.set_defaults(handler=run_cache)
 
+
+def _register_shard(sub) -> None:
     shard = sub.add_parser(
         "shard",
         help="write 2D shard files of the permuted normalized adjacency",

@@ -56,76 +56,97 @@ def _node_text(s: dict) -> tuple[str, str]:
 
 
 def run(args) -> int:
+    if args.fields:
+        return _print_fields(args.format)
+    if args.machine:
+        return _print_machine(load_machine(args.machine), args.format)
+    return _print_list(list_machines(), args.format)
+
+
+def _dump(data) -> int:
     import json
     import sys
 
+    json.dump(data, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _print_fields(fmt: str) -> int:
     from rich.table import Table
 
+    if fmt == "json":
+        return _dump(FIELDS)
+    table = Table(title="Machine profile fields (GB = 1e9 bytes, GiB = 2**30 bytes)", title_justify="left")
+    table.add_column("field")
+    table.add_column("meaning", overflow="fold")
+    for key, text in FIELDS.items():
+        table.add_row(key, text)
+    make_console().print(table)
+    return 0
+
+
+def _machine_rows(machine) -> list[tuple[str, object]]:
+    """(field, value) of the profile as shown, collectives spelled out."""
+    rows = [
+        ("gpus_per_node", machine.gpus_per_node),
+        *([("host_cores", machine.host_cores), ("threads_per_rank", machine.threads_per_rank)]
+          if machine.host_cores is not None else []),
+        ("device_memory_gib", machine.raw.get("device_memory_gib")),
+        ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
+        ("gemm_tflops", machine.gemm_tflops),
+        ("elementwise_gbps", machine.elementwise_gbps),
+        ("optimizer", machine.optimizer),
+        ("optimizer_gbps", machine.optimizer_gbps if machine.optimizer_gbps else "elementwise_gbps"),
+        ("sync_us", machine.sync_us),
+        ("epoch_overhead_ms", machine.epoch_overhead_ms),
+        ("memory_bandwidth_gbps", machine.memory_bandwidth_gbps),
+        ("spmm", _spmm_text(machine.spmm)),
+    ]
+    coll = machine.collectives
+    rows.append(("collectives.form", f"{coll['form']}, {'NIC shared by min(n, stride) groups' if coll['sharing'] else 'no sharing'}"))
+    for key in ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"):
+        rows.append((f"collectives.{key}", coll[key]))
+    if coll.get("per_span"):
+        rows.append(("collectives.per_span", f"{len(coll['per_span'])} entries (alpha, beta per op, group size, nodes spanned"
+                     + (", stride)" if any(e["stride"] is not None for e in coll["per_span"]) else ")")))
+    table_raw = machine.raw["collectives"].get("bandwidth_table")
+    if table_raw:
+        rows.append(("collectives.bandwidth_table", "; ".join(
+            f"stride {e['stride']} group {e['group']}: {e['beta_gbps']} GB/s" for e in table_raw)))
+    return rows
+
+
+def _print_machine(machine, fmt: str) -> int:
+    from rich.table import Table
+
+    if fmt == "json":
+        return _dump(machine.raw)
+    summary = _summary(machine)
+    table = Table(title=f"Machine {machine.name} ({machine.path})", title_justify="left")
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    table.add_column("provenance", overflow="fold")
+    provenance = machine.raw.get("provenance", {})
+    shown_parent = set()
+    for key, value in _machine_rows(machine):
+        note = provenance.get(key)
+        parent = key.split(".")[0]
+        if note is None and parent != key and parent not in shown_parent:  # e.g. collectives.* -> collectives
+            note = provenance.get(parent)
+            shown_parent.add(parent)
+        table.add_row(key, str(value), str(note or ""))
     console = make_console()
-    if args.fields:
-        if args.format == "json":
-            json.dump(FIELDS, sys.stdout, indent=1)
-            sys.stdout.write("\n")
-            return 0
-        table = Table(title="Machine profile fields (GB = 1e9 bytes, GiB = 2**30 bytes)", title_justify="left")
-        table.add_column("field")
-        table.add_column("meaning", overflow="fold")
-        for key, text in FIELDS.items():
-            table.add_row(key, text)
-        console.print(table)
-        return 0
-    if args.machine:
-        machine = load_machine(args.machine)
-        if args.format == "json":
-            json.dump(machine.raw, sys.stdout, indent=1)
-            sys.stdout.write("\n")
-            return 0
-        summary = _summary(machine)
-        table = Table(title=f"Machine {machine.name} ({machine.path})", title_justify="left")
-        table.add_column("field")
-        table.add_column("value", overflow="fold")
-        table.add_column("provenance", overflow="fold")
-        provenance = machine.raw.get("provenance", {})
-        rows = [
-            ("gpus_per_node", machine.gpus_per_node),
-            *([("host_cores", machine.host_cores), ("threads_per_rank", machine.threads_per_rank)]
-              if machine.host_cores is not None else []),
-            ("device_memory_gib", machine.raw.get("device_memory_gib")),
-            ("memory_reserved_gib", machine.raw.get("memory_reserved_gib", 0)),
-            ("gemm_tflops", machine.gemm_tflops),
-            ("elementwise_gbps", machine.elementwise_gbps),
-            ("optimizer", machine.optimizer),
-            ("optimizer_gbps", machine.optimizer_gbps if machine.optimizer_gbps else "elementwise_gbps"),
-            ("sync_us", machine.sync_us),
-            ("epoch_overhead_ms", machine.epoch_overhead_ms),
-            ("memory_bandwidth_gbps", machine.memory_bandwidth_gbps),
-            ("spmm", _spmm_text(machine.spmm)),
-        ]
-        coll = machine.collectives
-        rows.append(("collectives.form", f"{coll['form']}, {'NIC shared by min(n, stride) groups' if coll['sharing'] else 'no sharing'}"))
-        for key in ("alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"):
-            rows.append((f"collectives.{key}", coll[key]))
-        if coll.get("per_span"):
-            rows.append(("collectives.per_span", f"{len(coll['per_span'])} entries (alpha, beta per op, group size, nodes spanned"
-                         + (", stride)" if any(e["stride"] is not None for e in coll["per_span"]) else ")")))
-        table_raw = machine.raw["collectives"].get("bandwidth_table")
-        if table_raw:
-            rows.append(("collectives.bandwidth_table", "; ".join(
-                f"stride {e['stride']} group {e['group']}: {e['beta_gbps']} GB/s" for e in table_raw)))
-        shown_parent = set()
-        for key, value in rows:
-            note = provenance.get(key)
-            parent = key.split(".")[0]
-            if note is None and parent != key and parent not in shown_parent:  # e.g. collectives.* -> collectives
-                note = provenance.get(parent)
-                shown_parent.add(parent)
-            table.add_row(key, str(value), str(note or ""))
-        console.print(table)
-        if summary["description"]:
-            console.print(summary["description"])
-        return 0
-    entries = list_machines()
-    if args.format == "json":
+    console.print(table)
+    if summary["description"]:
+        console.print(summary["description"])
+    return 0
+
+
+def _print_list(entries, fmt: str) -> int:
+    from rich.table import Table
+
+    if fmt == "json":
         out = []
         for e in entries:
             item = {"name": e["name"], "path": e["path"], "problem": e["problem"]}
@@ -133,9 +154,7 @@ def run(args) -> int:
                 item.update(_summary(e["machine"]))
                 item["name"] = e["name"]
             out.append(item)
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
+        return _dump(out)
     table = Table(title="Machine profiles", title_justify="left")
     for col in ("name", "per node", "memory GiB", "GEMM TFLOP/s", "SpMM model", "beta intra/inter GB/s",
                 "measured table", "description"):
@@ -149,7 +168,7 @@ def run(args) -> int:
         table.add_row(e["name"], *_node_text(s), _digits(s["gemm_tflops"]),
                       str(s["spmm_kind"]), f"{_digits(s['beta_intra_gbps'])} / {_digits(s['beta_inter_gbps'])}",
                       "yes" if s["bandwidth_table"] else "no", s["description"])
-    console.print(table)
+    make_console().print(table)
     return 0
 
 

@@ -14,21 +14,20 @@ from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
 from plexus_tune.measure.campaign import (
     Campaign,
-    campaign_config,
     campaign_rows,
     choose_grids,
-    config_settings,
     load_stats,
     log_unfinished,
     pending_runs,
     run_campaign,
     workload_of,
 )
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
-from plexus_tune.trainer.algorithms import check_algorithm, some_grid
+from plexus_tune.trainer.algorithms import check_algorithm
 from plexus_tune.trainer.run import check_training_memory
 
 
@@ -110,9 +109,7 @@ def _campaign(args) -> tuple[Campaign, object, object]:
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
                "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
-    settings = config_settings(campaign_config(graph, some_grid(algorithm, args.gpus), layers=args.layers,
-                                               hidden=args.hidden, epochs=args.epochs, warmup=args.warmup,
-                                               options=options))
+    settings = RunSpec.from_args(args, **options).prediction_settings()
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
     grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
                          replication=args.replication)

@@ -84,6 +84,15 @@ def rank(args, settings, workload, machine, gpus, precision, optimizer) -> list[
         raise UserError(f"{flag}: {exc}" if flag else str(exc)) from None
 
 
+def ranked(args, settings, workload, machine, gpus, precisions, optimizer) -> list[dict]:
+    """The rankings of every precision merged: feasible first, fastest first, numbered from 1."""
+    records = [r for p in precisions for r in rank(args, settings, workload, machine, gpus, p, optimizer)]
+    records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
+    for k, rec in enumerate(records, start=1):
+        rec["rank"] = k
+    return records
+
+
 def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
     shown = records[:top] if top else records
     if fmt == "json":
@@ -97,6 +106,23 @@ def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
         writer.writeheader()
         writer.writerows(shown)
         return
+    _print_table(records, shown, workload, machine, gpus)
+    best = next((r for r in records if r["feasible"]), None)
+    if best is None:
+        smallest = min(records, key=lambda r: r["memory_bytes"])
+        raise UserError(f"no {NAME} configuration of {gpus} GPUs fits: the smallest estimate is "
+                        f"{smallest['memory_gib']:.1f} GiB per GPU ({smallest['config']}, B {smallest['batch_size']:,}) "
+                        f"but {machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs or a "
+                        "smaller --batch-size")
+    print(f"Recommended: Gd {best['gd']} x grid {best['grid']}, B {best['batch_size']:,} "
+          f"({best['total_ms']:.1f} ms per mini-batch epoch of {int(best['steps']):,} steps, "
+          f"{best['step_ms']:.2f} ms per step; {best['memory_gib']:.2f} GiB per GPU)")
+    if len({r["batch_size"] for r in records}) > 1:
+        print("note: a larger B means fewer steps per epoch, so epoch time favours it; fix --batch-size to "
+              "what your accuracy needs")
+
+
+def _print_table(records, shown, workload, machine, gpus) -> None:
     from rich.table import Table
 
     console = make_console()
@@ -122,20 +148,6 @@ def print_ranking(records, workload, machine, gpus, top, fmt="table") -> None:
                   "+ overhead; comm DP: the gradient all-reduce (and, with trained input features, the all-gather of their sampled rows' gradients) over the Gd groups (inside comm); sampling: the "
                   "sampling work, of which 'hidden' runs under the previous step (prefetch), the rest in other",
                   style="dim")
-    best = next((r for r in records if r["feasible"]), None)
-    if best is not None:
-        print(f"Recommended: Gd {best['gd']} x grid {best['grid']}, B {best['batch_size']:,} "
-              f"({best['total_ms']:.1f} ms per mini-batch epoch of {int(best['steps']):,} steps, "
-              f"{best['step_ms']:.2f} ms per step; {best['memory_gib']:.2f} GiB per GPU)")
-        if len(batches) > 1:
-            print("note: a larger B means fewer steps per epoch, so epoch time favours it; fix --batch-size to "
-                  "what your accuracy needs")
-    else:
-        smallest = min(records, key=lambda r: r["memory_bytes"])
-        raise UserError(f"no {NAME} configuration of {gpus} GPUs fits: the smallest estimate is "
-                        f"{smallest['memory_gib']:.1f} GiB per GPU ({smallest['config']}, B {smallest['batch_size']:,}) "
-                        f"but {machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs or a "
-                        "smaller --batch-size")
 
 
 def print_comparison(full_best: dict | None, records, epochs) -> None:

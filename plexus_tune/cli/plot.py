@@ -12,7 +12,8 @@ from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.report.figures import save_figure
-from plexus_tune.search import objective_unit, open_storage, parse_gpus, trials_frame
+from plexus_tune.search import objective_unit, parse_gpus, trials_frame
+from plexus_tune.search.study import load_study
 
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
@@ -73,62 +74,57 @@ def _formats(text: str) -> list[str]:
     return fmts
 
 
-def _load_study(args):
-    import optuna
-
-    storage = open_storage(args.storage, heartbeat_interval=None, grace_period=None, create=False)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UserError(f"no study {args.study!r} in the storage; it holds {', '.join(names) or 'none'}") from None
-
-
 def make_figure(args):
     """(figure, file stem) for the parsed arguments."""
     kind = args.plot_kind
-    machine = None
-    if getattr(args, "machine", None):
-        machine = load_machine(args.machine)
+    machine = load_machine(args.machine) if getattr(args, "machine", None) else None
     if kind in ("pred-vs-obs", "breakdown"):
-        if args.gpus is not None and args.gpus < 1:
-            raise UserError(f"--gpus must be >= 1, got {args.gpus}")
-        if kind == "breakdown" and args.log is None:
-            if not args.dataset or not args.gpus or machine is None:
-                raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
-
-            workload = workload_from_dataset(args.dataset)
-            grids = enumerate_grids(args.gpus)
-            pred = predict_run_grids(workload, machine, grids)
-            frame = plotting.predicted_frame(pred, rank_order(pred)[: max(1, args.top)])
-            fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
-            return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"
-        if args.log is None:
-            raise UserError(f"{kind} needs --log (a run log written by plexus-tune measure, train --log or run)")
-        runs, graph, gpus = plotting.select_runs(plotting.runs_frame(args.log), args.graph, args.gpus)
-        frame = plotting.pred_obs_frame(runs, machine)
-        where = f"{graph}, G={gpus}" + (f", model {machine.name}" if machine else "")
-        if kind == "pred-vs-obs":
-            return plotting.plot_pred_vs_obs(frame, title=f"predicted vs observed epoch\n{where}"), f"pred-vs-obs_{graph}_G{gpus}"
-        return plotting.plot_breakdown(frame, title=f"breakdown per grid\n{where}"), f"breakdown_{graph}_G{gpus}"
+        return _runs_figure(args, kind, machine)
     if kind == "scaling":
-        names = [d.strip() for d in args.datasets.split(",") if d.strip()]
-        if not names:
-            raise UserError("--datasets is empty; name one or more catalog datasets")
-        pred = plotting.scaling_frame(names, machine, parse_gpus(args.gpus))
-        observed = plotting.observed_scaling_frame(plotting.runs_frame(args.log)) if args.log else None
-        if pred.empty and (observed is None or observed.empty):
-            raise UserError("no dataset fits in memory at any of these GPU counts; widen --gpus")
-        fig = plotting.plot_strong_scaling(pred, observed, machine=machine.name)
-        return fig, f"scaling_{machine.name}_{'-'.join(pred['dataset'].unique()) or 'observed'}"
-    study = _load_study(args)
+        return _scaling_figure(args, machine)
+    study = load_study(args.study, args.storage)
     if kind == "history":
         objective = study.user_attrs.get("objective", "value")
         if objective in ("epoch", "gpu-hours"):
             objective = f"{objective} ({objective_unit(objective)})"
         return plotting.plot_search_history(trials_frame(study), title=f"search history: {args.study}", objective=objective), f"history_{args.study}"
     return plotting.plot_param_importances(study, title=f"parameter importances: {args.study}"), f"importances_{args.study}"
+
+
+def _runs_figure(args, kind: str, machine):
+    """pred-vs-obs or breakdown of a run log's runs (a predicted-only breakdown without --log)."""
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus must be >= 1, got {args.gpus}")
+    if kind == "breakdown" and args.log is None:
+        if not args.dataset or not args.gpus or machine is None:
+            raise UserError("breakdown needs --log, or --dataset with --gpus and --machine for a predicted-only plot")
+
+        workload = workload_from_dataset(args.dataset)
+        grids = enumerate_grids(args.gpus)
+        pred = predict_run_grids(workload, machine, grids)
+        frame = plotting.predicted_frame(pred, rank_order(pred)[: max(1, args.top)])
+        fig = plotting.plot_breakdown(frame, title=f"{workload.name} on {args.gpus} GPUs of {machine.name}: predicted breakdown")
+        return fig, f"breakdown_{workload.name}_G{args.gpus}_{machine.name}"
+    if args.log is None:
+        raise UserError(f"{kind} needs --log (a run log written by plexus-tune measure, train --log or run)")
+    runs, graph, gpus = plotting.select_runs(plotting.runs_frame(args.log), args.graph, args.gpus)
+    frame = plotting.pred_obs_frame(runs, machine)
+    where = f"{graph}, G={gpus}" + (f", model {machine.name}" if machine else "")
+    if kind == "pred-vs-obs":
+        return plotting.plot_pred_vs_obs(frame, title=f"predicted vs observed epoch\n{where}"), f"pred-vs-obs_{graph}_G{gpus}"
+    return plotting.plot_breakdown(frame, title=f"breakdown per grid\n{where}"), f"breakdown_{graph}_G{gpus}"
+
+
+def _scaling_figure(args, machine):
+    names = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not names:
+        raise UserError("--datasets is empty; name one or more catalog datasets")
+    pred = plotting.scaling_frame(names, machine, parse_gpus(args.gpus))
+    observed = plotting.observed_scaling_frame(plotting.runs_frame(args.log)) if args.log else None
+    if pred.empty and (observed is None or observed.empty):
+        raise UserError("no dataset fits in memory at any of these GPU counts; widen --gpus")
+    fig = plotting.plot_strong_scaling(pred, observed, machine=machine.name)
+    return fig, f"scaling_{machine.name}_{'-'.join(pred['dataset'].unique()) or 'observed'}"
 
 
 def run(args) -> int:

@@ -8,8 +8,8 @@ from plexus_tune.cli.output import format_ms, make_console
 
 import argparse
 import os
+import sys
 
-import numpy as np
 
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed, pick_precision
@@ -18,15 +18,16 @@ from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
 from plexus_tune.graph.cache import StructureCache
 from plexus_tune.graph.structure import shard_directory_matrix
+from plexus_tune.graph.structure_sample import auto_fraction, parse_sample, sampled_normalized_nnz
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.model.family import DEFAULT_FAMILY, family_of
-from plexus_tune.model.planner import joint_ranking
-from plexus_tune.model.costs import prediction_records, rank_order
+from plexus_tune.model.planner import joint_ranking, rank_grids
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
-from plexus_tune.model.machine import GIB, load_machine
-from plexus_tune.model.prediction import permutation_gain, predict_run_grids
-from plexus_tune.model.sparsity import graph_sparsity, graph_summary
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.prediction import permutation_gain
+from plexus_tune.model.sparsity import descriptor_sparsity, graph_sparsity, graph_summary
+from plexus_tune.model.spmm import spmm_model_from_dict
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
 
@@ -35,6 +36,8 @@ FORMATS = ("table", "json", "csv")
 TABLE_COLUMNS = labelled(("total_ms", *TOTAL_PARTS, *COMM_AXIS_KEYS))
 #: Mark after a SpMM time floored at the memory-traffic bound (docs/model.md, SpMM floor).
 FLOOR_MARK = "*"
+#: Mark after a SpMM time whose shard structure comes from a catalog dataset's structure descriptor.
+DESCRIPTOR_MARK = "†"
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,45 +67,55 @@ def workload_from_args(args):
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
     features = None if args.features is None else _int_option(args.features, "--features")
     classes = None if args.classes is None else _int_option(args.classes, "--classes")
+    sizes = dict(layers=layers, hidden=hidden, bytes_per_element=bpe)
     if getattr(args, "graph", None):
         if args.dataset or args.nodes is not None or args.nnz is not None:
             raise UserError("give one of --dataset, --graph or explicit --nodes/--nnz, not several")
-        if os.path.isdir(args.graph) and os.path.isfile(os.path.join(args.graph, "manifest.json")):
-            matrix, manifest = shard_directory_matrix(args.graph)
-            args.loaded_graph, args.stored_shards = None, (matrix, manifest)
-            node_data = manifest.get("node_data") or {}
-            features = features or node_data.get("num_features")
-            classes = classes or node_data.get("num_classes")
-            if features is None or classes is None:
-                raise UserError(f"{args.graph} holds no node data: give --features and --classes")
-            return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]), int(manifest["nnz"]),
-                                             features, classes, layers=layers, hidden=hidden, bytes_per_element=bpe)
-        graph = load_graph_source(args.graph, pattern_only=True)  # the model reads the pattern and widths alone
-        args.loaded_graph = graph
-        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
-        summary = graph_summary(graph, args.structure_cache)
-        return Workload.from_graph_stats(
-            graph.name, graph.num_nodes, summary["normalized_nnz"], features or graph.num_features,
-            classes or int(graph.num_classes), layers=layers, hidden=hidden, bytes_per_element=bpe,
-        )
+        return _graph_workload(args, features, classes, sizes)
     if args.dataset:
         if args.nodes is not None or args.nnz is not None:
             raise UserError("give either --dataset or explicit --nodes/--nnz, not both")
         info = get_dataset(args.dataset)
-        return Workload.from_graph_stats(
-            info.name, info.nodes, info.nnz, features or info.features, classes or info.classes,
-            layers=layers, hidden=hidden, bytes_per_element=bpe,
-        )
+        return Workload.from_graph_stats(info.name, info.nodes, info.nnz, features or info.features,
+                                         classes or info.classes, **sizes)
     missing = [opt for opt, val in (("--nodes", args.nodes), ("--nnz", args.nnz), ("--features", features),
                                     ("--classes", classes)) if val is None]
     if missing:
         raise UserError(f"give --dataset NAME, --graph FILE|SPEC, or an explicit workload (missing {' '.join(missing)})")
     nodes = _int_option(args.nodes, "--nodes")
     nnz = _int_option(args.nnz, "--nnz")
-    return Workload.from_graph_stats(
-        f"custom(N={nodes},NNZ={nnz})", nodes, nnz, features, classes, layers=layers, hidden=hidden,
-        bytes_per_element=bpe,
-    )
+    return Workload.from_graph_stats(f"custom(N={nodes},NNZ={nnz})", nodes, nnz, features, classes, **sizes)
+
+
+def _graph_workload(args, features, classes, sizes):
+    """The workload of --graph (a shard directory, a graph file or a spec), the graph kept on ``args``."""
+    if os.path.isdir(args.graph) and os.path.isfile(os.path.join(args.graph, "manifest.json")):
+        matrix, manifest = shard_directory_matrix(args.graph)
+        args.loaded_graph, args.stored_shards = None, (matrix, manifest)
+        node_data = manifest.get("node_data") or {}
+        features = features or node_data.get("num_features")
+        classes = classes or node_data.get("num_classes")
+        if features is None or classes is None:
+            raise UserError(f"{args.graph} holds no node data: give --features and --classes")
+        return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]),
+                                         int(manifest["nnz"]), features, classes, **sizes)
+    sample = parse_sample(getattr(args, "graph_sample", None))
+    # the model reads the pattern and widths alone; a sample reads some rows' indices, checked as read
+    graph = load_graph_source(args.graph, pattern_only="rows" if sample is not None else True)
+    fraction = auto_fraction(graph.adjacency.nnz) if sample == "auto" else sample
+    fraction = None if fraction is not None and fraction >= 1 else fraction
+    if sample is not None and fraction is None:
+        graph = load_graph_source(args.graph, pattern_only=True)  # scanned whole: every index checked first
+    args.loaded_graph = graph
+    args.graph_fraction = fraction
+    if fraction is not None:
+        args.structure_cache = None
+        nnz, _ = sampled_normalized_nnz(graph.adjacency, fraction)
+    else:
+        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
+        nnz = graph_summary(graph, args.structure_cache)["normalized_nnz"]
+    return Workload.from_graph_stats(graph.name, graph.num_nodes, nnz, features or graph.num_features,
+                                     classes or int(graph.num_classes), **sizes)
 
 
 def register(subparsers) -> None:
@@ -129,6 +142,10 @@ def register(subparsers) -> None:
     parser.add_argument("--permute", choices=PERMUTE_MODES, default=None,
                         help="with --graph: the trainer's permutation of the graph (default double; a shard "
                         "directory keeps its own): each grid's largest shard and its structure are taken after it")
+    parser.add_argument("--graph-sample", default="auto", metavar="FRACTION|auto",
+                        help="with --graph: estimate the shard statistics from a sample of rows reading this fraction "
+                        "of the entries (e.g. 0.01; 1 reads them all), its error stated under the table; auto "
+                        "(default) samples graphs of more than 400M stored nonzeros at 20M entries")
     parser.add_argument("--no-cache", action="store_true",
                         help="with --graph: neither read nor write the structure cache (statistics of the graph's shards "
                         "kept in the data directory; 'plexus-tune graph cache' lists it)")
@@ -163,7 +180,7 @@ def precision_choices(args) -> tuple[list[str], bool]:
         raise UserError(f"{flag}: {exc}") from None
 
 
-def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows) -> None:
+def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_rows, described=None) -> None:
     from rich.table import Table
 
     console = make_console()
@@ -184,6 +201,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
         style = None if rec["feasible"] else "red"
         row = [str(rec["rank"]), rec["grid"]]
         row += [format_ms(rec[key]) + (FLOOR_MARK if key == "spmm_ms" and rec["spmm_floored"] else "")
+                + (DESCRIPTOR_MARK if key == "spmm_ms" and described is not None else "")
                 + (" (estimated)" if key == "quant_ms" and rec.get("quant_estimated") else "") for key, _ in TABLE_COLUMNS]
         row += [f"{rec['memory_gib']:.2f}", "yes" if rec["feasible"] else "NO (memory)"]
         table.add_row(*row, style=style)
@@ -192,6 +210,7 @@ def _print_table(records, workload, machine, gpus, n_grids, n_feasible, block_ro
     console.print("times are ms per epoch; total = SpMM + GEMM + comm + quant (quantize/dequantize) + other + overhead "
                   "(fixed per epoch); comm X/Y/Z split the communication by grid axis"
                   + (f"; {FLOOR_MARK}: SpMM floored at its memory-traffic bound" if starred else ""), style="dim")
+    _print_descriptor(described)
 
 
 def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
@@ -225,7 +244,15 @@ def graph_shards(args, grids, workload):
             raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
         return None, None
     mode = args.permute or "double"
-    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None)), mode
+    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None),
+                          sample=getattr(args, "graph_fraction", None)), mode
+
+
+def sample_line(sample: dict) -> str:
+    """The line that says a prediction's shard statistics are estimated, and how well."""
+    return (f"shard statistics estimated from a sample of rows reading {100 * sample['fraction']:.3g} % of the entries "
+            f"({sample['rows']:,} rows, {sample['entries']:,} entries): largest-shard nonzeros "
+            f"+/-{100 * sample['nnz_max_rse']:.2f} % (one standard error, worst split); --graph-sample 1 scans them all")
 
 
 def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
@@ -238,7 +265,8 @@ def _print_permutation(args, workload, machine, pred, order, permute, block_rows
         return
     others = [m for m in ("double", "local") if m != permute]
     gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
-                             optimizer=optimizer, cache=getattr(args, "structure_cache", None))
+                             optimizer=optimizer, cache=getattr(args, "structure_cache", None),
+                             sample=getattr(args, "graph_fraction", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
     print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
@@ -254,30 +282,17 @@ def _predict_minibatch(args, mini, gpus, top, precisions, optimizer) -> int:
     workload = workload_from_args(args)  # last: --graph loads the graph
     if getattr(args, "stored_shards", None) is not None:
         raise UserError(f"--graph: {minibatch.NAME} samples the whole graph; give the graph file, not its shards")
-    records = [r for p in precisions for r in minibatch.rank(args, mini, workload, machine, gpus, p, optimizer)]
-    records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
-    for k, rec in enumerate(records, start=1):
-        rec["rank"] = k
+    records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer)
     minibatch.print_ranking(records, workload, machine, gpus, top or None, fmt=args.format)
     return 0
 
 
 def run(args) -> int:
-    import json
-    import sys
-
     gpus = check_gpus(args.gpus)
     top = _int_option(args.top, "--top", minimum=0)
     block_rows = None if args.block_rows is None else _int_option(args.block_rows, "--block-rows")
-    bounds = {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
-              for a in "xyz"}
     precisions, auto = precision_choices(args)
-    optimizer = None
-    if args.optimizer is not None:
-        try:
-            optimizer = check_optimizer(args.optimizer.strip())
-        except UserError as exc:
-            raise UserError(f"--optimizer: {exc}") from None
+    optimizer = _optimizer(args)
     mini = minibatch.check_flags(args)
     if minibatch.only(args):
         return _predict_minibatch(args, mini, gpus, top, precisions, optimizer)
@@ -287,92 +302,113 @@ def run(args) -> int:
     if args.overlap and not block_rows:
         raise UserError("--overlap overlaps row blocks: give --block-rows too")
     if algorithms != (DEFAULT_FAMILY,):
-        plexus_options = None
-        if DEFAULT_FAMILY in algorithms:
-            sparsity, _ = graph_shards(args, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
-            plexus_options = {"sparsity": sparsity} if sparsity is not None else None
-        code = predict_families(args, workload, machine, gpus, algorithms, top=top or None,
-                                graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
-                                plexus_options=plexus_options)
-        if minibatch.requested(args) and args.format == "table":
-            records = [r for p in precisions
-                       for r in minibatch.rank(args, mini, workload, machine, gpus, p, optimizer)]
-            records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
-            for k, rec in enumerate(records, start=1):
-                rec["rank"] = k
-            print()
-            minibatch.print_ranking(records, workload, machine, gpus, top or None)
-            full_best = None
-            if mini["epochs"] is not None:
-                feasible = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions,
-                                         graph=getattr(args, "loaded_graph", None), optimizer=optimizer,
-                                         plexus_options=plexus_options).feasible
-                full_best = feasible[0] if feasible else None
-            minibatch.print_comparison(full_best, records, mini["epochs"])
-        return code
-    grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **bounds)
+        return _predict_families(args, mini, workload, machine, gpus, algorithms, top, precisions, optimizer)
+    grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **_grid_bounds(args))
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
     sparsity, permute = graph_shards(args, grids, workload)
-    options = {"sparsity": sparsity} if sparsity is not None else None
-    by_precision = {p: predict_run_grids(workload, machine, grids, block_rows=block_rows, comm_precision=p,
-                                         overlap=bool(args.overlap), fixed_features=bool(args.fixed_features),
-                                         optimizer=optimizer, options=options)
-                    for p in precisions}
-    best_of = {}
-    for p, candidate in by_precision.items():
-        ok = np.flatnonzero(candidate["feasible"])
-        best_of[p] = float(candidate["total_ms"][ok].min()) if ok.size else float("inf")
-    precision = pick_precision(best_of)[0] or precisions[0]  # none feasible: the first, to report why
-    pred = by_precision[precision]
-    order = rank_order(pred)
-    records = prediction_records(pred, order, top=top or None)
-    n_feasible = int(pred["feasible"].sum())
+    described = _described(args, sparsity, workload, grids, machine)
+    shards = sparsity if described is None else described
+    ranking = rank_grids(workload, machine, grids, precisions, block_rows=block_rows, overlap=bool(args.overlap),
+                         fixed_features=bool(args.fixed_features), optimizer=optimizer,
+                         options={"sparsity": shards} if shards is not None else None)
+    records = ranking.records(top or None)
+    if args.format == "table":
+        _print_table(records, workload, machine, gpus, len(grids), ranking.n_feasible, block_rows, described)
+        _print_precision(ranking.pred, ranking.order, ranking.precision, auto, ranking.best_of, machine)
+        if sparsity is not None:
+            _print_permutation(args, workload, machine, ranking.pred, ranking.order, permute, block_rows,
+                               ranking.precision, optimizer)
+    else:
+        _write_records(records, args.format)
+    _print_notes(ranking, machine, sparsity, args.format)
+    ranking.check_fits(gpus, machine)
+    if args.format == "table":
+        print(_recommendation(records[0], optimizer or machine.optimizer))
+    return 0
 
-    if args.format == "json":
+
+def _described(args, sparsity, workload, grids, machine):
+    """A catalog dataset's structure descriptor standing for its graph (None with --graph, without one,
+    or where the machine's SpMM model reads no structure)."""
+    if sparsity is not None or not args.dataset or not spmm_model_from_dict(machine.spmm).uses_structure:
+        return None
+    return descriptor_sparsity(get_dataset(args.dataset), workload, grids)
+
+
+def _print_descriptor(described) -> None:
+    """The note that names the descriptor whose structure the marked SpMM figures use."""
+    if described is not None:
+        print(f"{DESCRIPTOR_MARK}: SpMM from the shard structure of {described.name}'s structure descriptor, not "
+              f"its graph ({described.descriptor['provenance']}); give --graph for the graph's own shards")
+
+
+def _print_notes(ranking, machine, sparsity, fmt: str) -> None:
+    """Under the ranking: how the shard statistics were estimated, and what the SpMM floor did."""
+    if sparsity is not None and sparsity.sample is not None:
+        print(sample_line(sparsity.sample), file=sys.stdout if fmt == "table" else sys.stderr)
+    note = ranking.spmm_note(machine)
+    if note:
+        print(note, file=sys.stderr)
+
+
+def _optimizer(args) -> str | None:
+    try:
+        return None if args.optimizer is None else check_optimizer(args.optimizer.strip())
+    except UserError as exc:
+        raise UserError(f"--optimizer: {exc}") from None
+
+
+def _grid_bounds(args) -> dict:
+    return {f"max_{a}": (None if getattr(args, f"max_{a}") is None else _int_option(getattr(args, f"max_{a}"), f"--max-{a}"))
+            for a in "xyz"}
+
+
+def _predict_families(args, mini, workload, machine, gpus, algorithms, top, precisions, optimizer) -> int:
+    """``--algorithm`` other than plexus-3d alone: the joint ranking (cli/algorithms), and with
+    ``--batch-size`` the mini-batch ranking beside it."""
+    plexus_options = None
+    if DEFAULT_FAMILY in algorithms:
+        sparsity, _ = graph_shards(args, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
+        plexus_options = {"sparsity": sparsity} if sparsity is not None else None
+    graph = getattr(args, "loaded_graph", None)
+    code = predict_families(args, workload, machine, gpus, algorithms, top=top or None, graph=graph,
+                            optimizer=optimizer, plexus_options=plexus_options)
+    if minibatch.requested(args) and args.format == "table":
+        records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer)
+        print()
+        minibatch.print_ranking(records, workload, machine, gpus, top or None)
+        full_best = None
+        if mini["epochs"] is not None:
+            feasible = joint_ranking(workload, machine, gpus, algorithms=algorithms, precisions=precisions,
+                                     graph=graph, optimizer=optimizer, plexus_options=plexus_options).feasible
+            full_best = feasible[0] if feasible else None
+        minibatch.print_comparison(full_best, records, mini["epochs"])
+    return code
+
+
+def _write_records(records, fmt: str) -> None:
+    import csv
+    import json
+
+    if fmt == "json":
         json.dump(records, sys.stdout, indent=1)
         sys.stdout.write("\n")
-    elif args.format == "csv":
-        import csv
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(records[0].keys()), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
 
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(records[0].keys()), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-    else:
-        _print_table(records, workload, machine, gpus, len(grids), n_feasible, block_rows)
-        _print_precision(pred, order, precision, auto, best_of, machine)
-        if sparsity is not None:
-            _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer)
 
-    n_clipped = int(pred["spmm_clipped"].sum())
-    n_floored = int(pred["spmm_floored"].sum())
-    if machine.memory_bandwidth_gbps and n_floored:
-        print(f"{n_floored} of {len(grids)} grids floored: SpMM at its memory-traffic bound "
-              f"({machine.memory_bandwidth_gbps:g} GB/s) where {machine.name}'s SpMM model predicts less"
-              + (f" ({n_clipped} of them negative)" if n_clipped else ""), file=sys.stderr)
-    elif n_clipped:
-        print(f"note: the SpMM model of {machine.name} predicts negative times for {n_clipped} of {len(grids)} grids "
-              "(outside its fitted range); they are counted as 0 ms (the profile has no memory_bandwidth_gbps "
-              "to floor them)", file=sys.stderr)
-    if n_feasible == 0:
-        smallest = int(pred["memory_bytes"].argmin())
-        need = pred["memory_gib"][smallest]
-        have = machine.usable_memory_bytes / GIB
-        raise UserError(
-            f"no grid of {gpus} GPUs fits: the smallest estimate is {need:.1f} GiB per GPU "
-            f"(grid {format_grid((pred['gx'][smallest], pred['gy'][smallest], pred['gz'][smallest]))}) but {machine.name} "
-            f"offers {have:.1f} GiB; use more GPUs or a machine with more device memory"
-        )
-    if args.format == "table":
-        best = records[0]
-        print(
-            f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
-            f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
-            + (f" (elementwise {best['other_elementwise_ms']:.1f}, optimizer {best['other_optimizer_ms']:.1f} "
-               f"{optimizer or machine.optimizer}, sync {best['other_sync_ms']:.2f})" if best["other_ms"] else "")
-            + (" (SpMM floored)" if best["spmm_floored"] else "")
-            + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
-            + "; "
-            f"{best['memory_gib']:.2f} GiB per GPU)"
-        )
-    return 0
+
+def _recommendation(best: dict, optimizer: str) -> str:
+    return (
+        f"Recommended grid: {best['grid']} ({best['total_ms']:.1f} ms/epoch: SpMM {best['spmm_ms']:.1f}, "
+        f"comm {best['comm_ms']:.1f}, GEMM {best['gemm_ms']:.1f}, other {best['other_ms']:.1f}"
+        + (f" (elementwise {best['other_elementwise_ms']:.1f}, optimizer {best['other_optimizer_ms']:.1f} "
+           f"{optimizer}, sync {best['other_sync_ms']:.2f})" if best["other_ms"] else "")
+        + (" (SpMM floored)" if best["spmm_floored"] else "")
+        + (f", fixed overhead {best['overhead_ms']:.1f}" if best["overhead_ms"] else "")
+        + "; "
+        f"{best['memory_gib']:.2f} GiB per GPU)"
+    )

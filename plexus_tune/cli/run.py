@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
 from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, next_trial
-from plexus_tune.measure.identity import predict_record, run_identity
+from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, log_run
+from plexus_tune.measure.identity import run_identity
 from plexus_tune.measure.table import runs_table
-from plexus_tune.measure.store import append_records, read_runs
+from plexus_tune.measure.store import read_runs
 from plexus_tune.report.validation import overhead_note
-from plexus_tune.model.costs import rank_order
+from plexus_tune.model.planner import GridRanking
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
@@ -25,7 +27,7 @@ from plexus_tune.trainer.algorithms import check_algorithm
 HELP = "predict every grid of G, train the best feasible one with the bundled trainer, log it and compare"
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, family_train_options, check_batch_flag
 from plexus_tune.model.comm_precision import check_backend
-from plexus_tune.model.breakdown import COMM_AXIS_KEYS, LABELS, labelled
+from plexus_tune.model.breakdown import COMM_AXIS_KEYS, LABELS, TOTAL_PARTS, labelled
 
 
 def register(subparsers) -> None:
@@ -55,9 +57,43 @@ def _fmt(v) -> str:
 
 
 def run(args) -> int:
-    import numpy as np
-    from rich.table import Table
+    options, grid = _options(args)
+    log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
+    launcher = launcher_from_args(args, [args.gpus])
+    machine = load_machine(args.machine)
+    stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
+    if "batch_size" in options:
+        check_batch_flag(options["batch_size"], stats.nodes)
+    settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+                                               epochs=args.epochs, warmup=args.warmup, options=options))
+    grids = choose_grids(args.gpus, "all", settings=settings, replication=args.replication)
+    if grid is not None and grid not in grids:
+        raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
+                        f"choose from {', '.join(format_grid(g) for g in grids)}")
+    ranking = GridRanking.of(predict_run_grids(workload, machine, grids, **settings), grids)
+    pick = ranking.index(grid) if grid is not None else ranking.best_feasible()
+    if pick is None:
+        raise UserError(f"no grid of {args.gpus} GPUs fits in memory on {machine.name}; use more GPUs")
+    grid = tuple(int(v) for v in grids[pick])
+    console = make_console()
+    _print_predictions(console, args, machine, stats, workload, ranking, pick)
+    if submits(launcher):
+        return _submit(args, launcher, grid, log)
+    console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
+    config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
+                             warmup=args.warmup, options=options)
+    with launcher:
+        record = run_training(config, raise_on_failure=False, launcher=launcher)
+    record = log_run(log, record, machine=machine, workload=workload)
+    if record.get("status", "ok") != "ok":
+        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
+        return 1
+    _print_comparison(console, grid, record, log)
+    return 0
 
+
+def _options(args) -> tuple[dict, tuple | None]:
+    """The runs' TrainConfig options and the grid of --grid (None: the recommended one), checked."""
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
     if not args.warmup < args.epochs:  # argparse checked each number; this pair, before any work
@@ -70,64 +106,37 @@ def run(args) -> int:
     grid = None
     if args.grid:
         grid = tuple(int(v) for v in parse_grid(args.grid))
-        if int(np.prod(grid)) != ranks:
-            raise UserError(f"grid {args.grid} has {int(np.prod(grid))} ranks, not {ranks}"
+        if math.prod(grid) != ranks:
+            raise UserError(f"grid {args.grid} has {math.prod(grid)} ranks, not {ranks}"
                             + (f" (--gpus {args.gpus} over --dp {args.gpus // ranks})" if ranks != args.gpus else ""))
-    log = str(check_log("--log", args.log if args.log else default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
-    launcher = launcher_from_args(args, [args.gpus])
-    machine = load_machine(args.machine)
-    stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
-    if family_options:
-        check_batch_flag(family_options["batch_size"], stats.nodes)
     options = {"backend": args.backend, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
                "aggregation": args.aggregation, **family_options}
-    settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
-                                               epochs=args.epochs, warmup=args.warmup, options=options))
-    grids = np.asarray(choose_grids(args.gpus, "all", settings=settings, replication=args.replication), dtype=np.int64)
-    if grid is not None and not (grids == np.array(grid)).all(axis=1).any():
-        raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
-                        f"choose from {', '.join(format_grid(g) for g in grids)}")
-    pred = predict_run_grids(workload, machine, grids, **settings)
-    order = rank_order(pred)
-    feasible = np.asarray(pred["feasible"], dtype=bool)
-    if grid is not None:
-        pick = int(np.flatnonzero((grids == np.array(grid)).all(axis=1))[0])
-    else:
-        if not feasible.any():
-            raise UserError(f"no grid of {args.gpus} GPUs fits in memory on {machine.name}; use more GPUs")
-        pick = int(order[0])
-        grid = tuple(int(v) for v in grids[pick])
-    console = make_console()
+    return options, grid
+
+
+def _print_predictions(console, args, machine, stats, workload, ranking, pick: int) -> None:
+    from rich.table import Table
+
+    pred = ranking.pred
     console.print(f"machine profile {machine.name} ({machine.path or 'given as data'})", highlight=False)
     console.print(f"{stats.name}: {stats.nodes:,} nodes, {stats.nnz:,} nonzeros, widths {list(workload.widths)}; "
-                  f"{len(grids)} grids of {args.gpus} on {machine.name}, {int(feasible.sum())} fit in memory")
+                  f"{len(ranking.grids)} grids of {args.gpus} on {machine.name}, {ranking.n_feasible} fit in memory")
     table = Table(title="predicted (ms per epoch)")
-    parts = ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms", "overhead_ms")  # they add up to total_ms
     for col in ("rank", "grid", "total", "spmm", "gemm", "comm", "quant", "other", "overhead", "memory GiB", "fits"):
         table.add_column(col, justify="left" if col == "grid" else "right")
-    for rank, i in enumerate(order[: max(1, args.top)]):
-        style = "bold" if i == pick else None
-        table.add_row(str(rank + 1), format_grid(grids[i]), _fmt(pred["total_ms"][i]),
-                      *(_fmt(pred[key][i]) for key in parts), f"{pred['memory_gib'][i]:.2f}",
-                      "yes" if feasible[i] else "no", style=style)
+    for rank, i in enumerate(ranking.order[: max(1, args.top)]):
+        table.add_row(str(rank + 1), format_grid(ranking.grids[i]), _fmt(pred["total_ms"][i]),
+                      *(_fmt(pred[key][i]) for key in TOTAL_PARTS), f"{pred['memory_gib'][i]:.2f}",
+                      "yes" if pred["feasible"][i] else "no", style="bold" if i == pick else None)
     console.print(table)
     console.print("total = spmm + gemm + comm + quant + other + overhead (ms per epoch)", style="dim")
 
-    config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                             warmup=args.warmup, options=options)
-    if submits(launcher):
-        return _submit(args, launcher, grid, log)
-    console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
-    with launcher:
-        record = run_training(config, raise_on_failure=False, launcher=launcher)
-    record["predicted"] = predicted = predict_record(record, machine, workload=workload)
-    identity = run_identity(record)
-    record["trial"] = trial = next_trial(log, identity)
-    append_records(log, [record])
-    if record.get("status", "ok") != "ok":
-        console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
-        return 1
+
+def _print_comparison(console, grid, record, log) -> None:
+    from rich.table import Table
+
+    predicted = record["predicted"]
     cmp = Table(title=f"{format_grid(grid)}: predicted vs observed (ms per epoch, observed = max over ranks)")
     for col in ("part", "predicted", "observed", "observed/predicted"):
         cmp.add_column(col, justify="left" if col == "part" else "right")
@@ -142,15 +151,14 @@ def run(args) -> int:
     if note:
         console.print(note, highlight=False)
     console.print(f"epoch {record['epoch_ms']:.2f} ms +- {record.get('epoch_ms_std', float('nan')):.2f} observed, "
-                  f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {trial})")
+                  f"{predicted['total_ms']:.2f} ms predicted; logged to {log} (trial {record['trial']})")
     table = runs_table(read_runs(log, warn=False))
-    mine = table[[ident == identity for ident in table["identity"]]]
+    mine = table[[ident == run_identity(record) for ident in table["identity"]]]
     if len(mine) and int(mine["trials"].iloc[0]) > 1:
         row = mine.iloc[0]
         console.print(f"median over the {int(row['trials'])} successful trials of this run in the log: "
                       f"{row['obs_epoch_ms']:.2f} ms (min {row['obs_epoch_ms_min']:.2f}, max {row['obs_epoch_ms_max']:.2f})"
                       + (f"; {int(row['failed'])} failed" if row["failed"] else ""))
-    return 0
 
 
 def _submit(args, launcher, grid, log) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import NamedTuple
 
 from plexus_tune.cli.options import count, real
 from plexus_tune.cli.launching import add_launcher_arguments, command_argv, launcher_from_args, submits
@@ -118,14 +119,26 @@ def parse_block_range(text):
     return (values[0], values[-1])
 
 
-def build_inputs(args):
-    """Workload, machine, search space and evaluator from the common arguments."""
+class SearchInputs(NamedTuple):
+    """What a search runs on: the workload's name, the workload, the profile, the graph
+    (--graph; None for a catalog dataset) and its statistics, and the search space."""
+
+    name: str
+    workload: object
+    machine: object
+    graph: str | None
+    stats: object
+    space: SearchSpace
+
+
+def build_inputs(args) -> SearchInputs:
+    """Workload, machine, graph and search space from the common arguments."""
     check_objective(args.objective)
     gpus = parse_gpus(args.gpus)
     if (args.dataset is None) == (args.graph is None):
         raise UserError("give exactly one of --dataset NAME or --graph FILE|SPEC")
     machine = load_machine(args.machine)
-    graph = None
+    graph = stats = None
     if args.dataset is not None:
         workload = workload_from_dataset(args.dataset, layers=args.layers, hidden=args.hidden)
         name = workload.name
@@ -133,9 +146,7 @@ def build_inputs(args):
         graph = args.graph
         stats, workload = graph_workload(graph, layers=args.layers, hidden=args.hidden)
         name = stats.name
-        args._graph_stats = stats
-    space = SearchSpace(gpus, parse_block_range(args.block_rows))
-    return name, workload, machine, graph, space
+    return SearchInputs(name, workload, machine, graph, stats, SearchSpace(gpus, parse_block_range(args.block_rows)))
 
 
 def run(args) -> int:
@@ -148,10 +159,41 @@ def run(args) -> int:
         raise UserError(f"search ranks full-graph epochs; rank {args.algorithm}'s Gd, grids and batch sizes with "
                         f"'plexus-tune predict --algorithm {args.algorithm} --batch-size B[,B...]'")
     algorithms = selected_algorithms(args)
-    name, workload, machine, graph, space = build_inputs(args)
+    inputs = build_inputs(args)
+    name, workload, machine, graph, _, space = inputs
     if algorithms != (DEFAULT_FAMILY,) or getattr(args, "fixed_features", False):  # the exact planner
         return search_families(args, workload, machine, space.gpus, algorithms, graph=load_graph_argument(graph))
-    args._name, args._machine = name, machine.name
+    _check_measured(args, precisions, graph)
+    launcher = launcher_from_args(args, space.gpus) if args.measured else None
+    if args.workers > 1 and not submits(launcher):
+        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
+                        "command in several processes with one --storage")
+    budget = _exact_budget(args)
+    console = make_console()
+    storage_url = args.storage or default_storage_url()
+    storage = None
+    results = {}
+    for precision in precisions:
+        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_run_grids, comm_precision=precision))
+        plan = None if args.measured else plan_search(space, model, budget)
+        if plan is not None and plan.method == "exhaustive":
+            results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
+            continue
+        if storage is None:
+            storage = open_storage(storage_url)
+            if submits(launcher):
+                return _submit(args, launcher, inputs, storage)
+            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
+                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
+        results[precision] = _search_one(args, inputs, storage, console, precision, model, plan, launcher)
+    if auto or precisions != ["fp32"]:
+        _print_precision_pick(console, results, auto, args.objective)
+    return 0
+
+
+def _check_measured(args, precisions, graph) -> None:
+    """--measured's arguments checked before any study opens (and the run log's path settled);
+    without it, no launcher flags."""
     if args.measured and graph is None:
         raise UserError("--measured trains real runs: give --graph FILE|SPEC (catalog datasets have statistics only)")
     if args.measured:
@@ -165,10 +207,11 @@ def run(args) -> int:
         args.log = str(check_log("--log", args.log or default_run_log(), kinds=RUN_LOG, inputs=[args.graph]))
     if not args.measured and (args.launcher or args.cluster or args.hosts):
         raise UserError("--launcher/--cluster/--hosts say where measured runs start: add --measured")
-    launcher = launcher_from_args(args, space.gpus) if args.measured else None
-    if args.workers > 1 and not submits(launcher):
-        raise UserError("--workers submits a job array (--launcher slurm outside an allocation); elsewhere run the "
-                        "command in several processes with one --storage")
+
+
+def _exact_budget(args) -> float:
+    """Seconds a model-driven search may enumerate for; --trials given alone asks for a study (0).
+    Sets the study's trials (default DEFAULT_TRIALS)."""
     if args.trials is not None and args.exact_budget is None:
         budget = 0.0  # --trials asks for a study of that many trials: honoured, not ignored
     else:
@@ -176,39 +219,23 @@ def run(args) -> int:
     args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     if budget != budget or budget < 0:
         raise UserError(f"--exact-budget must be a number of seconds >= 0, got {args.exact_budget}")
-    console = make_console()
-    storage_url = args.storage or default_storage_url()
-    storage = None
-    results = {}
-    for precision in precisions:
-        model = ModelEvaluator(workload, machine, predict=functools.partial(predict_run_grids, comm_precision=precision))
-        plan = None
-        if not args.measured:
-            plan = plan_search(space, model, budget)
-            if plan.method == "exhaustive":
-                results[precision] = run_exhaustive(args, name, machine, space, model, plan, console, precision)
-                continue
-        if storage is None:
-            storage = open_storage(storage_url)
-            if submits(launcher):
-                return _submit(args, launcher, space, storage)
-            console.print(f"machine profile {machine.name} ({machine.path or 'given as data'}); study storage {storage_url}"
-                          + (f"; runs logged to {args.log}" if args.measured else ""), highlight=False)
-        results[precision] = _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher)
-    if auto or precisions != ["fp32"]:
-        pick, ranked = pick_precision(results)
-        if pick is None:
-            console.print("no feasible configuration at any allowed precision")
-            return 0
-        if auto:
-            ranked_text = ", ".join(f"{p} {v:.4g}" for p, v in ranked)
-            console.print(f"Picked precision: {pick} (best {args.objective} per precision: {ranked_text})", highlight=False)
-        console.print(f"accuracy evidence for {pick}: {accuracy_evidence(pick)}", highlight=False)
-    return 0
+    return budget
 
 
-def _search_one(args, name, machine, graph, space, storage, console, precision, model, plan, launcher):
+def _print_precision_pick(console, results, auto: bool, objective: str) -> None:
+    pick, ranked = pick_precision(results)
+    if pick is None:
+        console.print("no feasible configuration at any allowed precision")
+        return
+    if auto:
+        ranked_text = ", ".join(f"{p} {v:.4g}" for p, v in ranked)
+        console.print(f"Picked precision: {pick} (best {objective} per precision: {ranked_text})", highlight=False)
+    console.print(f"accuracy evidence for {pick}: {accuracy_evidence(pick)}", highlight=False)
+
+
+def _search_one(args, inputs: SearchInputs, storage, console, precision, model, plan, launcher):
     """One study at one communication precision (search.driver.run_study); prints it and returns its best value."""
+    name, machine, space = inputs.name, inputs.machine, inputs.space
     study_name = driver.study_name(name, machine.name, space, args.objective, measured=args.measured,
                                    precision=precision, name=args.study)
     gpus_attr = list(space.gpus) if len(space.gpus) <= 4096 else f"{space.gpus[0]}..{space.gpus[-1]}"
@@ -216,7 +243,7 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
              "comm_precision": precision}
     measured = None
     if args.measured:
-        measured = MeasuredEvaluator(model, graph, stats=args._graph_stats, layers=args.layers, hidden=args.hidden,
+        measured = MeasuredEvaluator(model, inputs.graph, stats=inputs.stats, layers=args.layers, hidden=args.hidden,
                                      epochs=args.epochs, warmup=args.warmup, backend=args.backend,
                                      timeout_s=args.timeout, log_path=args.log, launcher=launcher,
                                      train_options={"comm_precision": precision})
@@ -242,12 +269,13 @@ def _search_one(args, name, machine, graph, space, storage, console, precision, 
     return outcome.best_value
 
 
-def _submit(args, launcher, space, storage) -> int:
+def _submit(args, launcher, inputs: SearchInputs, storage) -> int:
     """Outside a Slurm allocation: a job array of --workers tasks runs the search, one worker each,
     sharing the study; wait for it (or for the one already submitted for this log)."""
     argv = command_argv(args)
     if args.storage is None:  # the workers must open the same database, wherever they start
         argv += ["--storage", default_storage_url()]
+    space = inputs.space
     job = dispatch.BatchJob(argv, args.log, launcher, space.gpus, "plexus-tune-search",
                             array=args.workers if args.workers > 1 else None, resume=args.resume, wait=not args.no_wait)
     outcome = dispatch.dispatch(job, dispatch.Reporter(), describe=lambda job_id, _: (
@@ -255,7 +283,7 @@ def _submit(args, launcher, space, storage) -> int:
         f"{max(space.gpus)} ranks; output in {dispatch.state_dir(args.log)}"))
     if outcome.detached or outcome.signum is not None:
         return outcome.exit_code()
-    study_name = driver.study_name(args._name, args._machine, space, args.objective, measured=True, name=args.study)
+    study_name = driver.study_name(inputs.name, inputs.machine.name, space, args.objective, measured=True, name=args.study)
     study = open_study(study_name, storage, objective=args.objective, seed=args.seed)
     console = make_console()
     console.print(f"study [bold]{study_name}[/bold]: {len(finished_trials(study))} trials")

@@ -14,7 +14,7 @@ from plexus_tune.cli.output import check_log
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.measure.campaign import check_graph, load_graph_source
 from plexus_tune.graph.sampling import check_batch_size
-from plexus_tune.model.comm_precision import check_backend, parse_comm_precision
+from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.trainer.reference import check_verdict
@@ -44,6 +44,22 @@ def register(subparsers) -> None:
             "Prints the epoch time, its breakdown and the losses; --log appends one JSON record."
         ),
     )
+    _add_source_arguments(parser)
+    _add_training_arguments(parser)
+    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
+    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
+                        help="stop the whole run after S seconds (default 1800)")
+    parser.add_argument("--machine", help="machine name for the log (default: host name)")
+    parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
+                        help="append the run record (JSON Lines) to FILE (--run-log: the same, for torchrun command lines)")
+    parser.add_argument("--check", action="store_true",
+                        help="also train serially with PyTorch Geometric and report the largest relative differences")
+    parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
+    add_launcher_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_source_arguments(parser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads), or a directory of 2D shard files "
                              "(each rank reads only the files it needs; their permutation is used)")
@@ -54,6 +70,9 @@ def register(subparsers) -> None:
                              "follow from --gpus")
     parser.add_argument("--gpus", type=count(1), help="number of ranks; must equal the grid's product")
     add_algorithm_arguments(parser)
+
+
+def _add_training_arguments(parser) -> None:
     parser.add_argument("--layers", type=count(1), default=3, help="GCN layers (default 3)")
     parser.add_argument("--hidden", type=count(1), default=128, help="hidden width (default 128)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs, warm-up included (default 10)")
@@ -74,17 +93,6 @@ def register(subparsers) -> None:
     parser.add_argument("--layer-norm", action="store_true",
                         help="LayerNorm (no scale and shift, FP32 statistics) on the input of every layer")
     add_features_argument(parser)
-    parser.add_argument("--threads", type=count(1), metavar="N", help="CPU threads per rank (default cores // ranks)")
-    parser.add_argument("--timeout", type=real(above=0), default=1800.0, metavar="S",
-                        help="stop the whole run after S seconds (default 1800)")
-    parser.add_argument("--machine", help="machine name for the log (default: host name)")
-    parser.add_argument("--log", "--run-log", dest="log", metavar="FILE",
-                        help="append the run record (JSON Lines) to FILE (--run-log: the same, for torchrun command lines)")
-    parser.add_argument("--check", action="store_true",
-                        help="also train serially with PyTorch Geometric and report the largest relative differences")
-    parser.add_argument("--json", action="store_true", help="print the record as JSON instead of a summary")
-    add_launcher_arguments(parser)
-    parser.set_defaults(handler=run)
 
 
 def add_features_argument(parser) -> None:
@@ -145,10 +153,11 @@ def add_comm_precision_argument(parser) -> None:
                              "FP32 (docs/comm-precision.md)")
 
 
-def comm_precision_of(args: argparse.Namespace) -> str:
-    """The canonical text of ``--comm-precision`` (UserError naming the flag if it is bad)."""
+def comm_precision_of(args: argparse.Namespace) -> CommPrecision:
+    """``--comm-precision``, parsed once into the typed value the trainer, the records and the model take
+    (UserError naming the flag if it is bad)."""
     try:
-        return str(parse_comm_precision(args.comm_precision))
+        return parse_comm_precision(args.comm_precision)
     except UserError as exc:
         raise UserError(f"--comm-precision: {exc}") from None
 
@@ -234,25 +243,32 @@ def summary_lines(record: dict) -> list[str]:
         lines.append(f"accuracy after the last epoch ({record.get('split')}): "
                      + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if "check_loss_rel_diff" in record:
-        ref = record.get("reference_accuracy") or {}
-        verdict = check_result(record)
-        if verdict is not None:
-            grad = record.get("check_grad_rel_diff")
-            if grad is not None:
-                lines.append(f"one step against serial PyG on the same samples: gradients after the data-parallel "
-                             f"average differ by {grad:.2e} (normwise, largest over the parameters)")
-            lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
-                         f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
-                         f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
-                         f"{'PASSED' if verdict['passed'] else 'FAILED'}"
-                         + (f"; PyG epoch {record['reference_epoch_ms']:.2f} ms" if record.get("reference_epoch_ms") else ""))
-        else:
-            lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
-                         f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
-                         f"outputs by {record['check_output_rel_diff']:.2e}")
-        if ref and final:
-            lines.append("accuracy against serial PyG: " + ", ".join(
-                f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
+        lines += _check_lines(record, final)
+    return lines
+
+
+def _check_lines(record: dict, final) -> list[str]:
+    """The lines of --check: the trainer against serial PyG."""
+    lines = []
+    ref = record.get("reference_accuracy") or {}
+    verdict = check_result(record)
+    if verdict is not None:
+        grad = record.get("check_grad_rel_diff")
+        if grad is not None:
+            lines.append(f"one step against serial PyG on the same samples: gradients after the data-parallel "
+                         f"average differ by {grad:.2e} (normwise, largest over the parameters)")
+        lines.append(f"check against serial PyG ({verdict['dtype']} on {verdict['device_kind']}): max relative "
+                     f"difference of losses {record['check_loss_rel_diff']:.2e} (tolerance {verdict['loss_tolerance']:.0e}), "
+                     f"of outputs {record['check_output_rel_diff']:.2e} (normwise, tolerance {verdict['output_tolerance']:.0e}): "
+                     f"{'PASSED' if verdict['passed'] else 'FAILED'}"
+                     + (f"; PyG epoch {record['reference_epoch_ms']:.2f} ms" if record.get("reference_epoch_ms") else ""))
+    else:
+        lines.append(f"{record['comm_precision']} against serial PyG at FP32 (not expected to agree to rounding, so no "
+                     f"pass/fail: compare the accuracies): losses differ by up to {record['check_loss_rel_diff']:.2e}, "
+                     f"outputs by {record['check_output_rel_diff']:.2e}")
+    if ref and final:
+        lines.append("accuracy against serial PyG: " + ", ".join(
+            f"{k} {final[k]:.4f} vs {ref[k]:.4f} ({final[k] - ref[k]:+.4f})" for k in ref if k in final))
     return lines
 
 
@@ -275,8 +291,6 @@ def check_batch_flag(batch: int, nodes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     config = _config(args)
     if config.check:
         configure_compute_process()  # the serial reference runs in this process, as the ranks do
@@ -284,20 +298,7 @@ def run(args: argparse.Namespace) -> int:
     environment = detect_environment()
     if args.log:
         check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
-    if environment is None:
-        if args.synthetic:  # a bad or too large spec fails here, not in every rank
-            parse_spec(args.synthetic)
-        launcher = launcher_from_args(args, [config.world_size])
-        if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
-            if config.batch_size is not None:
-                check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
-            else:
-                check_graph(args.graph)
-        elif config.batch_size is not None:
-            check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
-        config.extra["progress"] = True
-    else:
-        launcher = None
+    launcher = _launcher(args, config) if environment is None else None
     try:
         if launcher is None:
             record = run_training(config)
@@ -311,6 +312,28 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if record is None:  # a non-zero rank under torchrun/srun
         return 0
+    return _report(args, record)
+
+
+def _launcher(args, config):
+    """Started by hand (no torchrun or srun around it): the launcher, the graph checked once here."""
+    if args.synthetic:  # a bad or too large spec fails here, not in every rank
+        parse_spec(args.synthetic)
+    launcher = launcher_from_args(args, [config.world_size])
+    if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
+        if config.batch_size is not None:
+            check_batch_flag(config.batch_size, load_graph_source(args.graph).num_nodes)
+        else:
+            check_graph(args.graph)
+    elif config.batch_size is not None:
+        check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
+    config.extra["progress"] = True
+    return launcher
+
+
+def _report(args, record) -> int:
+    import json
+
     verdict = check_result(record)
     if args.json:
         print(json.dumps({**record, **({"check": verdict} if verdict else {})}, default=str))

@@ -34,36 +34,16 @@ def _spearman(value) -> str:
 
 
 def run(args) -> int:
-    import json
-    import os
-
-    from rich.table import Table
-
     if args.json:
         check_output_file("--json", args.json, inputs=[*args.runs, args.machine], force=args.force,
                           is_own=lambda path: json_with_keys(path, ("machine", "groups", "mean")), own_kind="a validation JSON")
     machine = load_machine(args.machine)
-    console = make_console()
     df = runs_table(read_runs(args.runs))
     result = leave_one_group_out(df, machine, refit=not args.no_refit)
-    groups = result["groups"]
-    refitted = sum(g["how"].startswith("refitted") for g in groups)
-    if args.no_refit:
-        mode = "as is"
-    elif refitted == len(groups):
-        mode = "refitted"
-    elif refitted == 0:
-        mode = "as is: too few other runs to refit"
-    else:
-        mode = f"refitted in {refitted} of {len(groups)} groups, the others as is"
-    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({mode})")
-    for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
-        table.add_column(col, justify="left" if col == "graph" else "right")
-    for g in result["groups"]:
-        table.add_row(g["graph"] + (f" ({g['setting']})" if g["setting"] else ""), str(g["gpus"]), str(g["grids"]), _spearman(g["spearman"]), f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
+    refitted = sum(g["how"].startswith("refitted") for g in result["groups"])
+    console = make_console()
+    console.print(_groups_table(result, machine, _mode(refitted, len(result["groups"]), args.no_refit)))
     m = result["mean"]
-    table.add_row("mean", "", "", _spearman(m["spearman"]), f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
-    console.print(table)
     console.print(f"worst regret {m['max_regret']:.3f} over {m['groups']} (graph, G) groups; MAPE and regret are means over "
                   f"all {m['groups']} groups, Spearman over the {m.get('spearman_groups', m['groups'])} with two or more grids "
                   "(one grid has no ranking: -)")
@@ -75,9 +55,39 @@ def run(args) -> int:
             + (f"; the fixed per-epoch overhead is {parts['overhead_share']:.0%} of the predicted total on average"
                if parts.get("overhead_share") else ""))
     if args.json:
-        make_parent(args.json)
-        tmp = f"{args.json}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump({"machine": machine.name, "refit": not args.no_refit, "refitted_groups": refitted, **result}, fh, indent=2)
-        os.replace(tmp, args.json)
+        _write_json(args.json, {"machine": machine.name, "refit": not args.no_refit, "refitted_groups": refitted, **result})
     return 0
+
+
+def _mode(refitted: int, groups: int, no_refit: bool) -> str:
+    if no_refit:
+        return "as is"
+    if refitted == groups:
+        return "refitted"
+    if refitted == 0:
+        return "as is: too few other runs to refit"
+    return f"refitted in {refitted} of {groups} groups, the others as is"
+
+
+def _groups_table(result, machine, mode: str):
+    from rich.table import Table
+
+    table = Table(title=f"{machine.name}: leave-one-(graph, G)-out validation ({mode})")
+    for col in ("graph", "G", "grids", "Spearman", "regret", "MAPE %", "predicted best", "observed best"):
+        table.add_column(col, justify="left" if col == "graph" else "right")
+    for g in result["groups"]:
+        table.add_row(g["graph"] + (f" ({g['setting']})" if g["setting"] else ""), str(g["gpus"]), str(g["grids"]), _spearman(g["spearman"]), f"{g['regret']:.3f}", f"{g['mape']:.1f}", g["predicted_best"], g["observed_best"])
+    m = result["mean"]
+    table.add_row("mean", "", "", _spearman(m["spearman"]), f"{m['regret']:.3f}", f"{m['mape']:.1f}", "", "", style="bold")
+    return table
+
+
+def _write_json(path, data) -> None:
+    import json
+    import os
+
+    make_parent(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)

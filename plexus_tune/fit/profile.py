@@ -39,7 +39,7 @@ from plexus_tune.measure.store import environment_info, now_utc, read_records, r
 from plexus_tune.model.collectives import BROADCAST_FORMS, scale_collectives
 from plexus_tune.model import spmm as spmm_models
 from plexus_tune.fit.bandwidth import epoch_latency_from_runs, fit_bandwidths, optimizer_gbps_from_runs
-from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.machine import FIELDS, Machine, load_machine
 from plexus_tune.model.other import check_optimizer, trainer_optimizer
 
 # --------------------------------------------------------------------------- profiles
@@ -100,6 +100,32 @@ def profile_json_text(profile) -> str:
     # a list holding no list or object: join its lines (JSON strings hold no raw newline,
     # so only whitespace between elements is touched)
     return re.sub(r"\[\s*\n\s*([^\[\]{}]*?)\s*\n\s*\]", lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text) + "\n"
+
+
+def provenance_notes(items) -> dict[str, str]:
+    """``FIELD=TEXT`` items as {field: text}, each field a profile field (docs/profiles.md);
+    UserError naming the item otherwise."""
+    notes = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or not text.strip():
+            raise UserError(f"expected FIELD=TEXT, got {item!r}")
+        if key.strip() not in FIELDS or key.strip() in ("provenance", "schema"):
+            raise UserError(f"{key.strip()!r} is not a profile field (docs/profiles.md lists them)")
+        notes[key.strip()] = text.strip()
+    return notes
+
+
+def annotate_provenance(profile: dict, given: Mapping[str, str], notes: Mapping[str, str]) -> dict:
+    """``profile`` with the provenance of each field that says "given" replaced by
+    ``given[field]`` (where the value came from) and each note appended to its field's."""
+    provenance = profile["provenance"]
+    for key, where in given.items():
+        if str(provenance.get(key, "")).startswith("given"):
+            provenance[key] = where
+    for key, text in notes.items():
+        provenance[key] = "; ".join(p for p in (provenance.get(key), text) if p)
+    return profile
 
 
 def write_profile(profile: Mapping, path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -18,7 +18,7 @@ TRAIN_FRACTION = 0.7
 #: errors, the half-width of a 95 % interval, are then 0.005
 R2_SEM = 0.0025
 #: splits scored before the standard error is first looked at
-MIN_SPLITS = 50
+MIN_SPLITS = 10
 #: the standard error is looked at after every this many splits
 CHECK_EVERY = 10
 #: with n_jobs > 1, a model whose splits take less than this (s) each is scored in-process
@@ -26,6 +26,8 @@ PARALLEL_MIN_SECONDS = 0.005
 _COLUMNS = ("r2", "rmse_ms", "mape")
 #: standard errors of the mean MAPE by which a model must trail a rival before its scoring stops
 RACE_SEMS = 4.0
+#: splits every model of a race (:func:`race_split_scores`) scores before the first comparison
+RACE_FIRST = 5
 
 
 def min_rows(parameters: int) -> int:
@@ -82,8 +84,8 @@ def _score_splits(fit, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> np
     out = np.empty((len(train), 2 * len(_COLUMNS)))
     with single_threaded_blas():  # many tiny solves: threads only add overhead
         for i, (tr, te) in enumerate(zip(train, test)):
-            predict = fit(tr)
-            a, b = regression_scores(y[tr], predict(tr)), regression_scores(y[te], predict(te))
+            predicted = fit(tr)(np.concatenate([tr, te]))  # one call: a model's fixed cost once
+            a, b = regression_scores(y[tr], predicted[:len(tr)]), regression_scores(y[te], predicted[len(tr):])
             out[i] = [a[c] for c in _COLUMNS] + [b[c] for c in _COLUMNS]
     return out
 
@@ -200,3 +202,150 @@ def upper_mape(scores: dict) -> float:
     if not scores or not math.isfinite(scores.get("test_mape", math.nan)):
         return math.inf
     return scores["test_mape"] + RACE_SEMS * scores.get("test_mape_std", math.inf) / math.sqrt(max(scores.get("splits", 1), 1))
+
+
+def _scores_of(rows: np.ndarray, train_fraction: float) -> dict:
+    out: dict = {"splits": int(len(rows)), "train_fraction": train_fraction}
+    for p, part in enumerate(("train", "test")):
+        for c, key in enumerate(_COLUMNS):
+            values = rows[:, p * len(_COLUMNS) + c]
+            out[f"{part}_{key}"] = float(np.nanmean(values)) if len(values) else float("nan")
+            out[f"{part}_{key}_std"] = float(np.nanstd(values)) if len(values) else float("nan")
+    return out
+
+
+def trails(mape: np.ndarray, rival: np.ndarray) -> bool:
+    """Whether a model's held-out MAPE on the splits both scored exceeds a rival's by more than
+    :data:`RACE_SEMS` standard errors of the paired difference: mean(d) - RACE_SEMS sd(d) / sqrt(n) > 0,
+    d = mape - rival per split (sd with n - 1; at least :data:`RACE_FIRST` splits)."""
+    n = min(len(mape), len(rival))
+    d = mape[:n] - rival[:n]
+    d = d[np.isfinite(d)]
+    if len(d) < RACE_FIRST:
+        return False
+    return bool(d.mean() - RACE_SEMS * d.std(ddof=1) / math.sqrt(len(d)) > 0)
+
+
+def race_split_scores(
+    fits: Mapping[str, Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]]],
+    y: np.ndarray,
+    *,
+    n_splits: int = DEFAULT_SPLITS,
+    seed: int = 0,
+    train_fraction: float = TRAIN_FRACTION,
+    r2_sem: float | None = None,
+    min_splits: int = MIN_SPLITS,
+    n_jobs: int = 1,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Scores of rival models on the same splits, raced: ``{name: scores}`` as :func:`repeated_split_scores`.
+
+    Every model scores the first :data:`RACE_FIRST` splits, then the survivors advance
+    together, :data:`CHECK_EVERY` splits a round. After each round, a model whose held-out
+    MAPE trails the best model's (lowest mean MAPE) on the splits both scored by more
+    than :data:`RACE_SEMS` standard errors of the paired difference (:func:`trails`)
+    stops (``beaten``: True). A model also stops as :func:`repeated_split_scores` does:
+    after ``n_splits``, or with ``r2_sem`` at the first multiple of :data:`CHECK_EVERY`
+    (at least ``min_splits``) where the standard error of its mean held-out R^2 is at
+    most ``r2_sem``; a model that is never beaten thus gets the scores
+    :func:`repeated_split_scores` gives it alone. With ``n_jobs`` > 1 the models whose
+    splits take at least :data:`PARALLEL_MIN_SECONDS` are scored in that many worker
+    processes (each round's batches at once, the slowest first; ``fit`` must pickle
+    with cloudpickle), the others in-process meanwhile. ``progress(name, done, total)``
+    after each round.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    names = list(fits)
+    train, test = split_indices(len(y), n_splits, train_fraction=train_fraction, seed=seed)
+    adaptive = bool(r2_sem) and r2_sem > 0
+    rows = {k: np.empty((0, 2 * len(_COLUMNS))) for k in names}
+    stop = {k: n_splits for k in names}
+    beaten: set = set()
+    seconds = {k: 0.0 for k in names}  # per split, as last measured
+    payloads: dict = {}
+    pool = None
+    while any(len(rows[k]) < stop[k] for k in names):
+        running = [k for k in names if len(rows[k]) < stop[k]]
+        ranges = {}
+        for k in running:
+            lo = len(rows[k])
+            hi = RACE_FIRST if lo < RACE_FIRST else (lo // CHECK_EVERY + 1) * CHECK_EVERY
+            if n_jobs > 1 and lo == 0 and pool is None:
+                hi = 1  # one split in-process first: is the model slow enough for the workers?
+            ranges[k] = (lo, min(hi, stop[k]))
+        batches: dict = {}
+        remote = [k for k in running if k in payloads]
+        futures = _submit_batches(pool, {k: payloads[k] for k in remote}, seconds, ranges, y, train, test, n_jobs)
+        for k in running:  # the models come cheapest first: once one is slow, those after it go to the workers too
+            if k in remote:
+                continue
+            lo, hi = ranges[k]
+            if pool is not None and not seconds[k]:
+                import cloudpickle  # closures pickle by value
+
+                payloads[k], seconds[k] = cloudpickle.dumps(fits[k]), max(seconds.values())
+                ranges[k] = (lo, min(max(hi, RACE_FIRST), stop[k]))
+                futures += _submit_batches(pool, {k: payloads[k]}, seconds, ranges, y, train, test, n_jobs)
+                continue
+            started = time.perf_counter()
+            batches[k] = _score_splits(fits[k], y, train[lo:hi], test[lo:hi])
+            seconds[k] = (time.perf_counter() - started) / max(hi - lo, 1)  # the first split's includes imports
+            if n_jobs > 1 and seconds[k] >= PARALLEL_MIN_SECONDS:
+                import cloudpickle  # closures pickle by value
+
+                payloads[k] = cloudpickle.dumps(fits[k])
+                pool = pool or resources.worker_pool(n_jobs)
+        if futures:
+            try:
+                parts: dict = {}
+                for k, a, future in futures:
+                    parts.setdefault(k, []).append((a, future.result()))
+            except BaseException:  # Ctrl-C, a worker's error: stop the workers rather than wait for them
+                resources.stop_worker_pool()
+                raise
+            for k, got in parts.items():
+                batches[k] = np.concatenate([part for _, part in sorted(got, key=lambda t: t[0])])
+        for k, batch in batches.items():
+            lo = len(rows[k])
+            rows[k] = np.concatenate([rows[k], batch])
+            if adaptive:
+                for n in range(lo + 1, len(rows[k]) + 1):
+                    if n >= min_splits and n % CHECK_EVERY == 0 and _r2_sem(rows[k][:n, 3]) <= r2_sem:
+                        stop[k] = n
+                        rows[k] = rows[k][:n]
+                        break
+        scored = [k for k in names if k not in beaten and len(rows[k])]
+        if len(scored) > 1:
+            best = min(scored, key=lambda k: np.nanmean(rows[k][:, 5]) if np.any(np.isfinite(rows[k][:, 5])) else math.inf)
+            for k in running:
+                if k != best and k not in beaten and trails(rows[k][:, 5], rows[best][:, 5]):
+                    beaten.add(k)
+                    stop[k] = len(rows[k])
+        if progress is not None:
+            for k in running:
+                progress(k, len(rows[k]), stop[k])
+    out = {}
+    for k in names:
+        out[k] = _scores_of(rows[k], train_fraction)
+        if adaptive:
+            out[k]["splits_requested"] = int(n_splits)
+            out[k]["test_r2_sem"] = _r2_sem(rows[k][:, 3])
+            out[k]["r2_sem_target"] = float(r2_sem)
+        if k in beaten:
+            out[k]["beaten"] = True
+    return out
+
+
+def _submit_batches(pool, payloads: Mapping, seconds: Mapping, ranges: Mapping, y, train, test, n_jobs: int) -> list:
+    """(name, first split, future) for the split ranges of the models in ``payloads``, the longest batches first."""
+    tasks = []
+    for k in payloads:
+        lo, hi = ranges[k]
+        size = max(1, math.ceil((hi - lo) / n_jobs))
+        tasks += [(seconds[k] * (min(a + size, hi) - a), k, a, min(a + size, hi)) for a in range(lo, hi, size)]
+    tasks.sort(key=lambda t: -t[0])  # the longest first: the workers finish together
+    try:
+        return [(k, a, pool.submit(_score_pickled, payloads[k], y, train[a:b], test[a:b])) for _, k, a, b in tasks]
+    except BaseException:
+        resources.stop_worker_pool()
+        raise

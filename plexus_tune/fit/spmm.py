@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, repeated_split_scores, upper_mape
+from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, race_split_scores, repeated_split_scores
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
-from plexus_tune.model.sparsity import STRUCTURE_KEYS, check_structure, structure_arrays
+from plexus_tune.model.sparsity import SHARE_POINTS, STRUCTURE_KEYS, check_structure, structure_arrays
 from plexus_tune.fit.spmm_kinds import fit_kind
 from plexus_tune.model.spmm import FIT_KINDS, SPMM_MODELS, SpmmKind
 
@@ -36,6 +36,9 @@ def spmm_structure(df) -> dict | None:
     present = [c for c in df.columns if str(c).startswith("structure.")]
     if not present:
         return None
+    fast = _checked_structure_columns(df, present)
+    if fast is not None:
+        return fast
     records = []
     curves = df["structure.column_share"].tolist() if "structure.column_share" in df.columns else [None] * len(df)
     for pos in range(len(df)):
@@ -52,6 +55,50 @@ def spmm_structure(df) -> dict | None:
         records.append(check_structure(entry, _where(df, pos)))
     shapes = spmm_shapes(df)
     return structure_arrays(records, shapes[0], shapes[1], shapes[2])
+
+
+def _checked_structure_columns(df, present) -> dict | None:
+    """The arrays of :func:`spmm_structure` built column by column when every record with a
+    structure holds a valid one (each checked as :func:`check_structure` does; a record
+    without one: :func:`uniform_structure`), else None (the record-by-record path then
+    names the first bad one)."""
+    if "structure.column_share" not in df.columns or any(f"structure.{key}" not in df.columns for key in STRUCTURE_KEYS):
+        return None
+    has = np.zeros(len(df), dtype=bool)
+    for c in present:
+        has |= df[c].notna().to_numpy()
+    given = df[has]
+    out = {}
+    for key in STRUCTURE_KEYS[:3]:
+        column = given[f"structure.{key}"]
+        if column.dtype.kind not in "fiuO" or column.dtype.kind == "b":
+            return None
+        if column.dtype.kind == "O" and not all(type(v) in (int, float) for v in column.tolist()):
+            return None  # booleans, strings, missing values: checked record by record
+        values = column.to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(values)) or np.any(values < 0):
+            return None
+        out[key] = values
+    curves = given["structure.column_share"].tolist()
+    if not all(isinstance(c, (list, tuple, np.ndarray)) and len(c) == SHARE_POINTS for c in curves):
+        return None
+    try:
+        share = np.array(curves, dtype=np.float64).reshape(len(curves), SHARE_POINTS)
+    except (TypeError, ValueError):
+        return None
+    if not np.all(np.isfinite(share)) or share.min(initial=0.0) < 0 or share.max(initial=0.0) > 1 + 1e-9:
+        return None
+    out["column_share"] = share
+    if np.all(has):
+        return out
+    nnz, rows, common, _ = spmm_shapes(df[~has])
+    uniform = structure_arrays([None] * int((~has).sum()), nnz, rows, common)
+    merged = {}
+    for key, values in out.items():
+        full = np.empty((len(df),) + values.shape[1:], dtype=np.float64)
+        full[has], full[~has] = values, uniform[key].reshape((-1,) + values.shape[1:])
+        merged[key] = full
+    return merged
 
 
 def _is_value(value) -> bool:
@@ -139,9 +186,10 @@ def fit_spmm(
     70/30 splits: at most ``n_splits``, fewer once the standard error of the mean
     held-out R^2 is at most ``r2_sem`` (see
     :func:`plexus_tune.fit.scoring.repeated_split_scores`; None scores all). auto
-    keeps the kind of lowest mean held-out MAPE; a kind whose mean MAPE trails the best
-    so far by more than :data:`plexus_tune.fit.scoring.RACE_SEMS` standard errors (both
-    sides) stops being scored (``beaten`` in its scores). The returned model is refitted on all
+    keeps the kind of lowest mean held-out MAPE; the kinds are raced
+    (:func:`plexus_tune.fit.scoring.race_split_scores`): one whose MAPE trails the best
+    kind's on the same splits by more than :data:`plexus_tune.fit.scoring.RACE_SEMS`
+    standard errors of the paired difference stops being scored (``beaten`` in its scores). The returned model is refitted on all
     rows; ``scores`` holds the chosen kind's split scores and ``all_scores`` every
     scored kind's. ``progress(kind, done, total)`` reports the splits scored.
     """
@@ -179,17 +227,18 @@ def fit_spmm(
     if structure is None and any(SPMM_MODELS[k].uses_structure for k in candidates):
         # every operand uniformly random: its expected structure, once per row
         structure = structure_arrays([None] * len(y), *shapes[:3])
-    all_scores = {}
-    for k in candidates:
-        report = None if progress is None else (lambda done, total, k=k: progress(k, done, total))
-        # auto: a kind stops being scored once it trails the best so far (its splits are then fewer)
-        rival = min((upper_mape(s) for s in all_scores.values()), default=math.inf) if kind == "auto" else math.inf
-        all_scores[k] = (
-            repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed, r2_sem=r2_sem,
-                                  min_splits=min_splits, n_jobs=n_jobs, progress=report,
-                                  beaten_by=rival if math.isfinite(rival) else None)
-            if n_splits > 0 else {}
-        )
+    if n_splits == 0:
+        all_scores = {k: {} for k in candidates}
+    elif kind == "auto":
+        # a kind stops being scored once it trails the best on the same splits (its splits are then fewer)
+        all_scores = race_split_scores({k: _fitter(SPMM_MODELS[k], shapes, y, structure) for k in candidates}, y,
+                                       n_splits=n_splits, seed=seed, r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                                       progress=progress)
+    else:  # a kind given: it and the kinds compared with it, each scored in full
+        all_scores = {k: repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed,
+                                               r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                                               progress=None if progress is None else (lambda done, total, k=k: progress(k, done, total)))
+                      for k in candidates}
     chosen = min(candidates, key=lambda k: all_scores[k].get("test_mape", math.inf)) if kind == "auto" else kind
     model = fit_kind(SPMM_MODELS[chosen], shapes, y, structure)
     return SpmmModel(kind=chosen, model=model, scores=all_scores[chosen], all_scores=all_scores, n_samples=len(y))

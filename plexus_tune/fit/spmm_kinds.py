@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.fit.scoring import single_threaded_blas
 from plexus_tune.fit.solvers import nnls_relative, ridge_loo
 from plexus_tune.model.spmm import (
     LEARNED_MIN_DEGREE,
@@ -111,8 +112,10 @@ def _boosted_trees(z: np.ndarray, residual: np.ndarray, boosting: Mapping) -> tu
 
     if not (np.all(np.isfinite(z)) and np.all(np.isfinite(residual))):
         raise ValueError("boosted trees need finite features and log times")
-    # the inputs are checked above: skip scikit-learn's own checks
-    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+    # the inputs are checked above: skip scikit-learn's own checks. One OpenMP thread: on a few
+    # thousand rows threads only wait for each other (on a loaded host, each fit 40x longer);
+    # limited here, once scikit-learn has loaded its OpenMP runtime, which a limit set earlier misses
+    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True), single_threaded_blas():
         hgb = HistGradientBoostingRegressor(loss="squared_error", **boosting).fit(z, residual)
     depth = int(boosting["max_depth"])
     init, trees = exported_trees(hgb, depth)

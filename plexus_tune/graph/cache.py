@@ -9,6 +9,9 @@ adjacency's pattern (N, indptr, indices; the values do not enter any statistic):
                                  their diagonal, symmetry
     <permutation>.json           ``{"splits": {"<layout>:<R>x<C>": entry}}`` for one
                                  permutation mode, seed (and the part counts of ``local``)
+    metis-v1-kway-parts<P>-seed<S>.npy
+                                 the METIS partition into P parts with seed S (one part
+                                 per node), :func:`plexus_tune.graph.partition.partition_graph`
 
 A changed graph hashes to another key, so its old entries are never read. The hash of
 a graph file is remembered with the files' size, modification time and inode
@@ -234,6 +237,46 @@ class StructureCache:
             _write_json(self.directory / f"{name}.json", data)
 
 
+#: Version of a cached partition's file name (changes when the partitioner's call changes).
+PARTITION_VERSION = 1
+
+
+def partition_file(key: str, parts: int, seed: int, root=None) -> Path:
+    """Where the METIS partition of the graph of pattern hash ``key`` into ``parts`` parts with ``seed`` is kept."""
+    return cache_root(root) / key / f"metis-v{PARTITION_VERSION}-kway-parts{int(parts)}-seed{int(seed)}.npy"
+
+
+def read_partition(path: Path, nodes: int, parts: int) -> np.ndarray | None:
+    """A cached partition (one part in [0, parts) per node), None when missing; None with one
+    :class:`CorruptCacheWarning` when unreadable or not such a partition."""
+    if not path.is_file():
+        return None
+    try:
+        part = np.load(path, allow_pickle=False)
+        if part.shape != (nodes,) or part.dtype.kind not in "iu" or (nodes and (part.min() < 0 or part.max() >= parts)):
+            raise ValueError(f"not a partition of {nodes} nodes into {parts} parts")
+        return part.astype(np.int64, copy=False)
+    except (OSError, ValueError, EOFError) as exc:
+        warnings.warn(CorruptCacheWarning(f"{path}: corrupt cached partition ignored and recomputed "
+                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"),
+                      stacklevel=3)
+        return None
+
+
+def store_partition(path: Path, part: np.ndarray) -> None:
+    """Write a partition atomically (skipped on a read-only data directory)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
+        try:
+            np.save(tmp, np.asarray(part, dtype=np.int32 if part.size and part.max() < 2**31 else np.int64),
+                    allow_pickle=False)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
 def cache_listing(root=None) -> list[dict]:
     """Every cached graph: ``{"key", "name", "nodes", "nnz", "entries": {name: splits}, "bytes"}``."""
     base = cache_root(root)
@@ -250,6 +293,9 @@ def cache_listing(root=None) -> list[dict]:
                 continue
             data = _read_json(file)
             entries[file.stem] = len(data.get("splits", {})) if isinstance(data, dict) else None
+        for file in sorted(directory.glob("metis-*.npy")):
+            size += file.stat().st_size
+            entries[file.stem] = "partition"
         out.append({"key": directory.name, "name": graph.get("name"), "nodes": graph.get("nodes"),
                     "nnz": graph.get("normalized_nnz"), "entries": entries, "bytes": size})
     return out

@@ -81,10 +81,11 @@ def check_finite(values, where: str, what: str) -> None:
 
 
 def check_csr(indptr, indices, data, num_nodes: int, *, where: str, num_cols: int | None = None,
-              files: dict | None = None, values: bool = True) -> None:
+              files: dict | None = None, values: bool = True, ids: bool = True) -> None:
     """UserError unless ``indptr`` (N+1, from 0, not decreasing, ending at nnz), ``indices`` (whole,
     in [0, columns)) and ``data`` (finite, nnz entries) form a CSR matrix of ``num_nodes`` rows
-    (``values=False``: data's entries are not read, for a caller of the pattern alone)."""
+    (``values=False``: data's entries are not read, for a caller of the pattern alone;
+    ``ids=False``: nor the indices, for a caller that checks the entries it samples)."""
     files = files or {}
     cols = num_nodes if num_cols is None else num_cols
     w_ptr, w_idx, w_dat = (files.get(k, where) for k in ("indptr", "indices", "data"))
@@ -104,7 +105,8 @@ def check_csr(indptr, indices, data, num_nodes: int, *, where: str, num_cols: in
             i = lo + _first(step < 0)
             raise UserError(f"{w_ptr}: indptr decreases at row {i} ({indptr[i]} -> {indptr[i + 1]}); "
                             "it must not decrease")
-    check_ids(indices, cols, w_idx, "column index")
+    if ids:
+        check_ids(indices, cols, w_idx, "column index")
     if values:
         check_finite(data, w_dat, "edge weight")
 

@@ -190,7 +190,7 @@ def _finish(adj, features, labels, num_classes, name, meta, *, features_width, c
 
 # --- readers -----------------------------------------------------------------------
 
-def _read_plexus(path: Path, mmap: bool = True, pattern_only: bool = False, **_) -> Graph:
+def _read_plexus(path: Path, mmap: bool = True, pattern_only: bool | str = False, **_) -> Graph:
     import scipy.sparse as sp
     info = read_json(path / "metadata.json", METADATA_SCHEMA, fix="the graph is corrupt: convert it again")
     if info["format"] != PLEXUS_FORMAT:
@@ -217,7 +217,11 @@ def _read_plexus(path: Path, mmap: bool = True, pattern_only: bool = False, **_)
     files = {key: str(path / f"{key}.npy") for key in arrays}
     read = [path / "metadata.json", *files.values()]
     pattern = [path / "metadata.json", path / "indptr.npy", path / "indices.npy"]
-    if pattern_only:  # the pattern's arrays alone (their shapes and dtypes checked above)
+    if pattern_only == "rows":  # indptr alone: the caller checks the indices it samples
+        if known_valid(read) is None and known_valid(pattern) is None:
+            checks.check_csr(arrays["indptr"], arrays["indices"], arrays["data"], n, where=str(path), files=files,
+                             values=False, ids=False)
+    elif pattern_only:  # the pattern's arrays alone (their shapes and dtypes checked above)
         if known_valid(read) is None and known_valid(pattern) is None:
             checks.check_csr(arrays["indptr"], arrays["indices"], arrays["data"], n, where=str(path), files=files,
                              values=False)
@@ -420,7 +424,7 @@ _READERS = {"plexus": _read_plexus, "npz": _read_npz, "mtx": _read_mtx, "edgelis
 
 
 def load_graph(path, *, format: str | None = None, directed: bool = False, features: int | None = None,
-               classes: int | None = None, seed: int = 0, mmap: bool = True, pattern_only: bool = False) -> Graph:
+               classes: int | None = None, seed: int = 0, mmap: bool = True, pattern_only: bool | str = False) -> Graph:
     """Load a graph from any supported format (see the module docstring).
 
     ``directed`` keeps edge-list/OGB edges one-way; ``features``/``classes``/``seed`` make
@@ -428,7 +432,8 @@ def load_graph(path, *, format: str | None = None, directed: bool = False, featu
     arrays of the own format. Errors (missing, truncated or corrupt files, edge ids out of
     range, unknown formats) raise :class:`UserError`. ``pattern_only``: the caller reads the
     adjacency's pattern and the arrays' shapes alone (``predict``), so of the own format only
-    indptr and indices are checked entry by entry (values, features and labels are not read).
+    indptr and indices are checked entry by entry (values, features and labels are not read);
+    ``"rows"``: indptr alone, for a caller that checks the indices it samples.
     """
     path = Path(path)
     if not path.exists():
@@ -457,7 +462,7 @@ def load_graph(path, *, format: str | None = None, directed: bool = False, featu
         raise
 
 
-def resolve_graph(source, *, pattern_only: bool = False) -> Graph:
+def resolve_graph(source, *, pattern_only: bool | str = False) -> Graph:
     """A Graph from a Graph, a file path, or ("synthetic", spec) (``pattern_only``: :func:`load_graph`)."""
     if isinstance(source, Graph):
         return source

@@ -36,44 +36,56 @@ def _cell_counts(indptr, indices, row_cell, col_cell, cells):
             cells[base + col_cell[indices[p]]] += 1
 
 
-def _symmetric_blocks(indptr, indices, loops, col_range, row_range, kc, kr, spans, row_offsets, col_offsets,
-                      row_out, col_out):
+def _symmetric_blocks(indptr, indices, loops, ranges, own_ranges, shift, kc, kr, spans, row_targets_ptr, row_targets,
+                      col_targets_ptr, col_targets, row_fill, col_fill, row_out, col_out):
     """Row lengths and column counts of target blocks of a symmetric pattern (see
-    :func:`plexus_tune.graph.structure._block_vectors_symmetric`): for every row m, its
-    entries per column range and per row range as running sums; target t with spans
-    (f0, f1, e0, e1) takes, for each m whose row range is in [f0, f1), the entries
-    between column ranges e0 and e1, and for each m whose column range is in [e0, e1),
-    those between row ranges f0 and f1 (kc, kr: the numbers of column and row ranges);
-    ``loops[m]`` adds the self-loop (m, m)."""
+    :func:`plexus_tune.graph.structure._block_vectors_symmetric`).
+
+    ``ranges[k]`` packs the column range of old id k's new column (low ``shift`` bits) and
+    the row range of its new row (above them); kc, kr: the numbers of column and row
+    ranges. For every row m, its entries per column range and per row range, as running
+    sums; target t with spans (f0, f1, e0, e1) takes, for each m whose row range is in
+    [f0, f1) (the targets ``row_targets[row_targets_ptr[g]:row_targets_ptr[g + 1]]`` of
+    range g), the entries between column ranges e0 and e1, written at ``row_fill[t]``, and
+    for each m whose column range is in [e0, e1), those between row ranges f0 and f1,
+    written at ``col_fill[t]``; ``loops[m]`` adds the self-loop (m, m). ``own_ranges[m]``:
+    the ranges of row m's own id (``ranges`` itself, or its rows' entries where the CSR
+    holds some rows of the graph only)."""
+    mask = (1 << shift) - 1
+    counts = np.zeros(kc + kr, dtype=np.int64)
     by_col = np.zeros(kc + 1, dtype=np.int64)
     by_row = np.zeros(kr + 1, dtype=np.int64)
-    row_fill = row_offsets[:-1].copy()
-    col_fill = col_offsets[:-1].copy()
-    targets = spans.shape[0]
     for m in range(indptr.size - 1):
-        by_col[:] = 0
-        by_row[:] = 0
         for p in range(indptr[m], indptr[m + 1]):
-            k = indices[p]
-            by_col[col_range[k] + 1] += 1
-            by_row[row_range[k] + 1] += 1
+            v = ranges[indices[p]]
+            counts[v & mask] += 1
+            counts[kc + (v >> shift)] += 1
+        own = own_ranges[m]
         if loops[m]:
-            by_col[col_range[m] + 1] += 1
-            by_row[row_range[m] + 1] += 1
-        for j in range(kc):
-            by_col[j + 1] += by_col[j]
+            counts[own & mask] += 1
+            counts[kc + (own >> shift)] += 1
+        total = 0
+        for j in range(kc):  # running sums, and the counts cleared for the next row
+            by_col[j] = total
+            total += counts[j]
+            counts[j] = 0
+        by_col[kc] = total
+        total = 0
         for j in range(kr):
-            by_row[j + 1] += by_row[j]
-        rg = row_range[m]
-        cg = col_range[m]
-        for t in range(targets):
-            f0, f1, e0, e1 = spans[t, 0], spans[t, 1], spans[t, 2], spans[t, 3]
-            if f0 <= rg and rg < f1:
-                row_out[row_fill[t]] = by_col[e1] - by_col[e0]
-                row_fill[t] += 1
-            if e0 <= cg and cg < e1:
-                col_out[col_fill[t]] = by_row[f1] - by_row[f0]
-                col_fill[t] += 1
+            by_row[j] = total
+            total += counts[kc + j]
+            counts[kc + j] = 0
+        by_row[kr] = total
+        g = own >> shift
+        for q in range(row_targets_ptr[g], row_targets_ptr[g + 1]):
+            t = row_targets[q]
+            row_out[row_fill[t]] = by_col[spans[t, 3]] - by_col[spans[t, 2]]
+            row_fill[t] += 1
+        g = own & mask
+        for q in range(col_targets_ptr[g], col_targets_ptr[g + 1]):
+            t = col_targets[q]
+            col_out[col_fill[t]] = by_row[spans[t, 1]] - by_row[spans[t, 0]]
+            col_fill[t] += 1
 
 
 @functools.cache

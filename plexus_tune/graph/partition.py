@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.cache import partition_file, pattern_hash, read_partition, store_partition
 from plexus_tune.graph.permute import with_self_loops_pattern
 
 #: Aggregation modes of a partitioned exchange.
@@ -56,22 +57,44 @@ def _pattern(adjacency) -> sp.csr_matrix:
     return out
 
 
-def partition_graph(adjacency, parts: int, *, seed: int = 0) -> np.ndarray:
+def partition_graph(adjacency, parts: int, *, seed: int = 0, cache: bool = True) -> np.ndarray:
     """Part (0..parts-1) of every node: METIS k-way on the symmetrized off-diagonal pattern.
 
     Deterministic for a given graph, ``parts`` and ``seed``. ``parts`` must be between 1
     and the number of nodes; METIS may leave a part empty when parts are few nodes each.
-    K-way partitioning, with recursive bisection where k-way fails.
+    K-way partitioning, with recursive bisection where k-way fails. ``cache``: read and
+    keep the partition in the structure cache, keyed by the pattern's hash, parts and
+    seed (:func:`plexus_tune.graph.cache.partition_file`; a corrupt entry is ignored with
+    one warning and rewritten).
     """
-    import pymetis
-
     parts = int(parts)
-    pattern = _pattern(adjacency)
-    n = pattern.shape[0]
+    n = int(adjacency.shape[0])
     if parts < 1 or parts > n:
         raise UserError(f"cannot cut a graph of {n} nodes into {parts} parts; choose 1 to {n} parts")
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
+    import scipy.sparse as sp
+
+    csr = sp.csr_matrix(adjacency)
+    # explicit zeros leave the partitioned pattern but not the hashed one: such a graph is not cached
+    cacheable = cache and np.count_nonzero(csr.data) == csr.data.size
+    path = partition_file(pattern_hash(csr), parts, seed) if cacheable else None
+    if path is not None:
+        known = read_partition(path, n, parts)
+        if known is not None:
+            return known
+    out = _metis(csr, parts, seed)
+    if path is not None:
+        store_partition(path, out)
+    return out
+
+
+def _metis(adjacency, parts: int, seed: int) -> np.ndarray:
+    """METIS k-way (recursive bisection where k-way fails) of the symmetrized off-diagonal pattern."""
+    import pymetis
+
+    pattern = _pattern(adjacency)
+    n = pattern.shape[0]
     sym = (pattern + pattern.T).tocsr()
     sym.sum_duplicates()
     options = pymetis.Options(seed=int(seed))

@@ -357,6 +357,10 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     inv_row[row_perm] = np.arange(n, dtype=index_dtype)
     inv_col = np.empty(n, dtype=index_dtype)
     inv_col[col_perm] = np.arange(n, dtype=index_dtype)
+    if (symmetric_pattern and compiled() is not None and
+            sum(R + C for R, C in splits) <= ONE_SCAN_MAX_BLOCKS):
+        return _every_block_statistics(indptr, indices, n, splits, inv_row, inv_col, self_loops, has_diagonal, adjacency,
+                                       progress)
 
     # scan 1: entries per cell, in the stored row order
     t0 = time.perf_counter()
@@ -519,6 +523,42 @@ def _block_vectors_gathered(indptr, indices, n, row_perm, inv_col, cseg, ccuts, 
     return vectors
 
 
+#: A symmetric pattern's few splits (their R + C summed up to this) are read in one scan that
+#: keeps every block's row lengths and column counts (that many N-vectors) instead of two.
+ONE_SCAN_MAX_BLOCKS = 40
+
+
+def _every_block_statistics(indptr, indices, n, splits, inv_row, inv_col, self_loops, has_diagonal, adjacency,
+                            progress) -> dict:
+    """:func:`split_statistics` of a few splits of a symmetric pattern in one scan: the row
+    lengths and column counts of every block (:func:`_block_vectors_symmetric`), each
+    block's nonzeros their sum."""
+    t0 = time.perf_counter()
+    if self_loops:
+        diagonal = diagonal_rows(adjacency) if has_diagonal is None else np.asarray(has_diagonal, dtype=bool)
+        lacking = np.flatnonzero(~diagonal)
+    else:
+        lacking = np.zeros(0, dtype=np.int64)
+    targets = {}
+    for R, C in splits:
+        br, bc = -(-n // R), -(-n // C)
+        for r in range(R):
+            for c in range(C):
+                targets[(R, C, r, c)] = (min(r * br, n), min((r + 1) * br, n), c * bc, (c + 1) * bc, br, bc)
+    vectors = _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, SCAN_CHUNK_ENTRIES, lacking)
+    out = {}
+    for R, C in splits:
+        counts = np.array([[int(vectors[(R, C, r, c)][0].sum(dtype=np.int64)) for c in range(C)] for r in range(R)],
+                          dtype=np.int64)
+        r, c = (int(v) for v in np.unravel_index(int(np.argmax(counts)), counts.shape))
+        rows_out, cols_out = vectors[(R, C, r, c)]
+        out[(R, C)] = {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (r, c),
+                       "forward": operand_structure(rows_out, cols_out), "transpose": operand_structure(cols_out, rows_out)}
+    if progress is not None:
+        progress("blocks", time.perf_counter() - t0)
+    return out
+
+
 #: Most (rows x ranges) counts one chunk of the symmetric second scan holds.
 SCAN_MAX_ROW_CELLS = 1 << 22
 
@@ -556,9 +596,24 @@ def _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, chun
              for key, (r0, r1, c0, c1, _, _) in targets.items()}
     loops = np.asarray(loops, dtype=np.int64)
     kernels = compiled()
-    if kernels is not None:
+    if kernels is not None and max(kc, kr) <= 2**15:
         keys = list(targets)
         span_array = np.array([spans[key] for key in keys], dtype=np.int64).reshape(-1, 4)
+        shift = 8 if max(kc, kr) <= 2**7 else 16
+        ranges = (row_range.astype(np.int32) << shift) | col_range.astype(np.int32)
+        ranges = ranges.astype(np.uint16 if shift == 8 else np.int32)
+        del col_range, row_range
+
+        def targets_of(first: int, last: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+            # for every range g, the targets whose span [first, last) holds it (CSR)
+            members = [[t for t in range(len(keys)) if span_array[t, first] <= g < span_array[t, last]] for g in range(count)]
+            ptr = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum([len(m) for m in members], out=ptr[1:])
+            flat = np.array([t for m in members for t in m], dtype=np.int64)
+            return ptr, flat
+
+        row_ptr, row_targets = targets_of(0, 1, kr)
+        col_ptr, col_targets = targets_of(2, 3, kc)
         row_sizes = [targets[key][1] - targets[key][0] for key in keys]
         col_sizes = [min(targets[key][3], n) - min(targets[key][2], n) for key in keys]
         row_offsets = np.concatenate([[0], np.cumsum(row_sizes)]).astype(np.int64)
@@ -567,8 +622,9 @@ def _block_vectors_symmetric(indptr, indices, n, inv_row, inv_col, targets, chun
         col_out = np.zeros(int(col_offsets[-1]), dtype=np.int32)
         loop_mask = np.zeros(n, dtype=bool)
         loop_mask[loops] = True
-        kernels.symmetric_blocks(np.asarray(indptr), np.asarray(indices), loop_mask, col_range, row_range, kc, kr,
-                                 span_array, row_offsets, col_offsets, row_out, col_out)
+        kernels.symmetric_blocks(np.asarray(indptr), np.asarray(indices), loop_mask, ranges, ranges, shift, kc, kr, span_array,
+                                 row_ptr, row_targets, col_ptr, col_targets, row_offsets[:-1].copy(),
+                                 col_offsets[:-1].copy(), row_out, col_out)
         vectors = {}
         for i, key in enumerate(keys):
             br, bc = targets[key][4], targets[key][5]

@@ -69,7 +69,7 @@ def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
     return f"synthetic:{graph}", None, graph
 
 
-def load_graph_source(graph: str, *, pattern_only: bool = False):
+def load_graph_source(graph: str, *, pattern_only: bool | str = False):
     """The Graph of a graph file or a synthetic spec, loaded (or generated) in this process.
 
     This is the check that a graph file is readable before any rank starts: a truncated or
@@ -363,6 +363,15 @@ def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, g
     if workload is not None and machine is not None:
         spec = spec if spec is not None else RunSpec.from_record(record)
         record["predicted"] = spec.predict(machine, workload=workload)
+    append_records(log, [record])
+    return record
+
+
+def log_run(log, record: dict, *, machine, workload) -> dict:
+    """Append one run's record to ``log`` with the prediction at its settings (``predicted``)
+    and the next trial number of its identity (:func:`next_trial`); returns the record."""
+    record["predicted"] = RunSpec.from_record(record).predict(machine, workload=workload)
+    record["trial"] = next_trial(log, run_identity(record))
     append_records(log, [record])
     return record
 

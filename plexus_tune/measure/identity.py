@@ -11,6 +11,7 @@ time; trials of one identity are repeated measurements of one thing), its
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections import namedtuple
 from collections.abc import Mapping
@@ -19,13 +20,14 @@ from typing import Any
 
 from plexus_tune.errors import UserError
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
-from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, record_field_names
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, family_of, record_field_names
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import format_grid
 from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
-from plexus_tune.trainer.algorithms import normalize_config
-from plexus_tune.trainer.run import describe_source
+from plexus_tune.model.grid import parse_grid
+from plexus_tune.trainer.algorithms import normalize_config, some_grid
+from plexus_tune.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,12 @@ def _record_identity(rec: Mapping) -> RunIdentity:
     return ident
 
 
+#: TrainConfig field -> command-line argument (``args`` attribute) that :meth:`RunSpec.from_args` reads.
+ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "hidden", "epochs": "epochs",
+              "warmup": "warmup", "backend": "backend", "permute": "permute", "block_rows": "block_rows",
+              "overlap": "overlap", "dtype": "dtype", "comm_precision": "comm_precision", "layer_norm": "layer_norm",
+              "fixed_features": "fixed_features", "threads_per_rank": "threads", "algorithm": "algorithm",
+              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size"}
 #: Identity fields whose identity default (0 or "") means "not set" (None in a :class:`RunSpec`).
 UNSET_AS_DEFAULT = ("block_rows", "threads_per_rank", "replication", "aggregation", "schedule", "batch_size")
 
@@ -138,6 +146,15 @@ def _count(value) -> int | None:
     if value is None or (isinstance(value, float) and value != value):
         return None
     return int(value)
+
+
+def graph_source_of(config) -> str:
+    """The graph source a trainer configuration names: its file path, ``synthetic:<spec>`` or ``in-memory``."""
+    if config.synthetic is not None:
+        return f"synthetic:{config.synthetic}"
+    if isinstance(config.graph, (str, os.PathLike)):
+        return str(config.graph)
+    return "in-memory"
 
 
 def _cluster_text(cluster) -> str:
@@ -242,7 +259,7 @@ class RunSpec:
         where the configuration names none. Its identity is the one the run's record will have."""
         if not normalized:
             config = normalize_config(config)
-        return cls(graph=describe_source(config), layers=int(config.layers), hidden=int(config.hidden),
+        return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
                    comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
@@ -250,6 +267,27 @@ class RunSpec:
                    layer_norm=bool(config.layer_norm), permute=config.permute, threads_per_rank=config.threads_per_rank,
                    machine=config.machine or platform.node(), backend=config.backend, launcher=config.launcher,
                    cluster=config.cluster, epochs=int(config.epochs), warmup=int(config.warmup))
+
+    @classmethod
+    def from_args(cls, args, **fields) -> RunSpec:
+        """The spec of parsed command-line arguments (``train``, ``measure``, ``run``): ``--graph`` (a file or a
+        synthetic spec) or ``--synthetic``, ``--grid`` (else the family's first configuration of ``--gpus``),
+        ``--algorithm`` and its options, the model's and the run's flags that the command has. ``fields``
+        (:class:`~plexus_tune.trainer.config.TrainConfig` fields, checked values) override them. ``--machine``
+        is not read: ``measure`` and ``run`` name the predicting profile with it, not where the run happens."""
+        given = {name: getattr(args, flag) for name, flag in ARG_FIELDS.items() if getattr(args, flag, None) is not None}
+        graph = getattr(args, "graph", None)
+        if getattr(args, "synthetic", None) is not None or (graph is not None and not os.path.exists(graph) and ":" in graph):
+            given.update(graph=None, synthetic=getattr(args, "synthetic", None) or graph)
+        grid = getattr(args, "grid", None)
+        if grid:
+            given["grid"] = tuple(parse_grid(grid))
+        given.update(fields)
+        algorithm = given.get("algorithm") or DEFAULT_FAMILY
+        if "grid" not in given and given.get("gpus") and family_of(algorithm).takes_grid:
+            given["grid"] = some_grid(algorithm, int(given["gpus"]) // int(given.get("dp") or 1))
+            given["gpus"] = None  # the grid stands for the run's ranks (its data-parallel groups aside)
+        return cls.from_config(TrainConfig(**given))
 
     # ------------------------------------------------------------------ what it is
 

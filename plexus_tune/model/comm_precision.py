@@ -384,12 +384,13 @@ def codec_passes(precision: str) -> tuple[float, float]:
     return encode, 1.0 + packed
 
 
-def estimated_quant_entry(precision: str, memory_bandwidth_gbps: float) -> dict:
+def estimated_quant_entry(precision: str, bandwidth_gbps: float) -> dict:
     """The ``quant`` entry of a precision without measured rates: its codec's passes
-    (:func:`codec_passes`) at the device memory bandwidth B, ``rate = B / passes`` GB/s
-    of FP32 data, and no per-call time (docs/comm-precision.md, "Estimated codec")."""
+    (:func:`codec_passes`) at B, the rate of the trainer's elementwise passes on the machine
+    (``elementwise_gbps``, else the memory bandwidth), ``rate = B / passes`` GB/s of FP32
+    data, and no per-call time (docs/comm-precision.md, "Estimated codec")."""
     encode, decode = codec_passes(precision)
-    bandwidth = float(memory_bandwidth_gbps)
+    bandwidth = float(bandwidth_gbps)
     return {"encode_gbps": bandwidth / encode, "decode_gbps": bandwidth / decode, QUANT_CALL_KEY: 0.0,
             "estimated": True}
 

@@ -120,10 +120,13 @@ def point_to_point_ms(machine: Machine, stats: Mapping, row_bytes: float) -> flo
     return float(t.max()) if t.size else 0.0
 
 
-def _codec_ms(rates, encoded_bytes, decoded_bytes, calls):
+def _codec_ms(rates, encoded_bytes, decoded_bytes):
+    """Codec time (ms) of ``encoded_bytes`` and ``decoded_bytes`` FP32 bytes at the (encode, decode,
+    call) ``rates``: a broadcast or an exchange at a reduced precision makes the process-group calls
+    it makes at FP32, so the per-call time of the collective schemes (``call_ms``) is not added."""
     if rates is None:
         return 0.0
-    return (encoded_bytes / (rates[0] * 1e9) + decoded_bytes / (rates[1] * 1e9)) * 1e3 + calls * rates[2]
+    return (encoded_bytes / (rates[0] * 1e9) + decoded_bytes / (rates[1] * 1e9)) * 1e3
 
 
 def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> dict[str, float]:
@@ -133,7 +136,10 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     network model, a reduced precision in the trainer's scheme
     (:func:`plexus_tune.model.machine.precision_collective_time_ms`);
     a broadcast of M bytes on g ranks takes (g-1) alpha + M / beta with the broadcast's
-    tier parameters (the collectives' where the profile has none)."""
+    tier parameters (the collectives' where the profile has none). Codec per call, times the
+    calls: a collective's :func:`quant_time_ms`; a broadcast's M / g encoded and (g-1)/g M
+    decoded (a rank is the root of 1 in g); an exchange's rows the busiest rank sends and
+    receives; broadcasts and exchanges add no ``call_ms`` (no process-group call beyond FP32's)."""
     out = dict.fromkeys(("comm_ms", *COMM_AXIS_KEYS, *COMM_OP_KEYS, "quant_ms"), 0.0)
     quant = machine.quant
     net = _network(machine)
@@ -156,8 +162,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
                 sent = stats["intra_rows"] + stats["inter_rows"]
                 worst = int(np.argmax(sent + stats["recv_rows"]))
                 scale = call.row_bytes * 4.0 / u
-                q = _codec_ms(quant_rates(quant, precision), sent[worst] * scale, stats["recv_rows"][worst] * scale,
-                              stats["intra_msgs"][worst] + stats["inter_msgs"][worst])
+                q = _codec_ms(quant_rates(quant, precision), sent[worst] * scale, stats["recv_rows"][worst] * scale)
             out["comm_ms"] += t
             out[COMM_AXIS_KEYS[call.axis]] += t
             out["point_to_point_ms"] += t
@@ -166,12 +171,15 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
         m = call.message_bytes
         if call.op == "broadcast":  # the root's block sent as it is encoded, once per member
             wire = m if precision == "fp32" else float(wire_message_bytes(m, call.rows, precision, u))
-            if precision != "fp32":
-                out["quant_ms"] += _codec_ms(quant_rates(quant, precision), m * 4.0 / u, m * 4.0 / u, call.calls)
+            if precision != "fp32":  # per call a rank encodes as the root (1 in g) or decodes M
+                fp32_bytes = m * 4.0 / u
+                out["quant_ms"] += call.calls * _codec_ms(quant_rates(quant, precision), fp32_bytes / g,
+                                                          (g - 1) / g * fp32_bytes)
             key, size = ("broadcast", "fp32"), wire
         else:
-            if precision != "fp32":
-                out["quant_ms"] += float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u, call.calls))
+            if precision != "fp32":  # each of the calls sends the whole buffer, in `messages` sends
+                out["quant_ms"] += call.calls * float(quant_time_ms(quant, precision, call.op, g, m * 4.0 / u,
+                                                                    call.messages))
             key, size = (call.op, precision), m
         batches.setdefault(key, []).append((g, call.stride, size, call.rows, call.calls, call.axis, call.op,
                                             call.messages))

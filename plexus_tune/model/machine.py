@@ -123,6 +123,11 @@ class Machine:
     quant_estimated: tuple[str, ...] = ()
 
     @property
+    def codec_estimate_gbps(self) -> float | None:
+        """The rate the codec of a precision without measured rates runs at (:func:`codec_estimate_gbps`)."""
+        return codec_estimate_gbps(self.elementwise_gbps, self.memory_bandwidth_gbps)
+
+    @property
     def usable_memory_bytes(self) -> int:
         """Device memory available to the training tensors."""
         return self.device_memory_bytes - self.memory_reserved_bytes
@@ -269,13 +274,20 @@ def _build_machine(data, source: str) -> Machine:
         memory_reserved_bytes=int(round(float(reserved) * GIB)),
         description=str(data.get("description", "")),
         path=None if source.startswith("<") else source,
-        **_quant_fields(data.get("quant"), bandwidth or elementwise),
+        **_quant_fields(data.get("quant"), codec_estimate_gbps(elementwise, bandwidth)),
     )
+
+
+def codec_estimate_gbps(elementwise_gbps, memory_bandwidth_gbps):
+    """The rate (GB/s) a codec without measured rates is estimated at: the trainer's elementwise
+    rate, else the memory bandwidth; None without either (docs/comm-precision.md, Estimated codec)."""
+    return elementwise_gbps or memory_bandwidth_gbps or None
 
 
 def _quant_fields(measured, bandwidth_gbps) -> dict:
     """The Machine's ``quant`` (measured entries, then estimates at ``bandwidth_gbps`` for the
-    other reduced precisions) and ``quant_estimated``; no estimate without a bandwidth."""
+    other reduced precisions: the profile's elementwise rate, else its memory bandwidth) and
+    ``quant_estimated``; no estimate without a bandwidth."""
     quant = {k: v for k, v in dict(measured or {}).items()}
     estimated = []
     if bandwidth_gbps:

@@ -20,7 +20,9 @@ from plexus_tune.model.breakdown import COMM_OP_KEYS, TOTAL_PARTS
 from plexus_tune.model.comm_precision import parse_comm_precision
 from plexus_tune.model.family import GraphContext, families_choosing, family_names, family_of, record_field_names
 from plexus_tune.model.grid import check_gpus, format_grid
-from plexus_tune.model.machine import Machine, load_machine
+from plexus_tune.model.costs import prediction_records, rank_order
+from plexus_tune.model.machine import GIB, Machine, load_machine
+from plexus_tune.model.precision_choice import best_feasible_ms, pick_precision
 from plexus_tune.model.prediction import predict_run_grids
 
 __all__ = ["RECORD_TIME_KEYS", "Ranking", "check_choices", "joint_ranking", "joint_space_size"]
@@ -155,3 +157,80 @@ def joint_ranking(workload, machine, gpus: int, *, algorithms=None, precisions=(
         rec["rank"] = rank
     return Ranking(ranked, gpus, precisions, algorithms, time.perf_counter() - start,
                    tuple(f for f in algorithms if f in estimated))
+
+
+@dataclass
+class GridRanking:
+    """Every grid of G predicted at each precision asked for, and the precision kept: the one
+    whose fastest feasible grid is fastest (:func:`~plexus_tune.model.precision_choice.pick_precision`).
+    ``pred`` and ``order``: that precision's predictions and their ranking (feasible first,
+    fastest first)."""
+
+    grids: np.ndarray
+    pred: dict
+    order: np.ndarray
+    precision: str
+    best_of: dict
+
+    @classmethod
+    def of(cls, pred: dict, grids, precision: str | None = None) -> "GridRanking":
+        """The ranking of one precision's predictions of ``grids``."""
+        return cls(np.asarray(grids), pred, rank_order(pred), precision or "fp32", {})
+
+    def index(self, grid) -> int:
+        """The row of ``grid``; UserError if it is not one of the grids."""
+        rows = np.flatnonzero((self.grids == np.asarray(grid)).all(axis=1))
+        if not rows.size:
+            raise UserError(f"grid {format_grid(grid)} is not one of the {len(self.grids)} grids ranked")
+        return int(rows[0])
+
+    def best_feasible(self) -> int | None:
+        """The row of the fastest grid that fits, or None."""
+        first = int(self.order[0])
+        return first if bool(self.pred["feasible"][first]) else None
+
+    @property
+    def n_feasible(self) -> int:
+        return int(np.asarray(self.pred["feasible"]).sum())
+
+    def records(self, top: int | None = None) -> list[dict]:
+        """The first ``top`` grids (all with None) as plain records, in rank order."""
+        return prediction_records(self.pred, self.order, top=top)
+
+    def spmm_note(self, machine: Machine) -> str | None:
+        """What the SpMM floor or the clipping did to the grids, or None."""
+        n_clipped = int(self.pred["spmm_clipped"].sum())
+        n_floored = int(self.pred["spmm_floored"].sum())
+        n = len(self.grids)
+        if machine.memory_bandwidth_gbps and n_floored:
+            return (f"{n_floored} of {n} grids floored: SpMM at its memory-traffic bound "
+                    f"({machine.memory_bandwidth_gbps:g} GB/s) where {machine.name}'s SpMM model predicts less"
+                    + (f" ({n_clipped} of them negative)" if n_clipped else ""))
+        if n_clipped:
+            return (f"note: the SpMM model of {machine.name} predicts negative times for {n_clipped} of {n} grids "
+                    "(outside its fitted range); they are counted as 0 ms (the profile has no memory_bandwidth_gbps "
+                    "to floor them)")
+        return None
+
+    def check_fits(self, gpus: int, machine: Machine) -> None:
+        """UserError naming the smallest memory estimate when no grid fits."""
+        if self.n_feasible:
+            return
+        pred = self.pred
+        smallest = int(pred["memory_bytes"].argmin())
+        grid = format_grid((pred["gx"][smallest], pred["gy"][smallest], pred["gz"][smallest]))
+        raise UserError(
+            f"no grid of {gpus} GPUs fits: the smallest estimate is {pred['memory_gib'][smallest]:.1f} GiB per GPU "
+            f"(grid {grid}) but {machine.name} offers {machine.usable_memory_bytes / GIB:.1f} GiB; use more GPUs "
+            "or a machine with more device memory")
+
+
+def rank_grids(workload, machine: Machine, grids, precisions, **settings) -> GridRanking:
+    """Every grid predicted at each of ``precisions`` (:func:`~plexus_tune.model.prediction.predict_run_grids`
+    with ``settings``), ranked at the precision whose best feasible grid is fastest (the first
+    where none fits, to report why)."""
+    by_precision = {p: predict_run_grids(workload, machine, grids, comm_precision=p, **settings) for p in precisions}
+    best_of = best_feasible_ms(by_precision)
+    precision = pick_precision(best_of)[0] or precisions[0]
+    pred = by_precision[precision]
+    return GridRanking(np.asarray(grids), pred, rank_order(pred), precision, best_of)

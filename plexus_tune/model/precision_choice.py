@@ -51,6 +51,18 @@ def pick_precision(best_of: Mapping[str, float | None]) -> tuple[str | None, lis
     return ranked[0][0], ranked
 
 
+def best_feasible_ms(by_precision: Mapping[str, Mapping]) -> dict[str, float]:
+    """The fastest feasible ``total_ms`` of each precision's predictions (inf where none fits),
+    the input of :func:`pick_precision`."""
+    import numpy as np
+
+    out = {}
+    for precision, pred in by_precision.items():
+        ok = np.flatnonzero(pred["feasible"])
+        out[precision] = float(np.asarray(pred["total_ms"])[ok].min()) if ok.size else float("inf")
+    return out
+
+
 def accuracy_evidence(precision: str) -> str:
     """What is known of ``precision``'s effect on accuracy (the last class's choice of a per-class text)."""
     return ACCURACY_EVIDENCE.get(str(precision).split("=")[-1], "none recorded")

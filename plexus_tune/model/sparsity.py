@@ -39,6 +39,7 @@ from plexus_tune.graph.structure import (  # noqa: F401
     split_statistics,
     split_structure,
 )
+from plexus_tune.graph.structure_sample import sampled_split_statistics
 from plexus_tune.model.grid import layer_roles
 
 
@@ -129,6 +130,78 @@ def uniform_structure(nnz: float, rows: float, common: float) -> dict:
     cv, top, touched, curve = _uniform_structure(nnz, rows, common)
     return {"row_length_cv": cv, "top1pct_column_share": top, "touched_column_fraction": touched,
             "column_share": list(curve)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _column_tails(degree: tuple, share: tuple, q_col: float) -> tuple[np.ndarray, np.ndarray]:
+    """(A(x), H(x)) per column of a degree mixture thinned by Binomial(d, q_col): the share of
+    columns holding at least x nonzeros and their nonzeros (:func:`degree_structure`)."""
+    from scipy.special import ndtr
+    from scipy.stats import binom
+
+    def tail(at: np.ndarray, trials: int) -> np.ndarray:
+        """P(Binomial(trials, q_col) >= at); the normal limit (continuity-corrected) past variance 50."""
+        var = trials * q_col * (1 - q_col)
+        if q_col >= 1:
+            return (at <= trials).astype(np.float64)
+        if var > 50:
+            return ndtr((trials * q_col - at + 0.5) / math.sqrt(var))
+        return binom.sf(at - 1, trials, q_col)
+
+    # past the largest class's dq + 12 sigma every tail is 0: the arrays end there
+    size = max(min(d + 2, int(d * q_col + 12 * math.sqrt(d * q_col * (1 - q_col)) + 2) + 2) for d in degree) + 1
+    x = np.arange(size)
+    at_least = np.zeros(x.size)
+    held = np.zeros(x.size)  # E[Y 1{Y >= x}] = d q P(Binomial(d - 1, q) >= x - 1)
+    for d, c in zip(degree, share):
+        # each class's tails: 1 below dq - 12 sigma, 0 above dq + 12 sigma (and past d), evaluated between
+        spread = 12 * math.sqrt(d * q_col * (1 - q_col)) + 2
+        lo = max(0, int(d * q_col - spread))
+        hi = min(d + 2, int(d * q_col + spread) + 2)
+        at_least[:lo] += c
+        held[:lo] += c * d * q_col
+        between = x[lo:hi]
+        at_least[lo:hi] += c * tail(between, d)
+        held[lo:hi] += c * d * q_col * tail(between - 1, max(d - 1, 0))
+    return at_least, held
+
+
+def degree_structure(degree_shape, mean_degree: float, nodes: int, row_blocks: int, col_blocks: int) -> dict:
+    """Expected structure of a block of an R x C split of a symmetric graph, randomly permuted,
+    from its degree distribution alone (a catalog dataset's descriptor, docs/model.md
+    "Structure descriptors").
+
+    ``degree_shape``: [degree / mean degree, share of the nodes] per degree class. Under
+    a random permutation a row of degree d keeps Binomial(d, 1/C) of its entries in a
+    block's columns and a column of degree d Binomial(d, 1/R) in its rows: the row-length
+    CV is that of the mixture, the touched share sum_k w_k (1 - (1 - 1/R)^d_k), and the m
+    most popular of the block's ceil(N/C) columns hold H(t + 1) + (m - A(t + 1)) t, with
+    A(x) the columns holding at least x and H(x) their nonzeros (the mixture's tails).
+    """
+    shape = np.asarray(degree_shape, dtype=np.float64).reshape(-1, 2)
+    share = shape[:, 1] / shape[:, 1].sum()
+    degree = np.maximum(np.rint(shape[:, 0] * float(mean_degree)), 1).astype(np.int64)
+    q_row, q_col = 1.0 / max(int(col_blocks), 1), 1.0 / max(int(row_blocks), 1)
+    mean = float(share @ (degree * q_row))
+    second = float(share @ (degree * q_row * (1 - q_row) + (degree * q_row) ** 2))
+    cv = math.sqrt(max(second - mean * mean, 0.0)) / mean if mean > 0 else 0.0
+    common = -(-int(nodes) // int(col_blocks))
+    unit_at_least, unit_held = _column_tails(tuple(degree.tolist()), tuple(share.tolist()), q_col)
+    at_least, held = unit_at_least * common, unit_held * common  # A(x), H(x) of the block's columns
+    x = np.arange(at_least.size)
+    total = float(held[0])
+
+    def top(m: float) -> float:
+        if m >= common or total <= 0:
+            return total
+        t = int(np.searchsorted(-at_least, -m, side="right")) - 1  # A falls as x grows: the last x with A(x) >= m
+        return float(held[t + 1] + (m - at_least[t + 1]) * t) if t + 1 < x.size else total
+
+    curve = [min(1.0, top(2 ** j) / total) if 2 ** j < common and total > 0 else 1.0 for j in range(SHARE_POINTS)]
+    return {"row_length_cv": cv,
+            "top1pct_column_share": min(1.0, top(max(1, common // 100)) / total) if total > 0 else 0.0,
+            "touched_column_fraction": float(share @ (1 - (1 - q_col) ** degree)),
+            "column_share": [round(float(v), 6) for v in curve]}
 
 
 def check_structure(structure: Mapping, where: str = "structure") -> dict:
@@ -246,6 +319,8 @@ class GraphSparsity:
         self.entries = {tuple(int(v) for v in key): value for key, value in entries.items()}
         self.permute = permute
         self.name = name
+        #: None, or what a sampled estimate read (graph_sparsity's ``sample``)
+        self.sample = None
 
     def layer(self, layer: int, g_d, g_o) -> tuple[np.ndarray, dict, dict]:
         """(largest-shard nonzeros, forward structure arrays, backward structure arrays) of layer ``layer`` on every grid."""
@@ -271,7 +346,7 @@ class GraphSparsity:
 
 
 def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
-                   stored: bool = False, cache=None) -> GraphSparsity:
+                   stored: bool = False, cache=None, sample: float | None = None) -> GraphSparsity:
     """The :class:`GraphSparsity` of a graph on the given grids.
 
     For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
@@ -280,7 +355,10 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     layers under the two-sided modes ``double`` and ``local``; the transpose of B when
     A is symmetric); the largest block is the slowest rank's. Permutations as the
     trainer's (:func:`plexus_tune.graph.permute.permutations_for`, ``local`` with each
-    grid's parts). ``stored``: ``graph`` is already B (a shard directory's matrix,
+    grid's parts). ``sample``: a fraction of the entries below 1 estimates the statistics
+    from a sample of rows (:mod:`plexus_tune.graph.structure_sample`; a symmetric pattern,
+    no cache); the result's ``sample`` then says what was read and the largest relative
+    standard error of a largest shard's nonzeros. ``stored``: ``graph`` is already B (a shard directory's matrix,
     self-loops included) and ``permute`` the mode it was cut with; odd layers of
     two-sided modes multiply B^T, as the trainer reading the directory does. Every
     distinct split is counted once.
@@ -302,6 +380,11 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             wanted.setdefault(perm_key, set()).add((i % 2, grid[d], grid[o]))
     entries = {}
     has_diagonal = None
+    sampled = sample is not None and sample < 1 and not stored
+    if sampled and not graph_pattern_symmetric(graph, None):
+        raise UserError(f"--graph-sample: {getattr(graph, 'name', 'the graph')}'s pattern is not symmetric, and the "
+                        "sampled estimate needs an undirected graph; leave --graph-sample out to scan it all")
+    read = {"fraction": sample, "rows": 0, "entries": 0, "nnz_max_rse": 0.0} if sampled else None
     for perm_key, keys in wanted.items():
         splits: dict = {}
         for parity, g_d, g_o in keys:
@@ -311,6 +394,20 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
                 splits[(parity, g_d, g_o)] = ("alternate", g_d, g_o, False)
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
+        if sampled:
+            row_perm, col_perm = (permutations_for(permute, n, seed, parts=perm_key) if permute == "local"
+                                  else permutations_for(permute, n, seed))
+            found, info = sampled_split_statistics(adjacency, {(R, C) for _, R, C, _ in splits.values()}, row_perm,
+                                                   col_perm, sample, seed=seed)
+            read["rows"] += info["rows"]
+            read["entries"] += info["entries"]
+            read["nnz_max_rse"] = max([read["nnz_max_rse"]] + [e["nnz_max_rse"] for e in found.values()])
+            for key, (which, R, C, transposed) in splits.items():
+                e = found[(R, C)]
+                entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
+                                "forward": e["transpose"] if transposed else e["forward"],
+                                "backward": e["forward"] if transposed else e["transpose"]}
+            continue
         name = cache.entry_name(permute, seed, perm_key, stored) if cache is not None else None
         done: dict = cache.splits(name) if cache is not None else {}
         missing = {(w, R, C) for w, R, C, _ in splits.values()} - set(done)
@@ -341,4 +438,52 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             entries[key] = {"nnz_max": e["nnz_max"], "nnz_mean": e["nnz_mean"],
                             "forward": e["transpose"] if transposed else e["forward"],
                             "backward": e["forward"] if transposed else e["transpose"]}
-    return GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
+    result = GraphSparsity(entries, permute=permute, name=getattr(graph, "name", "graph"))
+    result.sample = read
+    return result
+
+
+class DescriptorSparsity(GraphSparsity):
+    """The shards of a catalog dataset known by its structure descriptor: every grid's largest
+    shard holds the mean NNZ / (g_d g_o), its structure that of :func:`degree_structure`."""
+
+    def __init__(self, descriptor: Mapping, nodes: int, nnz: int, *, name: str):
+        super().__init__({}, permute="double", name=name)
+        self.descriptor = dict(descriptor)
+        self.nodes, self.nnz = int(nodes), int(nnz)
+        self._shapes: dict = {}
+
+    def _structure(self, rows: int, cols: int) -> dict:
+        if (rows, cols) not in self._shapes:
+            self._shapes[(rows, cols)] = degree_structure(self.descriptor["degree_shape"], self.nnz / self.nodes,
+                                                          self.nodes, rows, cols)
+        return self._shapes[(rows, cols)]
+
+    def layer(self, layer: int, g_d, g_o) -> tuple[np.ndarray, dict, dict]:
+        g_d = np.atleast_1d(np.asarray(g_d, dtype=np.int64))
+        g_o = np.atleast_1d(np.asarray(g_o, dtype=np.int64))
+        nnz = np.array([-(-self.nnz // int(d * o)) for d, o in zip(g_d.tolist(), g_o.tolist())], dtype=np.float64)
+
+        def arrays(transposed: bool) -> dict:
+            picked = [self._structure(o, d) if transposed else self._structure(d, o)
+                      for d, o in zip(g_d.tolist(), g_o.tolist())]
+            return {key: np.array([p[key] for p in picked], dtype=np.float64).reshape(len(picked), -1).squeeze(-1)
+                    if key != "column_share" else np.array([p[key] for p in picked], dtype=np.float64)
+                    for key in STRUCTURE_KEYS}
+
+        return nnz, arrays(False), arrays(True)
+
+
+#: Most distinct shard shapes a descriptor's structure is evaluated for (past them: the uniform one).
+DESCRIPTOR_MAX_SHAPES = 256
+
+
+def descriptor_sparsity(info, workload, grids) -> DescriptorSparsity | None:
+    """The :class:`DescriptorSparsity` of catalog entry ``info`` on these grids, or None when it has
+    no structure descriptor or the grids hold more than DESCRIPTOR_MAX_SHAPES shard shapes."""
+    if getattr(info, "structure", None) is None:
+        return None
+    shapes = {(int(g[d]), int(g[o])) for g in grids for d, o in ((2, 0), (0, 2), (1, 0), (0, 1), (2, 1), (1, 2))}
+    if len(shapes) > DESCRIPTOR_MAX_SHAPES:
+        return None
+    return DescriptorSparsity(info.structure, workload.nodes, workload.nnz, name=info.name)

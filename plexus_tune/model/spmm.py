@@ -183,13 +183,14 @@ def cache_lines_per_row(dense_cols, bytes_per_element: int = 4, line_bytes: int 
         lines(k) = (g / L) * sum_{o = 0, g, ..., L - g} ceil((o + k s) / L)
     """
     k = np.asarray(dense_cols, dtype=np.int64)
-    out = np.empty(k.shape, dtype=np.float64)
-    for value in np.unique(k):
+    distinct, inverse = np.unique(k, return_inverse=True)
+    lines = np.empty(distinct.shape, dtype=np.float64)
+    for i, value in enumerate(distinct.tolist()):
         row_bytes = int(value) * int(bytes_per_element)
         step = math.gcd(row_bytes, int(line_bytes))
         offsets = np.arange(0, int(line_bytes), step)
-        out[k == value] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
-    return out
+        lines[i] = np.mean(-(-(offsets + row_bytes) // int(line_bytes)))
+    return lines[inverse.reshape(k.shape)]
 
 
 def learned_features(name: str, nnz, rows, common, dense_cols) -> np.ndarray:
@@ -620,13 +621,31 @@ def boosted_correction(trees: Mapping, z: np.ndarray) -> np.ndarray:
         raise _lacks("learned-boosted", exc.args[0]) from None
     depth = int(trees["depth"])
     internal = 2**depth - 1
-    rows = np.arange(len(z))[:, None]
-    tree = np.arange(len(feature))[None, :]
-    node = np.zeros((len(z), len(feature)), dtype=np.int64)
-    for _ in range(depth):
-        right = z[rows, feature[tree, node]] > threshold[tree, node]
-        node = 2 * node + 1 + right
-    return init + rate * leaf[tree, node - internal].sum(axis=1)
+    # flat indices into the raveled arrays, one take per level, over blocks of rows whose
+    # (rows x trees) temporaries stay in cache
+    values = np.ascontiguousarray(z, dtype=np.float64)
+    trees_n = leaf.shape[0]
+    feature, threshold, leaves = feature.reshape(-1), threshold.reshape(-1), leaf.reshape(-1)
+    tree_start = (np.arange(trees_n) * internal)[None, :]
+    leaf_start = (np.arange(trees_n) * (internal + 1) - internal)[None, :]
+    total = np.empty(len(z), dtype=np.float64)
+    for lo in range(0, len(z), _TREE_BLOCK_ROWS):
+        block = values[lo:lo + _TREE_BLOCK_ROWS]
+        row_start = (np.arange(len(block)) * z.shape[1])[:, None]
+        flat = block.reshape(-1)
+        node = np.zeros((len(block), trees_n), dtype=np.intp)
+        for _ in range(depth):
+            at = node + tree_start
+            right = flat.take(row_start + feature.take(at)) > threshold.take(at)
+            node *= 2
+            node += 1
+            node += right
+        total[lo:lo + len(block)] = leaves.take(node + leaf_start).sum(axis=1)
+    return init + rate * total
+
+
+#: rows evaluated together by :func:`boosted_correction`
+_TREE_BLOCK_ROWS = 1024
 
 
 # --------------------------------------------------------------------------- structure-boosted

@@ -42,6 +42,8 @@ class DatasetInfo:
     features: int
     classes: int
     source: str
+    #: ``{"degree_shape": [[degree / mean degree, share of the nodes], ...], "provenance": text}``, or None
+    structure: dict | None = None
 
 
 def _positive_int(value, what: str) -> int:
@@ -116,11 +118,27 @@ class Workload:
 
 
 _PAPER = "Plexus paper (SC25) Table 4"
+
+#: The normalized degree distribution (a self-loop per node included) of a Graph500 R-MAT
+#: (a, b, c, d = .57, .19, .19, .05) with ogbn-products' nodes and undirected edges,
+#: log-binned: [mean degree of the bin / mean degree, share of the nodes].
+_RMAT_PRODUCTS = {
+    "degree_shape": [
+    [0.019411, 0.326011656], [0.038822, 0.124901338], [0.058233, 0.072169011], [0.085842, 0.088223945],
+    [0.124613, 0.045911665], [0.175054, 0.047404094], [0.240742, 0.064511282], [0.31627, 0.03040062],
+    [0.449058, 0.007222863], [0.618295, 0.042366179], [0.775734, 0.05030361], [0.971961, 0.003246593],
+    [1.636569, 0.000465491], [2.077459, 0.040158773], [2.414085, 0.016745004], [3.10576, 1.225e-06],
+    [5.504817, 1.1025e-05], [6.763927, 0.026027867], [7.677506, 0.000540622], [18.343398, 4.08e-07],
+    [21.030364, 0.009829202], [60.589935, 1.8375e-05], [63.791064, 0.002813768], [185.779432, 0.000612488],
+    [508.454346, 9.3506e-05], [1283.298442, 8.983e-06], [2941.815095, 4.08e-07]],
+    "provenance": ("degree shape of 'plexus-tune graph generate rmat --nodes 2449029 --edges 61859012 --seed 0' "
+                   "(Graph500 skew a=.57 b=.19 c=.19 d=.05), ogbn-products' size, in 27 log-spaced degree classes"),
+}
 _DERIVED = "nnz derived as 2 * edges + nodes (undirected edges stored both ways plus self-loops)"
 
 _CATALOG = (
     DatasetInfo("Reddit", 232_965, 57_307_946, 114_848_857, 602, 41, _PAPER),
-    DatasetInfo("ogbn-products", 2_449_029, 61_859_140, 126_167_053, 100, 47, _PAPER),
+    DatasetInfo("ogbn-products", 2_449_029, 61_859_140, 126_167_053, 100, 47, _PAPER, structure=_RMAT_PRODUCTS),
     DatasetInfo("Isolate-3-8M", 8_745_542, 654_620_251, 1_317_986_044, 128, 32, _PAPER + "; synthetic features/labels"),
     DatasetInfo("products-14M", 14_249_639, 115_394_635, 245_036_907, 128, 32, _PAPER + "; synthetic features/labels"),
     DatasetInfo("europe_osm", 50_912_018, 54_054_660, 159_021_338, 128, 32, _PAPER + "; synthetic features/labels"),

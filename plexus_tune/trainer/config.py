@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plexus_tune.model.comm_precision import CommPrecision
+
 PERMUTE_CHOICES = ("double", "single", "none", "local")
 DTYPE_CHOICES = ("float32", "float64")
 BACKEND_CHOICES = ("gloo", "nccl")
@@ -22,7 +24,7 @@ class TrainConfig:
     ``warmup`` epochs, which are trained but left out of the timing averages.
     ``comm_precision`` is the precision of the 3D layer's collectives, one for all
     classes or per class (``"bf16"``, ``"aggregation=int8,gather=bf16"``;
-    docs/comm-precision.md). ``layer_norm`` normalizes each layer's input rows (no
+    docs/comm-precision.md), as text or parsed (a ``CommPrecision``). ``layer_norm`` normalizes each layer's input rows (no
     scale and shift) with FP32 statistics. ``fixed_features`` keeps the input features
     fixed (not trained): no feature gradient, no layer-0 backward SpMM or its collectives,
     no optimizer state for them (docs/trainer.md, "Fixed features"). The loss is the mean over the training
@@ -50,7 +52,7 @@ class TrainConfig:
     overlap: bool = False
     backend: str = "gloo"
     dtype: str = "float32"
-    comm_precision: str = "fp32"
+    comm_precision: str | CommPrecision = "fp32"
     layer_norm: bool = False
     fixed_features: bool = False
     check: bool = False

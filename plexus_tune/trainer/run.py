@@ -84,14 +84,6 @@ def _check_shards(path: Path, config: TrainConfig) -> None:
                         parameter="check")
 
 
-def describe_source(config: TrainConfig) -> str:
-    if config.synthetic is not None:
-        return f"synthetic:{config.synthetic}"
-    if isinstance(config.graph, (str, os.PathLike)):
-        return str(config.graph)
-    return "in-memory"
-
-
 def validate(config: TrainConfig, world_size: int | None = None) -> None:
     """Check a configuration at the edge; raises UserError with what to change."""
     grid = tuple(config.grid)

@@ -19,7 +19,11 @@ one fresh process with its wall time and peak RSS (``wait4``), in this order:
 - ``one pass``: indptr and indices loaded and a bincount of the columns (the baseline);
 - ``cold``: ``predict --graph`` with an empty structure cache;
 - ``warm``: the same again, the shard statistics read from the cache;
-- ``no graph``: ``predict`` of the same N and NNZ without the graph.
+- ``no graph``: ``predict`` of the same N and NNZ without the graph;
+- ``sampled``: ``predict --graph-sample F`` for each of ``--fractions`` (default 10 %, 1 %,
+  0.1 %), and for each the agreement with the exact figures: the best grid, the Spearman
+  correlation of the predicted epochs of every grid, the largest-shard nonzeros' worst
+  relative difference.
 
 A spec (``rmat:nodes=2449029,edges=61859012``, a ``graph generate`` kind and its options)
 is generated once into ``--data`` (default /tmp/plexus-bench-graphs) in the memory-mapped
@@ -147,7 +151,50 @@ def bench_graph(args) -> int:
     same = [line for line in cold[3].splitlines() if line.startswith("Recommended")] == \
         [line for line in warm[3].splitlines() if line.startswith("Recommended")]
     print(f"warm recommends what cold does: {'yes' if same else 'NO'}")
+    sampled_figures(args, path, predict, env, all_gib)
     return 0
+
+
+def sampled_figures(args, path: str, predict: list[str], env: dict, all_gib: float) -> None:
+    """Sampled predict at each fraction (wall, CPU, peak RSS), and its agreement with the exact figures."""
+    import json
+
+    from scipy.stats import spearmanr
+
+    print(f"sampled estimates (--graph-sample; load average {os.getloadavg()[0]:.2f}):")
+    outputs = {}
+    for fraction in args.fractions:
+        wall, cpu, rss, out = measured(predict + ["--graph", path, "--graph-sample", str(fraction)], env)
+        line = next((x for x in out.splitlines() if x.startswith("shard statistics estimated")), "(no sample line)")
+        print(f"  sampled at {100 * fraction:6.2f} %{'':<22} wall {wall:8.2f} s   CPU {cpu:8.2f} s   peak RSS {rss:6.2f} GiB "
+              f"({rss / all_gib:.2f} x the arrays)")
+        print(f"    {line}")
+        outputs[fraction] = out
+    # agreement with the exact figures of every grid: the exact ones from the cache the cold run filled
+    every = ["--top", "0", "--format", "json"]
+    exact = {r["grid"]: r["total_ms"] for r in json.loads(measured(predict + ["--graph", path] + every, env)[3])}
+    from plexus_tune.graph import load_graph
+    from plexus_tune.graph.cache import StructureCache
+    from plexus_tune.model.grid import enumerate_grids
+    from plexus_tune.model.sparsity import graph_sparsity
+
+    os.environ["PLEXUS_TUNE_DATA"] = env["PLEXUS_TUNE_DATA"]
+    graph = load_graph(path, pattern_only=True)
+    grids = enumerate_grids(args.gpus)
+    exact_nnz = graph_sparsity(graph, grids, 3, cache=StructureCache(graph)).entries
+    for fraction in args.fractions:
+        records = json.loads(measured(predict + ["--graph", path, "--graph-sample", str(fraction)] + every, env)[3])
+        sampled = {r["grid"]: r["total_ms"] for r in records}
+        keys = sorted(exact)
+        rho = spearmanr([exact[k] for k in keys], [sampled[k] for k in keys]).statistic
+        best_exact = min(exact, key=exact.get)
+        best_sampled = records[0]["grid"]
+        estimate = graph_sparsity(graph, grids, 3, sample=fraction).entries
+        worst = max(abs(estimate[k]["nnz_max"] / exact_nnz[k]["nnz_max"] - 1) for k in exact_nnz)
+        print(f"  at {100 * fraction:6.2f} %: best grid {best_sampled} (exact {best_exact}: "
+              f"{'same' if best_sampled == best_exact else 'DIFFERENT'}), Spearman {rho:.4f} of the predicted epochs "
+              f"of {len(keys)} grids (target >= 0.99), largest-shard nonzeros within {100 * worst:.2f} % of exact on "
+              f"every split (target <= 2 %)")
 
 
 def main() -> int:
@@ -159,7 +206,10 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=64, help="with --graph: G (default 64)")
     parser.add_argument("--hidden", type=int, default=128, help="with --graph: hidden width (default 128)")
     parser.add_argument("--data", default="/tmp/plexus-bench-graphs", help="with a --graph spec: where it is generated")
+    parser.add_argument("--fractions", default="0.1,0.01,0.001",
+                        help="with --graph: the --graph-sample fractions timed and compared with the exact figures")
     args = parser.parse_args()
+    args.fractions = [float(v) for v in args.fractions.split(",") if v]
     if args.graph:
         if args.machine == "perlmutter-paper":
             args.machine = "h100-80gb-fitted"

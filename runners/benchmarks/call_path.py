@@ -7,12 +7,13 @@ Runs ``plexus-tune measure`` on a small synthetic graph (2 local ranks, grid 1x2
 trial, 2 epochs, a shipped CPU profile so the prediction is logged too) under
 ``sys.setprofile`` in the command's own process (the ranks' processes are not traced).
 A call is on the configuration's path when one of its arguments is the run's
-configuration: a ``TrainConfig``, a ``RunSpec``, a ``RunIdentity`` or a run record (a
-dict with a ``plexus-tune/run-*`` schema), or a list or tuple of them (the
-configuration's own methods aside). An *entry* is
+configuration: a ``TrainConfig``, a ``RunSpec``, a ``RunIdentity``, a ``Campaign`` or a
+run record (a dict with a ``plexus-tune/run-*`` schema), or a list or tuple of them (the
+configuration's own methods aside), and a ``RunSpec`` constructor. An *entry* is
 such a call into a ``plexus_tune`` module from another module; a *climb* is an entry
-into a module the path entered before. Prints the modules in call order (each entry),
-the entries per module, the climbs, and how often ``normalize_config`` and
+into a module the path entered before. Prints, up to the run's record being appended
+to the log and for the whole command, the modules in call order (each entry), the
+entries per module and the climbs; then how often ``normalize_config`` and
 ``parse_comm_precision`` ran. The path visits each module once when every module has
 one entry and there are no climbs.
 """
@@ -26,7 +27,7 @@ import tempfile
 from collections import Counter
 
 PACKAGE = "plexus_tune"
-CONFIG_TYPES = ("TrainConfig", "RunSpec", "RunIdentity")
+CONFIG_TYPES = ("TrainConfig", "RunSpec", "RunIdentity", "Campaign")
 COUNTED = ("normalize_config", "parse_comm_precision")
 
 
@@ -45,6 +46,8 @@ def carries_configuration(frame) -> bool:
     names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
     if names[:1] == ("self",) and is_configuration(frame.f_locals.get("self")):
         return False  # the configuration's own methods (its constructor, world_size) are no room of the path
+    if names[:1] == ("cls",) and getattr(frame.f_locals.get("cls"), "__name__", "") in CONFIG_TYPES:
+        return True  # a constructor of the configuration (RunSpec.from_args) in its own module
     return any(is_configuration(frame.f_locals.get(n)) for n in names)
 
 
@@ -62,7 +65,7 @@ def trace(argv: list[str]):
         name = frame.f_code.co_name
         if name in COUNTED:
             counts[name] += 1
-        if name.startswith("<") or not carries_configuration(frame):
+        if name.startswith(("<", "__")) or not carries_configuration(frame):
             return
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back is not None else ""
         calls.append((caller, module, name))
@@ -85,6 +88,22 @@ def short(module: str) -> str:
     return module.removeprefix(PACKAGE + ".").replace(".", "/")
 
 
+def report(title: str, entries) -> None:
+    """The entries in call order (climbs marked), per module, the module order and the totals."""
+    seen, climbs = set(), 0
+    print(f"\n== {title}: modules in call order (entries of the configuration's path)")
+    for k, (caller, module, name) in enumerate(entries, 1):
+        climb = module in seen
+        climbs += climb
+        seen.add(module)
+        print(f"{k:3d}. {short(module):24s} {name:28s} from {short(caller) or '-'}{'   (climb)' if climb else ''}")
+    per_module = Counter(module for _, module, _ in entries)
+    print("entries per module: " + ", ".join(f"{short(m)} {n}" for m, n in per_module.most_common()))
+    order = [short(m) for k, (_, m, _) in enumerate(entries) if k == 0 or entries[k - 1][1] != m]
+    print("in order: " + " -> ".join(order))
+    print(f"modules {len(per_module)}, entries {len(entries)}, climbs {climbs}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", action="store_true", help="also print every traced call")
@@ -96,20 +115,9 @@ def main() -> int:
                 "--hidden", "8", "--machine", "cpu-gloo-2core", "--launcher", "local", "--log", log]
         entries, calls, counts = trace(argv)
     print(f"plexus-tune {' '.join(argv[:-1])} LOG")
-    seen, climbs = set(), 0
-    print("\nmodules in call order (entries of the configuration's path):")
-    for k, (caller, module, name) in enumerate(entries, 1):
-        climb = module in seen
-        climbs += climb
-        seen.add(module)
-        print(f"{k:3d}. {short(module):24s} {name:28s} from {short(caller) or '-'}{'   (climb)' if climb else ''}")
-    per_module = Counter(module for _, module, _ in entries)
-    print("\nentries per module:")
-    for module, n in per_module.most_common():
-        print(f"  {short(module):24s} {n}")
-    order = [short(m) for k, (_, m, _) in enumerate(entries) if k == 0 or entries[k - 1][1] != m]
-    print("\nin order: " + " -> ".join(order))
-    print(f"\nmodules {len(per_module)}, entries {len(entries)}, climbs {climbs}")
+    logged = next((k + 1 for k, (_, m, n) in enumerate(entries) if n == "append_records"), len(entries))
+    report("from measure to the trainer and back to the logged record", entries[:logged])
+    report("the whole command (the summary reads the log back)", entries)
     for name in COUNTED:
         print(f"{name} ran {counts[name]} time(s)")
     if args.calls:

@@ -105,12 +105,15 @@ def main(argv=None) -> int:
                         warmup=args.warmup, layers=args.layers, hidden=args.hidden, batch=args.batch, launcher=launcher,
                         on_start=lambda done, total, graph=graph: (
                             loads.append(load_avg()),
-                            print(f"== {graph}: runs {done + 1}.. of {total}, load {loads[-1]}", flush=True)),
+                            print(f"== {graph}: runs {done + 1}.. of {total}, load {loads[-1]}, "
+                                  f"{time.time() - started:.0f} s", flush=True)),
                         on_result=lambda r, g: print(
                             f"   {configuration_label(r.get('algorithm'), g, r.get('options'), r.get('comm_precision'))}"
                             f" trial {r.get('trial')}: {r.get('status')} {r.get('epoch_ms', float('nan')):.1f} ms",
                             flush=True))
         loads.append(load_avg())
+        if not args.skip_measure:
+            print(f"measured in {time.time() - started:.0f} s, load {loads[-1]}", flush=True)
         summary = {"cluster": spec, "machine": machine.name, "gpus": args.gpus, "precisions": precisions,
                    "trials": args.trials, "epochs": args.epochs, "warmup": args.warmup, "layers": args.layers,
                    "hidden": args.hidden, "measure_seconds": round(time.time() - started, 1),

@@ -1,0 +1,106 @@
+"""Shard statistics estimated from a sample of rows, against brute force.
+
+References: :func:`plexus_tune.graph.structure.split_structure` on the explicitly permuted
+pattern (every block counted apart), the stated standard error, the sample's own size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plexus_tune.graph import generate, permutations_for, save_graph
+from plexus_tune.graph.structure import PermutedPattern, normalized_nnz, split_structure
+from plexus_tune.graph.structure_sample import sample_rows, sampled_normalized_nnz, sampled_split_statistics
+
+SPLITS = [(1, 1), (2, 3), (4, 4), (1, 8), (8, 2)]
+
+
+def _graph(nodes=3000, edges=30000, seed=3):
+    return generate("rmat", nodes=nodes, edges=edges, seed=seed).adjacency
+
+
+def test_a_whole_sample_is_the_exact_count():
+    adjacency = _graph()
+    n = adjacency.shape[0]
+    row_perm, col_perm = permutations_for("double", n, 2)
+    pattern = PermutedPattern(adjacency, row_perm, col_perm)
+    got, info = sampled_split_statistics(adjacency, SPLITS, row_perm, col_perm, 1.0)
+    assert info["rows"] == n and info["entries"] == adjacency.nnz
+    assert info["normalized_nnz"] == normalized_nnz(adjacency)
+    for split in SPLITS:
+        want = split_structure(pattern, *split)
+        assert got[split]["block"] == want["block"] and got[split]["nnz_max"] == want["nnz_max"], split
+        assert got[split]["nnz_max_rse"] == 0.0
+        for side in ("forward", "transpose"):
+            for key in ("row_length_cv", "top1pct_column_share", "touched_column_fraction"):
+                assert got[split][side][key] == pytest.approx(want[side][key], rel=1e-9, abs=1e-12), (split, side, key)
+            assert got[split][side]["column_share"] == pytest.approx(want[side]["column_share"], abs=2e-6)
+
+
+def test_a_sample_reads_its_fraction_and_its_error_covers_the_truth():
+    adjacency = _graph(nodes=6000, edges=90000, seed=5)
+    n = adjacency.shape[0]
+    rows, p = sample_rows(adjacency.indptr, 0.2, seed=1)
+    lengths = np.diff(adjacency.indptr)
+    read = int(lengths[rows].sum())
+    assert 0.1 * adjacency.nnz < read < 0.3 * adjacency.nnz  # about the fraction asked for
+    row_perm, col_perm = permutations_for("double", n, 4)
+    pattern = PermutedPattern(adjacency, row_perm, col_perm)
+    got, info = sampled_split_statistics(adjacency, SPLITS, row_perm, col_perm, 0.2, seed=1)
+    assert info["entries"] == read
+    for split in SPLITS:
+        want = split_structure(pattern, *split)
+        counts = pattern.block_counts(*split)
+        chosen = counts[got[split]["block"]]  # the block the estimate chose, counted by hand
+        error = max(got[split]["nnz_max_rse"], 1e-3)
+        assert abs(got[split]["nnz_max"] / chosen - 1) <= 5 * error, split
+        assert abs(got[split]["nnz_max"] / want["nnz_max"] - 1) <= 0.1, split
+        assert got[split]["nnz_mean"] == pytest.approx(want["nnz_mean"], rel=0.02)
+    total, rse = sampled_normalized_nnz(adjacency, 0.2, seed=1)
+    assert abs(total / normalized_nnz(adjacency) - 1) <= max(5 * rse, 1e-9)
+
+
+def test_predict_states_a_sampled_estimate_and_refuses_a_bad_fraction(run_cli, tmp_path):
+    path = tmp_path / "g"
+    save_graph(generate("rmat", nodes=2000, edges=16000, features=8, classes=3, seed=1), path, overwrite=True)
+    base = ["predict", "--graph", str(path), "--gpus", "8", "--machine", "h100-80gb-fitted", "--top", "2"]
+    code, out, err = run_cli(base + ["--graph-sample", "0.3"])
+    assert code == 0, err
+    assert "shard statistics estimated from a sample of rows reading 30 % of the entries" in out
+    code, out, _ = run_cli(base)  # auto: a small graph is scanned whole
+    assert code == 0 and "estimated from a sample" not in out
+    code, out, err = run_cli(base + ["--graph-sample", "1.5"])
+    assert code == 2 and err.strip().count("\n") == 0 and "--graph-sample 1.5" in err
+
+
+def test_a_degree_descriptor_gives_the_permuted_graphs_structure():
+    """degree_structure from a graph's own degree classes against its counted structure (double permutation)."""
+    from plexus_tune.graph.structure import split_statistics
+    from plexus_tune.model.sparsity import degree_structure
+
+    adjacency = generate("rmat", nodes=20000, edges=200000, seed=2).adjacency
+    n = adjacency.shape[0]
+    degree = np.diff(adjacency.indptr) + 1  # a self-loop per row (no stored diagonal)
+    values, counts = np.unique(degree, return_counts=True)
+    shape = [[v / degree.mean(), c / n] for v, c in zip(values.tolist(), counts.tolist())]
+    row_perm, col_perm = permutations_for("double", n, 0)
+    # the whole matrix: no largest block chosen among others (the model is an expectation over blocks)
+    counted = split_statistics(adjacency, [(1, 1)], row_perm, col_perm)
+    for (R, C), entry in counted.items():
+        got = degree_structure(shape, degree.mean(), n, R, C)
+        want = entry["forward"]
+        assert got["row_length_cv"] == pytest.approx(want["row_length_cv"], rel=0.15), (R, C)  # an expectation: one realization
+        assert got["top1pct_column_share"] == pytest.approx(want["top1pct_column_share"], rel=0.15), (R, C)
+        assert got["touched_column_fraction"] == pytest.approx(want["touched_column_fraction"], abs=0.02), (R, C)
+        assert got["column_share"][6] == pytest.approx(want["column_share"][6], rel=0.15), (R, C)
+
+
+def test_catalog_predictions_mark_the_descriptors_figures(run_cli):
+    code, out, err = run_cli(["predict", "--dataset", "ogbn-products", "--gpus", "4", "--machine", "h100-80gb-fitted"])
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "x" in line and "\u2502" in line and line.split("\u2502")[1].strip().isdigit()]
+    assert rows and all("\u2020" in line.split("\u2502")[4] for line in rows)  # every SpMM cell marked
+    assert "\u2020: SpMM from the shard structure of ogbn-products's structure descriptor" in out
+    code, out, _ = run_cli(["predict", "--dataset", "reddit", "--gpus", "4", "--machine", "h100-80gb-fitted"])
+    assert code == 0 and "\u2020" not in out  # no descriptor: the uniform structure, unmarked
