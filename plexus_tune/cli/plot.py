@@ -12,7 +12,8 @@ from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.workload import workload_from_dataset
 from plexus_tune.report.figures import save_figure
-from plexus_tune.search import objective_unit, open_storage, parse_gpus, trials_frame
+from plexus_tune.search import objective_unit, parse_gpus, trials_frame
+from plexus_tune.search.study import load_study
 
 
 HELP = "plot predicted vs observed, breakdowns, strong scaling, search history or importances"
@@ -73,18 +74,6 @@ def _formats(text: str) -> list[str]:
     return fmts
 
 
-def _load_study(args):
-    import optuna
-
-    storage = open_storage(args.storage, heartbeat_interval=None, grace_period=None, create=False)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UserError(f"no study {args.study!r} in the storage; it holds {', '.join(names) or 'none'}") from None
-
-
 def make_figure(args):
     """(figure, file stem) for the parsed arguments."""
     kind = args.plot_kind
@@ -93,7 +82,7 @@ def make_figure(args):
         return _runs_figure(args, kind, machine)
     if kind == "scaling":
         return _scaling_figure(args, machine)
-    study = _load_study(args)
+    study = load_study(args.study, args.storage)
     if kind == "history":
         objective = study.user_attrs.get("objective", "value")
         if objective in ("epoch", "gpu-hours"):

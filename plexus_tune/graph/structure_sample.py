@@ -5,10 +5,13 @@ that reads about ``fraction`` of the stored entries: row m of length d_m is draw
 probability ``p_m = min(1, sqrt(d_m) / kappa)`` (:func:`sample_rows`) and weighs
 ``1 / p_m`` (Horvitz-Thompson). The longest rows, the most popular columns of a
 symmetric pattern, which decide the popularity curve's head, are read every time. The
-block counts that choose each split's largest block are the sample's, raked
-(iterative proportional fitting) to the row and column totals of every segment, which
-the row lengths (indptr) give exactly. Only the sampled rows' entries are read; beside them memory
-holds the row lengths and the permutations (N entries each).
+block counts that choose each split's largest block: entries touching a row read with
+certainty are counted exactly, both ways (A symmetric: row m's entries and their
+mirrors); the rest is spread over the cells as a random permutation does in
+expectation (rows and columns independent), raked (iterative proportional fitting) to
+the row and column totals of every segment that the row lengths (indptr) leave. Only
+the sampled rows' entries are read; beside them memory holds the row lengths and the
+permutations (N entries each).
 
 For the symmetric pattern of an undirected graph, row m of A is row ``inv_row[m]`` and
 column ``inv_col[m]`` of ``B = A_hat[row_perm][:, col_perm]``, so a block's row lengths
@@ -16,11 +19,9 @@ and its column counts are both per-row quantities of A (see
 :func:`plexus_tune.graph.structure._block_vectors_symmetric`) and a sample of rows is a
 sample of both multisets. Estimates:
 
-    block nonzeros        the raked cells' sum (sum_S w_m x_m before raking; x_m: row
-                          m's entries in the block)
-    its standard error    the spread of the same estimate from REPLICATES random groups
-                          of the sampled rows (each raked alike), over sqrt(REPLICATES),
-                          times sqrt(share of the entries not read)
+    block nonzeros        the cells' sum: exact entries plus the expected rest
+    its standard error    sqrt(rest) / nonzeros: a random permutation's count of the
+                          block's X entries not known exactly spreads about sqrt(X)
     a multiset's shape    the weighted sample, weights scaled to the known count of
                           rows (columns) of the block, zeros for the padding
 
@@ -40,8 +41,6 @@ from plexus_tune.graph.structure import SHARE_POINTS, _range_cuts, _segments
 
 #: Stored nonzeros above which ``--graph-sample auto`` samples.
 AUTO_SAMPLE_ABOVE_NNZ = 400_000_000
-#: Random groups of the sampled rows whose spread gives the estimates' standard error.
-REPLICATES = 8
 #: Entries an automatic sample reads.
 AUTO_SAMPLE_ENTRIES = 20_000_000
 
@@ -78,7 +77,8 @@ def sample_rows(indptr, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.
     if budget >= total:
         return np.arange(lengths.size), np.ones(lengths.size)
     hist = np.bincount(lengths)
-    values = np.arange(hist.size, dtype=np.float64)
+    values = np.flatnonzero(hist).astype(np.float64)  # the lengths that occur, and how often
+    hist = hist[hist > 0]
     root = np.sqrt(values)
 
     def read(kappa: float) -> float:
@@ -224,8 +224,6 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     local = np.concatenate([local, np.flatnonzero(loops)])
     cols = np.concatenate([cols, rows[loops]])
     row_len_hat = lengths + loops  # normalized row lengths of the sampled rows
-    nnz_hat = float(w @ row_len_hat)
-    nnz_var = float(((1 - p) / p ** 2) @ (row_len_hat.astype(np.float64) ** 2))
 
     row_perm = np.asarray(row_perm, dtype=np.int64)
     col_perm = np.asarray(col_perm, dtype=np.int64)
@@ -236,34 +234,38 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     new_row_of_row = inv_row[rows]  # row m of A is row inv_row[m] of B ...
     new_col_of_row = inv_col[rows]  # ... and column inv_col[m] of B (A symmetric)
     entry_new_col = inv_col[cols]  # entry (m, k): column inv_col[k] of B's row inv_row[m]
-    entry_new_row = inv_row[cols]  # and row inv_row[k] of B's column inv_col[m]
 
     # scan 1 on the sample: weighted cells of the union of all splits' cuts
     rcuts, rseg = _segments(n, sorted({r for r, _ in splits}))
     ccuts, cseg = _segments(n, sorted({c for _, c in splits}))
     nrs, ncs = rcuts.size - 1, ccuts.size - 1
     cell = rseg[new_row_of_row[local]].astype(np.int64) * ncs + cseg[entry_new_col]
-    cells = np.bincount(cell, weights=w[local], minlength=nrs * ncs).reshape(nrs, ncs)
     # every row's and column's normalized length is known from indptr (rows not read: a self-loop
-    # in the share of the sample's rows that lack a stored diagonal): the cells are raked to those totals
+    # in the share of the sample's rows that lack a stored diagonal)
     degree = np.diff(indptr).astype(np.float64)
-    lacking_share = float(w[loops] .sum() / w.sum()) if self_loops and w.size else 0.0
+    lacking_share = float(w[loops].sum() / w.sum()) if self_loops and w.size else 0.0
     degree += lacking_share if self_loops else 0.0
     degree[rows] = row_len_hat
     row_totals = np.bincount(rseg[inv_row], weights=degree, minlength=nrs)
     col_totals = np.bincount(cseg[inv_col], weights=degree, minlength=ncs)
-    cells = _rake(cells, row_totals, col_totals)
+    # entries touching a row read with certainty (p = 1) are known exactly, both ways (A symmetric):
+    # row m's entries (m, k), and their mirrors (k, m) for k not read with certainty
+    certain = p >= 1
+    sure = certain[local]
+    known = np.bincount(cell[sure], minlength=nrs * ncs).astype(np.float64)
+    mirror = sure & ~np.isin(cols, rows[certain])
+    mirror_cell = rseg[inv_row[cols[mirror]]].astype(np.int64) * ncs + cseg[inv_col[rows[local[mirror]]]]
+    known = (known + np.bincount(mirror_cell, minlength=nrs * ncs)).reshape(nrs, ncs)
+    del cell, mirror_cell, sure, mirror
+    # the rest spread over the cells as a random permutation does in expectation: independent rows and
+    # columns, raked to what the totals leave
+    rest_r = np.maximum(row_totals - known.sum(axis=1), 0.0)
+    rest_c = np.maximum(col_totals - known.sum(axis=0), 0.0)
+    rest = _rake(np.outer(rest_r, rest_c) / max(float(rest_r.sum()), 1e-300), rest_r, rest_c, rounds=20)
     table = np.zeros((nrs + 1, ncs + 1))
-    table[1:, 1:] = np.cumsum(np.cumsum(cells, axis=0), axis=1)
-    # the error: REPLICATES random groups of the sampled rows, each a sample of its own (weights x groups), raked alike
-    group = np.random.default_rng([seed, 0x6209]).integers(0, REPLICATES, rows.size)
-    unread = max(0.0, 1.0 - float(lengths.sum()) / max(float(indptr[-1]), 1.0))  # finite-population correction
-    replicate_cells = np.bincount(group[local] * (nrs * ncs) + cell, weights=w[local] * REPLICATES,
-                                  minlength=REPLICATES * nrs * ncs).reshape(REPLICATES, nrs, ncs)
-    replicate_tables = np.zeros((REPLICATES, nrs + 1, ncs + 1))
-    for g in range(REPLICATES):
-        replicate_tables[g, 1:, 1:] = np.cumsum(np.cumsum(_rake(replicate_cells[g], row_totals, col_totals), axis=0), axis=1)
-    del cell, replicate_cells
+    table[1:, 1:] = np.cumsum(np.cumsum(known + rest, axis=0), axis=1)
+    rest_table = np.zeros((nrs + 1, ncs + 1))
+    rest_table[1:, 1:] = np.cumsum(np.cumsum(rest, axis=0), axis=1)
 
     chosen = {}
     for R, C in splits:
@@ -273,10 +275,9 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
         corner = table[np.ix_(ri, ci)]
         counts = corner[1:, 1:] - corner[:-1, 1:] - corner[1:, :-1] + corner[:-1, :-1]
         r, c = (int(v) for v in np.unravel_index(int(np.argmax(counts)), counts.shape))
-        t = replicate_tables[:, ri[r]:ri[r + 1] + 1:ri[r + 1] - ri[r], ci[c]:ci[c + 1] + 1:ci[c + 1] - ci[c]]
-        replicates = t[:, 1, 1] - t[:, 0, 1] - t[:, 1, 0] + t[:, 0, 0]
-        error = float(replicates.std(ddof=1) / math.sqrt(REPLICATES) * math.sqrt(unread)) / counts[r, c] \
-            if counts[r, c] > 0 else 0.0
+        t = rest_table[ri[r]:ri[r + 1] + 1:ri[r + 1] - ri[r], ci[c]:ci[c + 1] + 1:ci[c + 1] - ci[c]]
+        spread = float(t[1, 1] - t[0, 1] - t[1, 0] + t[0, 0])  # the block's entries not known exactly
+        error = math.sqrt(max(spread, 0.0)) / counts[r, c] if counts[r, c] > 0 else 0.0
         chosen[(R, C)] = (r, c, float(counts[r, c]), float(counts.sum()), br, bc, error)
     blocks = [(min(r * br, n), min((r + 1) * br, n), min(c * bc, n), min((c + 1) * bc, n))
               for r, c, _, _, br, bc, _ in chosen.values()]
@@ -296,6 +297,7 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
             hit = in_rows[local] & (entry_new_col >= c0) & (entry_new_col < c1)
             x = np.bincount(local[hit], minlength=rows.size)[in_rows]
             # column side: sampled rows whose new column is in [c0, c1), their entries with new row in [r0, r1)
+            entry_new_row = inv_row[cols]  # entry (m, k): row inv_row[k] of B's column inv_col[m]
             hit = in_cols[local] & (entry_new_row >= r0) & (entry_new_row < r1)
             y = np.bincount(local[hit], minlength=rows.size)[in_cols]
         forward = _weighted_structure(x, w[in_rows], r1 - r0, br, y, w[in_cols], c1 - c0, bc)
@@ -304,8 +306,7 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
                        "forward": forward, "transpose": transpose,
                        "nnz_max_rse": error}
     sample = {"fraction": float(fraction), "rows": int(rows.size), "entries": int(offsets[-1]),
-              "normalized_nnz": int(round(nnz_hat)),
-              "normalized_nnz_rse": math.sqrt(nnz_var) / nnz_hat if nnz_hat > 0 else 0.0}
+              "normalized_nnz": int(round(float(degree.sum())))}
     return out, sample
 
 

@@ -101,6 +101,20 @@ def make_sampler(seed: int | None = None, n_startup_trials: int = 10):
     )
 
 
+def load_study(name: str, url: str | None = None):
+    """An existing study to read (``plot history``, ``plot importances``): no database is
+    created and no heartbeat started; UserError naming the studies the storage holds."""
+    import optuna
+
+    storage = open_storage(url, heartbeat_interval=None, grace_period=None, create=False)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UserError(f"no study {name!r} in the storage; it holds {', '.join(names) or 'none'}") from None
+
+
 def open_study(name: str, storage, *, objective: str, seed: int | None = None, attrs: dict | None = None, n_startup_trials: int = 10):
     """Create or resume (``load_if_exists``) a minimizing study; check a resumed study's objective."""
     import optuna
