@@ -6,7 +6,7 @@
 
 Prints progress as the fit goes (stage, splits scored), the wall time of each stage and
 in all, the load average before and after, and per SpMM kind the splits scored (``beaten``:
-stopped once it trailed the best kind), the held-out R^2 and MAPE beside the shipped
+stopped once it trailed the best kind on the same splits), the held-out R^2 and MAPE beside the shipped
 profile's (and the largest R^2 difference), then the collective form written and the
 epoch-fit scores. ``--h100`` times ``fit_spmm(kind="auto")`` on the H100 SpMM sweeps of
 measurements/h100-2026-11-25 beside one learned-boosted fit of the same rows (the goal:
@@ -71,7 +71,8 @@ def main() -> int:
     epoch = fitted.report["epoch"]
     print(f"collectives: {coll['chosen']} ({coll['selected_by']}); epoch fit: test R^2 {epoch['scores']['test_r2']:.3f}, "
           f"test MAPE {epoch['scores']['test_mape']:.1f} % (shipped {shipped['fit']['epoch']['scores']['test_mape']:.1f} %)")
-    print("(splits marked b: scoring stopped once the kind trailed the best by 4 standard errors of its MAPE)")
+    print("(splits marked b: scoring stopped once the kind's MAPE trailed the best kind's on the same splits by 4 standard "
+          "errors of the paired difference)")
     if args.h100:
         h100_auto_against_one_fit(args)
     return 0
