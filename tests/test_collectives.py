@@ -189,6 +189,8 @@ def _old_two_tier_ms(coll, n, op, g, p, m_bytes, messages):
     """The two-tier formula as profiles have always meant it, one shape at a time."""
     if g <= 1:
         return 0.0
+    if op == "reduce_scatter" and coll.get("reduce_scatter_form") == "all_reduce":
+        op = "all_reduce"  # the backend all-reduces the whole buffer and keeps its block
     steps = 2 * (g - 1) if op == "all_reduce" else g - 1
     if p * g <= n:
         alpha, beta = coll["alpha_intra_us"], coll["beta_intra_gbps"]

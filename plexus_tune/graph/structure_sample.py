@@ -61,7 +61,8 @@ def parse_sample(text) -> float | str | None:
     except ValueError:
         value = math.nan
     if not (0 < value <= 1):
-        raise UserError(f"--graph-sample {text}: give a fraction of the entries in (0, 1], e.g. 0.01, or auto")
+        raise UserError(f"graph sample {text}: give a fraction of the entries in (0, 1], e.g. 0.01, or auto",
+                        parameter="graph_sample")
     return value
 
 

@@ -284,7 +284,9 @@ class RunSpec:
             given["grid"] = tuple(parse_grid(grid))
         given.update(fields)
         algorithm = given.get("algorithm") or DEFAULT_FAMILY
-        if "grid" not in given and given.get("gpus") and family_of(algorithm).takes_grid:
+        family = family_of(algorithm)
+        unsized = family.takes_grid or ("replication" in family.choices and given.get("replication") is None)
+        if "grid" not in given and given.get("gpus") and unsized:
             given["grid"] = some_grid(algorithm, int(given["gpus"]) // int(given.get("dp") or 1))
             given["gpus"] = None  # the grid stands for the run's ranks (its data-parallel groups aside)
         return cls.from_config(TrainConfig(**given))

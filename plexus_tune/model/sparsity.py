@@ -382,8 +382,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     has_diagonal = None
     sampled = sample is not None and sample < 1 and not stored
     if sampled and not graph_pattern_symmetric(graph, None):
-        raise UserError(f"--graph-sample: {getattr(graph, 'name', 'the graph')}'s pattern is not symmetric, and the "
-                        "sampled estimate needs an undirected graph; leave --graph-sample out to scan it all")
+        raise UserError(f"{getattr(graph, 'name', 'the graph')}'s pattern is not symmetric, and the sampled structure "
+                        "estimate needs an undirected graph; sample fraction 1 scans it all", parameter="graph_sample")
     read = {"fraction": sample, "rows": 0, "entries": 0, "nnz_max_rse": 0.0} if sampled else None
     for perm_key, keys in wanted.items():
         splits: dict = {}
