@@ -316,6 +316,18 @@ def _segments(n: int, counts) -> tuple[np.ndarray, np.ndarray]:
     return cuts, np.repeat(np.arange(cuts.size - 1, dtype=dtype), np.diff(cuts))
 
 
+def split_block_counts(table: np.ndarray, rcuts: np.ndarray, ccuts: np.ndarray, n: int, R: int, C: int):
+    """(counts, ri, ci): the entries of each block of the R x C split of an n x n matrix, read from
+    ``table``, the 2D prefix sums of its cells between the row cuts ``rcuts`` and column cuts
+    ``ccuts`` (every block edge, ceil(n / R) rows apart, is a cut); ``ri``/``ci`` index the block
+    edges in the cuts."""
+    br, bc = -(-n // R), -(-n // C)
+    ri = np.searchsorted(rcuts, np.minimum(np.arange(R + 1) * br, n))
+    ci = np.searchsorted(ccuts, np.minimum(np.arange(C + 1) * bc, n))
+    corner = table[np.ix_(ri, ci)]
+    return corner[1:, 1:] - corner[:-1, 1:] - corner[1:, :-1] + corner[:-1, :-1], ri, ci
+
+
 def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_loops: bool = True,
                      has_diagonal: np.ndarray | None = None, chunk_entries: int = SCAN_CHUNK_ENTRIES,
                      symmetric_pattern: bool = False, progress=None) -> dict:
@@ -403,12 +415,8 @@ def split_statistics(adjacency, splits, row_perm=None, col_perm=None, *, self_lo
     out = {}
     for R, C in splits:
         br, bc = -(-n // R), -(-n // C)
-        ri = np.searchsorted(rcuts, np.minimum(np.arange(R + 1) * br, n))
-        ci = np.searchsorted(ccuts, np.minimum(np.arange(C + 1) * bc, n))
-        corner = table[np.ix_(ri, ci)]
-        counts = corner[1:, 1:] - corner[:-1, 1:] - corner[1:, :-1] + corner[:-1, :-1]
-        r, c = np.unravel_index(int(np.argmax(counts)), counts.shape)
-        r, c = int(r), int(c)
+        counts, ri, ci = split_block_counts(table, rcuts, ccuts, n, R, C)
+        r, c = (int(v) for v in np.unravel_index(int(np.argmax(counts)), counts.shape))
         out[(R, C)] = {"nnz_max": int(counts.max()), "nnz_mean": float(counts.sum() / counts.size), "block": (r, c)}
         targets[(R, C)] = (min(r * br, n), min((r + 1) * br, n), c * bc, (c + 1) * bc, br, bc)
 

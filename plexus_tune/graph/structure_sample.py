@@ -37,7 +37,7 @@ import numpy as np
 
 from plexus_tune.errors import UserError
 from plexus_tune.graph.kernels import compiled
-from plexus_tune.graph.structure import SHARE_POINTS, _range_cuts, _segments
+from plexus_tune.graph.structure import SHARE_POINTS, _range_cuts, _segments, split_block_counts
 
 #: Stored nonzeros above which ``--graph-sample auto`` samples.
 AUTO_SAMPLE_ABOVE_NNZ = 400_000_000
@@ -271,10 +271,7 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     chosen = {}
     for R, C in splits:
         br, bc = -(-n // R), -(-n // C)
-        ri = np.searchsorted(rcuts, np.minimum(np.arange(R + 1) * br, n))
-        ci = np.searchsorted(ccuts, np.minimum(np.arange(C + 1) * bc, n))
-        corner = table[np.ix_(ri, ci)]
-        counts = corner[1:, 1:] - corner[:-1, 1:] - corner[1:, :-1] + corner[:-1, :-1]
+        counts, ri, ci = split_block_counts(table, rcuts, ccuts, n, R, C)
         r, c = (int(v) for v in np.unravel_index(int(np.argmax(counts)), counts.shape))
         t = rest_table[ri[r]:ri[r + 1] + 1:ri[r + 1] - ri[r], ci[c]:ci[c + 1] + 1:ci[c + 1] - ci[c]]
         spread = float(t[1, 1] - t[0, 1] - t[1, 0] + t[0, 0])  # the block's entries not known exactly
