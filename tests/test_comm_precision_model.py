@@ -131,6 +131,40 @@ def test_quant_rates_fit_hand_derived_and_calibrate_cli(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
+def test_quant_rates_take_the_most_concurrent_records():
+    """Records timed by 8 processes at once set the rates; the single-process ones of the same
+    precision are left out, those of another precision kept (hand-derived medians)."""
+    from plexus_tune.fit.quant import fit_quant_rates
+
+    recs = [{"precision": "bf16", "fp32_bytes": 1e6, "encode_ms": 0.1, "decode_ms": 0.1},  # 10 GB/s alone
+            {"precision": "bf16", "fp32_bytes": 1e6, "encode_ms": 0.5, "decode_ms": 0.4, "processes": 8},
+            {"precision": "bf16", "fp32_bytes": 4e6, "encode_ms": 1.6, "decode_ms": 2.0, "processes": 8},
+            {"precision": "bf16", "fp32_bytes": 4e6, "encode_ms": 4.0, "decode_ms": 1.0, "processes": 8},
+            {"precision": "int8", "fp32_bytes": 1e6, "encode_ms": 1.0, "decode_ms": 0.5}]
+    got = fit_quant_rates(recs)
+    # encode 2, 2.5, 1 GB/s -> 2; decode 2.5, 2, 4 GB/s -> 2.5
+    assert got["bf16"] == {"encode_gbps": pytest.approx(2.0), "decode_gbps": pytest.approx(2.5), "samples": 3,
+                           "processes": 8}
+    assert got["int8"] == {"encode_gbps": pytest.approx(1.0), "decode_gbps": pytest.approx(2.0), "samples": 1}
+
+
+@pytest.mark.slow
+def test_calibrate_quant_processes_logs_concurrent_records(tmp_path):
+    log = tmp_path / "q.jsonl"
+    out = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log), "--rows", "64",
+                          "--cols", "8", "--repeats", "1", "--precisions", "bf16", "--processes", "2"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    from plexus_tune.measure.store import read_records
+
+    records = read_records(log, schema="quant")[0]
+    assert len(records) == 1 and records[0]["processes"] == 2 and records[0]["encode_ms"] > 0
+    bad = subprocess.run([sys.executable, "-m", "plexus_tune", "calibrate", "quant", "--out", str(log),
+                          "--processes", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--processes" in bad.stderr
+    assert len(read_records(log, schema="quant")[0]) == 1  # nothing logged is lost
+
+
 def test_search_auto_names_the_precision_it_picked(tmp_path):
     out = subprocess.run([sys.executable, "-m", "plexus_tune", "search", "--dataset", "ogbn-products", "--gpus", "64",
                           "--trials", "6", "--comm-precision", "auto", "--allow-precisions", "fp32,bf16",

@@ -38,24 +38,79 @@ def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: 
     return {"encode_ms": min(enc[1:]), "decode_ms": min(dec[1:])}
 
 
-def run_quant_benchmark(log, *, precisions=("bf16", "fp16", "int8", "int4", "int2"), rows=(4096, 16384),
-                        cols=(32, 128), repeats: int = 5, threads: int = 1) -> list[dict]:
-    """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``.
-    Refused before any work if the largest tensor, its encoding and its decoding (12 bytes per
-    element) exceed the available memory."""
-    check_memory(12 * max(map(int, rows)) * max(map(int, cols)),
-                 f"encoding {max(map(int, rows)):,} x {max(map(int, cols)):,} values")
+def _cases(precisions, rows, cols):
+    return [(p, int(r), int(c)) for p in precisions for r in rows for c in cols]
+
+
+def _concurrent_worker(cases, repeats, threads, barrier, conn) -> None:
+    """One of the processes of :func:`run_quant_benchmark`: each case timed after all processes
+    reach the barrier, so that they run the codec at the same time."""
     import torch
 
     torch.set_num_threads(int(threads))
+    times = []
+    for precision, r, c in cases:
+        barrier.wait()
+        times.append(time_quant(precision, r, c, repeats=repeats))
+    conn.send(times)
+    conn.close()
+
+
+def _time_concurrently(cases, repeats: int, threads: int, processes: int) -> list[dict]:
+    """Per case, the median over ``processes`` processes (started at once, each timing every case
+    after a common barrier) of their encode and decode times."""
+    import multiprocessing as mp
+    import statistics
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    pipes, workers = [], []
+    for _ in range(processes):
+        parent, child = ctx.Pipe(duplex=False)
+        worker = ctx.Process(target=_concurrent_worker, args=(cases, repeats, threads, barrier, child), daemon=True)
+        worker.start()
+        child.close()
+        pipes.append(parent)
+        workers.append(worker)
+    try:
+        results = [pipe.recv() for pipe in pipes]
+    except EOFError:
+        raise RuntimeError("a codec timing process ended before reporting; see its error above") from None
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+            if worker.is_alive():
+                worker.terminate()
+    return [{key: statistics.median(res[k][key] for res in results) for key in ("encode_ms", "decode_ms")}
+            for k in range(len(cases))]
+
+
+def run_quant_benchmark(log, *, precisions=("bf16", "fp16", "int8", "int4", "int2"), rows=(4096, 16384),
+                        cols=(32, 128), repeats: int = 5, threads: int = 1, processes: int = 1) -> list[dict]:
+    """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``.
+
+    ``processes`` > 1: that many processes time every case at the same moment (a barrier
+    before each), as the ranks sharing a host's cores run the codec in training; each
+    record holds the median process's times and ``processes`` (docs/comm-precision.md,
+    "Calibration"). Refused before any work if the largest tensor, its encoding and its
+    decoding (12 bytes per element, per process) exceed the available memory."""
+    processes = int(processes)
+    check_memory(12 * max(map(int, rows)) * max(map(int, cols)) * processes,
+                 f"encoding {max(map(int, rows)):,} x {max(map(int, cols)):,} values in {processes} process(es)")
+    cases = _cases(precisions, rows, cols)
+    if processes > 1:
+        timed = _time_concurrently(cases, repeats, threads, processes)
+    else:
+        import torch
+
+        torch.set_num_threads(int(threads))
+        timed = [time_quant(p, r, c, repeats=repeats) for p, r, c in cases]
     env = environment_info()
     out = []
-    for precision in precisions:
-        for r in rows:
-            for c in cols:
-                times = time_quant(precision, int(r), int(c), repeats=repeats)
-                out.append(QuantRecord(precision=precision, rows=int(r), cols=int(c), fp32_bytes=4 * int(r) * int(c),
-                                       repeats=int(repeats), threads=int(threads), measured_at=now_utc(),
-                                       machine_info=env, **times).to_dict())
+    for (precision, r, c), times in zip(cases, timed):
+        rec = QuantRecord(precision=precision, rows=r, cols=c, fp32_bytes=4 * r * c, repeats=int(repeats),
+                          threads=int(threads), processes=processes if processes > 1 else None,
+                          measured_at=now_utc(), machine_info=env, **times)
+        out.append(rec.to_dict())
     append_records(log, out)
     return out
