@@ -143,7 +143,7 @@ def _register_quant(sub) -> None:
     quant.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1, as one rank)")
     quant.add_argument("--processes", type=count(1), default=1,
                        help="processes timing the codec at once, as the ranks sharing a host's cores do in training "
-                       "(default 1); each record holds the median process's times")
+                       "(default 1); each record holds the median process's mean time per call")
     quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     quant.set_defaults(handler=run_quant)
 

@@ -10,8 +10,15 @@ from plexus_tune.measure.store import append_records, environment_info, now_utc
 from plexus_tune.resources import check_memory
 
 
-def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: int = 0) -> dict:
-    """Encode and decode times (ms, min over ``repeats``) of an FP32 ``rows x cols`` tensor.
+#: With several processes, each times a case for at least this long (s) so that they overlap.
+CONCURRENT_WINDOW_S = 0.25
+
+
+def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: int = 0,
+               window_s: float = 0.0) -> dict:
+    """Encode and decode times (ms) of an FP32 ``rows x cols`` tensor: the min over ``repeats``
+    calls, or with ``window_s`` > 0 the mean over the calls of at least ``window_s`` seconds (and
+    ``repeats`` calls), the time a call takes while other processes share the cores.
 
     bf16/fp16: the casts to 16 bits and back; intX: :func:`plexus_tune.trainer.precision.quantize`
     (per-row zero point and scale, stochastic rounding, packing) and ``dequantize``.
@@ -26,8 +33,9 @@ def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: 
     x = torch.randn((rows, cols), generator=gen)
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}
     enc, dec = [], []
-    for _ in range(max(1, repeats) + 1):  # the first call warms up
-        t0 = time.perf_counter()
+    start = time.perf_counter()
+    while len(enc) < max(1, repeats) + 1 or (window_s > 0 and time.perf_counter() - start < window_s):
+        t0 = time.perf_counter()  # the first call warms up
         packed = quantize(x, PRECISION_BITS[precision], gen) if is_quantized(precision) else x.to(low[precision])
         t1 = time.perf_counter()
         back = dequantize(packed) if is_quantized(precision) else packed.to(torch.float32)
@@ -35,6 +43,8 @@ def time_quant(precision: str, rows: int, cols: int, *, repeats: int = 5, seed: 
         enc.append((t1 - t0) * 1e3)
         dec.append((t2 - t1) * 1e3)
         del back
+    if window_s > 0:
+        return {"encode_ms": sum(enc[1:]) / len(enc[1:]), "decode_ms": sum(dec[1:]) / len(dec[1:])}
     return {"encode_ms": min(enc[1:]), "decode_ms": min(dec[1:])}
 
 
@@ -51,14 +61,14 @@ def _concurrent_worker(cases, repeats, threads, barrier, conn) -> None:
     times = []
     for precision, r, c in cases:
         barrier.wait()
-        times.append(time_quant(precision, r, c, repeats=repeats))
+        times.append(time_quant(precision, r, c, repeats=repeats, window_s=CONCURRENT_WINDOW_S))
     conn.send(times)
     conn.close()
 
 
 def _time_concurrently(cases, repeats: int, threads: int, processes: int) -> list[dict]:
     """Per case, the median over ``processes`` processes (started at once, each timing every case
-    after a common barrier) of their encode and decode times."""
+    after a common barrier, for :data:`CONCURRENT_WINDOW_S`) of their mean encode and decode times."""
     import multiprocessing as mp
     import statistics
 
@@ -90,9 +100,10 @@ def run_quant_benchmark(log, *, precisions=("bf16", "fp16", "int8", "int4", "int
     """Time every (precision, rows, cols) on ``threads`` torch threads; append quant records to ``log``.
 
     ``processes`` > 1: that many processes time every case at the same moment (a barrier
-    before each), as the ranks sharing a host's cores run the codec in training; each
-    record holds the median process's times and ``processes`` (docs/comm-precision.md,
-    "Calibration"). Refused before any work if the largest tensor, its encoding and its
+    before each), as the ranks sharing a host's cores run the codec in training, each the
+    mean of its calls over :data:`CONCURRENT_WINDOW_S` (a min would pick the calls that
+    ran alone); each record holds the median process's times and ``processes``
+    (docs/comm-precision.md, "Calibration"). Refused before any work if the largest tensor, its encoding and its
     decoding (12 bytes per element, per process) exceed the available memory."""
     processes = int(processes)
     check_memory(12 * max(map(int, rows)) * max(map(int, cols)) * processes,
