@@ -481,9 +481,10 @@ DESCRIPTOR_MAX_SHAPES = 256
 def descriptor_sparsity(info, workload, grids) -> DescriptorSparsity | None:
     """The :class:`DescriptorSparsity` of catalog entry ``info`` on these grids, or None when it has
     no structure descriptor or the grids hold more than DESCRIPTOR_MAX_SHAPES shard shapes."""
-    if getattr(info, "structure", None) is None:
+    descriptor = info.descriptor() if hasattr(info, "descriptor") else getattr(info, "structure", None)
+    if descriptor is None:
         return None
     shapes = {(int(g[d]), int(g[o])) for g in grids for d, o in ((2, 0), (0, 2), (1, 0), (0, 1), (2, 1), (1, 2))}
     if len(shapes) > DESCRIPTOR_MAX_SHAPES:
         return None
-    return DescriptorSparsity(info.structure, workload.nodes, workload.nnz, name=info.name)
+    return DescriptorSparsity(descriptor, workload.nodes, workload.nnz, name=info.name)
