@@ -70,6 +70,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("schedule", ("options", "schedule"), "", str),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
+    IdentityField("prefetch", ("options", "prefetch"), True, bool),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
@@ -136,7 +137,8 @@ ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "h
               "warmup": "warmup", "backend": "backend", "permute": "permute", "block_rows": "block_rows",
               "overlap": "overlap", "dtype": "dtype", "comm_precision": "comm_precision", "layer_norm": "layer_norm",
               "fixed_features": "fixed_features", "threads_per_rank": "threads", "algorithm": "algorithm",
-              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size"}
+              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size",
+              "prefetch": "prefetch"}
 #: Identity fields whose identity default (0 or "") means "not set" (None in a :class:`RunSpec`).
 UNSET_AS_DEFAULT = ("block_rows", "threads_per_rank", "replication", "aggregation", "schedule", "batch_size")
 
@@ -174,7 +176,8 @@ class RunSpec:
     ``cluster`` (canonical JSON text, "" for one host), ``threads_per_rank``. Configuration:
     ``algorithm`` (a family of :data:`plexus_tune.model.family.FAMILIES`), ``grid``
     (Gx, Gy, Gz; its process grid) and the family's options ``replication``, ``aggregation``,
-    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none). Settings:
+    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none), ``prefetch``
+    (scalegnn-4d's sampling overlapped with the previous step; True elsewhere). Settings:
     ``comm_precision`` (a :class:`~plexus_tune.model.comm_precision.CommPrecision`, parsed
     once here from text), ``dtype``, ``block_rows`` (None: one block), ``overlap``,
     ``fixed_features``, ``layer_norm``, ``permute``, ``epochs``, ``warmup``.
@@ -195,6 +198,7 @@ class RunSpec:
     schedule: str | None = None
     dp: int = 1
     batch_size: int | None = None
+    prefetch: bool = True
     comm_precision: CommPrecision = field(default_factory=CommPrecision)
     dtype: str = "float32"
     block_rows: int | None = None
@@ -262,6 +266,7 @@ class RunSpec:
         return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
+                   prefetch=bool(config.prefetch),
                    comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
                    overlap=bool(config.overlap), fixed_features=bool(config.fixed_features),
                    layer_norm=bool(config.layer_norm), permute=config.permute, threads_per_rank=config.threads_per_rank,
@@ -319,7 +324,8 @@ class RunSpec:
                     "algorithm": self.algorithm or DEFAULT_FAMILY}
         family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
         ident = self.identity()
-        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name)}
+        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ())
+                   if getattr(ident, name) or isinstance(getattr(ident, name), bool)}  # a switch passes off, too
         if options:
             settings["options"] = options
         return settings
