@@ -403,11 +403,16 @@ class RunSpec:
         return Workload(name=self.graph_name or self.graph or "graph", nodes=self.nodes, nnz=self.nnz,
                         widths=self.widths, bytes_per_element=elem)
 
-    def predict(self, machine, *, workload: Workload | None = None) -> dict:
+    def predict(self, machine, *, workload: Workload | None = None, graph=None) -> dict:
         """The prediction of this run at every setting of its identity: :func:`plexus_tune.model.prediction.predict_run`
         of :meth:`workload`, ``grid`` and :meth:`prediction_settings`, so a logged prediction is what
-        ``plexus-tune predict`` gives for the same settings."""
-        return predict_run(self.workload(workload), machine, self.grid, **self.prediction_settings())
+        ``plexus-tune predict`` gives for the same settings. ``graph`` (the loaded graph) goes to the families
+        whose model reads it (their partition and pieces; ``"graph"`` in the family's options)."""
+        settings = self.prediction_settings()
+        family = FAMILIES.get(settings["algorithm"])
+        if graph is not None and "graph" in getattr(family, "options", ()):
+            settings["options"] = {**settings.get("options", {}), "graph": graph}
+        return predict_run(self.workload(workload), machine, self.grid, **settings)
 
 
 def prediction_settings(spec: RunSpec) -> dict:
