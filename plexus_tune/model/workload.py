@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.degrees import grid2d_degree_shape, rmat_degree_shape
 
 
 #: The deepest GCN a workload may have (docs/cli.md, Sizes): the deepest GCNs trained in the
@@ -154,8 +155,6 @@ _RMAT_PRODUCTS["generator"], _RMAT_PRODUCTS["skew"] = "rmat", (0.57, 0.19, 0.19,
 
 @functools.cache
 def _family_shape(generator: str, skew: tuple, nodes: int, edges: int) -> list:
-    from plexus_tune.graph.degrees import grid2d_degree_shape, rmat_degree_shape
-
     return grid2d_degree_shape(nodes) if generator == "grid2d" else rmat_degree_shape(nodes, edges, skew)
 
 
