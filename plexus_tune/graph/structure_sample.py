@@ -10,8 +10,9 @@ certainty are counted exactly, both ways (A symmetric: row m's entries and their
 mirrors); the rest is spread over the cells as a random permutation does in
 expectation (rows and columns independent), raked (iterative proportional fitting) to
 the row and column totals of every segment that the row lengths (indptr) leave. Only
-the sampled rows' entries are read; beside them memory holds the row lengths and the
-permutations (N entries each).
+the sampled rows' entries are read (:func:`gather`); indptr is streamed a chunk at a time
+(:func:`pointer_chunks`), and beside the sample memory holds one chunk and the trainer's
+inverse permutations (4 bytes a node each; docs/model.md, "Sampled structure").
 
 For the symmetric pattern of an undirected graph, row m of A is row ``inv_row[m]`` and
 column ``inv_col[m]`` of ``B = A_hat[row_perm][:, col_perm]``, so a block's row lengths
@@ -225,9 +226,25 @@ def _cuts(n: int, bounds) -> np.ndarray:
     return np.unique(np.clip(np.asarray(sorted(set(bounds) | {0, n}), dtype=np.int64), 0, n))
 
 
+#: Buckets of the id range that :func:`_segment` looks segments up in.
+SEGMENT_BUCKETS = 4096
+
+
 def _segment(cuts: np.ndarray, ids) -> np.ndarray:
-    """The segment between ``cuts`` of each id."""
-    return np.searchsorted(cuts, np.asarray(ids), side="right") - 1
+    """The segment between ``cuts`` (sorted, from 0 to n) of each id in [0, n): the largest s with
+    cuts[s] <= id. Looked up by bucket of the id range (the segment at the bucket's start); only
+    the ids of the few buckets that a cut falls inside are searched."""
+    ids = np.asarray(ids)
+    n = int(cuts[-1])
+    if ids.size < 4 * SEGMENT_BUCKETS or n <= 0:
+        return np.searchsorted(cuts, ids, side="right") - 1
+    width = -(-n // SEGMENT_BUCKETS)
+    first = np.searchsorted(cuts, np.arange(0, n + width, width, dtype=np.int64), side="right")
+    bucket = ids // width
+    seg = (first - 1)[bucket]
+    split = np.flatnonzero((np.diff(first) > 0)[bucket])  # ids whose bucket holds a cut past its start
+    seg[split] = np.searchsorted(cuts, ids[split], side="right") - 1
+    return seg
 
 
 def _compiled_block_values(sub_indptr, sub_cols, rows, loops, inv_row, inv_col, n, blocks, members):
