@@ -71,6 +71,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("schedule", ("options", "schedule"), "", str),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
+    IdentityField("prefetch", ("options", "prefetch"), True, bool),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
@@ -137,7 +138,8 @@ ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "h
               "warmup": "warmup", "backend": "backend", "permute": "permute", "block_rows": "block_rows",
               "overlap": "overlap", "dtype": "dtype", "comm_precision": "comm_precision", "layer_norm": "layer_norm",
               "fixed_features": "fixed_features", "threads_per_rank": "threads", "algorithm": "algorithm",
-              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size"}
+              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size",
+              "prefetch": "prefetch"}
 #: TrainConfig fields a :class:`RunSpec` does not hold: how the trainer trains, not which run it is
 #: (:meth:`RunSpec.train_config` takes them from a configuration or as keywords).
 TRAINING_FIELDS = ("lr", "weight_decay", "seed", "check", "collect_outputs", "log", "timeout_s", "extra")
@@ -179,7 +181,8 @@ class RunSpec:
     ``cluster`` (canonical JSON text, "" for one host), ``threads_per_rank``. Configuration:
     ``algorithm`` (a family of :data:`plexus_tune.model.family.FAMILIES`), ``grid``
     (Gx, Gy, Gz; its process grid) and the family's options ``replication``, ``aggregation``,
-    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none). Settings:
+    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none), ``prefetch``
+    (scalegnn-4d's sampling overlapped with the previous step; True elsewhere). Settings:
     ``comm_precision`` (a :class:`~plexus_tune.model.comm_precision.CommPrecision`, parsed
     once here from text), ``dtype``, ``block_rows`` (None: one block), ``overlap``,
     ``fixed_features``, ``layer_norm``, ``permute``, ``epochs``, ``warmup``.
@@ -202,6 +205,7 @@ class RunSpec:
     schedule: str | None = None
     dp: int = 1
     batch_size: int | None = None
+    prefetch: bool = True
     comm_precision: CommPrecision = field(default_factory=CommPrecision)
     dtype: str = "float32"
     block_rows: int | None = None
@@ -273,6 +277,7 @@ class RunSpec:
         return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
+                   prefetch=bool(config.prefetch),
                    comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
                    overlap=bool(config.overlap), fixed_features=bool(config.fixed_features),
                    layer_norm=bool(config.layer_norm), permute=config.permute, threads_per_rank=config.threads_per_rank,
@@ -362,7 +367,7 @@ class RunSpec:
                            fixed_features=self.fixed_features, machine=self.machine,
                            threads_per_rank=self.threads_per_rank, launcher=self.launcher, cluster=cluster,
                            algorithm=self.algorithm, replication=self.replication, aggregation=self.aggregation,
-                           dp=self.dp, batch_size=self.batch_size, **kept)
+                           dp=self.dp, batch_size=self.batch_size, prefetch=self.prefetch, **kept)
 
     def check_memory(self, launcher=None) -> None:
         """UserError if ``launcher``'s ranks on this host cannot hold the run's weights and activations
@@ -380,7 +385,8 @@ class RunSpec:
                     "algorithm": self.algorithm or DEFAULT_FAMILY}
         family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
         ident = self.identity()
-        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name)}
+        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ())
+                   if getattr(ident, name) or isinstance(getattr(ident, name), bool)}  # a switch passes off, too
         if options:
             settings["options"] = options
         return settings

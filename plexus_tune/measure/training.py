@@ -160,7 +160,8 @@ def config_fields(config: TrainConfig, *, spec: RunSpec | None = None, launcher:
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
                          threads_per_rank=spec.threads_per_rank, layer_norm=spec.layer_norm,
                          fixed_features=spec.fixed_features, replication=spec.replication, aggregation=spec.aggregation,
-                         dp=spec.dp, batch_size=spec.batch_size)
+                         dp=spec.dp, batch_size=spec.batch_size,
+                         prefetch=spec.prefetch if spec.batch_size else None)
     return {
         "machine": spec.machine,
         "backend": spec.backend,
