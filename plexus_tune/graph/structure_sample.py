@@ -362,11 +362,11 @@ def _read_sample(adjacency, fraction: float, seed: int, self_loops: bool):
     offsets = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
-    cols = gather(adjacency.indices, positions).astype(np.int64)
+    cols = gather(adjacency.indices, positions).astype(np.int32 if n < 2**31 else np.int64)
     del positions
     if cols.size and (cols.min() < 0 or cols.max() >= n):
         raise UserError(f"the graph's column indices run outside 0..{n - 1}; the graph is corrupt: convert it again")
-    local = np.repeat(np.arange(rows.size, dtype=np.int64), lengths)
+    local = np.repeat(np.arange(rows.size, dtype=np.int32 if rows.size < 2**31 else np.int64), lengths)
     has = np.zeros(rows.size, dtype=bool)
     has[local[cols == rows[local]]] = True
     loops = ~has if self_loops else np.zeros(rows.size, dtype=bool)
@@ -402,8 +402,8 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     rows, p, lengths, cols, local, loops, added, _ = _read_sample(adjacency, fraction, seed, self_loops)
     w = 1.0 / p
     stored_cols = cols
-    local = np.concatenate([local, np.flatnonzero(loops)])
-    cols = np.concatenate([cols, rows[loops]])
+    local = np.concatenate([local, np.flatnonzero(loops).astype(local.dtype)])
+    cols = np.concatenate([cols, rows[loops].astype(cols.dtype)])
     row_len_hat = lengths + loops  # normalized row lengths of the sampled rows
 
     if inverse:
@@ -413,13 +413,15 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
         inv_col = inv_row if col_perm is row_perm else invert_permutation(np.asarray(col_perm, dtype=np.int64))
     new_row_of_row = inv_row[rows].astype(np.int64)  # row m of A is row inv_row[m] of B ...
     new_col_of_row = inv_col[rows].astype(np.int64)  # ... and column inv_col[m] of B (A symmetric)
-    entry_new_col = inv_col[cols].astype(np.int64)  # entry (m, k): column inv_col[k] of B's row inv_row[m]
+    entry_new_col = inv_col[cols]  # entry (m, k): column inv_col[k] of B's row inv_row[m]
 
     # scan 1 on the sample: weighted cells of the union of all splits' cuts
     rcuts = _cuts(n, [min(k * -(-n // r), n) for r in {r for r, _ in splits} for k in range(r + 1)])
     ccuts = _cuts(n, [min(k * -(-n // c), n) for c in {c for _, c in splits} for k in range(c + 1)])
     nrs, ncs = rcuts.size - 1, ccuts.size - 1
-    cell = _segment(rcuts, new_row_of_row[local]) * ncs + _segment(ccuts, entry_new_col)
+    cell_dtype = np.int32 if nrs * ncs < 2**31 else np.int64
+    cell = (_segment(rcuts, new_row_of_row[local]).astype(cell_dtype) * cell_dtype(ncs)
+            + _segment(ccuts, entry_new_col).astype(cell_dtype))
     # every row's and column's normalized length from indptr, one chunk at a time (a row not read:
     # the self-loops of _unread_loops; a sampled row: its own)
     row_totals = np.zeros(nrs)
