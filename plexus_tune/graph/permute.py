@@ -119,6 +119,31 @@ def permutations_for(mode: str, n: int, seed: int = 0, *, parts=None) -> tuple[n
     return row, make_permutation(n, seed + 1)
 
 
+def inverse_permutations_for(mode: str, n: int, seed: int = 0, *, parts=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(inv_row, inv_col)``: the new id of every old id under :func:`permutations_for`'s
+    permutations (int32 below 2^31 ids), built one at a time so that memory holds one
+    permutation and the inverses (the same array twice where the mode permutes rows and
+    columns alike)."""
+    dtype = np.int32 if int(n) < 2**31 else np.int64
+
+    def inverse(perm) -> np.ndarray:
+        inv = np.empty(int(n), dtype=dtype)
+        inv[perm] = np.arange(int(n), dtype=dtype)
+        return inv
+
+    if mode not in PERMUTE_MODES:
+        raise UserError(f"unknown permutation mode {mode!r}; use one of {', '.join(PERMUTE_MODES)}")
+    if mode == "none":
+        ident = np.arange(int(n), dtype=dtype)
+        return ident, ident
+    if mode == "local":
+        if parts is None:
+            raise ValueError("the local permutation needs the part counts of the grid (parts=grid_parts(grid))")
+        return inverse(local_permutation(n, seed, parts)), inverse(local_permutation(n, seed + 1, parts))
+    row = inverse(make_permutation(n, seed))
+    return (row, row) if mode == "single" else (row, inverse(make_permutation(n, seed + 1)))
+
+
 def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None) -> sp.csr_matrix:
     """``B = A[row_perm][:, col_perm]`` as canonical CSR without densifying.
 
