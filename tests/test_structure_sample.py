@@ -184,3 +184,14 @@ def test_inverse_permutations_are_those_of_the_trainers(mode):
     inv_row, inv_col = inverse_permutations_for(mode, 10_007, 5, parts=parts)
     assert inv_row.dtype == np.int32
     assert np.array_equal(inv_row, invert_permutation(rows)) and np.array_equal(inv_col, invert_permutation(cols))
+
+
+def test_segments_are_looked_up_as_a_binary_search_finds_them():
+    from plexus_tune.graph.structure_sample import _segment
+
+    rng = np.random.default_rng(0)
+    for n in (5, 1000, 100_003, 2_449_029):
+        for parts in ([1], [2, 3], [1, 2, 4, 8, 16, 32, 64], [7, 999, 1000]):
+            cuts = np.unique(np.concatenate([np.minimum(np.arange(g + 1) * -(-n // g), n) for g in parts]))
+            ids = np.concatenate([rng.integers(0, n, 50_000), cuts[:-1], np.maximum(cuts[1:] - 1, 0)]).astype(np.int32)
+            assert np.array_equal(_segment(cuts, ids), np.searchsorted(cuts, ids, side="right") - 1), (n, parts)

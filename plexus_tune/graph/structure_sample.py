@@ -10,8 +10,9 @@ certainty are counted exactly, both ways (A symmetric: row m's entries and their
 mirrors); the rest is spread over the cells as a random permutation does in
 expectation (rows and columns independent), raked (iterative proportional fitting) to
 the row and column totals of every segment that the row lengths (indptr) leave. Only
-the sampled rows' entries are read; beside them memory holds the row lengths and the
-permutations (N entries each).
+the sampled rows' entries are read (:func:`gather`); indptr is streamed a chunk at a time
+(:func:`pointer_chunks`), and beside the sample memory holds one chunk and the trainer's
+inverse permutations (4 bytes a node each; docs/model.md, "Sampled structure").
 
 For the symmetric pattern of an undirected graph, row m of A is row ``inv_row[m]`` and
 column ``inv_col[m]`` of ``B = A_hat[row_perm][:, col_perm]``, so a block's row lengths
@@ -225,9 +226,25 @@ def _cuts(n: int, bounds) -> np.ndarray:
     return np.unique(np.clip(np.asarray(sorted(set(bounds) | {0, n}), dtype=np.int64), 0, n))
 
 
+#: Buckets of the id range that :func:`_segment` looks segments up in.
+SEGMENT_BUCKETS = 4096
+
+
 def _segment(cuts: np.ndarray, ids) -> np.ndarray:
-    """The segment between ``cuts`` of each id."""
-    return np.searchsorted(cuts, np.asarray(ids), side="right") - 1
+    """The segment between ``cuts`` (sorted, from 0 to n) of each id in [0, n): the largest s with
+    cuts[s] <= id. Looked up by bucket of the id range (the segment at the bucket's start); only
+    the ids of the few buckets that a cut falls inside are searched."""
+    ids = np.asarray(ids)
+    n = int(cuts[-1])
+    if ids.size < 4 * SEGMENT_BUCKETS or n <= 0:
+        return np.searchsorted(cuts, ids, side="right") - 1
+    width = -(-n // SEGMENT_BUCKETS)
+    first = np.searchsorted(cuts, np.arange(0, n + width, width, dtype=np.int64), side="right")
+    bucket = ids // width
+    seg = (first - 1)[bucket]
+    split = np.flatnonzero((np.diff(first) > 0)[bucket])  # ids whose bucket holds a cut past its start
+    seg[split] = np.searchsorted(cuts, ids[split], side="right") - 1
+    return seg
 
 
 def _compiled_block_values(sub_indptr, sub_cols, rows, loops, inv_row, inv_col, n, blocks, members):
@@ -345,11 +362,11 @@ def _read_sample(adjacency, fraction: float, seed: int, self_loops: bool):
     offsets = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
-    cols = gather(adjacency.indices, positions).astype(np.int64)
+    cols = gather(adjacency.indices, positions).astype(np.int32 if n < 2**31 else np.int64)
     del positions
     if cols.size and (cols.min() < 0 or cols.max() >= n):
         raise UserError(f"the graph's column indices run outside 0..{n - 1}; the graph is corrupt: convert it again")
-    local = np.repeat(np.arange(rows.size, dtype=np.int64), lengths)
+    local = np.repeat(np.arange(rows.size, dtype=np.int32 if rows.size < 2**31 else np.int64), lengths)
     has = np.zeros(rows.size, dtype=bool)
     has[local[cols == rows[local]]] = True
     loops = ~has if self_loops else np.zeros(rows.size, dtype=bool)
@@ -385,8 +402,8 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     rows, p, lengths, cols, local, loops, added, _ = _read_sample(adjacency, fraction, seed, self_loops)
     w = 1.0 / p
     stored_cols = cols
-    local = np.concatenate([local, np.flatnonzero(loops)])
-    cols = np.concatenate([cols, rows[loops]])
+    local = np.concatenate([local, np.flatnonzero(loops).astype(local.dtype)])
+    cols = np.concatenate([cols, rows[loops].astype(cols.dtype)])
     row_len_hat = lengths + loops  # normalized row lengths of the sampled rows
 
     if inverse:
@@ -396,13 +413,15 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
         inv_col = inv_row if col_perm is row_perm else invert_permutation(np.asarray(col_perm, dtype=np.int64))
     new_row_of_row = inv_row[rows].astype(np.int64)  # row m of A is row inv_row[m] of B ...
     new_col_of_row = inv_col[rows].astype(np.int64)  # ... and column inv_col[m] of B (A symmetric)
-    entry_new_col = inv_col[cols].astype(np.int64)  # entry (m, k): column inv_col[k] of B's row inv_row[m]
+    entry_new_col = inv_col[cols]  # entry (m, k): column inv_col[k] of B's row inv_row[m]
 
     # scan 1 on the sample: weighted cells of the union of all splits' cuts
     rcuts = _cuts(n, [min(k * -(-n // r), n) for r in {r for r, _ in splits} for k in range(r + 1)])
     ccuts = _cuts(n, [min(k * -(-n // c), n) for c in {c for _, c in splits} for k in range(c + 1)])
     nrs, ncs = rcuts.size - 1, ccuts.size - 1
-    cell = _segment(rcuts, new_row_of_row[local]) * ncs + _segment(ccuts, entry_new_col)
+    cell_dtype = np.int32 if nrs * ncs < 2**31 else np.int64
+    cell = (_segment(rcuts, new_row_of_row[local]).astype(cell_dtype) * cell_dtype(ncs)
+            + _segment(ccuts, entry_new_col).astype(cell_dtype))
     # every row's and column's normalized length from indptr, one chunk at a time (a row not read:
     # the self-loops of _unread_loops; a sampled row: its own)
     row_totals = np.zeros(nrs)

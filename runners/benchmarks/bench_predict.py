@@ -33,6 +33,13 @@ the one-pass baseline, which grows with the graph::
 
     python runners/benchmarks/bench_predict.py --scaling /data/rmat-612k,/data/rmat-1224k,/data/rmat-2449k
 
+With ``--descriptor NAME=DIR`` it compares, on the H100 profile at 1x1x1, catalog dataset NAME's
+prediction from its structure descriptor (and from the shape computed for its generator
+family) with ``predict --graph DIR``, DIR a graph of the same size generated with the
+descriptor's skew, and with the uniformly random shards (target: the descriptor within 20 %)::
+
+    python runners/benchmarks/bench_predict.py --descriptor ogbn-products=/data/rmat-products
+
 A spec (``rmat:nodes=2449029,edges=61859012``, a ``graph generate`` kind and its options)
 is generated once into ``--data`` (default /tmp/plexus-bench-graphs) in the memory-mapped
 format. Targets: cold <= 3 x one pass, warm <= 2 s above no graph, peak RSS <= 1.5 x the
@@ -247,6 +254,45 @@ def scaling_figures(args) -> int:
     return 0
 
 
+def descriptor_figures(args) -> int:
+    """A catalog dataset's descriptor against --graph on a same-size graph of its skew, at 1x1x1 on the H100 profile."""
+    import numpy as np
+
+    from plexus_tune.graph import load_graph
+    from plexus_tune.graph.degrees import rmat_degree_shape
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.sparsity import DescriptorSparsity, descriptor_sparsity, graph_sparsity
+    from plexus_tune.model.workload import get_dataset, workload_from_dataset
+
+    name, _, path = args.descriptor.partition("=")
+    info = get_dataset(name)
+    workload = workload_from_dataset(info.name)
+    machine = load_machine(args.machine)
+    grids = np.array([[1, 1, 1]])
+    start = time.perf_counter()
+    graph = load_graph(path, pattern_only=True)
+    exact = predict_grids(workload, machine, grids, sparsity=graph_sparsity(graph, grids, workload.layers))
+    scan_s = time.perf_counter() - start
+    rows = [("predict --graph (the graph's shards)", exact)]
+    rows.append(("descriptor (" + ("measured shape" if "degree_shape" in info.structure else "computed shape") + ")",
+                 predict_grids(workload, machine, grids, sparsity=descriptor_sparsity(info, workload, grids))))
+    if info.structure.get("generator") == "rmat":
+        computed = {**info.structure, "degree_shape": rmat_degree_shape(info.nodes, (info.nnz - info.nodes) // 2,
+                                                                        info.structure["skew"])}
+        rows.append(("computed R-MAT shape of its size", predict_grids(
+            workload, machine, grids, sparsity=DescriptorSparsity(computed, workload.nodes, workload.nnz, name=name))))
+    rows.append(("uniformly random shards (no descriptor)", predict_grids(workload, machine, grids)))
+    print(f"{info.name} at 1x1x1 on {machine.name}; graph {path} (N={graph.num_nodes:,}, stored {graph.adjacency.nnz:,}; "
+          f"scan {scan_s:.1f} s); load average {open('/proc/loadavg').read().split()[0]}")
+    want = float(exact["total_ms"][0])
+    for label, pred in rows:
+        total, spmm = float(pred["total_ms"][0]), float(pred["spmm_ms"][0])
+        print(f"  {label:<42} epoch {total:9.2f} ms ({100 * (total / want - 1):+6.1f} %)   SpMM {spmm:9.2f} ms")
+    print("target: the descriptor's epoch within 20 % of predict --graph")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -262,7 +308,13 @@ def main() -> int:
                         "(--sample-entries), its cost against the graph's size")
     parser.add_argument("--sample-entries", type=int, default=1_237_180,
                         help="with --scaling: stored entries the sample reads (default 1 %% of the products-size R-MAT)")
+    parser.add_argument("--descriptor", metavar="NAME=DIR",
+                        help="catalog dataset NAME's descriptor against predict --graph DIR at 1x1x1")
     args = parser.parse_args()
+    if args.descriptor:
+        if args.machine == "perlmutter-paper":
+            args.machine = "h100-80gb-fitted"
+        return descriptor_figures(args)
     args.fractions = [float(v) for v in args.fractions.split(",") if v]
     if args.scaling:
         args.scaling = [v for v in args.scaling.split(",") if v]
