@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import TRAINING_FIELDS, RunIdentity, RunSpec, run_identity, run_setting
+from plexus_tune.measure.identity import RunIdentity, RunSpec, run_identity, run_setting, training_fields
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
 from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
@@ -268,7 +268,7 @@ class Campaign:
     def training(self) -> dict:
         """The trainer settings of :attr:`train_options` that are no part of a run's spec (timeout, seed, ...:
         :data:`~plexus_tune.measure.identity.TRAINING_FIELDS`)."""
-        return {k: v for k, v in self.train_options.items() if k in TRAINING_FIELDS}
+        return training_fields(self.train_options)
 
     def config(self, grid, launcher=None):
         """The trainer configuration of one grid's runs: :meth:`~plexus_tune.measure.identity.RunSpec.train_config`
@@ -387,11 +387,13 @@ def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, g
     return record
 
 
-def log_run(log, record: dict, *, machine, workload) -> dict:
-    """Append one run's record to ``log`` with the prediction at its settings (``predicted``)
-    and the next trial number of its identity (:func:`next_trial`); returns the record."""
-    record["predicted"] = RunSpec.from_record(record).predict(machine, workload=workload)
-    record["trial"] = next_trial(log, run_identity(record))
+def log_run(log, record: dict, *, machine, workload, spec: RunSpec | None = None) -> dict:
+    """Append one run's record to ``log`` with the prediction at its settings (``predicted``: :meth:`RunSpec.predict`
+    of ``spec``, the run's, else of the record) and the next trial number of its identity (:func:`next_trial`);
+    returns the record."""
+    spec = spec if spec is not None else RunSpec.from_record(record)
+    record["predicted"] = spec.predict(machine, workload=workload)
+    record["trial"] = next_trial(log, run_identity(record))  # as logged (shard files fix their own permutation)
     append_records(log, [record])
     return record
 

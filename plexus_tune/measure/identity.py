@@ -144,6 +144,11 @@ ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "h
 #: (:meth:`RunSpec.train_config` takes them from a configuration or as keywords).
 TRAINING_FIELDS = ("lr", "weight_decay", "seed", "check", "collect_outputs", "log", "timeout_s", "extra")
 SYNTHETIC_PREFIX = "synthetic:"
+
+
+def training_fields(options: Mapping) -> dict:
+    """The :data:`TRAINING_FIELDS` of TrainConfig ``options`` (the rest are a :class:`RunSpec`'s)."""
+    return {k: v for k, v in options.items() if k in TRAINING_FIELDS}
 #: Identity fields whose identity default (0 or "") means "not set" (None in a :class:`RunSpec`).
 UNSET_AS_DEFAULT = ("block_rows", "threads_per_rank", "replication", "aggregation", "schedule", "batch_size")
 
