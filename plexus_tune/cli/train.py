@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import numpy as np
@@ -22,6 +23,7 @@ from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
@@ -304,11 +306,9 @@ def run(args: argparse.Namespace) -> int:
         check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
     launcher = _launcher(args, config) if environment is None else None
     try:
-        if launcher is None:
-            record = run_training(config)
-        else:
-            with launcher:
-                record = run_training(config, launcher=launcher)
+        with launcher or contextlib.nullcontext():  # the run's spec, built once (its family's settings are config's)
+            spec = RunSpec.from_config(config, normalized=True, launcher=launcher)
+            record = run_training(config, launcher=launcher, spec=spec)
     except TrainingFailed as exc:
         print(f"plexus-tune: error: {exc}", file=sys.stderr)
         if args.log:
