@@ -15,6 +15,7 @@ from plexus_tune.errors import UserError
 from plexus_tune.measure.families import (cluster_spec, configuration_label, family_configurations, trained_families,
                                           untrained_families)
 from plexus_tune.model.family import family_names
+from plexus_tune.model.breakdown import TOTAL_PARTS
 from plexus_tune.trainer.algorithms import TRAINED_ALGORITHMS
 from plexus_tune.report.families import score_rows
 
@@ -132,3 +133,34 @@ def test_a_campaign_trains_only_what_the_trainers_run():
     assert trainer_options("supergcn", {"aggregation": "post"}) == {"aggregation": "post"}
     with pytest.raises(UserError, match="trains its schedule 'bundled', not 'paper'"):
         trainer_options("cagnet-3d", {"schedule": "paper"})
+
+
+def test_scored_rows_are_the_planner_s_predictions_of_the_same_runs(capsys):
+    """A logged configuration's row is predicted as ``plexus-tune predict --graph`` ranks the same
+    configuration (the one prediction of a run, the graph read by the families whose model reads it)."""
+    from plexus_tune.cli import main
+    from plexus_tune.measure.campaign import load_graph_source, load_stats, workload_of
+    from plexus_tune.report.families import predict_rows
+
+    graph = "rmat:nodes=512,edges=4096,features=8,classes=4,seed=0"
+    rows = [{"family": "supergcn", "grid": (4, 1, 1), "options": {"aggregation": mode}, "comm_precision": precision,
+             "epoch_ms": 1.0, "label": mode} for mode in ("pre", "post", "hybrid") for precision in ("fp32", "bf16")]
+    rows += [{"family": "cagnet-1d", "grid": (4, 1, 1), "options": {}, "comm_precision": "fp32", "epoch_ms": 1.0,
+              "label": "1d"},
+             {"family": "cagnet-1.5d", "grid": (2, 2, 1), "options": {}, "comm_precision": "bf16", "epoch_ms": 1.0,
+              "label": "1.5d"}]
+    predicted = predict_rows(rows, workload_of(load_stats(graph), 3, 16), "perlmutter", load_graph_source(graph))
+    planner = {}
+    for family in ("supergcn", "cagnet-1d", "cagnet-1.5d"):
+        for precision in ("fp32", "bf16"):
+            assert main(["predict", "--graph", graph, "--gpus", "4", "--machine", "perlmutter", "--algorithm", family,
+                         "--layers", "3", "--hidden", "16", "--comm-precision", precision, "--format", "json",
+                         "--top", "0", "--no-cache"]) == 0
+            for r in json.loads(capsys.readouterr().out)["ranking"]:
+                planner[(r["algorithm"], r["grid"], r.get("aggregation") or "", r["comm_precision"])] = r["total_ms"]
+    for row in predicted:
+        key = (row["family"], "x".join(map(str, row["grid"])), row["options"].get("aggregation", ""), row["comm_precision"])
+        assert row["total_ms"] == pytest.approx(planner[key], rel=1e-12), key
+        assert sum(row["predicted"][k] for k in TOTAL_PARTS) == pytest.approx(row["total_ms"], rel=1e-12)
+    # the family's option reaches its model: the three aggregation modes are three predictions
+    assert len({row["total_ms"] for row in predicted[:6:2]}) == 3

@@ -126,3 +126,24 @@ def test_datasets_and_machines_listings(run_cli):
     assert code == 0 and "bandwidth_table" in out
     code, _, err = run_cli(["machines", "nope"])
     assert code == 2 and "unknown machine" in err
+
+
+def test_predict_keeps_no_state_on_its_arguments(capsys, tmp_path):
+    """The command parses, calls the library and prints: the graph it reads comes back from the
+    library (measure/graph_input), nothing is stashed on the parsed arguments."""
+    from plexus_tune.cli import build_parser
+    from plexus_tune.cli.predict import run
+    from plexus_tune.measure.graph_input import read_graph_input
+
+    spec = "rmat:nodes=1024,edges=8192,features=16,classes=4,seed=0"
+    for extra in ([], ["--algorithm", "all"], ["--graph-sample", "0.5"]):
+        args = build_parser().parse_args(["predict", "--graph", spec, "--gpus", "4", "--machine", "perlmutter",
+                                          "--no-cache", "--format", "json", *extra])
+        before = dict(vars(args))
+        assert run(args) == 0
+        assert vars(args) == before
+        capsys.readouterr()
+    source = read_graph_input(spec, cache=False, sample=None, layers=3, hidden=16)
+    # hand-checked: N of the spec, the widths D_0 = 16, hidden 16, 4 classes; a graph read whole, not stored
+    assert source.workload.nodes == 1024 and tuple(source.workload.widths) == (16, 16, 16, 4)
+    assert source.stored is None and source.fraction is None and source.graph is not None

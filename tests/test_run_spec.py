@@ -117,3 +117,64 @@ def test_command_line_arguments_make_the_spec_their_run_records():
     with pytest.raises(UserError, match="no-such"):
         RunSpec.from_args(parser.parse_args(["measure", "--graph", SPEC, "--gpus", "2", "--algorithm", "no-such",
                                              "--log", "x.jsonl"]))
+
+
+def test_the_spec_is_the_trainer_configuration_s_single_source():
+    from plexus_tune.model.memory import training_floor_bytes
+
+    for config in (TrainConfig(synthetic=SPEC, grid=(1, 2, 1), layers=2, hidden=16, block_rows=8, overlap=True,
+                               comm_precision="bf16", lr=0.5, seed=3, timeout_s=9.0),
+                   TrainConfig(synthetic=SPEC, gpus=4, algorithm="cagnet-1.5d", replication=2, layers=2, hidden=16),
+                   TrainConfig(graph="g.npz", gpus=2, algorithm="supergcn", aggregation="pre", layers=2, hidden=16),
+                   TrainConfig(synthetic=SPEC, grid=(1, 1, 2), algorithm="scalegnn-4d", dp=2, batch_size=16,
+                               extra={"minibatch": {"dropout": 0.1}})):
+        spec = RunSpec.from_config(config)
+        trained = spec.train_config(config)
+        # the spec's fields, the configuration's training settings; nothing left to fill in
+        assert RunSpec.from_config(trained, normalized=True) == spec == RunSpec.from_config(trained)
+        assert (trained.lr, trained.seed, trained.timeout_s, trained.extra) == (config.lr, config.seed, config.timeout_s,
+                                                                                config.extra)
+        assert (trained.graph, trained.synthetic) == (config.graph, config.synthetic)
+    # a campaign's other grid: cagnet-1.5d's replication c is the grid's Gy, as normalizing its configuration gives
+    spec = RunSpec.from_config(TrainConfig(synthetic=SPEC, gpus=8, algorithm="cagnet-1.5d", replication=2))
+    assert spec.grid == (4, 2, 1) and spec.replication == 2
+    assert spec.with_grid((4, 2, 1)) == spec
+    # hand-derived floor: 16 (L - 1) h^2 + 4 L N h with L = 3, h = 128, N = 1000
+    assert training_floor_bytes(3, 128, 1000) == 16 * 2 * 128 * 128 + 4 * 3 * 1000 * 128 == 2_060_288
+
+
+def test_a_campaign_runs_the_command_line_s_spec_on_each_grid():
+    """A campaign given the command line's spec makes the runs (identities, trainer configurations) it
+    makes from its own fields, on every grid of the family, with the launcher's name and cluster."""
+    from plexus_tune.cli import build_parser
+    from plexus_tune.launch.launchers import Launcher
+    from plexus_tune.measure.campaign import Campaign, pending_runs
+
+    class Emulated(Launcher):
+        name, oversubscribe = "emulated", True
+
+        def cluster(self):
+            return {"nodes": 2, "ranks_per_node": 2}
+
+    parser = build_parser()
+    grids = {"plexus-3d": [(1, 1, 4), (2, 2, 1)], "cagnet-1.5d": [(8, 2, 1), (4, 4, 1)], "supergcn": [(4, 1, 1)],
+             "scalegnn-4d": [(1, 1, 2), (2, 1, 1)]}
+    for algorithm, extra in (("plexus-3d", ["--block-rows", "8"]), ("cagnet-1.5d", []), ("supergcn", []),
+                             ("scalegnn-4d", ["--batch-size", "16", "--dp", "2"])):
+        gpus = 16 if algorithm == "cagnet-1.5d" else 4  # two replication factors, c = 2 and 4
+        args = parser.parse_args(["measure", "--graph", SPEC, "--gpus", str(gpus), "--algorithm", algorithm, "--layers", "2",
+                                  "--hidden", "8", "--epochs", "3", "--warmup", "1", "--log", "x.jsonl", *extra])
+        options = {"algorithm": algorithm, "block_rows": args.block_rows, "timeout_s": 7.0}
+        if algorithm == "scalegnn-4d":
+            options.update(dp=2, batch_size=16)
+        spec = RunSpec.from_args(args, **options)
+        family = grids[algorithm]
+        common = dict(trials=2, epochs=3, warmup=1, layers=2, hidden=8, train_options=options)
+        given = pending_runs(Campaign(SPEC, gpus, family, spec=spec, **common), launcher=Emulated())
+        built = pending_runs(Campaign(SPEC, gpus, family, **common), launcher=Emulated())
+        assert len(given) == len(built) == 2 * len(family)
+        for (grid, trial, config, run), (grid2, trial2, config2, run2) in zip(given, built):
+            assert (grid, trial, run.identity()) == (grid2, trial2, run2.identity())
+            assert run.grid == grid and run.launcher == "emulated" and run.cluster == '{"nodes":2,"ranks_per_node":2}'
+            assert config == config2 and config.timeout_s == 7.0
+            assert run.replication == (grid[1] if algorithm == "cagnet-1.5d" else None)

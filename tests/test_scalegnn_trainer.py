@@ -91,7 +91,7 @@ def test_prefetched_samples_equal_the_samples_drawn_in_step(graph):
     same samples, hence bit-identical losses and accuracies, as drawing each sample in its step."""
     common = dict(algorithm="scalegnn-4d", grid=(1, 1, 2), dp=2, batch_size=12, hidden=HIDDEN, layers=3, epochs=3,
                   warmup=0, seed=7, dtype="float64")
-    configs = [normalize_config(TrainConfig(extra={"minibatch": {"prefetch": on, "dropout": 0.1}}, **common))
+    configs = [normalize_config(TrainConfig(prefetch=on, extra={"minibatch": {"dropout": 0.1}}, **common))
                for on in (True, False)]
     assert configs[0].batch_size * configs[0].dp < graph.num_nodes  # several steps per epoch
     on, off = run(graph, 4, configs)
@@ -100,6 +100,9 @@ def test_prefetched_samples_equal_the_samples_drawn_in_step(graph):
     for per_rank in on["timers"]:
         for row in per_rank:
             assert row["sample_work_ms"] > 0
+    for per_rank in off["timers"]:  # drawn in its step: all of the sampling is exposed
+        for row in per_rank:
+            assert row["sample_ms"] >= row["sample_work_ms"] > 0
 
 
 class _NoCollectives:

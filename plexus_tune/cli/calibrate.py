@@ -18,7 +18,9 @@ from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
 from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, spmm_sweep, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
-from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SPMM_LOG, append_records, environment_info, record_type
+from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SAMPLING_LOG, SPMM_LOG, append_records, environment_info, record_type
+from plexus_tune.measure.sampling import run_sampling_benchmark
+from plexus_tune.graph.sampling import check_batch_size
 from plexus_tune.model.other import OPTIMIZER_ACCESSES
 from plexus_tune.model.collectives import ALL_OPS
 from plexus_tune.model.grid import enumerate_grids
@@ -42,6 +44,55 @@ def register(subparsers) -> None:
     _register_bandwidth(sub)
 
     _register_quant(sub)
+
+    _register_sampling(sub)
+
+
+def _register_sampling(sub) -> None:
+    sampling = sub.add_parser(
+        "sampling",
+        help="ScaleGNN's communication-free sampling: a step's sample and A_S, A_S^T cut on every rank of a grid",
+        description="Time the scalegnn-4d trainer's sampling kernel (draw the step's B vertices, cut A_S and "
+        "A_S^T from each layer layout's shard) on every rank of each 3D grid, in one process or --processes "
+        "copies at once (the ranks of an oversubscribed host sample at once). 'plexus-tune fit' turns the "
+        "records into the profile's sampling entry (docs/model.md, ScaleGNN).",
+    )
+    sampling.add_argument("--graph", required=True, metavar="GRAPH", help="graph file or synthetic spec, e.g. "
+                          "rmat:nodes=16384,edges=131072,features=32,classes=8,seed=5")
+    sampling.add_argument("--gpus", type=count(1), default=8, help="ranks of a group: every 3D grid of it (default 8)")
+    sampling.add_argument("--batch-sizes", default="512,2048", metavar="B[,B...]",
+                          help="vertices sampled per step (default 512,2048)")
+    sampling.add_argument("--layers", type=count(1), default=3, help="GCN layers (at most 3 layouts; default 3)")
+    sampling.add_argument("--repeats", type=count(1), default=5, help="timed steps per rank (default 5)")
+    sampling.add_argument("--processes", type=count(1), default=1,
+                          help="copies of the sweep run at once (default 1; the ranks per host of the runs to model)")
+    sampling.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
+    sampling.set_defaults(handler=run_sampling)
+
+
+def run_sampling(args) -> int:
+    batches = [parse_count(v.strip(), "--batch-sizes") for v in str(args.batch_sizes).split(",") if v.strip()]
+    if not batches:
+        raise UserError(f"--batch-sizes: expected vertex counts such as 512,2048, got {args.batch_sizes!r}")
+    _positive(args.gpus, "--gpus")
+    _positive(args.repeats, "--repeats")
+    _positive(args.processes, "--processes")
+    check_layers(args.layers)
+    check_log("--out", args.out, kinds=SAMPLING_LOG)
+    graph = load_graph_source(args.graph)
+    for b in batches:
+        try:
+            check_batch_size(b, graph.num_nodes)
+        except UserError as exc:
+            raise UserError(f"--batch-sizes: {exc}") from None
+    grids = [tuple(int(g) for g in grid) for grid in enumerate_grids(args.gpus).tolist()]
+    records = run_sampling_benchmark(args.out, args.graph, grids=grids, batches=batches, layers=args.layers,
+                                     repeats=args.repeats, processes=args.processes)
+    for rec in records:
+        print(f"{rec['grid']:>7} B {rec['batch_size']:>6,} {rec['layouts']} layouts {rec['work_bytes'] / 1e6:8.2f} MB "
+              f"{rec['time_ms']:8.2f} ms")
+    print(f"{len(records)} records appended to {args.out}")
+    return 0
 
 
 def _register_collectives(sub) -> None:

@@ -28,7 +28,6 @@ from plexus_tune.model.machine import load_machine
 from plexus_tune.cli.train import add_algorithm_arguments, add_comm_precision_argument, comm_precision_of, check_batch_flag, family_train_options
 from plexus_tune.model.comm_precision import check_backend
 from plexus_tune.trainer.algorithms import check_algorithm
-from plexus_tune.trainer.run import check_training_memory
 
 
 def register(subparsers) -> None:
@@ -76,7 +75,7 @@ def run(args) -> int:
     campaign, machine, stats = _campaign(args)
     dp = int(campaign.train_options.get("dp", 1))
     launcher = launcher_from_args(args, sorted({int(np.prod(g)) * dp for g in campaign.grids}))
-    check_training_memory(campaign.config(campaign.grids[0]), launcher)
+    campaign.spec.check_memory(launcher)
     if submits(launcher):
         return _submit(args, campaign, launcher, machine, stats)
     err = make_console(stderr=True)
@@ -109,13 +108,13 @@ def _campaign(args) -> tuple[Campaign, object, object]:
     options = {"backend": args.backend, "permute": args.permute, "block_rows": args.block_rows, "timeout_s": args.timeout,
                "comm_precision": comm_precision, "algorithm": algorithm,
                "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
-    settings = RunSpec.from_args(args, **options).prediction_settings()
+    spec = RunSpec.from_args(args, **options)  # the runs' spec, built once: the campaign runs it on each grid
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
-    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=settings,
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=spec.prediction_settings(),
                          replication=args.replication)
     return Campaign(graph, args.gpus, grids, log=args.log, trials=args.trials, epochs=args.epochs,
                     warmup=args.warmup, layers=args.layers, hidden=args.hidden, train_options=options,
-                    redo=args.redo, retry_failed=args.retry_failed, batch=args.batch), machine, stats
+                    redo=args.redo, retry_failed=args.retry_failed, batch=args.batch, spec=spec), machine, stats
 
 
 class _Progress:

@@ -71,22 +71,22 @@ def check_flags(args) -> dict:
     return out
 
 
-def rank(args, settings, workload, machine, gpus, precision, optimizer) -> list[dict]:
-    """The library's ranking for these flags (UserError naming the flag)."""
+def rank(args, settings, workload, machine, gpus, precision, optimizer, graph=None) -> list[dict]:
+    """The library's ranking for these flags and the --graph read (UserError naming the flag)."""
     try:
         return rank_minibatch(workload, machine, gpus, batch_sizes=settings["batch_sizes"], dp=settings["dp"],
                               comm_precision=precision, optimizer=optimizer,
                               options={"prefetch": not args.no_prefetch,
                                        "fixed_features": bool(getattr(args, "fixed_features", False))},
-                              graph=getattr(args, "loaded_graph", None))
+                              graph=graph)
     except UserError as exc:
         flag = {"batch_size": "--batch-size", "dp": "--dp"}.get(getattr(exc, "parameter", None) or "", None)
         raise UserError(f"{flag}: {exc}" if flag else str(exc)) from None
 
 
-def ranked(args, settings, workload, machine, gpus, precisions, optimizer) -> list[dict]:
+def ranked(args, settings, workload, machine, gpus, precisions, optimizer, graph=None) -> list[dict]:
     """The rankings of every precision merged: feasible first, fastest first, numbered from 1."""
-    records = [r for p in precisions for r in rank(args, settings, workload, machine, gpus, p, optimizer)]
+    records = [r for p in precisions for r in rank(args, settings, workload, machine, gpus, p, optimizer, graph)]
     records.sort(key=lambda r: (not r["feasible"], r["total_ms"]))
     for k, rec in enumerate(records, start=1):
         rec["rank"] = k

@@ -16,17 +16,13 @@ from plexus_tune.model.precision_choice import accuracy_evidence, parse_allowed,
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import whole_number
 from plexus_tune.graph.permute import PERMUTE_MODES
-from plexus_tune.graph.cache import StructureCache
-from plexus_tune.graph.structure import shard_directory_matrix
-from plexus_tune.graph.structure_sample import auto_fraction, parse_sample, sampled_normalized_nnz
-from plexus_tune.measure.campaign import load_graph_source
+from plexus_tune.measure.graph_input import read_graph_input
 from plexus_tune.model.family import DEFAULT_FAMILY, family_of
 from plexus_tune.model.planner import joint_ranking, rank_grids
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.model.grid import check_gpus, enumerate_grids, format_grid
 from plexus_tune.model.machine import load_machine
-from plexus_tune.model.prediction import permutation_gain
-from plexus_tune.model.sparsity import descriptor_sparsity, graph_sparsity, graph_summary
+from plexus_tune.model.sparsity import descriptor_sparsity
 from plexus_tune.model.spmm import spmm_model_from_dict
 from plexus_tune.model.workload import Workload, get_dataset
 from plexus_tune.model.breakdown import COMM_AXIS_KEYS, TOTAL_PARTS, labelled
@@ -61,7 +57,8 @@ def _int_option(value, option: str, *, minimum: int = 1) -> int:
 
 
 def workload_from_args(args):
-    """Build the Workload an argparse namespace describes (UserError on bad values)."""
+    """(Workload, GraphInput or None): the workload an argparse namespace describes and, with --graph, the
+    graph read for the model (:func:`plexus_tune.measure.graph_input.read_graph_input`); UserError on bad values."""
     layers = _int_option(args.layers, "--layers")
     hidden = _int_option(args.hidden, "--hidden")
     bpe = _int_option(args.bytes_per_element, "--bytes-per-element")
@@ -71,51 +68,23 @@ def workload_from_args(args):
     if getattr(args, "graph", None):
         if args.dataset or args.nodes is not None or args.nnz is not None:
             raise UserError("give one of --dataset, --graph or explicit --nodes/--nnz, not several")
-        return _graph_workload(args, features, classes, sizes)
+        source = read_graph_input(args.graph, features=features, classes=classes,
+                                  sample=getattr(args, "graph_sample", None), cache=not getattr(args, "no_cache", False),
+                                  **sizes)
+        return source.workload, source
     if args.dataset:
         if args.nodes is not None or args.nnz is not None:
             raise UserError("give either --dataset or explicit --nodes/--nnz, not both")
         info = get_dataset(args.dataset)
         return Workload.from_graph_stats(info.name, info.nodes, info.nnz, features or info.features,
-                                         classes or info.classes, **sizes)
+                                         classes or info.classes, **sizes), None
     missing = [opt for opt, val in (("--nodes", args.nodes), ("--nnz", args.nnz), ("--features", features),
                                     ("--classes", classes)) if val is None]
     if missing:
         raise UserError(f"give --dataset NAME, --graph FILE|SPEC, or an explicit workload (missing {' '.join(missing)})")
     nodes = _int_option(args.nodes, "--nodes")
     nnz = _int_option(args.nnz, "--nnz")
-    return Workload.from_graph_stats(f"custom(N={nodes},NNZ={nnz})", nodes, nnz, features, classes, **sizes)
-
-
-def _graph_workload(args, features, classes, sizes):
-    """The workload of --graph (a shard directory, a graph file or a spec), the graph kept on ``args``."""
-    if os.path.isdir(args.graph) and os.path.isfile(os.path.join(args.graph, "manifest.json")):
-        matrix, manifest = shard_directory_matrix(args.graph)
-        args.loaded_graph, args.stored_shards = None, (matrix, manifest)
-        node_data = manifest.get("node_data") or {}
-        features = features or node_data.get("num_features")
-        classes = classes or node_data.get("num_classes")
-        if features is None or classes is None:
-            raise UserError(f"{args.graph} holds no node data: give --features and --classes")
-        return Workload.from_graph_stats(manifest.get("name", "shards"), int(manifest["num_nodes"]),
-                                         int(manifest["nnz"]), features, classes, **sizes)
-    sample = parse_sample(getattr(args, "graph_sample", None))
-    # the model reads the pattern and widths alone; a sample reads some rows' indices, checked as read
-    graph = load_graph_source(args.graph, pattern_only="rows" if sample is not None else True)
-    fraction = auto_fraction(graph.adjacency.nnz) if sample == "auto" else sample
-    fraction = None if fraction is not None and fraction >= 1 else fraction
-    if sample is not None and fraction is None:
-        graph = load_graph_source(args.graph, pattern_only=True)  # scanned whole: every index checked first
-    args.loaded_graph = graph
-    args.graph_fraction = fraction
-    if fraction is not None:
-        args.structure_cache = None
-        nnz, _ = sampled_normalized_nnz(graph.adjacency, fraction)
-    else:
-        args.structure_cache = None if getattr(args, "no_cache", False) else StructureCache(graph)
-        nnz = graph_summary(graph, args.structure_cache)["normalized_nnz"]
-    return Workload.from_graph_stats(graph.name, graph.num_nodes, nnz, features or graph.num_features,
-                                     classes or int(graph.num_classes), **sizes)
+    return Workload.from_graph_stats(f"custom(N={nodes},NNZ={nnz})", nodes, nnz, features, classes, **sizes), None
 
 
 def register(subparsers) -> None:
@@ -228,24 +197,17 @@ def _print_precision(pred, order, precision, auto, best_of, machine) -> None:
         print(f"accuracy evidence for {precision}: {accuracy_evidence(precision)}")
 
 
-def graph_shards(args, grids, workload):
-    """(GraphSparsity, permutation) of --graph on these grids, (None, None) without a graph."""
-    stored = getattr(args, "stored_shards", None)
-    graph = getattr(args, "loaded_graph", None)
-    if stored is not None:
-        matrix, manifest = stored
-        mode = manifest.get("permutation", {}).get("mode", "double")
-        if args.permute is not None and args.permute != mode:
-            raise UserError(f"--permute {args.permute}: {args.graph} was cut after the {mode} permutation, which the "
-                            "trainer keeps; leave --permute out or re-shard the graph")
-        return graph_sparsity(matrix, grids, workload.layers, permute=mode, stored=True), mode
-    if graph is None:
+def graph_shards(args, source, grids, workload):
+    """(GraphSparsity, permutation) of --graph (``source``, a GraphInput) on these grids, (None, None) without one."""
+    if source is None:
         if args.permute is not None:
             raise UserError("--permute needs --graph: the permutation changes the shards of a graph the model reads")
         return None, None
-    mode = args.permute or "double"
-    return graph_sparsity(graph, grids, workload.layers, permute=mode, cache=getattr(args, "structure_cache", None),
-                          sample=getattr(args, "graph_fraction", None)), mode
+    stored = source.stored_permutation
+    if stored is not None and args.permute is not None and args.permute != stored:
+        raise UserError(f"--permute {args.permute}: {args.graph} was cut after the {stored} permutation, which the "
+                        "trainer keeps; leave --permute out or re-shard the graph")
+    return source.shards(grids, workload.layers, args.permute)
 
 
 def sample_line(sample: dict) -> str:
@@ -255,18 +217,16 @@ def sample_line(sample: dict) -> str:
             f"+/-{100 * sample['nnz_max_rse']:.2f} % (one standard error, worst split); --graph-sample 1 scans them all")
 
 
-def _print_permutation(args, workload, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
+def _print_permutation(source, machine, pred, order, permute, block_rows, precision, optimizer) -> None:
     """The first grid's SpMM and total under the other permutations the trainer offers."""
-    graph = getattr(args, "loaded_graph", None)
     best = int(order[0])
     grid = (int(pred["gx"][best]), int(pred["gy"][best]), int(pred["gz"][best]))
-    if graph is None:
+    others = [m for m in ("double", "local") if m != permute]
+    gains = source.permutation_gain(machine, grid, others, block_rows=block_rows, comm_precision=precision,
+                                    optimizer=optimizer)
+    if gains is None:
         print(f"shards as stored ({permute} permutation)")
         return
-    others = [m for m in ("double", "local") if m != permute]
-    gains = permutation_gain(graph, workload, machine, grid, others, block_rows=block_rows, comm_precision=precision,
-                             optimizer=optimizer, cache=getattr(args, "structure_cache", None),
-                             sample=getattr(args, "graph_fraction", None))
     text = ", ".join(f"{m} {g['spmm_ms']:.2f} ms (total {g['total_ms']:.2f} ms, "
                      f"{100 * (g['total_ms'] / pred['total_ms'][best] - 1):+.1f} %)" for m, g in gains.items())
     print(f"SpMM of {format_grid(grid)} after the {permute} permutation: {pred['spmm_ms'][best]:.2f} ms; "
@@ -279,10 +239,11 @@ def _predict_minibatch(args, mini, gpus, top, precisions, optimizer) -> int:
         if getattr(args, flag, None):
             raise UserError(f"--{flag.replace('_', '-')} does not apply to --algorithm {minibatch.NAME}; leave it out")
     machine = load_machine(args.machine)
-    workload = workload_from_args(args)  # last: --graph loads the graph
-    if getattr(args, "stored_shards", None) is not None:
+    workload, source = workload_from_args(args)  # last: --graph loads the graph
+    if source is not None and source.stored is not None:
         raise UserError(f"--graph: {minibatch.NAME} samples the whole graph; give the graph file, not its shards")
-    records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer)
+    records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer,
+                               graph=None if source is None else source.graph)
     minibatch.print_ranking(records, workload, machine, gpus, top or None, fmt=args.format)
     return 0
 
@@ -298,15 +259,15 @@ def run(args) -> int:
         return _predict_minibatch(args, mini, gpus, top, precisions, optimizer)
     algorithms = selected_algorithms(args)
     machine = load_machine(args.machine)
-    workload = workload_from_args(args)  # last: --graph loads the graph
+    workload, source = workload_from_args(args)  # last: --graph loads the graph
     if args.overlap and not block_rows:
         raise UserError("--overlap overlaps row blocks: give --block-rows too")
     if algorithms != (DEFAULT_FAMILY,):
-        return _predict_families(args, mini, workload, machine, gpus, algorithms, top, precisions, optimizer)
+        return _predict_families(args, source, mini, workload, machine, gpus, algorithms, top, precisions, optimizer)
     grids = enumerate_grids(gpus, powers_of_two=args.powers_of_two, **_grid_bounds(args))
     if len(grids) == 0:
         raise UserError(f"no grid of {gpus} GPUs passes the filters (--powers-of-two/--max-x/--max-y/--max-z); relax them")
-    sparsity, permute = graph_shards(args, grids, workload)
+    sparsity, permute = graph_shards(args, source, grids, workload)
     described = _described(args, sparsity, workload, grids, machine)
     shards = sparsity if described is None else described
     ranking = rank_grids(workload, machine, grids, precisions, block_rows=block_rows, overlap=bool(args.overlap),
@@ -317,7 +278,7 @@ def run(args) -> int:
         _print_table(records, workload, machine, gpus, len(grids), ranking.n_feasible, block_rows, described)
         _print_precision(ranking.pred, ranking.order, ranking.precision, auto, ranking.best_of, machine)
         if sparsity is not None:
-            _print_permutation(args, workload, machine, ranking.pred, ranking.order, permute, block_rows,
+            _print_permutation(source, machine, ranking.pred, ranking.order, permute, block_rows,
                                ranking.precision, optimizer)
     else:
         _write_records(records, args.format)
@@ -364,18 +325,18 @@ def _grid_bounds(args) -> dict:
             for a in "xyz"}
 
 
-def _predict_families(args, mini, workload, machine, gpus, algorithms, top, precisions, optimizer) -> int:
+def _predict_families(args, source, mini, workload, machine, gpus, algorithms, top, precisions, optimizer) -> int:
     """``--algorithm`` other than plexus-3d alone: the joint ranking (cli/algorithms), and with
     ``--batch-size`` the mini-batch ranking beside it."""
     plexus_options = None
     if DEFAULT_FAMILY in algorithms:
-        sparsity, _ = graph_shards(args, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
+        sparsity, _ = graph_shards(args, source, family_of(DEFAULT_FAMILY).configurations(gpus), workload)
         plexus_options = {"sparsity": sparsity} if sparsity is not None else None
-    graph = getattr(args, "loaded_graph", None)
+    graph = None if source is None else source.graph
     code = predict_families(args, workload, machine, gpus, algorithms, top=top or None, graph=graph,
                             optimizer=optimizer, plexus_options=plexus_options)
     if minibatch.requested(args) and args.format == "table":
-        records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer)
+        records = minibatch.ranked(args, mini, workload, machine, gpus, precisions, optimizer, graph=graph)
         print()
         minibatch.print_ranking(records, workload, machine, gpus, top or None)
         full_best = None

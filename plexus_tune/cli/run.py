@@ -10,8 +10,8 @@ from plexus_tune.cli.output import check_log, make_console
 from plexus_tune.measure.store import RUN_LOG
 from plexus_tune.errors import UserError
 from plexus_tune.launch import dispatch
-from plexus_tune.measure.campaign import campaign_config, choose_grids, config_settings, log_run
-from plexus_tune.measure.identity import run_identity
+from plexus_tune.measure.campaign import campaign_config, choose_grids, log_run
+from plexus_tune.measure.identity import RunSpec, run_identity, training_fields
 from plexus_tune.measure.table import runs_table
 from plexus_tune.measure.store import read_runs
 from plexus_tune.report.validation import overhead_note
@@ -64,8 +64,9 @@ def run(args) -> int:
     stats, workload = graph_workload(args.graph, layers=args.layers, hidden=args.hidden)
     if "batch_size" in options:
         check_batch_flag(options["batch_size"], stats.nodes)
-    settings = config_settings(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
+    spec = RunSpec.from_config(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
+    settings = spec.prediction_settings()  # the run's spec, built once: ranked here, trained on the chosen grid
     grids = choose_grids(args.gpus, "all", settings=settings, replication=args.replication)
     if grid is not None and grid not in grids:
         raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
@@ -80,11 +81,11 @@ def run(args) -> int:
     if submits(launcher):
         return _submit(args, launcher, grid, log)
     console.print(f"training {format_grid(grid)} ({args.gpus} ranks, {args.backend}), {args.epochs} epochs ...")
-    config = campaign_config(args.graph, grid, layers=args.layers, hidden=args.hidden, epochs=args.epochs,
-                             warmup=args.warmup, options=options)
     with launcher:
-        record = run_training(config, raise_on_failure=False, launcher=launcher)
-    record = log_run(log, record, machine=machine, workload=workload)
+        run_spec = spec.with_grid(grid).with_launcher(launcher)
+        record = run_training(run_spec.train_config(**training_fields(options)), raise_on_failure=False, launcher=launcher,
+                              spec=run_spec)
+    record = log_run(log, record, machine=machine, workload=workload, spec=run_spec)
     if record.get("status", "ok") != "ok":
         console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import numpy as np
@@ -22,6 +23,7 @@ from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, FAMILY_COMM_OP_KEYS
 from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer import TrainConfig
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.training import TrainingFailed, run_training
 from plexus_tune.trainer.algorithms import (
     AGGREGATION_MODES,
@@ -121,6 +123,9 @@ def add_algorithm_arguments(parser) -> None:
                         help="scalegnn-4d: dropout rate after each layer's ReLU (default 0)")
     parser.add_argument("--no-rmsnorm", action="store_true", help="scalegnn-4d: leave out each layer's RMSNorm")
     parser.add_argument("--no-residual", action="store_true", help="scalegnn-4d: leave out each layer's residual")
+    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
+                        help="scalegnn-4d: draw step t + 1's sample on a background thread during step t (default "
+                             "on); --no-prefetch draws it at the start of its step")
 
 
 def family_train_options(args, algorithm: str) -> dict:
@@ -128,13 +133,14 @@ def family_train_options(args, algorithm: str) -> dict:
     ``extra``) for measure and run; {} for the other families (UserError if a flag is misused)."""
     if "batch_size" not in family_of(algorithm).options:
         if args.dp not in (None, 1) or args.batch_size is not None or args.dropout is not None or args.no_rmsnorm \
-                or args.no_residual:
-            raise UserError(f"--dp, --batch-size, --dropout, --no-rmsnorm and --no-residual are options of "
+                or args.no_residual or args.prefetch is not None:
+            raise UserError(f"--dp, --batch-size, --dropout, --no-rmsnorm, --no-residual and --prefetch are options of "
                             f"--algorithm scalegnn-4d, not of {algorithm}")
         return {}
     if args.batch_size is None:
         raise UserError(f"{algorithm} samples B vertices per step: give --batch-size")
-    return {"dp": args.dp or 1, "batch_size": args.batch_size, "extra": {"minibatch": minibatch_options(args)}}
+    return {"dp": args.dp or 1, "batch_size": args.batch_size, "prefetch": args.prefetch is not False,
+            "extra": {"minibatch": minibatch_options(args)}}
 
 
 def minibatch_options(args) -> dict:
@@ -175,13 +181,13 @@ def _config(args: argparse.Namespace):
         backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm,
         fixed_features=bool(getattr(args, "fixed_features", False)), check=args.check, log=args.log, machine=args.machine,
         timeout_s=args.timeout, threads_per_rank=args.threads, algorithm=algorithm, replication=args.replication,
-        aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size,
+        aggregation=args.aggregation, dp=args.dp or 1, batch_size=args.batch_size, prefetch=args.prefetch is not False,
     )
     if "batch_size" in family_of(algorithm).options:  # the mini-batch family's switchable components
         config.extra["minibatch"] = minibatch_options(args)
-    elif args.dropout is not None or args.no_rmsnorm or args.no_residual:
-        raise UserError(f"--dropout, --no-rmsnorm and --no-residual are options of --algorithm scalegnn-4d, "
-                        f"not of {algorithm}")
+    elif args.dropout is not None or args.no_rmsnorm or args.no_residual or args.prefetch is not None:
+        raise UserError(f"--dropout, --no-rmsnorm, --no-residual and --prefetch are options of --algorithm "
+                        f"scalegnn-4d, not of {algorithm}")
     return normalize_config(config)
 
 
@@ -300,11 +306,9 @@ def run(args: argparse.Namespace) -> int:
         check_log("--log", args.log, kinds=RUN_LOG, inputs=[args.graph])
     launcher = _launcher(args, config) if environment is None else None
     try:
-        if launcher is None:
-            record = run_training(config)
-        else:
-            with launcher:
-                record = run_training(config, launcher=launcher)
+        with launcher or contextlib.nullcontext():  # the run's spec, built once (its family's settings are config's)
+            spec = RunSpec.from_config(config, normalized=True, launcher=launcher)
+            record = run_training(config, launcher=launcher, spec=spec)
     except TrainingFailed as exc:
         print(f"plexus-tune: error: {exc}", file=sys.stderr)
         if args.log:

@@ -30,6 +30,7 @@ from plexus_tune.fit.collectives import COLLECTIVE_FORMS, CollectiveModel, colle
 from plexus_tune.fit.epoch import EpochModel, fit_epoch, scores_table_rows
 from plexus_tune.fit.gemm import GemmModel, fit_gemm
 from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates, split_precisions
+from plexus_tune.fit.sampling import fit_sampling
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, mape_percent, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
@@ -544,6 +545,12 @@ def fit_profile(options: FitOptions, *, progress: Progress | None = None) -> Fit
         profile["quant"] = fit_quant_rates(quant_records)
         provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
                                "(plexus-tune calibrate quant; median of bytes / time)")
+    sampling = fit_sampling(_quant_records([quant, spmm, [] if collectives is None else collectives], schema="sampling"))
+    if sampling is not None:
+        profile["sampling"] = {"call_ms": sampling["call_ms"], "gbps": sampling["gbps"]}
+        provenance["sampling"] = (f"fit_sampling on {sampling['records']} sampling records (plexus-tune calibrate "
+                                  f"sampling; call_ms x layouts + bytes / gbps, relative NNLS, MAPE "
+                                  f"{sampling['mape']:.1f} %)")
     quant_report = None
     if reduced_df is not None and len(reduced_df):
         profile["quant"], quant_report = fit_call_ms(every_precision, Machine.from_dict(profile, source=source), profile.get("quant"))
@@ -727,8 +734,9 @@ def _comparable(df, kind: str) -> list[str]:
     return [k for k in SPMM_KINDS if k == kind or len(df) >= min_rows(SPMM_PARAMETERS[k])]
 
 
-def _quant_records(sources) -> list[dict]:
-    """The quant records of every JSON Lines log among ``sources`` (paths or lists of paths)."""
+def _quant_records(sources, schema: str = "quant") -> list[dict]:
+    """The records of type ``schema`` (quant, sampling) of every JSON Lines log among ``sources``
+    (paths or lists of paths)."""
     out, seen = [], set()
     for source in sources:
         for item in _as_list(source):
@@ -736,5 +744,5 @@ def _quant_records(sources) -> list[dict]:
                 continue
             seen.add(str(item))
             if os.path.exists(item):
-                out.extend(read_records(item, schema="quant")[0])
+                out.extend(read_records(item, schema=schema)[0])
     return out

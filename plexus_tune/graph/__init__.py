@@ -26,7 +26,7 @@ _HOMES = {
     "PERMUTE_MODES": "permute", "TWO_SIDED_MODES": "permute", "balance_report": "permute",
     "block_nnz": "permute", "double_permute": "permute", "grid_parts": "permute",
     "invert_permutation": "permute", "local_permutation": "permute", "make_permutation": "permute",
-    "parse_blocks": "permute", "permutations_for": "permute", "permute_matrix": "permute",
+    "parse_blocks": "permute", "permutations_for": "permute", "inverse_permutations_for": "permute", "permute_matrix": "permute",
     "permute_rows": "permute", "unpermute_rows": "permute",
     # shards
     "load_node_rows": "shards", "load_permutations": "shards", "load_shard": "shards",

@@ -31,7 +31,7 @@ from plexus_tune.graph.shards import check_shard_files
 from plexus_tune.launch import RankFailure, dispatch
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.placement import placement_fields
-from plexus_tune.measure.identity import RunIdentity, RunSpec, run_identity, run_setting
+from plexus_tune.measure.identity import RunIdentity, RunSpec, run_identity, run_setting, training_fields
 from plexus_tune.measure.store import RUN_LOG, append_records, check_log, read_records, read_runs
 from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
@@ -217,7 +217,11 @@ class Campaign:
     """What a campaign trains: ``graph`` on ``gpus`` ranks, each of ``grids`` ``trials`` times,
     logged to ``log`` (``train_options``: further :class:`~plexus_tune.trainer.TrainConfig`
     fields). Logged runs are skipped, failed ones too unless ``retry_failed``; ``redo``
-    trains everything again. ``batch`` > 1 trains that many runs in one process set."""
+    trains everything again. ``batch`` > 1 trains that many runs in one process set.
+    ``spec``: the runs' :class:`~plexus_tune.measure.identity.RunSpec` (on any of the grids) where the
+    caller built it (the command line, from the same settings); else :meth:`run_spec` makes it once
+    from the fields above. Each grid's run is that spec :meth:`~RunSpec.with_grid` and
+    :meth:`~RunSpec.with_launcher`."""
 
     graph: str
     gpus: int
@@ -232,6 +236,7 @@ class Campaign:
     redo: bool = False
     retry_failed: bool = False
     batch: int = 1
+    spec: RunSpec | None = None
 
     def __post_init__(self):
         grids = tuple(tuple(int(v) for v in g) for g in self.grids)
@@ -250,11 +255,25 @@ class Campaign:
         object.__setattr__(self, "train_options", dict(self.train_options or {}))
         object.__setattr__(self, "log", None if self.log is None else os.fspath(self.log))
 
+    def run_spec(self, grid=None, launcher=None) -> RunSpec:
+        """The spec of one grid's runs (default the first), with the launcher's name, cluster and machine:
+        :attr:`spec`, else the spec of :func:`campaign_config` (its family's settings filled in once)."""
+        grid = self.grids[0] if grid is None else tuple(int(g) for g in grid)
+        if self.spec is not None:
+            return self.spec.with_grid(grid).with_launcher(launcher)
+        return RunSpec.from_config(campaign_config(self.graph, grid, layers=self.layers, hidden=self.hidden,
+                                                   epochs=self.epochs, warmup=self.warmup,
+                                                   options=launcher_options(self.train_options, launcher)))
+
+    def training(self) -> dict:
+        """The trainer settings of :attr:`train_options` that are no part of a run's spec (timeout, seed, ...:
+        :data:`~plexus_tune.measure.identity.TRAINING_FIELDS`)."""
+        return training_fields(self.train_options)
+
     def config(self, grid, launcher=None):
-        """The trainer configuration of one grid's runs (:func:`campaign_config`), with the
-        launcher's name, cluster and machine (:func:`launcher_options`)."""
-        return campaign_config(self.graph, grid, layers=self.layers, hidden=self.hidden, epochs=self.epochs,
-                               warmup=self.warmup, options=launcher_options(self.train_options, launcher))
+        """The trainer configuration of one grid's runs: :meth:`~plexus_tune.measure.identity.RunSpec.train_config`
+        of :meth:`run_spec` with :meth:`training`."""
+        return self.run_spec(grid, launcher).train_config(**self.training())
 
     def runs(self) -> int:
         return len(self.grids) * self.trials
@@ -274,8 +293,9 @@ def pending_runs(campaign: Campaign, *, on_skip: Callable[[tuple, int], None] | 
         for grid in grids:
             launcher.check(int(np.prod(grid)) * int(campaign.train_options.get("dp") or 1))  # dp groups of the grid
     done = logged_trials(campaign.log)
-    configs = {grid: campaign.config(grid, launcher) for grid in grids}
-    specs = {grid: RunSpec.from_config(config) for grid, config in configs.items()}
+    first = campaign.run_spec(grids[0], launcher)  # made once; the other grids' are it on their grid
+    specs = {grid: first.with_grid(grid) for grid in grids}
+    configs = {grid: spec.train_config(**campaign.training()) for grid, spec in specs.items()}
     pending = []
     for trial in range(campaign.trials):
         for g in np.random.default_rng([trial, len(grids)]).permutation(len(grids)):
@@ -367,21 +387,24 @@ def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, g
     return record
 
 
-def log_run(log, record: dict, *, machine, workload) -> dict:
-    """Append one run's record to ``log`` with the prediction at its settings (``predicted``)
-    and the next trial number of its identity (:func:`next_trial`); returns the record."""
-    record["predicted"] = RunSpec.from_record(record).predict(machine, workload=workload)
-    record["trial"] = next_trial(log, run_identity(record))
+def log_run(log, record: dict, *, machine, workload, spec: RunSpec | None = None) -> dict:
+    """Append one run's record to ``log`` with the prediction at its settings (``predicted``: :meth:`RunSpec.predict`
+    of ``spec``, the run's, else of the record) and the next trial number of its identity (:func:`next_trial`);
+    returns the record."""
+    spec = spec if spec is not None else RunSpec.from_record(record)
+    record["predicted"] = spec.predict(machine, workload=workload)
+    record["trial"] = next_trial(log, run_identity(record))  # as logged (shard files fix their own permutation)
     append_records(log, [record])
     return record
 
 
-def job_failure_record(config, state, *, launcher: str) -> dict:
+def job_failure_record(config, state, *, launcher: str, spec: RunSpec | None = None) -> dict:
     """The record of a run whose Slurm job ended before the run was logged: the job's state,
-    reason and exit code or signal (``state``: :class:`plexus_tune.launch.slurm` job state)."""
+    reason and exit code or signal (``state``: :class:`plexus_tune.launch.slurm` job state;
+    ``spec``: the configuration's, where the caller has it)."""
     code = f", signal {state.signal}" if state.signal else (
         f", exit code {state.exit_code}" if state.exit_code is not None else "")
-    record = base_record(config, launcher=launcher, slurm=dispatch.state_fields(state))
+    record = base_record(config, spec=spec, launcher=launcher, slurm=dispatch.state_fields(state))
     record.update(status=dispatch.failure_status(state.state),
                   reason=f"Slurm job {state.key} {state.state} (reason {state.reason or 'unknown'}{code})")
     return record
@@ -390,7 +413,7 @@ def job_failure_record(config, state, *, launcher: str) -> dict:
 def campaign_rows(campaign: Campaign, launcher=None):
     """The runs table's rows of the campaign's log at its setting (any grid) on its GPU count,
     fastest first, failures included (:func:`plexus_tune.measure.table.runs_table`)."""
-    setting = run_setting(config_identity(campaign.config(campaign.grids[0], launcher)))
+    setting = campaign.run_spec(launcher=launcher).setting()
     table = runs_table(read_runs(campaign.log, warn=False), include_failed=True)
     mine = table[[run_setting(i) == setting for i in table["identity"]]]
     return setting, mine[mine["gpus"] == campaign.gpus].sort_values("obs_epoch_ms", na_position="last")
@@ -405,13 +428,13 @@ def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, worklo
         running = dispatch.in_flight(campaign.log, state.key) if state.state != "COMPLETED" else None
         if running is None:
             continue
-        config = campaign.config(parse_grid(running["grid"]), launcher)
+        spec = campaign.run_spec(parse_grid(running["grid"]), launcher)
         trial = int(running["trial"])
-        if logged_trials(campaign.log).get((config_identity(config), trial)) not in (None, "cancelled"):
+        if logged_trials(campaign.log).get((spec.identity(), trial)) not in (None, "cancelled"):
             continue  # the run was logged before the job ended
-        out.append(log_campaign_run(campaign.log, job_failure_record(config, state, launcher=launcher.name),
-                                    trial=trial, gpus=campaign.gpus, trials=campaign.trials, grids=campaign.grids,
-                                    machine=machine, workload=workload))
+        record = job_failure_record(spec.train_config(**campaign.training()), state, launcher=launcher.name, spec=spec)
+        out.append(log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
+                                    grids=campaign.grids, machine=machine, workload=workload, spec=spec))
     return out
 
 
@@ -426,7 +449,8 @@ def _run_batch(configs, launcher=None, specs=None) -> list[dict] | None:
 
     from plexus_tune.trainer.rank import rank_main
 
-    configs = [normalize_config(c) for c in configs]
+    specs = list(specs) if specs is not None else [None] * len(configs)
+    configs = [spec.train_config(c) if spec is not None else normalize_config(c) for c, spec in zip(configs, specs)]
     first = configs[0]
     world = first.world_size
     for config in configs:
@@ -450,7 +474,7 @@ def _run_batch(configs, launcher=None, specs=None) -> list[dict] | None:
 
         device = torch.cuda.get_device_name(0)
     out = []
-    for config, spec, result in zip(configs, specs or [None] * len(configs), results):
+    for config, spec, result in zip(configs, specs, results):
         record = build_record(config, result, wall_s, device, spec=spec,
                               **placement_fields(launched.placement, launcher.ranks_per_node))
         record["batched"] = len(configs)

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.generators import parse_spec
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
 from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, family_of, record_field_names
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
-from plexus_tune.model.grid import format_grid
+from plexus_tune.model.grid import format_grid, parse_grid
+from plexus_tune.model.memory import check_training_memory
 from plexus_tune.model.prediction import predict_run
 from plexus_tune.model.workload import Workload, model_widths
-from plexus_tune.model.grid import parse_grid
 from plexus_tune.trainer.algorithms import normalize_config, some_grid
 from plexus_tune.trainer.config import TrainConfig
 
@@ -70,6 +71,7 @@ IDENTITY_FIELDS: tuple[IdentityField, ...] = (
     IdentityField("schedule", ("options", "schedule"), "", str),
     IdentityField("dp", ("options", "dp"), 1, int),
     IdentityField("batch_size", ("options", "batch_size"), 0, int),
+    IdentityField("prefetch", ("options", "prefetch"), True, bool),
 )
 IDENTITY_NAMES = tuple(f.name for f in IDENTITY_FIELDS)
 GRID_FIELDS = ("gx", "gy", "gz")
@@ -136,7 +138,17 @@ ARG_FIELDS = {"graph": "graph", "gpus": "gpus", "layers": "layers", "hidden": "h
               "warmup": "warmup", "backend": "backend", "permute": "permute", "block_rows": "block_rows",
               "overlap": "overlap", "dtype": "dtype", "comm_precision": "comm_precision", "layer_norm": "layer_norm",
               "fixed_features": "fixed_features", "threads_per_rank": "threads", "algorithm": "algorithm",
-              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size"}
+              "replication": "replication", "aggregation": "aggregation", "dp": "dp", "batch_size": "batch_size",
+              "prefetch": "prefetch"}
+#: TrainConfig fields a :class:`RunSpec` does not hold: how the trainer trains, not which run it is
+#: (:meth:`RunSpec.train_config` takes them from a configuration or as keywords).
+TRAINING_FIELDS = ("lr", "weight_decay", "seed", "check", "collect_outputs", "log", "timeout_s", "extra")
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+def training_fields(options: Mapping) -> dict:
+    """The :data:`TRAINING_FIELDS` of TrainConfig ``options`` (the rest are a :class:`RunSpec`'s)."""
+    return {k: v for k, v in options.items() if k in TRAINING_FIELDS}
 #: Identity fields whose identity default (0 or "") means "not set" (None in a :class:`RunSpec`).
 UNSET_AS_DEFAULT = ("block_rows", "threads_per_rank", "replication", "aggregation", "schedule", "batch_size")
 
@@ -151,7 +163,7 @@ def _count(value) -> int | None:
 def graph_source_of(config) -> str:
     """The graph source a trainer configuration names: its file path, ``synthetic:<spec>`` or ``in-memory``."""
     if config.synthetic is not None:
-        return f"synthetic:{config.synthetic}"
+        return f"{SYNTHETIC_PREFIX}{config.synthetic}"
     if isinstance(config.graph, (str, os.PathLike)):
         return str(config.graph)
     return "in-memory"
@@ -174,14 +186,17 @@ class RunSpec:
     ``cluster`` (canonical JSON text, "" for one host), ``threads_per_rank``. Configuration:
     ``algorithm`` (a family of :data:`plexus_tune.model.family.FAMILIES`), ``grid``
     (Gx, Gy, Gz; its process grid) and the family's options ``replication``, ``aggregation``,
-    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none). Settings:
+    ``schedule``, ``dp``, ``batch_size`` (None or 1 where the family has none), ``prefetch``
+    (scalegnn-4d's sampling overlapped with the previous step; True elsewhere). Settings:
     ``comm_precision`` (a :class:`~plexus_tune.model.comm_precision.CommPrecision`, parsed
     once here from text), ``dtype``, ``block_rows`` (None: one block), ``overlap``,
     ``fixed_features``, ``layer_norm``, ``permute``, ``epochs``, ``warmup``.
 
-    Built once by :meth:`from_record` (a run record of any version, or the fields of a run
-    not yet made), :meth:`from_row` (a runs-table row), :meth:`from_identity` or
-    :meth:`from_config` (a trainer configuration); its identity is :meth:`identity`, its
+    Built once by :meth:`from_args` (the command line), :meth:`from_record` (a run record of
+    any version, or the fields of a run not yet made), :meth:`from_row` (a runs-table row),
+    :meth:`from_identity` or :meth:`from_config` (a trainer configuration), and passed on as
+    the object: a campaign's grids are :meth:`with_grid`, its launcher :meth:`with_launcher`,
+    the trainer's configuration :meth:`train_config`; its identity is :meth:`identity`, its
     prediction :meth:`predict` (docs/records.md, "Run identity").
     """
 
@@ -195,6 +210,7 @@ class RunSpec:
     schedule: str | None = None
     dp: int = 1
     batch_size: int | None = None
+    prefetch: bool = True
     comm_precision: CommPrecision = field(default_factory=CommPrecision)
     dtype: str = "float32"
     block_rows: int | None = None
@@ -252,16 +268,21 @@ class RunSpec:
                                  widths=tuple(widths) if isinstance(widths, (tuple, list)) else None)
 
     @classmethod
-    def from_config(cls, config, *, normalized: bool = False) -> RunSpec:
+    def from_config(cls, config, *, normalized: bool = False, launcher=None) -> RunSpec:
         """The spec of a trainer configuration (:class:`plexus_tune.trainer.config.TrainConfig`) with its family's
         settings filled in (:func:`plexus_tune.trainer.algorithms.normalize_config`, unless ``normalized`` says
-        the configuration has them: :func:`plexus_tune.trainer.run.prepare`'s); ``machine`` is the host's name
-        where the configuration names none. Its identity is the one the run's record will have."""
+        the configuration has them); ``launcher`` (a :class:`plexus_tune.launch.launchers.Launcher` that will
+        start the ranks) gives its name, cluster and, where the configuration names none, machine; ``machine``
+        is the host's name where neither names one. Its identity is the one the run's record will have."""
         if not normalized:
             config = normalize_config(config)
+        if launcher is not None:
+            config = replace(config, launcher=launcher.name, cluster=launcher.cluster(),
+                             machine=config.machine or launcher.machine_name())
         return cls(graph=graph_source_of(config), layers=int(config.layers), hidden=int(config.hidden),
                    algorithm=config.algorithm, grid=config.grid, replication=config.replication,
                    aggregation=config.aggregation, dp=int(config.dp or 1), batch_size=config.batch_size,
+                   prefetch=bool(config.prefetch),
                    comm_precision=config.comm_precision or "fp32", dtype=config.dtype, block_rows=config.block_rows,
                    overlap=bool(config.overlap), fixed_features=bool(config.fixed_features),
                    layer_norm=bool(config.layer_norm), permute=config.permute, threads_per_rank=config.threads_per_rank,
@@ -306,9 +327,59 @@ class RunSpec:
         """The identity without the configuration (:func:`run_setting`)."""
         return run_setting(self.identity())
 
+    @property
+    def synthetic(self) -> str | None:
+        """The generator spec of a synthetic graph (None for a file or an in-memory graph)."""
+        return self.graph[len(SYNTHETIC_PREFIX):] if self.graph.startswith(SYNTHETIC_PREFIX) else None
+
     def with_grid(self, grid) -> RunSpec:
-        """The same run on another process grid of its family."""
-        return replace(self, grid=tuple(int(g) for g in grid))
+        """The same run on another process grid of its family (one of its configurations; where the family
+        chooses the replication c, it is the grid's: :meth:`plexus_tune.model.family.Family.record_fields`)."""
+        grid = tuple(int(g) for g in grid)
+        family = FAMILIES.get(self.algorithm)
+        changes = {"grid": grid}
+        if family is not None and "replication" in family.choices:
+            changes["replication"] = family.record_fields(grid)["replication"]
+        return replace(self, **changes)
+
+    def with_launcher(self, launcher) -> RunSpec:
+        """The same run started by ``launcher`` (None: as it is): the launcher's name and cluster, and the
+        machine the launcher names (a Slurm cluster's), else this spec's."""
+        if launcher is None:
+            return self
+        return replace(self, launcher=launcher.name, cluster=launcher.cluster(),
+                       machine=launcher.machine_name() or self.machine)
+
+    def train_config(self, config: TrainConfig | None = None, **training) -> TrainConfig:
+        """The trainer's configuration of this run: every run field from this spec (its single source, with
+        the family's settings filled in), the :data:`TRAINING_FIELDS` (learning rate, seed, check, log,
+        timeout, ...) and an in-memory graph from ``config`` where given, ``training`` over them. The cluster
+        is ``config``'s as described where it is this spec's."""
+        kept = {name: getattr(config, name) for name in TRAINING_FIELDS} if config is not None else {}
+        kept.update(training)
+        if self.synthetic is not None:
+            graph, synthetic = None, self.synthetic
+        elif config is not None and graph_source_of(config) == self.graph:
+            graph, synthetic = config.graph, None  # a path as given, or the Graph object of an in-memory run
+        else:
+            graph, synthetic = self.graph, None
+        described = getattr(config, "cluster", None)
+        cluster = described if _cluster_text(described) == self.cluster else (json.loads(self.cluster) if self.cluster else None)
+        return TrainConfig(grid=self.grid, graph=graph, synthetic=synthetic, layers=self.layers, hidden=self.hidden,
+                           epochs=self.epochs, warmup=self.warmup, permute=self.permute, block_rows=self.block_rows,
+                           overlap=self.overlap, backend=self.backend, dtype=self.dtype,
+                           comm_precision=self.comm_precision, layer_norm=self.layer_norm,
+                           fixed_features=self.fixed_features, machine=self.machine,
+                           threads_per_rank=self.threads_per_rank, launcher=self.launcher, cluster=cluster,
+                           algorithm=self.algorithm, replication=self.replication, aggregation=self.aggregation,
+                           dp=self.dp, batch_size=self.batch_size, prefetch=self.prefetch, **kept)
+
+    def check_memory(self, launcher=None) -> None:
+        """UserError if ``launcher``'s ranks on this host cannot hold the run's weights and activations
+        (:func:`plexus_tune.model.memory.check_training_memory`; N of a synthetic graph, else 0), before any
+        rank starts."""
+        nodes = int(parse_spec(self.synthetic)[1].get("nodes", 0)) if self.synthetic is not None else 0
+        check_training_memory(self.layers, self.hidden, nodes, launcher)
 
     def prediction_settings(self) -> dict:
         """:func:`plexus_tune.model.prediction.predict_run`'s keyword arguments at this run's settings: ``block_rows``,
@@ -319,7 +390,8 @@ class RunSpec:
                     "algorithm": self.algorithm or DEFAULT_FAMILY}
         family = FAMILIES.get(settings["algorithm"])  # an unknown family is refused when it is predicted
         ident = self.identity()
-        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ()) if getattr(ident, name)}
+        options = {name: getattr(ident, name) for name in getattr(family, "identity_options", ())
+                   if getattr(ident, name) or isinstance(getattr(ident, name), bool)}  # a switch passes off, too
         if options:
             settings["options"] = options
         return settings
@@ -336,11 +408,16 @@ class RunSpec:
         return Workload(name=self.graph_name or self.graph or "graph", nodes=self.nodes, nnz=self.nnz,
                         widths=self.widths, bytes_per_element=elem)
 
-    def predict(self, machine, *, workload: Workload | None = None) -> dict:
+    def predict(self, machine, *, workload: Workload | None = None, graph=None) -> dict:
         """The prediction of this run at every setting of its identity: :func:`plexus_tune.model.prediction.predict_run`
         of :meth:`workload`, ``grid`` and :meth:`prediction_settings`, so a logged prediction is what
-        ``plexus-tune predict`` gives for the same settings."""
-        return predict_run(self.workload(workload), machine, self.grid, **self.prediction_settings())
+        ``plexus-tune predict`` gives for the same settings. ``graph`` (the loaded graph) goes to the families
+        whose model reads it (their partition and pieces; ``"graph"`` in the family's options)."""
+        settings = self.prediction_settings()
+        family = FAMILIES.get(settings["algorithm"])
+        if graph is not None and "graph" in getattr(family, "options", ()):
+            settings["options"] = {**settings.get("options", {}), "graph": graph}
+        return predict_run(self.workload(workload), machine, self.grid, **settings)
 
 
 def prediction_settings(spec: RunSpec) -> dict:

@@ -30,7 +30,7 @@ from plexus_tune.model.family import DEFAULT_FAMILY
 
 SCHEMA_PREFIX = "plexus-tune/"
 #: record type -> current version
-SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1, "bandwidth": 1}
+SCHEMA_VERSIONS = {"run": 2, "spmm": 2, "gemm": 2, "collective": 2, "quant": 1, "bandwidth": 1, "sampling": 1}
 FAILURE_STATUSES = ("failed", "oom", "timeout", "cancelled")
 _SCHEMA_RE = re.compile(r"^plexus-tune/([a-z_]+)-v(\d+)$")
 
@@ -229,6 +229,7 @@ class RunOptions:
     aggregation: str | None = _f(None, doc="supergcn: pre, post or hybrid aggregation of the cut edges (None: other families)")
     dp: int = _f(1, "groups", "scalegnn-4d: data-parallel groups, each on the grid (1: other families)")
     batch_size: int | None = _f(None, "vertices", "scalegnn-4d: vertices sampled per step and group (None: full graph)")
+    prefetch: bool | None = _f(None, doc="scalegnn-4d: sampling of step t + 1 on a background thread during step t (None: other families)")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(RunOptions)}
@@ -463,6 +464,25 @@ class QuantRecord(_Record):
 
 
 @dataclass(kw_only=True)
+class SamplingRecord(_Record):
+    """One timed step of ScaleGNN's sampling on every rank of a 3D grid (docs/model.md, "ScaleGNN")."""
+
+    KIND: ClassVar[str] = "sampling"
+    graph_source: str | None = _f(None, doc="the graph: a file or synthetic:<spec>")
+    nodes: int | None = _f(None, "nodes", "N")
+    nnz: int | None = _f(None, "nonzeros", "nonzeros of the GCN-normalized adjacency (self-loops included)")
+    grid: str | None = _f(None, doc="the 3D grid GxxGyxGz whose ranks sampled")
+    batch_size: int | None = _f(None, "vertices", "B, vertices sampled per step")
+    layouts: int | None = _f(None, "layouts", "distinct layer layouts cut per step (at most 3)")
+    work_bytes: float | None = _f(None, "bytes", "the model's count of the bytes one rank's step moves (model.scalegnn.sampling_work)")
+    time_ms: float | None = _f(None, "ms", "mean over the ranks of the median over the repeats (median over the processes)")
+    repeats: int | None = _f(None, doc="timed steps per rank (one untimed first)")
+    processes: int | None = _f(None, doc="copies of the sweep run at once")
+    measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
+    machine_info: dict | None = _f(None, doc="environment of the host")
+
+
+@dataclass(kw_only=True)
 class BandwidthRecord(_Record):
     """One timed memory-bound step of the epoch's ``other`` part (docs/model.md, Other)."""
 
@@ -484,7 +504,8 @@ class BandwidthRecord(_Record):
     machine_info: dict | None = _f(None, doc="environment of the host and device")
 
 
-SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord, BandwidthRecord)}
+SCHEMAS = {cls.KIND: cls for cls in (RunRecord, SpmmRecord, GemmRecord, CollectiveRecord, QuantRecord, BandwidthRecord,
+                                     SamplingRecord)}
 
 
 def flatten_record(record: Mapping, *, sep: str = ".") -> dict:

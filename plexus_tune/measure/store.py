@@ -183,6 +183,7 @@ SPMM_LOG = ("spmm", "gemm")
 COLLECTIVE_LOG = ("collective",)
 QUANT_LOG = ("quant",)
 BANDWIDTH_LOG = ("bandwidth",)
+SAMPLING_LOG = ("sampling",)
 
 
 def check_log(path, *, kinds=None, inputs=()) -> Path:

@@ -19,6 +19,7 @@ import numpy as np
 
 from plexus_tune.graph.io import resolve_graph
 from plexus_tune.launch import RankFailure, detect_environment
+from plexus_tune.launch.launchers import Launcher
 from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.placement import placement_fields
 from plexus_tune.measure.records import RunOptions, RunRecord
@@ -28,7 +29,7 @@ from plexus_tune.model.comm_precision import COMM_CLASSES, COUNTED_CLASSES
 from plexus_tune.trainer.comm import PARTITION_KEYS, PARTITION_SPLITS, PHASE_KEYS, TIMER_KEYS, WAITING_KEYS
 from plexus_tune.trainer.config import TrainConfig
 from plexus_tune.trainer.reference import max_relative_difference, reference_minibatch_step, reference_train
-from plexus_tune.trainer.run import prepare, train
+from plexus_tune.trainer.run import train
 
 
 class TrainingFailed(RuntimeError):
@@ -159,7 +160,8 @@ def config_fields(config: TrainConfig, *, spec: RunSpec | None = None, launcher:
                          lr=config.lr, weight_decay=config.weight_decay, seed=config.seed,
                          threads_per_rank=spec.threads_per_rank, layer_norm=spec.layer_norm,
                          fixed_features=spec.fixed_features, replication=spec.replication, aggregation=spec.aggregation,
-                         dp=spec.dp, batch_size=spec.batch_size)
+                         dp=spec.dp, batch_size=spec.batch_size,
+                         prefetch=spec.prefetch if spec.batch_size else None)
     return {
         "machine": spec.machine,
         "backend": spec.backend,
@@ -274,17 +276,20 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     process is one rank and only rank 0 returns the record (others return None). A
     failing rank stops the run; the failed-run record is logged and
     :class:`TrainingFailed` raised (or the record returned if ``raise_on_failure`` is
-    False). ``spec``: the configuration's :class:`~plexus_tune.measure.identity.RunSpec` where the caller has it
-    (a campaign), else made once here from the prepared configuration.
+    False). ``spec``: the run's :class:`~plexus_tune.measure.identity.RunSpec` where the caller has it (a
+    campaign; its launcher's fields in it), else made once here (:meth:`RunSpec.from_config` with the
+    launcher); the trainer runs :meth:`RunSpec.train_config` of it, with ``config``'s training settings.
     """
     env = detect_environment()
-    config, launcher = prepare(config, launcher, env)
+    if env is None:
+        launcher = launcher or Launcher()
     if spec is None:  # the run as it will run: its record's fields (a campaign made it already)
-        spec = RunSpec.from_config(config, normalized=True)
+        spec = RunSpec.from_config(config, launcher=launcher if env is None else None)
+    config = spec.train_config(config)
     where = {} if env is None else {"launcher": env.source}
     start = time.perf_counter()
     try:
-        trained = train(config, launcher=launcher, env=env)
+        trained = train(config, launcher=launcher, env=env)  # checked and launched in one call
     except RankFailure as exc:
         where = {**where, **getattr(exc, "fields", {})}  # e.g. the Slurm step's state
         record = replace(RunRecord.from_dict(base_record(config, spec=spec, **where)), status=_failure_status(exc.reason),
@@ -297,7 +302,7 @@ def run_training(config: TrainConfig, *, raise_on_failure: bool = True, launcher
     if trained is None:
         return None
     where = {**where, **placement_fields(trained.placement, trained.ranks_per_node)}
-    result = trained.results[0]
+    config, result = trained.config, trained.results[0]
     record = build_record(config, result, trained.wall_s, trained.device, spec=spec, **where)
     if config.check and "check_step" in result:
         record = _check_one_step(config, trained.source, result, record)

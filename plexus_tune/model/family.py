@@ -410,7 +410,7 @@ class ScaleGnn4d(Family):
     summary = "ScaleGNN: Gd data-parallel groups of a 3D grid, each training on B sampled vertices per step"
     options = ("dp", "batch_size", "rmsnorm", "residual", "dropout", "prefetch", "sampled_nnz")
     choices = ("dp", "batch_size")
-    identity_options = ("dp", "batch_size")
+    identity_options = ("dp", "batch_size", "prefetch")
     trainer_entry = "plexus_tune.trainer.scalegnn:ScaleGnnTrainer"
     trainer_options = ("dp", "batch_size")
     epoch = "mini-batch"

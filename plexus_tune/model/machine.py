@@ -85,6 +85,9 @@ FIELDS = {
     "threads_per_rank": "optional; CPU threads of each rank (integer >= 1, default 1); used with host_cores",
     "padded_sizes": "optional; true (default): local sizes of communicated and multiplied blocks are ceil(n / g) "
     "as the trainer pads them; false: exact division n / g, as the paper's model computes",
+    "sampling": "optional; ScaleGNN's sampling kernel, {'call_ms': >= 0 (per layer layout cut), 'gbps': > 0 "
+    "(bytes of model.scalegnn.sampling_work per second)}, fitted from 'calibrate sampling' records; absent: "
+    "those bytes at elementwise_gbps",
     "provenance": "optional; field name -> where its number came from",
 }
 
@@ -121,6 +124,8 @@ class Machine:
     quant: dict = field(default_factory=dict, repr=False, compare=False)
     #: the precisions whose codec rates are estimated, not measured
     quant_estimated: tuple[str, ...] = ()
+    #: ScaleGNN's sampling kernel: {"call_ms", "gbps"} (None: not calibrated)
+    sampling: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def codec_estimate_gbps(self) -> float | None:
@@ -250,10 +255,18 @@ def _build_machine(data, source: str) -> Machine:
     elif not isinstance(optimizer, str) or optimizer not in OPTIMIZER_ACCESSES:
         raise UserError(f"machine profile {source}: 'optimizer' must be one of {', '.join(OPTIMIZER_ACCESSES)}, "
                         f"got {optimizer!r}")
+    sampling = None
+    if data.get("sampling") is not None:
+        entry = data["sampling"]
+        if not isinstance(entry, Mapping):
+            raise UserError(f"machine profile {source}: 'sampling' must be an object with 'call_ms' and 'gbps'")
+        sampling = {"call_ms": float(profile_number(entry, "call_ms", "sampling.", source, nonneg=True)),
+                    "gbps": float(profile_number(entry, "gbps", "sampling.", source, positive=True))}
     padded = data.get("padded_sizes", True)
     if not isinstance(padded, bool):
         raise UserError(f"machine profile {source}: 'padded_sizes' must be true or false, got {padded!r}")
     return Machine(
+        sampling=sampling,
         padded_sizes=padded,
         epoch_overhead_ms=overhead_ms,
         host_cores=None if host_cores is None else int(host_cores),

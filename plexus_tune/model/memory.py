@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.model.shapes import csr_bytes, csr_index_bytes, layer_shapes
+from plexus_tune.resources import check_memory
 
 
 def memory_breakdown(workload, grids, *, index_bytes: int | None = None, double_permutation: bool = True,
@@ -90,3 +91,31 @@ def memory_breakdown(workload, grids, *, index_bytes: int | None = None, double_
 def memory_bytes(workload, grids, **kwargs) -> np.ndarray:
     """Total bytes per GPU of each grid (see :func:`memory_breakdown`)."""
     return memory_breakdown(workload, grids, **kwargs)["total"]
+
+
+#: Launchers whose ranks run on this host (the others start them elsewhere).
+HOST_LAUNCHERS = ("local", "emulated")
+
+
+def training_floor_bytes(layers: int, hidden: int, nodes: int = 0) -> int:
+    """A lower bound of the memory a training run needs on the host that runs all its ranks,
+    whatever the grid: each of the (layers - 1) hidden x hidden weights held once over the ranks
+    with its gradient and two AdamW moments (16 bytes), and each layer's N x hidden activations
+    once (4 bytes; ``nodes`` N, 0 where unknown)::
+
+        16 (L - 1) h^2 + 4 L N h
+    """
+    return 16 * (int(layers) - 1) * int(hidden) * int(hidden) + 4 * int(layers) * int(nodes) * int(hidden)
+
+
+def check_training_memory(layers: int, hidden: int, nodes: int = 0, launcher=None) -> None:
+    """UserError if the ranks ``launcher`` starts on this host (the local and emulated launchers,
+    :data:`HOST_LAUNCHERS`; None is local) cannot hold :func:`training_floor_bytes`, before any
+    rank starts (:func:`plexus_tune.resources.check_memory`; the launcher's ``oversubscribe`` lifts it)."""
+    if getattr(launcher, "name", "local") not in HOST_LAUNCHERS:
+        return
+    layers, hidden, nodes = int(layers), int(hidden), int(nodes)
+    check_memory(training_floor_bytes(layers, hidden, nodes),
+                 f"training {layers:,} layers of width {hidden:,} (weights, AdamW state"
+                 + (f", activations of {nodes:,} nodes)" if nodes else ")"),
+                 allow=bool(getattr(launcher, "oversubscribe", False)))

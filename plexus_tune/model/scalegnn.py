@@ -194,34 +194,50 @@ def sampled_nnz_per_shard(workload, grid, batch: int, sampled_nnz=None) -> list[
     return [total / (grid[s["depth"]] * grid[s["outer"]]) for s in layer_sizes(workload, grid, batch)]
 
 
-def sampling_ms(workload, machine: Machine, grid, batch: int, sampled=None) -> float:
-    """One step's sampling on one rank (ms), from the bytes it moves at ``elementwise_gbps``.
+def sampling_work(workload, grid, batch: int, sampled=None) -> tuple[int, float]:
+    """(layouts, bytes) of one step's sampling on one rank: the kernel that
+    ``calibrate sampling`` times (:mod:`plexus_tune.measure.sampling`).
 
-    Per distinct layer layout (at most 3): the sampled rows' nonzeros of the full shard,
-    NNZ / (g_d g_o) x B / N, each read (value and index) and handled with
-    :data:`SAMPLE_GATHER_BYTES` plus a binary search of log2(r_o) 8-byte probes; the kept
-    nonzeros z written into A_S and A_S^T (:data:`SAMPLE_KEEP_PASSES` passes of value and
-    index); the sample itself (16 B per vertex) and the sampled input features and labels.
-    0 without ``elementwise_gbps``.
+    Per distinct layer layout (at most 3, one kernel call each): the sampled rows' nonzeros
+    of the full shard, NNZ / (g_d g_o) x B / N, each read (value and index) and handled
+    with :data:`SAMPLE_GATHER_BYTES` plus a binary search of log2(r_o) 8-byte probes; the
+    kept nonzeros z written into A_S and A_S^T (:data:`SAMPLE_KEEP_PASSES` passes of
+    value and index). Plus the sample itself, 16 B per vertex.
     """
-    rate = machine.elementwise_gbps
-    if not rate:
-        return 0.0
     u = float(workload.bytes_per_element)
     n, nnz = workload.nodes, workload.nnz
     sizes = layer_sizes(workload, grid, batch)
     z = sampled_nnz_per_shard(workload, grid, batch, sampled)
     total = 16.0 * batch
-    for i in range(min(workload.layers, 3)):
+    layouts = min(workload.layers, 3)
+    for i in range(layouts):
         s = sizes[i]
         full = nnz / (grid[s["depth"]] * grid[s["outer"]])
         gathered = full * batch / n
         ib = float(csr_index_bytes(full, ceil_div(n, grid[s["depth"]]), ceil_div(n, grid[s["outer"]])))
         total += gathered * (u + ib + SAMPLE_GATHER_BYTES + 8.0 * math.log2(max(2.0, s["r_o"])))
         total += z[i] * SAMPLE_KEEP_PASSES * (u + 4.0)
-    gx, gy, gz = grid
-    total += ceil_div(batch, gx) * (2.0 * ceil_div(int(workload.widths[0]), gz) * u + 16.0)
-    return total / (float(rate) * 1e9) * 1e3
+    return int(layouts), float(total)
+
+
+def sampling_ms(workload, machine: Machine, grid, batch: int, sampled=None) -> float:
+    """One step's sampling on one rank (ms): ``layouts`` x call_ms + bytes / gbps of
+    :func:`sampling_work`, at the profile's calibrated ``sampling`` entry (``calibrate
+    sampling``, then ``fit``), else the bytes at ``elementwise_gbps`` (0 without it).
+    docs/model.md, "ScaleGNN", Sampling."""
+    layouts, work = sampling_work(workload, grid, batch, sampled)
+    entry = machine.sampling
+    if entry:
+        return float(entry["call_ms"]) * layouts + work / (float(entry["gbps"]) * 1e9) * 1e3
+    rate = machine.elementwise_gbps
+    return work / (float(rate) * 1e9) * 1e3 if rate else 0.0
+
+
+def feature_gather_bytes(workload, grid, batch: int) -> float:
+    """Bytes of gathering a step's sampled input-feature rows (read and written) and labels on one
+    rank: ceil(B / Gx) x (2 ceil(D_0 / Gz) u + 16); elementwise work of the step."""
+    gx, _, gz = grid
+    return ceil_div(batch, gx) * (2.0 * ceil_div(int(workload.widths[0]), gz) * float(workload.bytes_per_element) + 16.0)
 
 
 def _comm(machine, calls, grid, choice: CommPrecision, u):
@@ -299,7 +315,8 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
     for op, t in dp_ops.items():
         step[f"{op}_ms"] += t
     passes = LAYER_PASSES["relu"] + sum(LAYER_PASSES[c] for c in COMPONENTS if components[c])
-    elementwise = u * (sum(passes * s["r_d"] * s["c_o"] for s in sizes) + LOSS_PASSES * r_h * c_h)
+    elementwise = (u * (sum(passes * s["r_d"] * s["c_o"] for s in sizes) + LOSS_PASSES * r_h * c_h)
+                   + feature_gather_bytes(workload, grid, batch))
     rate = machine.elementwise_gbps
     step["other_elementwise_ms"] = elementwise / (rate * 1e9) * 1e3 if rate else 0.0
     opt_rate = machine.optimizer_gbps or rate

@@ -267,23 +267,18 @@ def _paper_extra_calls(layer, direction, gpus, pr, pc, pl, rf, d_in, d_out, widt
     (a broadcast of each block along its row and its column) whose f x f result is
     all-gathered on all ranks (it replaces the bundled all-reduce of dW)."""
     full = lambda value: np.full(gpus, float(value), dtype=np.float64)  # noqa: E731
+    forward = direction == "forward"
+    row_what, row_width = ("Z over the row (log_softmax)", d_out) if forward else ("sigma'(Z) over the row", d_in)
     calls = []
-    if direction == "forward":
-        if pc > 1:
-            calls.append(CommCall(f"layer {layer} all-gather Z over the row (log_softmax)", "all_gather", "combination",
-                                  direction, 1, pc, 1, pc * rf * d_out * u, pc * rf, 1, full((pc - 1) * rf * d_out * u)))
-        if pl > 1:
-            calls.append(CommCall(f"layer {layer} all-gather T over the fibre (partial 3D product)", "all_gather",
-                                  "combination", direction, 2, pl, pr * pc, pl * rf * d_in * u, pl * rf, 1,
-                                  full((pl - 1) * rf * d_in * u)))
-        return calls
     if pc > 1:
-        calls.append(CommCall(f"layer {layer} all-gather sigma'(Z) over the row", "all_gather", "combination",
-                              direction, 1, pc, 1, pc * rf * d_in * u, pc * rf, 1, full((pc - 1) * rf * d_in * u)))
+        calls.append(CommCall(f"layer {layer} all-gather {row_what}", "all_gather", "combination", direction, 1, pc,
+                              1, pc * rf * row_width * u, pc * rf, 1, full((pc - 1) * rf * row_width * u)))
     if pl > 1:
-        calls.append(CommCall(f"layer {layer} all-gather dT over the fibre (partial 3D product)", "all_gather",
-                              "combination", direction, 2, pl, pr * pc, pl * rf * d_in * u, pl * rf, 1,
+        calls.append(CommCall(f"layer {layer} all-gather {'T' if forward else 'dT'} over the fibre (partial 3D product)",
+                              "all_gather", "combination", direction, 2, pl, pr * pc, pl * rf * d_in * u, pl * rf, 1,
                               full((pl - 1) * rf * d_in * u)))
+    if forward:
+        return calls
     if pc > 1:
         calls.append(CommCall(f"layer {layer} broadcast H blocks along the row (dense SUMMA of dW)", "broadcast",
                               "gather", direction, 1, pc, 1, rf * d_in * u, rf, pc, full((pc - 1) * rf * d_in * u)))

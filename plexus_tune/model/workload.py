@@ -7,9 +7,11 @@ features, hidden widths, classes) and the byte size of one element.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.degrees import grid2d_degree_shape, rmat_degree_shape
 
 
 #: The deepest GCN a workload may have (docs/cli.md, Sizes): the deepest GCNs trained in the
@@ -42,8 +44,21 @@ class DatasetInfo:
     features: int
     classes: int
     source: str
-    #: ``{"degree_shape": [[degree / mean degree, share of the nodes], ...], "provenance": text}``, or None
+    #: the structure descriptor: ``{"generator": "rmat" | "grid2d", "skew": (a, b, c, d) of an R-MAT,
+    #: "provenance": text}`` and ``"degree_shape": [[degree / mean degree, share of the nodes], ...]``
+    #: where it is given rather than computed (:meth:`descriptor`), or None
     structure: dict | None = None
+
+    def descriptor(self) -> dict | None:
+        """The structure descriptor with its degree shape: the one given, else that of the generator
+        family at this dataset's N and (NNZ - N) / 2 undirected edges (:mod:`plexus_tune.graph.degrees`)."""
+        if self.structure is None:
+            return None
+        if "degree_shape" in self.structure:
+            return dict(self.structure)
+        return {**self.structure, "degree_shape": _family_shape(self.structure["generator"],
+                                                                tuple(self.structure.get("skew", ())),
+                                                                self.nodes, (self.nnz - self.nodes) // 2)}
 
 
 def _positive_int(value, what: str) -> int:
@@ -135,31 +150,55 @@ _RMAT_PRODUCTS = {
                    "(Graph500 skew a=.57 b=.19 c=.19 d=.05), ogbn-products' size, in 27 log-spaced degree classes"),
 }
 _DERIVED = "nnz derived as 2 * edges + nodes (undirected edges stored both ways plus self-loops)"
+_RMAT_PRODUCTS["generator"], _RMAT_PRODUCTS["skew"] = "rmat", (0.57, 0.19, 0.19, 0.05)
+
+
+@functools.cache
+def _family_shape(generator: str, skew: tuple, nodes: int, edges: int) -> list:
+    return grid2d_degree_shape(nodes) if generator == "grid2d" else rmat_degree_shape(nodes, edges, skew)
+
+
+def _rmat_like(kind: str) -> dict:
+    """The descriptor of a power-law dataset: the Graph500 R-MAT of its size."""
+    return {"generator": "rmat", "skew": (0.57, 0.19, 0.19, 0.05),
+            "provenance": f"{kind}: degree shape of the Graph500 R-MAT (a=.57 b=.19 c=.19 d=.05) of its N nodes and "
+                          "(NNZ - N)/2 undirected edges, computed from the R-MAT's pair probabilities (no published "
+                          "degree distribution used; the generator family of ogbn-products' descriptor)"}
+
+
+_ROAD_LIKE = {"generator": "grid2d",
+              "provenance": "road network: degree shape of the 4-neighbour lattice of 'graph generate grid2d' (10 % of "
+                            "links dropped, 1 % long edges), scaled to the dataset's mean degree (no published degree "
+                            "distribution used)"}
 
 _CATALOG = (
-    DatasetInfo("Reddit", 232_965, 57_307_946, 114_848_857, 602, 41, _PAPER),
+    DatasetInfo("Reddit", 232_965, 57_307_946, 114_848_857, 602, 41, _PAPER, structure=_rmat_like("social network")),
     DatasetInfo("ogbn-products", 2_449_029, 61_859_140, 126_167_053, 100, 47, _PAPER, structure=_RMAT_PRODUCTS),
-    DatasetInfo("Isolate-3-8M", 8_745_542, 654_620_251, 1_317_986_044, 128, 32, _PAPER + "; synthetic features/labels"),
-    DatasetInfo("products-14M", 14_249_639, 115_394_635, 245_036_907, 128, 32, _PAPER + "; synthetic features/labels"),
-    DatasetInfo("europe_osm", 50_912_018, 54_054_660, 159_021_338, 128, 32, _PAPER + "; synthetic features/labels"),
-    DatasetInfo("ogbn-papers100M", 111_059_956, 1_615_685_872, 1_726_745_828, 100, 172, _PAPER),
+    DatasetInfo("Isolate-3-8M", 8_745_542, 654_620_251, 1_317_986_044, 128, 32, _PAPER + "; synthetic features/labels",
+                structure=_rmat_like("protein similarity network")),
+    DatasetInfo("products-14M", 14_249_639, 115_394_635, 245_036_907, 128, 32, _PAPER + "; synthetic features/labels",
+                structure=_rmat_like("co-purchase network")),
+    DatasetInfo("europe_osm", 50_912_018, 54_054_660, 159_021_338, 128, 32, _PAPER + "; synthetic features/labels",
+                structure=_ROAD_LIKE),
+    DatasetInfo("ogbn-papers100M", 111_059_956, 1_615_685_872, 1_726_745_828, 100, 172, _PAPER,
+                structure=_rmat_like("citation network")),
     DatasetInfo(
         "ogbn-arxiv", 169_343, 1_166_243, 2 * 1_166_243 + 169_343, 128, 40,
-        "Plexus thesis/paper (nodes, edges, features, classes); " + _DERIVED,
+        "Plexus thesis/paper (nodes, edges, features, classes); " + _DERIVED, structure=_rmat_like("citation network"),
     ),
     DatasetInfo(
         "ogb-lsc-mag240M", 121_751_666, 2_593_241_212, 2 * 2_593_241_212 + 121_751_666, 768, 153,
-        "paper-citation part, as quoted in the Plexus papers; " + _DERIVED,
+        "paper-citation part, as quoted in the Plexus papers; " + _DERIVED, structure=_rmat_like("citation network"),
     ),
     DatasetInfo(
         "IGB260M", 269_346_174, 3_995_777_033, 2 * 3_995_777_033 + 269_346_174, 1024, 19,
-        "as quoted in the Plexus papers; " + _DERIVED,
+        "as quoted in the Plexus papers; " + _DERIVED, structure=_rmat_like("citation network"),
     ),
     DatasetInfo(
         "UK-2007-05", 105_896_555, 3_738_733_648, 2 * 3_738_733_648 + 105_896_555, 128, 32,
         "nodes and edges as quoted in the Plexus papers; " + _DERIVED
         + "; no features or labels: 128 random features and 32 degree-derived classes assumed, "
-        "as for the paper's synthetic datasets",
+        "as for the paper's synthetic datasets", structure=_rmat_like("web graph"),
     ),
 )
 

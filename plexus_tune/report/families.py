@@ -3,8 +3,8 @@ joint ranking").
 
 Per graph, every logged configuration (family, grid, options, communication precision)
 of G ranks is one row: observed = median epoch time over its successful trials,
-predicted = :func:`plexus_tune.model.prediction.predict_run_grids` of the family at the
-run's settings, the graph given (its partition and pieces). Over all rows of a graph:
+predicted = the run's one prediction (:meth:`plexus_tune.measure.identity.RunSpec.predict`)
+at its settings, the graph given (its partition and pieces). Over all rows of a graph:
 Spearman of predicted against observed, regret = observed time of the predicted best
 over the observed best, and each family's best configuration predicted and observed.
 """
@@ -14,9 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from plexus_tune.measure.families import configuration_label
+from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.store import read_records
-from plexus_tune.model.family import DEFAULT_FAMILY, family_of
-from plexus_tune.model.prediction import predict_run_grids
+from plexus_tune.model.family import DEFAULT_FAMILY
+from plexus_tune.model.grid import format_grid
+from plexus_tune.model.prediction import PREDICTED_TIME_KEYS
 from plexus_tune.report.metrics import regret, spearman
 
 
@@ -46,19 +48,22 @@ def observed_rows(log, graph_source: str, *, gpus: int | None = None) -> list[di
     return rows
 
 
+def row_spec(row: dict) -> RunSpec:
+    """The run of a row: its family, grid, options and communication precision as a run's fields
+    (:meth:`plexus_tune.measure.identity.RunSpec.from_record`; the other settings at their defaults)."""
+    return RunSpec.from_record({"algorithm": row["family"], "grid": format_grid(row["grid"]),
+                                "options": dict(row["options"]), "comm_precision": row["comm_precision"]})
+
+
 def predict_rows(rows: list[dict], workload, machine, graph=None) -> list[dict]:
-    """``rows`` with ``total_ms`` (the predicted total: the family's model at the row's settings, ``graph`` given
-    to the families whose model takes one) and the predicted parts."""
+    """``rows`` with ``total_ms`` (the predicted total) and ``predicted`` (the prediction's times: its parts,
+    overhead and total): the one prediction of a run, :meth:`~plexus_tune.measure.identity.RunSpec.predict`
+    of :func:`row_spec` on ``workload``, ``graph`` given to the families whose model reads it."""
     out = []
     for row in rows:
-        options = dict(row["options"])
-        if graph is not None and "graph" in family_of(row["family"]).options:
-            options["graph"] = graph
-        pred = predict_run_grids(workload, machine, np.asarray([row["grid"]]), algorithm=row["family"],
-                                 comm_precision=row["comm_precision"], options=options)
-        parts = {k: float(v[0]) for k, v in pred.items()
-                 if k.endswith("_ms") and np.ndim(v) == 1 and np.issubdtype(np.asarray(v).dtype, np.number)}
-        out.append({**row, "total_ms": float(pred["total_ms"][0]), "predicted": parts})
+        pred = row_spec(row).predict(machine, workload=workload, graph=graph)
+        parts = {key: pred[key] for key in PREDICTED_TIME_KEYS}
+        out.append({**row, "total_ms": parts["total_ms"], "predicted": parts})
     return out
 
 

@@ -158,7 +158,7 @@ def normalize_config(config):
     if "aggregation" in family.choices:
         changes["aggregation"] = check_aggregation(config.aggregation or family.default_aggregation)
     if "replication" in family.choices:
-        changes["replication"] = grid[1]
+        changes["replication"] = family.record_fields(grid)["replication"]  # c is the grid's Gy
     return replace(config, **changes)
 
 

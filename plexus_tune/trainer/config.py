@@ -33,7 +33,9 @@ class TrainConfig:
     then its process grid), ``replication`` is cagnet-1.5d's c and ``aggregation``
     supergcn's pre, post or hybrid; ``dp`` (data-parallel groups, each on ``grid``) and
     ``batch_size`` (vertices sampled per step and group) are scalegnn-4d's, whose
-    components ``extra["minibatch"]`` may switch (rmsnorm, residual: bool; dropout: rate).
+    components ``extra["minibatch"]`` may switch (rmsnorm, residual: bool; dropout: rate);
+    with ``prefetch`` (scalegnn-4d, default) the sampling of step t + 1 runs on a background
+    thread during step t.
     """
 
     grid: tuple[int, int, int] = (1, 1, 1)
@@ -68,6 +70,7 @@ class TrainConfig:
     aggregation: str | None = None
     dp: int = 1
     batch_size: int | None = None
+    prefetch: bool = True
     extra: dict = field(default_factory=dict)
 
     @property

@@ -25,8 +25,8 @@ from plexus_tune.launch import detect_environment, run_in_environment
 from plexus_tune.launch.launchers import Launcher
 from plexus_tune.launch.worker import rank_placement
 from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
-from plexus_tune.resources import check_memory
-from plexus_tune.trainer.algorithms import check_shard_input, normalize_config
+from plexus_tune.model.memory import check_training_memory as check_memory_floor
+from plexus_tune.trainer.algorithms import check_shard_input
 from plexus_tune.trainer.config import BACKEND_CHOICES, DTYPE_CHOICES, PERMUTE_CHOICES, TrainConfig
 
 
@@ -143,10 +143,11 @@ def _rank_main_placed(rank: int, world_size: int, env, *args) -> tuple:
 
 
 def prepare(config: TrainConfig, launcher=None, env=None) -> tuple[TrainConfig, object]:
-    """The configuration as it will run (normalized; launcher, cluster and machine filled in
-    when this process starts the ranks) and the launcher that starts them (None under
-    torchrun or srun). Raises UserError for a configuration :func:`validate` rejects."""
-    config = normalize_config(config)
+    """The configuration as it will run (launcher, cluster and machine filled in when this process
+    starts the ranks) and the launcher that starts them (None under torchrun or srun). ``config``
+    comes with its family's settings (:meth:`plexus_tune.measure.identity.RunSpec.train_config`,
+    :func:`plexus_tune.trainer.algorithms.normalize_config`). Raises UserError for a configuration
+    :func:`validate` rejects or ranks this host cannot hold (:func:`check_training_memory`)."""
     if env is None:
         launcher = launcher or Launcher()
         launcher.check(config.world_size)
@@ -158,24 +159,15 @@ def prepare(config: TrainConfig, launcher=None, env=None) -> tuple[TrainConfig, 
 
 
 def check_training_memory(config: TrainConfig, launcher=None) -> None:
-    """UserError if the ranks that ``launcher`` starts on this host (the local and emulated
-    launchers; others start them elsewhere) cannot hold the weights and activations, before any
-    rank starts (:func:`plexus_tune.resources.check_memory`; ``--oversubscribe`` lifts it). A
-    lower bound, whatever the grid: each of the (layers - 1) hidden x hidden weights held once
-    over the ranks with its gradient and two AdamW moments (16 bytes), and each layer's
-    N x hidden activations once (4 bytes; N of a synthetic spec, else 0)."""
-    if getattr(launcher, "name", "local") not in ("local", "emulated"):
-        return
-    hidden, layers = int(config.hidden), int(config.layers)
+    """UserError if the ranks that ``launcher`` starts on this host cannot hold the weights and
+    activations (:func:`plexus_tune.model.memory.check_training_memory`; N of a synthetic spec, else 0)."""
     nodes = int(parse_spec(config.synthetic)[1].get("nodes", 0)) if config.synthetic else 0
-    need = 16 * (layers - 1) * hidden * hidden + 4 * layers * nodes * hidden
-    check_memory(need, f"training {layers:,} layers of width {hidden:,} (weights, AdamW state"
-                 + (f", activations of {nodes:,} nodes)" if nodes else ")"),
-                 allow=bool(getattr(launcher, "oversubscribe", False)))
+    check_memory_floor(config.layers, config.hidden, nodes, launcher)
 
 
 def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None:
-    """Train one configuration (prepared by :func:`prepare`) and return the ranks' raw results.
+    """Train one configuration (with its family's settings; :func:`prepare` checks it and fills in its
+    launcher) and return the ranks' raw results (``config``: the configuration as run).
 
     Started by hand, ``launcher`` starts ``prod(grid)`` ranks; under torchrun or srun
     (``env``, :func:`plexus_tune.launch.detect_environment`) this process is one rank and
@@ -184,6 +176,7 @@ def train(config: TrainConfig, *, launcher=None, env=None) -> TrainResult | None
     """
     from plexus_tune.trainer.rank import rank_main
 
+    config, launcher = prepare(config, launcher, env)
     source = graph_source(config)
     device_kind = "cuda" if config.backend == "nccl" else "cpu"
     world = config.world_size

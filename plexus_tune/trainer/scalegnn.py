@@ -26,7 +26,9 @@ averaged (:meth:`ScaleGnnTrainer.average_feature_gradient`). With ``prefetch`` (
 step t + 1 runs on a background thread while step t trains (it needs no communication),
 and step t ends by waiting for it: ``sample_ms`` times that wait (the exposed sampling,
 inside ``other_ms``), ``sample_work_ms`` the sampling itself; the first sample is drawn
-before the first epoch. Gradients that a replicated operand
+before the first epoch. Every epoch starts after an untimed barrier of all ranks: the
+full-graph evaluation between epochs is untimed and its ranks finish it at different
+times, which would otherwise surface as the first cross-group collective's wait. Gradients that a replicated operand
 receives from different shards are summed over the replicas' axis in the backward pass
 (:class:`CopyTo`); every parameter's gradient is then averaged over the Gd groups in one
 FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
@@ -212,6 +214,45 @@ class Sample:
         return np.diff(self.bounds[axis])
 
 
+def graph_shards_of(adjacency, grid, coords, layers: int) -> list[tuple[int, int, object]]:
+    """(row start, column start, CSR shard) of each distinct layer layout (at most 3) of the rank at
+    ``coords``: rows over the layer's depth axis, columns over its outer axis (ceil(N / g) per block)."""
+    n = adjacency.shape[0]
+    out = []
+    for i in range(min(int(layers), 3)):
+        o, _, d = layer_roles(i)
+        rows = block(coords[d], -(-n // grid[d]), n)
+        cols = block(coords[o], -(-n // grid[o]), n)
+        out.append((rows.start, cols.start, adjacency[rows.start:rows.stop, cols.start:cols.stop].tocsr()))
+    return out
+
+
+def draw_sample(nodes: int, grid, batch: int, seed: int, step: int, group: int) -> Sample:
+    """Step ``step``'s sample of data-parallel group ``group`` and its block bounds per axis
+    (block k of an axis of size g: the sampled vertices of [k ceil(N / g), (k + 1) ceil(N / g)))."""
+    vertices = sample_vertices(nodes, batch, seed, step, group)
+    bounds = []
+    for axis in range(3):
+        size = -(-nodes // grid[axis])
+        edges = np.minimum(np.arange(grid[axis] + 1) * size, nodes)
+        bounds.append(np.searchsorted(vertices, edges, side="left"))
+    return Sample(vertices, bounds, step, group)
+
+
+def cut_sampled_shards(graph_shards, coords, sample: Sample, nodes: int, dtype, device, rescale: bool = True) -> list:
+    """(A_S, A_S^T) of each distinct layer layout, cut from the rank's ``graph_shards``
+    (:func:`graph_shards_of`) by :func:`plexus_tune.graph.sampling.sampled_block`: no communication."""
+    out = []
+    p = rescale_factor(nodes, len(sample.vertices))
+    for i, (r_start, c_start, shard) in enumerate(graph_shards):
+        o, _, d = layer_roles(i)
+        r0, r1 = sample.rows(d, coords[d])
+        c0, c1 = sample.rows(o, coords[o])
+        a = sampled_block(shard, r_start, c_start, sample.vertices[r0:r1], sample.vertices[c0:c1], p, rescale=rescale)
+        out.append((torch_csr(a, dtype, device), torch_csr(a.T.tocsr(), dtype, device)))
+    return out
+
+
 class Reshard(torch.autograd.Function):
     """The residual moved from rows over ``src_rows`` x columns over ``src_cols`` to rows over
     ``dst_rows`` x columns over ``dst_cols`` (module docstring)."""
@@ -276,7 +317,7 @@ class ScaleGnnTrainer(RankTrainer):
         self.batch = int(config.batch_size)
         self.components = {name: bool(options.get(name, True)) for name in ("rmsnorm", "residual")}
         self.dropout = float(options.get("dropout", 0.0))
-        self.prefetch = bool(options.get("prefetch", True))
+        self.prefetch = bool(getattr(config, "prefetch", True))
         self.comm = comm or GroupComm(self.grid, self.dp, rank, self.timer, precision=config.comm_precision,
                                       seed=config.seed)
         self.group = self.comm.group_index
@@ -291,15 +332,8 @@ class ScaleGnnTrainer(RankTrainer):
         self.labels = np.asarray(data.pg.labels, dtype=np.int64)
         # the group's replica of the graph: this rank's shard of each distinct layer layout
         adjacency = data.pg.adjacency.tocsr()
-        self.graph_shards = []
-        self.persistent_bytes = 0
-        self.shard_nnz = []
-        for i in range(min(self.layers, 3)):
-            o, _, d = layer_roles(i)
-            rows, cols = self.node_block(d), self.node_block(o)
-            shard = adjacency[rows.start:rows.stop, cols.start:cols.stop].tocsr()
-            self.graph_shards.append((rows.start, cols.start, shard))
-            self.persistent_bytes += shard.data.nbytes + shard.indices.nbytes + shard.indptr.nbytes
+        self.graph_shards = graph_shards_of(adjacency, self.grid, self.coords, self.layers)
+        self.persistent_bytes = sum(s.data.nbytes + s.indices.nbytes + s.indptr.nbytes for _, _, s in self.graph_shards)
         self.shard_nnz = [int(self.graph_shards[i % 3][2].nnz) for i in range(self.layers)]
         xr, zc = self.node_block(0), block(self.coords[2], -(-self.features_in // self.grid[2]), self.features_in)
         self.x_rows, self.x_cols = xr, zc
@@ -350,28 +384,13 @@ class ScaleGnnTrainer(RankTrainer):
     # ----------------------------------------------------------------------------- sampling
 
     def sample(self, step: int, batch: int | None = None) -> Sample:
-        """Step ``step``'s sample of this rank's group and its block bounds per axis (no communication)."""
-        batch = self.batch if batch is None else batch
-        vertices = sample_vertices(self.nodes, batch, self.config.seed, step, self.group)
-        bounds = []
-        for axis in range(3):
-            size = -(-self.nodes // self.grid[axis])
-            edges = np.minimum(np.arange(self.grid[axis] + 1) * size, self.nodes)
-            bounds.append(np.searchsorted(vertices, edges, side="left"))
-        return Sample(vertices, bounds, step, self.group)
+        """Step ``step``'s sample of this rank's group and its block bounds per axis (:func:`draw_sample`)."""
+        return draw_sample(self.nodes, self.grid, self.batch if batch is None else batch, self.config.seed, step,
+                           self.group)
 
     def sampled_shards(self, sample: Sample, rescale: bool = True) -> list:
-        """(A_S, A_S^T) of each distinct layer layout, cut from this rank's shards."""
-        out = []
-        p = rescale_factor(self.nodes, len(sample.vertices))
-        for i, (r_start, c_start, shard) in enumerate(self.graph_shards):
-            o, _, d = layer_roles(i)
-            r0, r1 = sample.rows(d, self.coords[d])
-            c0, c1 = sample.rows(o, self.coords[o])
-            a = sampled_block(shard, r_start, c_start, sample.vertices[r0:r1], sample.vertices[c0:c1], p,
-                              rescale=rescale)
-            out.append((torch_csr(a, self.dtype, self.device), torch_csr(a.T.tocsr(), self.dtype, self.device)))
-        return out
+        """(A_S, A_S^T) of each distinct layer layout, cut from this rank's shards (:func:`cut_sampled_shards`)."""
+        return cut_sampled_shards(self.graph_shards, self.coords, sample, self.nodes, self.dtype, self.device, rescale)
 
     # ----------------------------------------------------------------------------- model
 
@@ -570,6 +589,9 @@ class ScaleGnnTrainer(RankTrainer):
                 _maybe_fail(self.rank, epoch)
                 if self.comm.counter is not None:
                     self.comm.counter.reset()
+                # untimed: every rank starts the epoch together, so the skew of the untimed evaluation
+                # before it does not surface as the first collective's wait (docs/trainer.md)
+                self.comm.dist.barrier()
                 t_epoch = self.timer.now()
                 losses = []
                 for _ in range(self.steps):

@@ -25,6 +25,22 @@ one fresh process with its wall time and peak RSS (``wait4``), in this order:
   correlation of the predicted epochs of every grid, the largest-shard nonzeros' worst
   relative difference.
 
+With ``--scaling DIR,DIR,...`` it shows that a sample's cost does not grow with the graph:
+for each graph (R-MATs of several sizes), ``predict --graph-sample`` at the fraction that
+reads ``--sample-entries`` stored entries (a sample of one size), with wall time, CPU time and
+peak RSS of a fresh process (the first call, which stores the permutations, and a second,
+which reads them), the sampled estimate's own time in process, and for contrast the
+one-pass baseline, which grows with the graph::
+
+    python runners/benchmarks/bench_predict.py --scaling /data/rmat-612k,/data/rmat-1224k,/data/rmat-2449k
+
+With ``--descriptor NAME=DIR`` it compares, on the H100 profile at 1x1x1, catalog dataset NAME's
+prediction from its structure descriptor (and from the shape computed for its generator
+family) with ``predict --graph DIR``, DIR a graph of the same size generated with the
+descriptor's skew, and with the uniformly random shards (target: the descriptor within 20 %)::
+
+    python runners/benchmarks/bench_predict.py --descriptor ogbn-products=/data/rmat-products
+
 A spec (``rmat:nodes=2449029,edges=61859012``, a ``graph generate`` kind and its options)
 is generated once into ``--data`` (default /tmp/plexus-bench-graphs) in the memory-mapped
 format. Targets: cold <= 3 x one pass, warm <= 2 s above no graph, peak RSS <= 1.5 x the
@@ -197,6 +213,96 @@ def sampled_figures(args, path: str, predict: list[str], env: dict, all_gib: flo
               f"every split (target <= 2 %)")
 
 
+IN_PROCESS = """
+import sys, time, json
+from plexus_tune.graph import load_graph
+from plexus_tune.model.grid import enumerate_grids
+from plexus_tune.model.sparsity import graph_sparsity
+import plexus_tune.graph.structure_sample as structure_sample
+graph = load_graph(sys.argv[1], pattern_only="rows")
+grids = enumerate_grids(int(sys.argv[3]))
+# compiled loops loaded, the permutations stored (as the first predict does)
+graph_sparsity(graph, grids[:1], 3, sample=float(sys.argv[2]), seed=1, store_permutations=True)
+structure_sample._LAST_SAMPLE[:] = [None, None, None]  # the sample read again
+start = time.perf_counter()
+result = graph_sparsity(graph, grids, 3, sample=float(sys.argv[2]), seed=1, store_permutations=True)
+print(json.dumps({"seconds": time.perf_counter() - start, **result.sample}))
+"""
+
+
+def scaling_figures(args) -> int:
+    """One sample size on graphs of several sizes: the sampled predict's cost against the graph's."""
+    import json
+
+    import tempfile
+
+    py = sys.executable
+    env = {**os.environ, "PLEXUS_TUNE_DATA": tempfile.mkdtemp(prefix="plexus-bench-data-")}
+    predict = [py, "-m", "plexus_tune", "predict", "--gpus", str(args.gpus), "--hidden", str(args.hidden),
+               "--machine", args.machine, "--top", "3"]
+    print(f"a sample of about {args.sample_entries:,} stored entries on each graph; python {sys.version.split()[0]}; "
+          f"cpus {os.cpu_count()}; load average {open('/proc/loadavg').read().split()[0]} before")
+    print(f"{'':<58}{'first predict (makes perms)':<30}{'predict again':<30}")
+    print(f"{'graph':<16} {'N':>10} {'stored nnz':>12} {'fraction':>9} {'entries':>8} "
+          f"{'wall s':>7} {'CPU s':>6} {'RSS GiB':>7} {'':>6} {'wall s':>7} {'CPU s':>6} {'RSS GiB':>7} "
+          f"{'in-proc s':>9} | {'one pass s':>10} {'RSS GiB':>7}")
+    for path in args.scaling:
+        meta = json.loads(open(os.path.join(path, "metadata.json")).read())
+        fraction = min(1.0, args.sample_entries / int(meta["nnz"]))
+        first = measured(predict + ["--graph", path, "--graph-sample", f"{fraction:.6g}"], env)
+        again = measured(predict + ["--graph", path, "--graph-sample", f"{fraction:.6g}"], env)
+        inner = json.loads(measured([py, "-c", IN_PROCESS, path, f"{fraction:.6g}", str(args.gpus)], env)[3])
+        base = measured([py, "-c", ONE_PASS, path], env)
+        print(f"{os.path.basename(path.rstrip('/')):<16} {meta['num_nodes']:>10,} {int(meta['nnz']):>12,} {fraction:>9.5f} "
+              f"{inner['entries']:>8,} {first[0]:>7.2f} {first[1]:>6.2f} {first[2]:>7.3f} {'':>6} {again[0]:>7.2f} "
+              f"{again[1]:>6.2f} {again[2]:>7.3f} {inner['seconds']:>9.2f} | {base[0]:>10.2f} {base[2]:>7.3f}", flush=True)
+    none = measured(predict + ["--nodes", "2449029", "--nnz", "126167053", "--features", "100", "--classes", "47"], env)
+    print(f"predict without a graph: wall {none[0]:.2f} s, CPU {none[1]:.2f} s, peak RSS {none[2]:.3f} GiB")
+    print(f"load average {open('/proc/loadavg').read().split()[0]} after "
+          "(in-proc s: graph_sparsity's sampled estimate for every grid of G, double permutation, stored permutations, "
+          "timed in process)")
+    return 0
+
+
+def descriptor_figures(args) -> int:
+    """A catalog dataset's descriptor against --graph on a same-size graph of its skew, at 1x1x1 on the H100 profile."""
+    import numpy as np
+
+    from plexus_tune.graph import load_graph
+    from plexus_tune.graph.degrees import rmat_degree_shape
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.sparsity import DescriptorSparsity, descriptor_sparsity, graph_sparsity
+    from plexus_tune.model.workload import get_dataset, workload_from_dataset
+
+    name, _, path = args.descriptor.partition("=")
+    info = get_dataset(name)
+    workload = workload_from_dataset(info.name)
+    machine = load_machine(args.machine)
+    grids = np.array([[1, 1, 1]])
+    start = time.perf_counter()
+    graph = load_graph(path, pattern_only=True)
+    exact = predict_grids(workload, machine, grids, sparsity=graph_sparsity(graph, grids, workload.layers))
+    scan_s = time.perf_counter() - start
+    rows = [("predict --graph (the graph's shards)", exact)]
+    rows.append(("descriptor (" + ("measured shape" if "degree_shape" in info.structure else "computed shape") + ")",
+                 predict_grids(workload, machine, grids, sparsity=descriptor_sparsity(info, workload, grids))))
+    if info.structure.get("generator") == "rmat":
+        computed = {**info.structure, "degree_shape": rmat_degree_shape(info.nodes, (info.nnz - info.nodes) // 2,
+                                                                        info.structure["skew"])}
+        rows.append(("computed R-MAT shape of its size", predict_grids(
+            workload, machine, grids, sparsity=DescriptorSparsity(computed, workload.nodes, workload.nnz, name=name))))
+    rows.append(("uniformly random shards (no descriptor)", predict_grids(workload, machine, grids)))
+    print(f"{info.name} at 1x1x1 on {machine.name}; graph {path} (N={graph.num_nodes:,}, stored {graph.adjacency.nnz:,}; "
+          f"scan {scan_s:.1f} s); load average {open('/proc/loadavg').read().split()[0]}")
+    want = float(exact["total_ms"][0])
+    for label, pred in rows:
+        total, spmm = float(pred["total_ms"][0]), float(pred["spmm_ms"][0])
+        print(f"  {label:<42} epoch {total:9.2f} ms ({100 * (total / want - 1):+6.1f} %)   SpMM {spmm:9.2f} ms")
+    print("target: the descriptor's epoch within 20 % of predict --graph")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -208,8 +314,23 @@ def main() -> int:
     parser.add_argument("--data", default="/tmp/plexus-bench-graphs", help="with a --graph spec: where it is generated")
     parser.add_argument("--fractions", default="0.1,0.01,0.001",
                         help="with --graph: the --graph-sample fractions timed and compared with the exact figures")
+    parser.add_argument("--scaling", help="graph directories, comma-separated: one sample size on each "
+                        "(--sample-entries), its cost against the graph's size")
+    parser.add_argument("--sample-entries", type=int, default=1_237_180,
+                        help="with --scaling: stored entries the sample reads (default 1 %% of the products-size R-MAT)")
+    parser.add_argument("--descriptor", metavar="NAME=DIR",
+                        help="catalog dataset NAME's descriptor against predict --graph DIR at 1x1x1")
     args = parser.parse_args()
+    if args.descriptor:
+        if args.machine == "perlmutter-paper":
+            args.machine = "h100-80gb-fitted"
+        return descriptor_figures(args)
     args.fractions = [float(v) for v in args.fractions.split(",") if v]
+    if args.scaling:
+        args.scaling = [v for v in args.scaling.split(",") if v]
+        if args.machine == "perlmutter-paper":
+            args.machine = "h100-80gb-fitted"
+        return scaling_figures(args)
     if args.graph:
         if args.machine == "perlmutter-paper":
             args.machine = "h100-80gb-fitted"
