@@ -168,7 +168,8 @@ def _submit(args, campaign: Campaign, launcher, machine, stats) -> int:
         describe=lambda job_id, left: (f"job {job_id}: {left} run(s) of {len(campaign.grids)} grid(s) on "
                                        f"{max(world_sizes)} ranks; output in {dispatch.state_dir(campaign.log)}"),
         pending=lambda: len(pending_runs(unlogged, launcher=launcher)),
-        collect=lambda states: log_unfinished(campaign, states, launcher=launcher, machine=machine, workload=workload))
+        collect=lambda states: log_unfinished(campaign, states, launcher=launcher, machine=machine, workload=workload,
+                                              graph=stats.context))
     if outcome.detached:
         return 0
     _summary(make_console(), campaign, launcher)

@@ -85,7 +85,7 @@ def run(args) -> int:
         run_spec = spec.with_grid(grid).with_launcher(launcher)
         record = run_training(run_spec.train_config(**training_fields(options)), raise_on_failure=False, launcher=launcher,
                               spec=run_spec)
-    record = log_run(log, record, machine=machine, workload=workload, spec=run_spec)
+    record = log_run(log, record, machine=machine, workload=workload, spec=run_spec, graph=stats.context)
     if record.get("status", "ok") != "ok":
         console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
         return 1

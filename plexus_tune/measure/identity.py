@@ -21,7 +21,7 @@ from typing import Any
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
-from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, family_of, record_field_names
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, GraphContext, family_of, record_field_names
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.memory import check_training_memory
@@ -411,13 +411,18 @@ class RunSpec:
     def predict(self, machine, *, workload: Workload | None = None, graph=None) -> dict:
         """The prediction of this run at every setting of its identity: :func:`plexus_tune.model.prediction.predict_run`
         of :meth:`workload`, ``grid`` and :meth:`prediction_settings`, so a logged prediction is what
-        ``plexus-tune predict`` gives for the same settings. ``graph`` (the loaded graph) goes to the families
-        whose model reads it (their partition and pieces; ``"graph"`` in the family's options)."""
+        ``plexus-tune predict`` gives for the same settings. ``graph`` (the run's graph: a
+        :class:`~plexus_tune.model.family.GraphContext`, reused across runs, or the loaded graph) gives the
+        family's model what ``predict --graph`` reads of it (:meth:`plexus_tune.model.family.Family.run_graph_options`:
+        the SUMMA pieces, the partition)."""
         settings = self.prediction_settings()
-        family = FAMILIES.get(settings["algorithm"])
-        if graph is not None and "graph" in getattr(family, "options", ()):
-            settings["options"] = {**settings.get("options", {}), "graph": graph}
-        return predict_run(self.workload(workload), machine, self.grid, **settings)
+        workload = self.workload(workload)
+        if graph is not None:
+            context = graph if isinstance(graph, GraphContext) else GraphContext(graph)
+            extra = family_of(settings["algorithm"]).run_graph_options(context, self.grid)
+            if extra:
+                settings["options"] = {**settings.get("options", {}), **extra}
+        return predict_run(workload, machine, self.grid, **settings)
 
 
 def prediction_settings(spec: RunSpec) -> dict:
