@@ -328,6 +328,28 @@ def test_scoring_stops_at_the_first_check_where_the_r2_standard_error_is_small_e
     assert repeated_split_scores(fit, y, n_splits=40, r2_sem=1e-9, min_splits=20)["splits"] == 40
 
 
+def test_split_cap_bounds_the_share_of_the_score_variance_left_to_the_splits():
+    from plexus_tune.fit.scoring import race_split_scores, split_cap
+
+    # by hand: 1/J <= share p / (1 - p), rounded up to a multiple of 10
+    assert split_cap(0.7) == 50  # J >= 0.7 / (0.05 * 0.3) = 46.7
+    assert split_cap(0.8) == 80 and split_cap(0.5) == 20  # 80 and 20 exactly
+    assert split_cap(0.7, share=0.01) == 240  # 233.3
+    fit, X, y = _linear_problem()
+    capped = repeated_split_scores(fit, y, n_splits=500, r2_sem=1e-9, min_splits=20, cap=50)
+    # a target never met: the cap stops it, on the first 50 splits of the full run
+    assert capped["splits"] == 50 and capped["split_cap"] == 50
+    prefix = repeated_split_scores(fit, y, n_splits=50)
+    assert {k: capped[k] for k in prefix} == prefix
+    raced = race_split_scores({"a": fit, "b": fit}, y, n_splits=500, r2_sem=1e-9, min_splits=20, cap=50)
+    assert raced["a"] == raced["b"] and {k: raced["a"][k] for k in prefix} == prefix and raced["a"]["split_cap"] == 50
+    # fit_spmm caps its kinds where a standard-error target is given, not where every split is asked for
+    df = _shapes(120, seed=3)
+    df["time_ms"] = 1e-4 * df.nnz * df.dense_cols ** 0.5 * np.exp(np.random.default_rng(3).normal(0, 0.3, len(df)))
+    assert fit_spmm(df, "learned", n_splits=200, r2_sem=1e-9).scores["splits"] == split_cap()
+    assert fit_spmm(df, "learned", n_splits=200, r2_sem=None).scores["splits"] == 200
+
+
 def test_parallel_scoring_gives_the_same_scores(monkeypatch):
     from plexus_tune.fit import scoring
 

@@ -195,3 +195,52 @@ def test_segments_are_looked_up_as_a_binary_search_finds_them():
             cuts = np.unique(np.concatenate([np.minimum(np.arange(g + 1) * -(-n // g), n) for g in parts]))
             ids = np.concatenate([rng.integers(0, n, 50_000), cuts[:-1], np.maximum(cuts[1:] - 1, 0)]).astype(np.int32)
             assert np.array_equal(_segment(cuts, ids), np.searchsorted(cuts, ids, side="right") - 1), (n, parts)
+
+
+@pytest.mark.parametrize("mode", ["double", "local"])
+def test_stored_permutations_are_made_once_and_read_where_needed(mode, tmp_path):
+    import warnings
+
+    from plexus_tune.errors import CorruptCacheWarning
+    from plexus_tune.graph.permute import stored_inverse_permutations
+
+    parts = (2, 4) if mode == "local" else None
+    want = inverse_permutations_for(mode, 3001, 6, parts=parts)
+    first = stored_inverse_permutations(mode, 3001, 6, parts=parts, root=tmp_path)
+    files = sorted((tmp_path / "permutations").glob("*.npy"))
+    assert len(files) == 2 and all(isinstance(v, np.memmap) for v in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, want))
+    stamp = [f.stat().st_mtime_ns for f in files]
+    again = stored_inverse_permutations(mode, 3001, 6, parts=parts, root=tmp_path)
+    assert [f.stat().st_mtime_ns for f in files] == stamp and all(np.array_equal(a, b) for a, b in zip(again, want))
+    # statistics from the memory-mapped inverses are those from the arrays
+    adjacency = _graph(nodes=3001, edges=20000, seed=8)
+    splits = [(2, 4), (4, 2)] if mode == "local" else SPLITS
+    mapped, _ = sampled_split_statistics(adjacency, splits, *again, 0.1, seed=3, inverse=True)
+    held, _ = sampled_split_statistics(adjacency, splits, *want, 0.1, seed=3, inverse=True)
+    assert mapped == held
+    files[0].write_bytes(b"not a permutation")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        remade = stored_inverse_permutations(mode, 3001, 6, parts=parts, root=tmp_path)
+    assert sum(isinstance(w.message, CorruptCacheWarning) for w in caught) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(remade, want))
+
+
+def test_a_sampled_predict_keeps_its_permutations_and_graph_cache_lists_them(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PLEXUS_TUNE_DATA", str(tmp_path / "data"))  # a data directory of its own
+    path = tmp_path / "g"
+    save_graph(generate("rmat", nodes=2000, edges=16000, features=8, classes=3, seed=1), path, overwrite=True)
+    base = ["predict", "--graph", str(path), "--gpus", "4", "--machine", "h100-80gb-fitted", "--graph-sample", "0.3"]
+    code, out, err = run_cli(base + ["--no-cache"])
+    assert code == 0, err
+    code, out, _ = run_cli(["graph", "cache"])
+    assert code == 0 and "stored permutations" not in out  # --no-cache: nothing written
+    code, out, err = run_cli(base)
+    assert code == 0, err
+    code, out, _ = run_cli(["graph", "cache"])
+    assert code == 0 and "stored permutations (sampled estimates read them): 4 file(s)" in out  # double and local
+    code, out, _ = run_cli(["graph", "cache", "--clear"])
+    assert code == 0 and "4 stored permutation(s)" in out
+    code, out, _ = run_cli(["graph", "cache"])
+    assert "stored permutations" not in out

@@ -65,14 +65,16 @@ def test_failing_rank_stops_run_and_is_logged(tmp_path, monkeypatch, mode, statu
     assert rec["grid"] == "2x1x2"
 
 
-def test_failing_run_exits_nonzero_with_the_rank_error(tmp_path):
+def test_failing_run_exits_nonzero_with_the_rank_error(tmp_path, monkeypatch, capsys):
+    """In process, on the session's fork server (the exit status of ``python -m plexus_tune`` is
+    main's return value: test_bad_input_subprocess_has_no_traceback)."""
     log = tmp_path / "runs.jsonl"
-    env = {**__import__("os").environ, FAIL_ENV: "0:1:raise"}
-    proc = subprocess.run([sys.executable, "-m", "plexus_tune", "train", "--synthetic", SPEC, "--grid", "2x1x1",
-                           "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1", "--log", str(log)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 1
-    assert "rank 0 failed: RuntimeError: injected failure on rank 0 at epoch 1" in proc.stderr
+    monkeypatch.setenv(FAIL_ENV, "0:1:raise")
+    code = main(["train", "--synthetic", SPEC, "--grid", "2x1x1", "--layers", "2", "--hidden", "4", "--epochs", "3",
+                 "--warmup", "1", "--log", str(log)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rank 0 failed: RuntimeError: injected failure on rank 0 at epoch 1" in err and "Traceback" not in err
     assert json.loads(log.read_text().splitlines()[0])["status"] == "failed"
 
 

@@ -58,7 +58,8 @@ def _add_fit_arguments(parser) -> None:
                         "the data supports is scored beside it, and an unknown name lists them")
     parser.add_argument("--splits", type=count(1), default=1000, help="at most this many random 70/30 splits for the scores (default 1000; at least 1)")
     parser.add_argument("--r2-sem", type=real(minimum=0), default=0.0025, help="stop scoring a model once the standard error of its mean held-out "
-                        "R^2 is at most this (default 0.0025, checked every 10 splits from 50 on); 0: score all --splits")
+                        "R^2 is at most this (default 0.0025, checked every 10 splits from 10 on), and at the latest after 50 splits, where more "
+                        "would shrink the score's standard error by at most 2.5 %% (docs/model.md, fitting protocol); 0: score all --splits")
     parser.add_argument("--jobs", type=count(0), default=0, help="worker processes scoring the SpMM kinds (default 0: one per CPU; "
                         "1: none); the scores do not depend on it")
     parser.add_argument("--seed", type=count(0), default=0, help="seed of the random splits and of the stochastic models (default 0)")

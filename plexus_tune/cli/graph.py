@@ -20,7 +20,7 @@ from plexus_tune.graph import (
     write_shards,
 )
 from plexus_tune.graph.atomic import check_output_path
-from plexus_tune.graph.cache import cache_listing, cache_root
+from plexus_tune.graph.cache import PERMUTATIONS_DIRNAME, cache_listing, cache_root, permutation_listing
 from plexus_tune.graph.stats import graph_statistics, shard_statistics
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.graph.io import save_format_for
@@ -221,16 +221,21 @@ def run_cache(args) -> int:
 
     root = cache_root()
     listing = cache_listing(root)
+    permutations = permutation_listing(root)
     if args.clear:
         for entry in listing:
             shutil.rmtree(root / entry["key"], ignore_errors=True)
+        shutil.rmtree(root / PERMUTATIONS_DIRNAME, ignore_errors=True)
         (root / "hashes.json").unlink(missing_ok=True)
-        print(f"removed {len(listing)} cached graph(s) from {root}")
+        print(f"removed {len(listing)} cached graph(s) and {len(permutations)} stored permutation(s) from {root}")
         return 0
     if args.format == "json":
-        print(json.dumps({"root": str(root), "graphs": listing}, indent=1))
+        print(json.dumps({"root": str(root), "graphs": listing, "permutations": permutations}, indent=1))
         return 0
     print(f"structure cache {root}: {len(listing)} graph(s)")
+    if permutations:
+        print(f"stored permutations (sampled estimates read them): {len(permutations)} file(s), "
+              f"{sum(p['bytes'] for p in permutations):,} bytes")
     for entry in listing:
         nodes = f"{entry['nodes']:,}" if isinstance(entry["nodes"], int) else "?"
         nnz = f"{entry['nnz']:,}" if isinstance(entry["nnz"], int) else "?"

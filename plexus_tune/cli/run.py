@@ -66,7 +66,8 @@ def run(args) -> int:
         check_batch_flag(options["batch_size"], stats.nodes)
     spec = RunSpec.from_config(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
-    settings = spec.prediction_settings()  # the run's spec, built once: ranked here, trained on the chosen grid
+    settings = spec.ranking_settings(stats.context)  # the run's spec, built once: ranked here (on its graph, as
+    # predict --graph ranks it), trained on the chosen grid
     grids = choose_grids(args.gpus, "all", settings=settings, replication=args.replication)
     if grid is not None and grid not in grids:
         raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "
@@ -85,7 +86,7 @@ def run(args) -> int:
         run_spec = spec.with_grid(grid).with_launcher(launcher)
         record = run_training(run_spec.train_config(**training_fields(options)), raise_on_failure=False, launcher=launcher,
                               spec=run_spec)
-    record = log_run(log, record, machine=machine, workload=workload, spec=run_spec)
+    record = log_run(log, record, machine=machine, workload=workload, spec=run_spec, graph=stats.context)
     if record.get("status", "ok") != "ok":
         console.print(f"[red]run failed ({record.get('status')}): {record.get('reason', '')}[/red]  (logged to {log})")
         return 1

@@ -17,6 +17,13 @@ TRAIN_FRACTION = 0.7
 #: (None or 0: score every split; see :func:`repeated_split_scores`): two standard
 #: errors, the half-width of a 95 % interval, are then 0.005
 R2_SEM = 0.0025
+#: the share of a mean held-out score's variance that may come from the choice of splits. The mean
+#: over J random splits holding out a fraction p of the rows has a variance of about
+#: sigma^2 (1/J + p / (1 - p)), sigma^2 the variance of one split's score (Nadeau and Bengio,
+#: "Inference for the generalization error"): the second part comes from the data and does not
+#: shrink with J. At 0.05, J >= 47 for p = 0.3, and more splits shrink the score's standard
+#: error by at most 2.5 % (:func:`split_cap`; docs/model.md, scoring)
+SPLIT_VARIANCE_SHARE = 0.05
 #: splits scored before the standard error is first looked at
 MIN_SPLITS = 10
 #: the standard error is looked at after every this many splits
@@ -28,6 +35,14 @@ _COLUMNS = ("r2", "rmse_ms", "mape")
 RACE_SEMS = 4.0
 #: splits every model of a race (:func:`race_split_scores`) scores before the first comparison
 RACE_FIRST = 5
+
+
+def split_cap(train_fraction: float = TRAIN_FRACTION, share: float = SPLIT_VARIANCE_SHARE) -> int:
+    """Splits J past which the choice of splits holds at most ``share`` of the mean score's variance:
+    the least multiple of :data:`CHECK_EVERY` with 1/J <= share p / (1 - p), p = 1 - train_fraction."""
+    held_out = 1.0 - train_fraction
+    need = train_fraction / (share * held_out)
+    return int(math.ceil(need / CHECK_EVERY - 1e-9) * CHECK_EVERY)
 
 
 def min_rows(parameters: int) -> int:
@@ -55,15 +70,27 @@ def regression_scores(observed, predicted) -> dict:
     }
 
 
+_THREADPOOLS: dict = {}
+
+
 def single_threaded_blas():
-    """Context limiting BLAS to one thread (no-op if threadpoolctl is missing)."""
+    """Context limiting BLAS and OpenMP to one thread (no-op if threadpoolctl is missing).
+
+    The thread pools loaded are found once per process and found again only when a
+    library has been loaded since (threadpoolctl's scan of the loaded libraries costs
+    about 10 ms, more than a small fit)."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover
         import contextlib
 
         return contextlib.nullcontext()
-    return threadpool_limits(limits=1)
+    import sys
+
+    loaded = len(sys.modules)  # a new extension module may bring a new thread pool
+    if _THREADPOOLS.get("modules") != loaded:
+        _THREADPOOLS["controller"], _THREADPOOLS["modules"] = ThreadpoolController(), loaded
+    return _THREADPOOLS["controller"].limit(limits=1)
 
 
 def split_indices(n: int, n_splits: int = DEFAULT_SPLITS, *, train_fraction: float = TRAIN_FRACTION, seed: int = 0):
@@ -114,6 +141,7 @@ def repeated_split_scores(
     n_jobs: int = 1,
     progress: Callable[[int, int], None] | None = None,
     beaten_by: float | None = None,
+    cap: int | None = None,
 ) -> dict:
     """Mean (and std) train/test scores over repeated random splits.
 
@@ -122,7 +150,8 @@ def repeated_split_scores(
     (at least ``min_splits``) where the standard error of the mean held-out R^2,
     std / sqrt(n), is at most ``r2_sem``; the splits scored are the first n of the
     ``n_splits``, and the result (``splits``: n, ``test_r2_sem``) does not depend on
-    ``n_jobs``. ``n_jobs`` > 1 scores batches of splits in that many worker processes
+    ``n_jobs``. ``cap`` (with ``r2_sem``): stop at the latest after that many splits
+    (:func:`split_cap`). ``n_jobs`` > 1 scores batches of splits in that many worker processes
     when one split takes at least :data:`PARALLEL_MIN_SECONDS` (``fit`` must then
     pickle with cloudpickle, as closures do). ``progress(done, total)`` is called after
     each batch; total is ``n_splits`` until the run stops. ``beaten_by``: the held-out
@@ -165,7 +194,7 @@ def repeated_split_scores(
             for n in range(lo + 1, len(rows) + 1):
                 if n < min_splits or n % CHECK_EVERY:
                     continue
-                if adaptive and _r2_sem(rows[:n, 3]) <= r2_sem:
+                if adaptive and (_r2_sem(rows[:n, 3]) <= r2_sem or (cap is not None and n >= cap)):
                     stop = n
                     break
                 if beaten_by is not None and _lower_mape(rows[:n, 5]) > beaten_by:
@@ -184,6 +213,8 @@ def repeated_split_scores(
         out["splits_requested"] = int(n_splits)
         out["test_r2_sem"] = _r2_sem(rows[:, 3])
         out["r2_sem_target"] = float(r2_sem)
+        if cap is not None:
+            out["split_cap"] = int(cap)
     if beaten:
         out["beaten"] = True
     return out
@@ -237,6 +268,7 @@ def race_split_scores(
     min_splits: int = MIN_SPLITS,
     n_jobs: int = 1,
     progress: Callable[[str, int, int], None] | None = None,
+    cap: int | None = None,
 ) -> dict:
     """Scores of rival models on the same splits, raced: ``{name: scores}`` as :func:`repeated_split_scores`.
 
@@ -247,7 +279,7 @@ def race_split_scores(
     stops (``beaten``: True). A model also stops as :func:`repeated_split_scores` does:
     after ``n_splits``, or with ``r2_sem`` at the first multiple of :data:`CHECK_EVERY`
     (at least ``min_splits``) where the standard error of its mean held-out R^2 is at
-    most ``r2_sem``; a model that is never beaten thus gets the scores
+    most ``r2_sem`` or ``cap`` splits scored; a model that is never beaten thus gets the scores
     :func:`repeated_split_scores` gives it alone. With ``n_jobs`` > 1 the models whose
     splits take at least :data:`PARALLEL_MIN_SECONDS` are scored in that many worker
     processes (each round's batches at once, the slowest first; ``fit`` must pickle
@@ -310,7 +342,7 @@ def race_split_scores(
             rows[k] = np.concatenate([rows[k], batch])
             if adaptive:
                 for n in range(lo + 1, len(rows[k]) + 1):
-                    if n >= min_splits and n % CHECK_EVERY == 0 and _r2_sem(rows[k][:n, 3]) <= r2_sem:
+                    if n >= min_splits and n % CHECK_EVERY == 0 and (_r2_sem(rows[k][:n, 3]) <= r2_sem or (cap is not None and n >= cap)):
                         stop[k] = n
                         rows[k] = rows[k][:n]
                         break
@@ -331,6 +363,8 @@ def race_split_scores(
             out[k]["splits_requested"] = int(n_splits)
             out[k]["test_r2_sem"] = _r2_sem(rows[k][:, 3])
             out[k]["r2_sem_target"] = float(r2_sem)
+            if cap is not None:
+                out[k]["split_cap"] = int(cap)
         if k in beaten:
             out[k]["beaten"] = True
     return out

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, min_rows, race_split_scores, repeated_split_scores
+from plexus_tune.fit.scoring import (DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, TRAIN_FRACTION, min_rows, race_split_scores,
+                                     repeated_split_scores, split_cap)
 from plexus_tune.fit.tables import SPMM_COLUMNS, _where, check_frame
 from plexus_tune.model.sparsity import SHARE_POINTS, STRUCTURE_KEYS, check_structure, structure_arrays
 from plexus_tune.fit.spmm_kinds import fit_kind
@@ -184,7 +185,8 @@ def fit_spmm(
     learned-roofline, learned-boosted) or auto. Every kind in ``kinds`` (default: all
     for auto, else ``kind`` alone) that the data supports is scored on the same random
     70/30 splits: at most ``n_splits``, fewer once the standard error of the mean
-    held-out R^2 is at most ``r2_sem`` (see
+    held-out R^2 is at most ``r2_sem``, or once more splits could shrink its standard
+    error by at most 2.5 % (:func:`plexus_tune.fit.scoring.split_cap`: 50 splits; see
     :func:`plexus_tune.fit.scoring.repeated_split_scores`; None scores all). auto
     keeps the kind of lowest mean held-out MAPE; the kinds are raced
     (:func:`plexus_tune.fit.scoring.race_split_scores`): one whose MAPE trails the best
@@ -227,16 +229,17 @@ def fit_spmm(
     if structure is None and any(SPMM_MODELS[k].uses_structure for k in candidates):
         # every operand uniformly random: its expected structure, once per row
         structure = structure_arrays([None] * len(y), *shapes[:3])
+    cap = split_cap(TRAIN_FRACTION) if r2_sem else None
     if n_splits == 0:
         all_scores = {k: {} for k in candidates}
     elif kind == "auto":
         # a kind stops being scored once it trails the best on the same splits (its splits are then fewer)
         all_scores = race_split_scores({k: _fitter(SPMM_MODELS[k], shapes, y, structure) for k in candidates}, y,
                                        n_splits=n_splits, seed=seed, r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
-                                       progress=progress)
+                                       progress=progress, cap=cap)
     else:  # a kind given: it and the kinds compared with it, each scored in full
         all_scores = {k: repeated_split_scores(_fitter(SPMM_MODELS[k], shapes, y, structure), y, n_splits=n_splits, seed=seed,
-                                               r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs,
+                                               r2_sem=r2_sem, min_splits=min_splits, n_jobs=n_jobs, cap=cap,
                                                progress=None if progress is None else (lambda done, total, k=k: progress(k, done, total)))
                       for k in candidates}
     chosen = min(candidates, key=lambda k: all_scores[k].get("test_mape", math.inf)) if kind == "auto" else kind

@@ -277,13 +277,66 @@ def store_partition(path: Path, part: np.ndarray) -> None:
                 os.unlink(tmp)
 
 
+#: Directory (under the cache root) of the stored inverse permutations.
+PERMUTATIONS_DIRNAME = "permutations"
+
+
+def permutation_file(name: str, nodes: int, side: str, root=None) -> Path:
+    """Where the inverse of one permutation of ``nodes`` ids is kept: ``permutations/<name>-n<nodes>-
+    numpy<version>-<side>.npy`` (``name``: :meth:`StructureCache.entry_name`; numpy's version, whose
+    generator made it, is part of the key). A permutation depends on N, the mode and the seed
+    alone, not on any graph's content."""
+    return cache_root(root) / PERMUTATIONS_DIRNAME / f"{name}-n{int(nodes)}-numpy{np.__version__}-{side}.npy"
+
+
+def read_permutation(path: Path, nodes: int) -> np.ndarray | None:
+    """A stored inverse permutation, memory-mapped; None when missing; None with one
+    :class:`CorruptCacheWarning` when unreadable or not of ``nodes`` integer ids."""
+    if not path.is_file():
+        return None
+    try:
+        inv = np.load(path, mmap_mode="r", allow_pickle=False)
+        if inv.shape != (int(nodes),) or inv.dtype.kind not in "iu":
+            raise ValueError(f"not a permutation of {nodes} ids")
+        return inv
+    except (OSError, ValueError, EOFError) as exc:
+        warnings.warn(CorruptCacheWarning(f"{path}: corrupt stored permutation ignored and made again "
+                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"),
+                      stacklevel=3)
+        return None
+
+
+def store_permutation(path: Path, inv: np.ndarray) -> bool:
+    """Write an inverse permutation atomically; False where the data directory is read-only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
+        try:
+            np.save(tmp, np.asarray(inv), allow_pickle=False)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    except OSError:
+        return False
+    return True
+
+
+def permutation_listing(root=None) -> list[dict]:
+    """Every stored inverse permutation: ``{"name", "bytes"}`` (:func:`permutation_file`)."""
+    base = cache_root(root) / PERMUTATIONS_DIRNAME
+    if not base.is_dir():
+        return []
+    return [{"name": f.stem, "bytes": f.stat().st_size} for f in sorted(base.glob("*.npy"))]
+
+
 def cache_listing(root=None) -> list[dict]:
     """Every cached graph: ``{"key", "name", "nodes", "nnz", "entries": {name: splits}, "bytes"}``."""
     base = cache_root(root)
     out = []
     if not base.is_dir():
         return out
-    for directory in sorted(p for p in base.iterdir() if p.is_dir()):
+    for directory in sorted(p for p in base.iterdir() if p.is_dir() and p.name != PERMUTATIONS_DIRNAME):
         graph = _read_json(directory / "graph.json") or {}
         entries = {}
         size = 0

@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.cache import StructureCache, permutation_file, read_permutation, store_permutation
 
 PERMUTE_MODES = ("none", "single", "double", "local")
 #: Modes whose row and column permutations differ (the alternate layout of a layer is
@@ -142,6 +143,24 @@ def inverse_permutations_for(mode: str, n: int, seed: int = 0, *, parts=None) ->
         return inverse(local_permutation(n, seed, parts)), inverse(local_permutation(n, seed + 1, parts))
     row = inverse(make_permutation(n, seed))
     return (row, row) if mode == "single" else (row, inverse(make_permutation(n, seed + 1)))
+
+
+def stored_inverse_permutations(mode: str, n: int, seed: int = 0, *, parts=None, root=None):
+    """:func:`inverse_permutations_for`, kept memory-mapped in the structure cache's directory
+    (:func:`plexus_tune.graph.cache.permutation_file`): made and written once for an N, mode, seed
+    (and parts), then read where needed, so that a caller that reads a sample of the ids holds no
+    N-array. A read-only data directory gives the arrays in memory."""
+    name = StructureCache.entry_name(mode, seed, parts if mode == "local" else None)
+    paths = [permutation_file(name, n, side, root) for side in ("rows", "cols")]
+    found = [read_permutation(path, n) for path in paths]
+    if all(v is not None for v in found):
+        return found[0], found[1]
+    inv_row, inv_col = inverse_permutations_for(mode, n, seed, parts=parts)
+    if not all(store_permutation(path, inv) for path, inv in zip(paths, (inv_row, inv_col))):
+        return inv_row, inv_col
+    del inv_row, inv_col
+    found = [read_permutation(path, n) for path in paths]
+    return found[0], found[1]
 
 
 def permute_matrix(adj, row_perm: np.ndarray, col_perm: np.ndarray | None = None) -> sp.csr_matrix:

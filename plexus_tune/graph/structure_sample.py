@@ -12,7 +12,8 @@ expectation (rows and columns independent), raked (iterative proportional fittin
 the row and column totals of every segment that the row lengths (indptr) leave. Only
 the sampled rows' entries are read (:func:`gather`); indptr is streamed a chunk at a time
 (:func:`pointer_chunks`), and beside the sample memory holds one chunk and the trainer's
-inverse permutations (4 bytes a node each; docs/model.md, "Sampled structure").
+inverse permutations, or nothing of them where they are stored memory-mapped
+(:func:`plexus_tune.graph.permute.stored_inverse_permutations`; docs/model.md, "Sampled structure").
 
 For the symmetric pattern of an undirected graph, row m of A is row ``inv_row[m]`` and
 column ``inv_col[m]`` of ``B = A_hat[row_perm][:, col_perm]``, so a block's row lengths
@@ -125,20 +126,22 @@ def gather(array, positions) -> np.ndarray:
     return out
 
 
+def read_range(array, a: int, b: int) -> np.ndarray:
+    """``array[a:b]`` (a copy); a memory-mapped array read from its file, its pages not kept resident."""
+    source = _mapped_file(array)
+    if source is None:
+        return np.array(array[a:b])
+    return np.fromfile(source[0], dtype=array.dtype, count=b - a, offset=source[1] + a * array.dtype.itemsize)
+
+
 def pointer_chunks(indptr, chunk_rows: int = SAMPLE_CHUNK_ROWS):
     """``(a, b, indptr[a:b + 1] as int64)`` for consecutive row ranges of ``chunk_rows`` rows. A
     memory-mapped indptr is read from its file chunk by chunk, so its pages do not stay resident:
     the pass holds one chunk whatever N is."""
     n = int(indptr.shape[0]) - 1
-    source = _mapped_file(indptr)
     for a in range(0, n, int(chunk_rows)):
         b = min(a + int(chunk_rows), n)
-        if source is None:
-            yield a, b, np.asarray(indptr[a:b + 1]).astype(np.int64)
-        else:
-            ptr = np.fromfile(source[0], dtype=indptr.dtype, count=b + 1 - a,
-                              offset=source[1] + a * indptr.dtype.itemsize)
-            yield a, b, ptr.astype(np.int64)
+        yield a, b, read_range(indptr, a, b + 1).astype(np.int64)
 
 
 def _kappa(indptr, fraction: float, chunk_rows: int) -> tuple[float | None, int]:
@@ -261,7 +264,8 @@ def _compiled_block_values(sub_indptr, sub_cols, rows, loops, inv_row, inv_col, 
     shift = 8 if max(kc, kr) <= 2**7 else 16
 
     def packed(ids):
-        out = ((_segment(rcuts, inv_row[ids]).astype(np.int32) << shift) | _segment(ccuts, inv_col[ids]).astype(np.int32))
+        out = ((_segment(rcuts, gather(inv_row, ids)).astype(np.int32) << shift)
+               | _segment(ccuts, gather(inv_col, ids)).astype(np.int32))
         return out.astype(np.uint16 if shift == 8 else np.int32)
 
     ranges = packed(sub_cols)  # entry p's column k: the ranges of k's new row and new column
@@ -394,8 +398,9 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     each entry with ``nnz_max_rse`` (the relative standard error of its largest block's
     nonzeros); ``sample`` says what was read: ``{"fraction", "rows", "entries",
     "normalized_nnz"}``. ``inverse``: ``row_perm`` and ``col_perm`` are already the inverse
-    permutations (new id of each old id, :func:`plexus_tune.graph.permute.inverse_permutations_for`).
-    Memory: the sample, the inverse permutations and one chunk of indptr.
+    permutations (new id of each old id, :func:`plexus_tune.graph.permute.inverse_permutations_for`),
+    read only at the sampled ids and a chunk at a time where memory-mapped
+    (:func:`plexus_tune.graph.permute.stored_inverse_permutations`). Memory: the sample and one chunk.
     """
     n = int(adjacency.shape[0])
     splits = sorted({(int(r), int(c)) for r, c in splits})
@@ -407,13 +412,13 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     row_len_hat = lengths + loops  # normalized row lengths of the sampled rows
 
     if inverse:
-        inv_row, inv_col = np.asarray(row_perm), np.asarray(col_perm)
+        inv_row, inv_col = row_perm, col_perm
     else:
         inv_row = invert_permutation(np.asarray(row_perm, dtype=np.int64))
         inv_col = inv_row if col_perm is row_perm else invert_permutation(np.asarray(col_perm, dtype=np.int64))
-    new_row_of_row = inv_row[rows].astype(np.int64)  # row m of A is row inv_row[m] of B ...
-    new_col_of_row = inv_col[rows].astype(np.int64)  # ... and column inv_col[m] of B (A symmetric)
-    entry_new_col = inv_col[cols]  # entry (m, k): column inv_col[k] of B's row inv_row[m]
+    new_row_of_row = gather(inv_row, rows).astype(np.int64)  # row m of A is row inv_row[m] of B ...
+    new_col_of_row = gather(inv_col, rows).astype(np.int64)  # ... and column inv_col[m] of B (A symmetric)
+    entry_new_col = gather(inv_col, cols)  # entry (m, k): column inv_col[k] of B's row inv_row[m]
 
     # scan 1 on the sample: weighted cells of the union of all splits' cuts
     rcuts = _cuts(n, [min(k * -(-n // r), n) for r in {r for r, _ in splits} for k in range(r + 1)])
@@ -429,8 +434,8 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     for a, b, ptr in pointer_chunks(adjacency.indptr):
         degree = np.diff(ptr)
         degree = degree + (_unread_loops(degree, added) if self_loops else 0.0)
-        row_totals += np.bincount(_segment(rcuts, inv_row[a:b]), weights=degree, minlength=nrs)
-        col_totals += np.bincount(_segment(ccuts, inv_col[a:b]), weights=degree, minlength=ncs)
+        row_totals += np.bincount(_segment(rcuts, read_range(inv_row, a, b)), weights=degree, minlength=nrs)
+        col_totals += np.bincount(_segment(ccuts, read_range(inv_col, a, b)), weights=degree, minlength=ncs)
     correction = row_len_hat - lengths - (_unread_loops(lengths, added) if self_loops else 0.0)
     row_totals += np.bincount(_segment(rcuts, new_row_of_row), weights=correction, minlength=nrs)
     col_totals += np.bincount(_segment(ccuts, new_col_of_row), weights=correction, minlength=ncs)
@@ -440,8 +445,8 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
     sure = certain[local]
     known = np.bincount(cell[sure], minlength=nrs * ncs).astype(np.float64)
     mirror = sure & ~np.isin(cols, rows[certain])
-    mirror_cell = (_segment(rcuts, inv_row[cols[mirror]]) * ncs
-                   + _segment(ccuts, inv_col[rows[local[mirror]]]))
+    mirror_cell = (_segment(rcuts, gather(inv_row, cols[mirror])) * ncs
+                   + _segment(ccuts, gather(inv_col, rows[local[mirror]])))
     known = (known + np.bincount(mirror_cell, minlength=nrs * ncs)).reshape(nrs, ncs)
     del cell, mirror_cell, sure, mirror
     # the rest spread over the cells as a random permutation does in expectation: independent rows and
@@ -481,7 +486,7 @@ def sampled_split_statistics(adjacency, splits, row_perm, col_perm, fraction: fl
             hit = in_rows[local] & (entry_new_col >= c0) & (entry_new_col < c1)
             x = np.bincount(local[hit], minlength=rows.size)[in_rows]
             # column side: sampled rows whose new column is in [c0, c1), their entries with new row in [r0, r1)
-            entry_new_row = inv_row[cols]  # entry (m, k): row inv_row[k] of B's column inv_col[m]
+            entry_new_row = gather(inv_row, cols)  # entry (m, k): row inv_row[k] of B's column inv_col[m]
             hit = in_cols[local] & (entry_new_row >= r0) & (entry_new_row < r1)
             y = np.bincount(local[hit], minlength=rows.size)[in_cols]
         forward = _weighted_structure(x, w[in_rows], r1 - r0, br, y, w[in_cols], c1 - c0, bc)

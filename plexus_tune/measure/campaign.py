@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from plexus_tune.measure.table import runs_table
 from plexus_tune.model.costs import rank_order
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.machine import load_machine
-from plexus_tune.model.family import DEFAULT_FAMILY, families_choosing, family_of
+from plexus_tune.model.family import DEFAULT_FAMILY, GraphContext, families_choosing, family_of
 from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.workload import Workload
 from plexus_tune.trainer import TrainConfig
@@ -48,7 +48,9 @@ from plexus_tune.measure.training import base_record, build_record, config_field
 
 @dataclass(frozen=True)
 class GraphStats:
-    """What the cost model needs of a graph: N, NNZ (normalized, with self-loops), F, classes."""
+    """What the cost model needs of a graph: N, NNZ (normalized, with self-loops), F, classes, and ``context``
+    (a :class:`~plexus_tune.model.family.GraphContext` of its pattern, for the families whose model reads the
+    graph: :meth:`plexus_tune.measure.identity.RunSpec.predict`'s ``graph``; None where not loaded)."""
 
     name: str
     source: str
@@ -56,6 +58,7 @@ class GraphStats:
     nnz: int
     features: int
     classes: int
+    context: GraphContext | None = field(default=None, compare=False, repr=False)
 
 
 def graph_source_text(graph: str) -> tuple[str, str | None, str | None]:
@@ -98,11 +101,15 @@ def check_graph(graph: str) -> None:
 
 
 def load_stats(graph: str) -> GraphStats:
-    """Load (or generate) the graph once to learn its statistics."""
+    """Load (or generate) the graph once to learn its statistics; its pattern (not its features) is kept as the
+    statistics' ``context``, so the runs' predictions read the graph as ``predict --graph`` does without loading
+    it again."""
     source, _, _ = graph_source_text(graph)
     g = load_graph_source(graph)
     nnz = int(graph_pkg.gcn_normalize(g.adjacency).nnz)
-    return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features, classes=int(g.num_classes))
+    pattern = replace(g, features=np.zeros((g.num_nodes, 0), dtype=np.float32))  # the features are not read
+    return GraphStats(name=g.name, source=source, nodes=g.num_nodes, nnz=nnz, features=g.num_features,
+                      classes=int(g.num_classes), context=GraphContext(pattern))
 
 
 def workload_of(stats: GraphStats, layers: int, hidden: int):
@@ -112,7 +119,7 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
                  replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`) or a list ``2x2x2,1x4x2``.
+    runs' :meth:`~plexus_tune.measure.identity.RunSpec.ranking_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);
@@ -339,7 +346,8 @@ def run_campaign(campaign: Campaign, *, machine=None, stats: GraphStats | None =
 
     def finish(grid, trial, spec, record):
         log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
-                         grids=campaign.grids, machine=machine, workload=workload, spec=spec)
+                         grids=campaign.grids, machine=machine, workload=workload, spec=spec,
+                         graph=stats.context if stats is not None else None)
         new.append(record)
         if on_result is not None:
             on_result(record, grid)
@@ -374,25 +382,25 @@ def run_batch(configs, launcher=None, specs=None) -> list[dict]:
 
 
 def log_campaign_run(log, record: dict, *, trial: int, gpus: int, trials: int, grids, machine=None, workload=None,
-                     spec: RunSpec | None = None) -> dict:
+                     spec: RunSpec | None = None, graph=None) -> dict:
     """Append a campaign's run record to ``log`` with its trial, the campaign and (with a
     machine profile) the prediction at the run's settings (:meth:`RunSpec.predict` of ``spec``,
-    else of the record); returns the record."""
+    else of the record, on ``graph``: the run's graph, :attr:`GraphStats.context`); returns the record."""
     record["trial"] = int(trial)
     record["campaign"] = {"gpus": gpus, "trials": trials, "grids": [format_grid(g) for g in grids]}
     if workload is not None and machine is not None:
         spec = spec if spec is not None else RunSpec.from_record(record)
-        record["predicted"] = spec.predict(machine, workload=workload)
+        record["predicted"] = spec.predict(machine, workload=workload, graph=graph)
     append_records(log, [record])
     return record
 
 
-def log_run(log, record: dict, *, machine, workload, spec: RunSpec | None = None) -> dict:
+def log_run(log, record: dict, *, machine, workload, spec: RunSpec | None = None, graph=None) -> dict:
     """Append one run's record to ``log`` with the prediction at its settings (``predicted``: :meth:`RunSpec.predict`
-    of ``spec``, the run's, else of the record) and the next trial number of its identity (:func:`next_trial`);
-    returns the record."""
+    of ``spec``, the run's, else of the record, on ``graph``: the run's graph, :attr:`GraphStats.context`) and the
+    next trial number of its identity (:func:`next_trial`); returns the record."""
     spec = spec if spec is not None else RunSpec.from_record(record)
-    record["predicted"] = spec.predict(machine, workload=workload)
+    record["predicted"] = spec.predict(machine, workload=workload, graph=graph)
     record["trial"] = next_trial(log, run_identity(record))  # as logged (shard files fix their own permutation)
     append_records(log, [record])
     return record
@@ -419,7 +427,7 @@ def campaign_rows(campaign: Campaign, launcher=None):
     return setting, mine[mine["gpus"] == campaign.gpus].sort_values("obs_epoch_ms", na_position="last")
 
 
-def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, workload=None) -> list[dict]:
+def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, workload=None, graph=None) -> list[dict]:
     """Log the run each Slurm job of ``states`` that ended other than COMPLETED had in flight
     (:func:`job_failure_record`), unless the run was logged before the job ended; returns the
     records (:func:`plexus_tune.launch.dispatch.dispatch`'s ``collect``)."""
@@ -434,7 +442,7 @@ def log_unfinished(campaign: Campaign, states, *, launcher, machine=None, worklo
             continue  # the run was logged before the job ended
         record = job_failure_record(spec.train_config(**campaign.training()), state, launcher=launcher.name, spec=spec)
         out.append(log_campaign_run(campaign.log, record, trial=trial, gpus=campaign.gpus, trials=campaign.trials,
-                                    grids=campaign.grids, machine=machine, workload=workload, spec=spec))
+                                    grids=campaign.grids, machine=machine, workload=workload, spec=spec, graph=graph))
     return out
 
 

@@ -34,6 +34,8 @@ class GraphInput:
     stored: tuple | None = None
     fraction: float | None = None
     cache: StructureCache | None = None
+    #: a sampled graph's permutations kept in the data directory (graph/permute.stored_inverse_permutations)
+    store_permutations: bool = False
 
     @property
     def stored_permutation(self) -> str | None:
@@ -47,14 +49,15 @@ class GraphInput:
             return graph_sparsity(self.stored[0], grids, layers, permute=self.stored_permutation, stored=True), \
                 self.stored_permutation
         mode = permute or "double"
-        return graph_sparsity(self.graph, grids, layers, permute=mode, cache=self.cache, sample=self.fraction), mode
+        return graph_sparsity(self.graph, grids, layers, permute=mode, cache=self.cache, sample=self.fraction,
+                              store_permutations=self.store_permutations), mode
 
     def permutation_gain(self, machine, grid, modes, **settings) -> dict | None:
         """:func:`plexus_tune.model.prediction.permutation_gain` of the graph (None for stored shards)."""
         if self.graph is None:
             return None
         return permutation_gain(self.graph, self.workload, machine, grid, modes, cache=self.cache, sample=self.fraction,
-                                **settings)
+                                store_permutations=self.store_permutations, **settings)
 
 
 def read_graph_input(source: str, *, features: int | None = None, classes: int | None = None, sample="auto",
@@ -88,4 +91,5 @@ def read_graph_input(source: str, *, features: int | None = None, classes: int |
         nnz = graph_summary(graph, structure)["normalized_nnz"]
     workload = Workload.from_graph_stats(graph.name, graph.num_nodes, nnz, features or graph.num_features,
                                          classes or int(graph.num_classes), **sizes)
-    return GraphInput(source, workload, graph=graph, fraction=fraction, cache=structure)
+    return GraphInput(source, workload, graph=graph, fraction=fraction, cache=structure,
+                      store_permutations=fraction is not None and cache)

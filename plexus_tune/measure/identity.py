@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
-from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, family_of, record_field_names
+from plexus_tune.model.family import DEFAULT_FAMILY, FAMILIES, GraphContext, family_of, record_field_names
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
 from plexus_tune.model.grid import format_grid, parse_grid
 from plexus_tune.model.memory import check_training_memory
@@ -396,6 +398,19 @@ class RunSpec:
             settings["options"] = options
         return settings
 
+    def ranking_settings(self, graph=None) -> dict:
+        """:meth:`prediction_settings` for ranking this run's grids (its G ranks) on ``graph`` (a
+        :class:`~plexus_tune.model.family.GraphContext` or a loaded graph; None: none): the family's options from
+        the graph added (:meth:`plexus_tune.model.family.Family.graph_options`), as ``predict --graph`` ranks them,
+        so that each grid's figure is :meth:`predict` of the run on that grid."""
+        settings = self.prediction_settings()
+        if graph is not None:
+            context = graph if isinstance(graph, GraphContext) else GraphContext(graph)
+            extra = family_of(settings["algorithm"]).graph_options(context, int(np.prod(self.grid)))
+            if extra:
+                settings["options"] = {**settings.get("options", {}), **extra}
+        return settings
+
     def workload(self, base: Workload | None = None) -> Workload:
         """The workload this run trains with the element size of its dtype: ``base``, else its graph as
         measured (N, NNZ, widths; UserError if the spec lacks them)."""
@@ -411,12 +426,16 @@ class RunSpec:
     def predict(self, machine, *, workload: Workload | None = None, graph=None) -> dict:
         """The prediction of this run at every setting of its identity: :func:`plexus_tune.model.prediction.predict_run`
         of :meth:`workload`, ``grid`` and :meth:`prediction_settings`, so a logged prediction is what
-        ``plexus-tune predict`` gives for the same settings. ``graph`` (the loaded graph) goes to the families
-        whose model reads it (their partition and pieces; ``"graph"`` in the family's options)."""
+        ``plexus-tune predict`` gives for the same settings. ``graph`` (the run's graph: a
+        :class:`~plexus_tune.model.family.GraphContext`, reused across runs, or the loaded graph) gives the
+        family's model what ``predict --graph`` reads of it (:meth:`plexus_tune.model.family.Family.run_graph_options`:
+        the SUMMA pieces, the partition)."""
         settings = self.prediction_settings()
-        family = FAMILIES.get(settings["algorithm"])
-        if graph is not None and "graph" in getattr(family, "options", ()):
-            settings["options"] = {**settings.get("options", {}), "graph": graph}
+        if graph is not None:
+            context = graph if isinstance(graph, GraphContext) else GraphContext(graph)
+            extra = family_of(settings["algorithm"]).run_graph_options(context, self.grid)
+            if extra:
+                settings["options"] = {**settings.get("options", {}), **extra}
         return predict_run(self.workload(workload), machine, self.grid, **settings)
 
 

@@ -136,6 +136,12 @@ class Family:
         """Model options computed from a graph (its partition or pieces); none by default."""
         return {}
 
+    def run_graph_options(self, context: GraphContext, grid) -> dict:
+        """Model options of one run on ``grid`` computed from its graph: :meth:`graph_options` of its ranks.
+        (Plexus 3D has none here: its logged prediction prices the shards from N and NNZ, as ``validate`` and
+        ``plot`` re-predict a logged run; ``predict --graph`` reads the graph's largest shard.)"""
+        return self.graph_options(context, int(np.prod(grid)))
+
     # ------------------------------------------------------------------ prediction
 
     def predict(self, workload, machine, grids, *, block_rows=None, comm_precision=None, optimizer=None,

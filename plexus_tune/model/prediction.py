@@ -96,12 +96,13 @@ def prediction_of(pred: Mapping, index: int, *, machine: str, algorithm: str = D
 
 
 def permutation_gain(graph, workload, machine, grid, modes, *, block_rows=None, comm_precision="fp32",
-                     optimizer=None, cache=None, sample=None) -> dict:
+                     optimizer=None, cache=None, sample=None, store_permutations: bool = False) -> dict:
     """``{mode: {"spmm_ms", "total_ms"}}`` of one grid with the graph's shards after each permutation mode
     (``cache``: the graph's :class:`plexus_tune.graph.cache.StructureCache`; ``sample``: graph_sparsity's)."""
     out = {}
     for mode in modes:
-        sparsity = graph_sparsity(graph, [grid], workload.layers, permute=mode, cache=cache, sample=sample)
+        sparsity = graph_sparsity(graph, [grid], workload.layers, permute=mode, cache=cache, sample=sample,
+                                  store_permutations=store_permutations)
         pred = predict_run_grids(workload, machine, np.asarray([grid]), block_rows=block_rows, comm_precision=comm_precision,
                                  optimizer=optimizer, options={"sparsity": sparsity})
         out[mode] = {"spmm_ms": float(pred["spmm_ms"][0]), "total_ms": float(pred["total_ms"][0])}

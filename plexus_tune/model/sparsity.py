@@ -27,7 +27,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from plexus_tune.errors import UserError
-from plexus_tune.graph.permute import TWO_SIDED_MODES, grid_parts, inverse_permutations_for, permutations_for
+from plexus_tune.graph.permute import (TWO_SIDED_MODES, grid_parts, inverse_permutations_for, permutations_for,
+                                      stored_inverse_permutations)
 from plexus_tune.graph.structure import (  # noqa: F401
     SHARE_POINTS,
     STRUCTURE_KEYS,
@@ -346,7 +347,8 @@ class GraphSparsity:
 
 
 def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: int = 0, progress=None,
-                   stored: bool = False, cache=None, sample: float | None = None) -> GraphSparsity:
+                   stored: bool = False, cache=None, sample: float | None = None,
+                   store_permutations: bool = False) -> GraphSparsity:
     """The :class:`GraphSparsity` of a graph on the given grids.
 
     For layer i with roles (o, n, d) of :func:`plexus_tune.model.grid.layer_roles`, a
@@ -358,7 +360,9 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
     grid's parts). ``sample``: a fraction of the entries below 1 estimates the statistics
     from a sample of rows (:mod:`plexus_tune.graph.structure_sample`; a symmetric pattern,
     no cache); the result's ``sample`` then says what was read and the largest relative
-    standard error of a largest shard's nonzeros. ``stored``: ``graph`` is already B (a shard directory's matrix,
+    standard error of a largest shard's nonzeros; ``store_permutations``: the sample reads the
+    permutations kept memory-mapped in the data directory (made once,
+    :func:`plexus_tune.graph.permute.stored_inverse_permutations`) instead of holding them. ``stored``: ``graph`` is already B (a shard directory's matrix,
     self-loops included) and ``permute`` the mode it was cut with; odd layers of
     two-sided modes multiply B^T, as the trainer reading the directory does. Every
     distinct split is counted once.
@@ -395,7 +399,8 @@ def graph_sparsity(graph, grids, layers: int, *, permute: str = "double", seed: 
             else:  # the alternate layout is B^T: its g_d x g_o blocks are B's g_o x g_d ones, transposed
                 splits[(parity, g_d, g_o)] = ("pattern", g_o, g_d, True)
         if sampled:
-            inv_row, inv_col = inverse_permutations_for(permute, n, seed, parts=perm_key if permute == "local" else None)
+            make = stored_inverse_permutations if store_permutations else inverse_permutations_for
+            inv_row, inv_col = make(permute, n, seed, parts=perm_key if permute == "local" else None)
             found, info = sampled_split_statistics(adjacency, {(R, C) for _, R, C, _ in splits.values()}, inv_row,
                                                    inv_col, sample, seed=seed, inverse=True)
             del inv_row, inv_col

@@ -72,7 +72,8 @@ def main() -> int:
     print(f"collectives: {coll['chosen']} ({coll['selected_by']}); epoch fit: test R^2 {epoch['scores']['test_r2']:.3f}, "
           f"test MAPE {epoch['scores']['test_mape']:.1f} % (shipped {shipped['fit']['epoch']['scores']['test_mape']:.1f} %)")
     print("(splits marked b: scoring stopped once the kind's MAPE trailed the best kind's on the same splits by 4 standard "
-          "errors of the paired difference)")
+          "errors of the paired difference; the others stop at the R^2 standard error, or at 50 splits, past which the "
+          "splits hold under 5 % of the score's variance: plexus_tune.fit.scoring.split_cap)")
     if args.h100:
         h100_auto_against_one_fit(args)
     return 0
