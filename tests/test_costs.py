@@ -55,17 +55,25 @@ def test_g8_every_collective_term_by_hand():
     rs_dw_y = ag_w_y
     ar_dh_z = ar_h_z
     ar_df_y = 2 * 10e-3 + 1 * (4 * 501 * 4) / 100e9 * 1e3          # layer >= 1: all-reduce dF over Y
+    # the trainer's small all-reduces: db over depth (layer 0: c_o = 4 over Z, layer 1: 3 over Y);
+    # the loss on layer 1's logits (classes over o = Z, rows over d = Y): row maxima (501) and
+    # sums (2 x 501) over Z, the loss sum (1) over Y
+    ar_db_z = 2 * 20e-3 + 1 * (4 * 4) / 10e9 * 1e3
+    ar_db_y = 2 * 10e-3 + 1 * (4 * 3) / 100e9 * 1e3
+    loss_z = (2 * 20e-3 + 1 * (4 * 501) / 10e9 * 1e3) + (2 * 20e-3 + 1 * (8 * 501) / 10e9 * 1e3)
+    loss_y = 2 * 10e-3 + 1 * 4 / 100e9 * 1e3
+    small = ar_db_z + ar_db_y + loss_z + loss_y
 
     pred = predict_grids(W, toy_machine(), np.array([[2, 2, 2]]))
     x = ar_h_x + ar_dh_x + ar_q_x
-    y = ar_q_y + ag_w_y + rs_dw_y + ag_w_y + ar_df_y
-    z = ag_f_z + 2 * ag_w_z + rs_dw_z + rs_df_z + ar_h_z + ar_dh_z
+    y = ar_q_y + ag_w_y + rs_dw_y + ag_w_y + ar_df_y + ar_db_y + loss_y
+    z = ag_f_z + 2 * ag_w_z + rs_dw_z + rs_df_z + ar_h_z + ar_dh_z + ar_db_z + loss_z
     assert one(pred, "comm_x_ms") == pytest.approx(x, rel=1e-12)
     assert one(pred, "comm_y_ms") == pytest.approx(y, rel=1e-12)
     assert one(pred, "comm_z_ms") == pytest.approx(z, rel=1e-12)
     assert one(pred, "comm_ms") == pytest.approx(x + y + z, rel=1e-12)
     assert one(pred, "all_reduce_ms") == pytest.approx(
-        ar_h_x + ar_q_y + ar_dh_x + ar_h_z + ar_q_x + ar_dh_z + ar_df_y, rel=1e-12)
+        ar_h_x + ar_q_y + ar_dh_x + ar_h_z + ar_q_x + ar_dh_z + ar_df_y + small, rel=1e-12)
     assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
     assert one(pred, "reduce_scatter_ms") == pytest.approx(rs_dw_z + rs_df_z + rs_dw_y, rel=1e-12)
 
@@ -111,13 +119,21 @@ def test_g12_non_power_of_two_by_hand():
     ag_w_y = 2 * 10e-3 + (2 / 3) * (4 * 6 * 3) / 100e9 * 1e3
     ar_q_x = 2 * 20e-3 + 1 * (4 * 334 * 3) / bx * 1e3
     ar_df_y = 4 * 10e-3 + (4 / 3) * (4 * 501 * 4) / 100e9 * 1e3
+    # db over depth (layer 0: 4 over Z; layer 1: 3 over Y); the loss on 334 rows: maxima and sums over Z,
+    # the loss sum over Y
+    ar_db_z = 2 * 20e-3 + 1 * (4 * 4) / 10e9 * 1e3
+    ar_db_y = 4 * 10e-3 + (4 / 3) * (4 * 3) / 100e9 * 1e3
+    loss_z = (2 * 20e-3 + 1 * (4 * 334) / 10e9 * 1e3) + (2 * 20e-3 + 1 * (8 * 334) / 10e9 * 1e3)
+    loss_y = 4 * 10e-3 + (4 / 3) * 4 / 100e9 * 1e3
     pred = predict_grids(W, toy_machine(), [[2, 3, 2]])
     assert one(pred, "comm_x_ms") == pytest.approx(2 * ar_h_x + ar_q_x, rel=1e-12)
-    assert one(pred, "comm_y_ms") == pytest.approx(ar_q_y + 3 * ag_w_y + ar_df_y, rel=1e-12)
-    assert one(pred, "comm_z_ms") == pytest.approx(2 * ag_f_z + 3 * ag_w_z + 2 * ar_h_z, rel=1e-12)
+    assert one(pred, "comm_y_ms") == pytest.approx(ar_q_y + 3 * ag_w_y + ar_df_y + ar_db_y + loss_y, rel=1e-12)
+    assert one(pred, "comm_z_ms") == pytest.approx(2 * ag_f_z + 3 * ag_w_z + 2 * ar_h_z + ar_db_z + loss_z,
+                                                   rel=1e-12)
     assert one(pred, "reduce_scatter_ms") == pytest.approx(ag_w_z + ag_f_z + ag_w_y, rel=1e-12)
     assert one(pred, "all_gather_ms") == pytest.approx(ag_f_z + 2 * ag_w_z + 2 * ag_w_y, rel=1e-12)
-    assert one(pred, "all_reduce_ms") == pytest.approx(2 * ar_h_x + ar_q_y + 2 * ar_h_z + ar_q_x + ar_df_y, rel=1e-12)
+    assert one(pred, "all_reduce_ms") == pytest.approx(
+        2 * ar_h_x + ar_q_y + 2 * ar_h_z + ar_q_x + ar_df_y + ar_db_z + ar_db_y + loss_z + loss_y, rel=1e-12)
     # SpMM per local SpMM (paper kind): layer 0 z = ceil(5000/4) = 1250, c_i = 4, forward common
     # r_o = 501, backward common r_d = 501; layer 1 z = ceil(5000/6) = 834, c_i = 4, forward
     # common r_o = 501, backward common r_d = 334
@@ -257,13 +273,16 @@ def test_perlmutter_paper_matches_scalar_reference_on_every_grid():
 
 
 def test_unpadded_option_divides_exactly():
-    # all-reduce of Q over Y on the 2x2x2 grid, layer 0: M = 4 * (1001/2) * (8/2) exactly
+    # all-reduce of Q over Y on the 2x2x2 grid, layer 0: M = 4 * (1001/2) * (8/2) exactly; the paper's
+    # model also leaves out the trainer's db all-reduce (layer 1 over Y, 3 columns) and loss sum (over Y)
     pred = predict_grids(W, toy_machine(padded_sizes=False), [[2, 2, 2]])
     padded = predict_grids(W, toy_machine(), [[2, 2, 2]])
     assert one(padded, "comm_y_ms") - one(pred, "comm_y_ms") == pytest.approx(
         1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3      # layer 0 AR Q over Y
         + 2 * (1 / 2) * (4 * 4 * 3 - 4 * 4 * 3) / 100e9 * 1e3  # layer 1 W blocks are exact anyway
-        + 1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3,    # layer 1 AR dF over Y
+        + 1 * (4 * 501 * 4 - 4 * 500.5 * 4) / 100e9 * 1e3     # layer 1 AR dF over Y
+        + 2 * 10e-3 + 1 * (4 * 3) / 100e9 * 1e3               # db over Y
+        + 2 * 10e-3 + 1 * 4 / 100e9 * 1e3,                    # the loss sum over Y
         rel=1e-9)
 
 

@@ -558,3 +558,44 @@ def test_measure_logs_and_predicts_fixed_features():
     own = FAMILIES["cagnet-1d"].predict(w, "perlmutter", [(2, 1, 1)], options={"fixed_features": True})
     assert logged["total_ms"] == pytest.approx(float(own["total_ms"][0]))
     assert logged["total_ms"] < predict_run(w, "perlmutter", (2, 1, 1), algorithm="cagnet-1d")["total_ms"]
+
+
+def test_the_sharded_loss_and_db_reductions_are_timed_hand_derived():
+    """Every family times the trainers' small per-epoch reductions (counted on the trainers with
+    torch.distributed wrapped: the loss's row maxima and sums over a split class axis, its loss
+    sum over each split row axis; Plexus 3D's db over depth). One node of 8 (alpha 1 us,
+    beta 10 GB/s): an all-reduce of M bytes on g ranks takes 2 (g-1) alpha + 2 (g-1)/g M / beta."""
+    from plexus_tune.model.costs import predict_grids
+    from plexus_tune.model.family_costs import cagnet_summa_config, estimated_boundary_rows, supergcn_config
+    from plexus_tune.model.volumes import LOSS_CLASS, cagnet_summa_schedule, loss_calls, supergcn_schedule
+
+    machine = Machine.from_dict({"name": "tiny8", "gpus_per_node": 8, "device_memory_gib": 1, "gemm_tflops": 1,
+                                 "spmm": {"kind": "paper", "c0": 1e-3, "c1": 0.0, "c2": 0.0},
+                                 "collectives": {"alpha_intra_us": 1.0, "beta_intra_gbps": 10.0,
+                                                 "alpha_inter_us": 5.0, "beta_inter_gbps": 1.0}})
+    ring = lambda g, m: 1e-3 * 2 * (g - 1) * 1.0 + 2 * (g - 1) / g * m / 10e9 * 1e3  # noqa: E731
+    fp32 = parse_comm_precision("fp32")
+    bf16 = parse_comm_precision("bf16")
+    w = Workload("t", 8, 24, (4, 4, 2))
+    # the calls: classes over 2 ranks of axis 1, rows over 2 ranks of axis 0 (stride 2) and none of axis 2
+    calls = loss_calls(4, (1, 2, 1), [(0, 2, 2), (2, 1, 4)], 4, 4)
+    assert [(c.comm_class, c.axis, c.group_size, c.stride, c.message_bytes) for c in calls] == [
+        (LOSS_CLASS, 1, 2, 1, 16.0), (LOSS_CLASS, 1, 2, 1, 32.0), (LOSS_CLASS, 0, 2, 2, 4.0)]
+    # SuperGCN on 4 ranks: classes whole, the loss sum over all 4 (4 bytes), at every precision in FP32
+    for choice in (fp32, bf16):
+        pred = supergcn_config(w, machine, 4, "post", choice)
+        base = schedule_times(machine, supergcn_schedule(w.widths, estimated_boundary_rows(8, 24, 4), 4), choice, 4)
+        assert pred["comm_ms"] - base["comm_ms"] == pytest.approx(ring(4, 4.0), rel=1e-9)
+    # CAGNET 2D 2 x 2: N' = 8, rf = 4 logit rows: maxima 16 B and sums 32 B over the row, the loss sum over the column
+    pred = cagnet_summa_config(w, machine, 2, 2, 1, fp32)
+    base = schedule_times(machine, cagnet_summa_schedule(8, w.widths, 2, 2, 1, nnz=24), fp32, 4)
+    assert pred["comm_ms"] - base["comm_ms"] == pytest.approx(ring(2, 16) + ring(2, 32) + ring(2, 4), rel=1e-9)
+    assert pred["volume_bytes"] == max(sum(c.sent_bytes for c in cagnet_summa_schedule(8, w.widths, 2, 2, 1, nnz=24)))
+    # Plexus 2x2x2 (exact division, so only these differ from the paper's model): db of c_o = 2 and
+    # 1 columns over depth, the loss's maxima (r_d = 4 rows, 16 B), sums (32 B) and loss sum (4 B)
+    grid = np.array([[2, 2, 2]])
+    trainer = predict_grids(w, machine, grid)
+    paper = predict_grids(w, machine, grid, padded=False)
+    extra = ring(2, 8) + ring(2, 4) + ring(2, 16) + ring(2, 32) + ring(2, 4)
+    assert trainer["comm_ms"][0] - paper["comm_ms"][0] == pytest.approx(extra, rel=1e-9)
+    assert trainer["all_reduce_ms"][0] - paper["all_reduce_ms"][0] == pytest.approx(extra, rel=1e-9)

@@ -20,8 +20,8 @@ STAGES = ("graph", "model", "launch", "trainer", "measure", "fit", "report", "se
 #: Subpackages that are part of a stage.
 SAME_STAGE = {"cluster": "launch"}
 #: Modules every stage may import: errors, numbers, paths and resources (no stage's logic), the
-#: package itself and its entry point.
-STAGE_FREE = {"errors", "numbers", "paths", "resources", "allocator", "jsonfile", "__init__", "__main__"}
+#: call-path tracer (it imports no stage), the package itself and its entry point.
+STAGE_FREE = {"errors", "numbers", "paths", "resources", "allocator", "jsonfile", "callpath", "__init__", "__main__"}
 
 
 def stage_of(module: str) -> str | None:

@@ -76,6 +76,25 @@ def test_measure_logs_the_prediction_predict_gives_on_the_same_graph(tmp_path, r
         _check(record, planner)
 
 
+@pytest.mark.parametrize("algorithm,grid", [("cagnet-2d", "1x2x1"), ("supergcn", "2x1x1")])
+def test_run_ranks_and_logs_the_prediction_predict_gives_on_the_same_graph(tmp_path, run_cli, monkeypatch, algorithm,
+                                                                             grid):
+    """``run``: the grid ranking it prints and the prediction it logs are predict's on the graph."""
+    import plexus_tune.cli.run as run_mod
+
+    monkeypatch.setattr(run_mod, "run_training", _recorded_trainer)
+    log = tmp_path / "runs.jsonl"
+    code, out, err = run_cli(["run", "--graph", GRAPH, "--gpus", "2", "--grid", grid, "--epochs", "2", "--warmup", "1",
+                              *SIZES, "--machine", MACHINE, "--log", str(log), "--algorithm", algorithm])
+    assert code == 0, err
+    records, _ = read_records(log)
+    assert len(records) == 1 and records[0]["grid"] == grid
+    planner = _predicted(run_cli, algorithm)
+    _check(records[0], planner)
+    row = next(line for line in out.splitlines() if f" {grid} " in line and "│" in line)
+    assert f" {planner[(grid, records[0].get('options', {}).get('aggregation') or None)]['total_ms']:.2f} " in row
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm,grids", [("cagnet-2d", "1x2x1"), ("supergcn", None)])
 def test_trained_runs_log_the_prediction_predict_gives(tmp_path, run_cli, algorithm, grids):

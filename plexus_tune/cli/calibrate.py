@@ -192,6 +192,9 @@ def _register_quant(sub) -> None:
     quant.add_argument("--cols", default="32,128", help="tensor columns (default 32,128)")
     quant.add_argument("--repeats", type=count(1), default=5, help="timed calls of each (default 5)")
     quant.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1, as one rank)")
+    quant.add_argument("--processes", type=count(1), default=1,
+                       help="processes timing the codec at once, as the ranks sharing a host's cores do in training "
+                       "(default 1); each record holds the median process's mean time per call")
     quant.add_argument("--out", required=True, metavar="FILE", help="JSON Lines log to append to")
     quant.set_defaults(handler=run_quant)
 
@@ -247,9 +250,10 @@ def run_quant(args) -> int:
             raise UserError(f"{flag}: expected positive integers, got {text!r}")
     _positive(args.repeats, "--repeats")
     _positive(args.threads, "--threads")
+    _positive(args.processes, "--processes")
     check_log("--out", args.out, kinds=QUANT_LOG)
     records = run_quant_benchmark(args.out, precisions=precisions, rows=sizes["--rows"], cols=sizes["--cols"],
-                                  repeats=args.repeats, threads=args.threads)
+                                  repeats=args.repeats, threads=args.threads, processes=args.processes)
     for rec in records:
         mb = rec["fp32_bytes"] / 1e6
         print(f"{rec['precision']:>5} {rec['rows']:>7} x {rec['cols']:<5} encode {rec['encode_ms']:8.3f} ms "

@@ -110,8 +110,8 @@ def _campaign(args) -> tuple[Campaign, object, object]:
                "aggregation": args.aggregation, "fixed_features": bool(args.fixed_features), **family_options}
     spec = RunSpec.from_args(args, **options)  # the runs' spec, built once: the campaign runs it on each grid
     workload = workload_of(stats, args.layers, args.hidden) if machine is not None else None
-    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine, settings=spec.prediction_settings(),
-                         replication=args.replication)
+    grids = choose_grids(args.gpus, args.grids, workload=workload, machine=machine,
+                         settings=spec.ranking_settings(stats.context), replication=args.replication)
     return Campaign(graph, args.gpus, grids, log=args.log, trials=args.trials, epochs=args.epochs,
                     warmup=args.warmup, layers=args.layers, hidden=args.hidden, train_options=options,
                     redo=args.redo, retry_failed=args.retry_failed, batch=args.batch, spec=spec), machine, stats

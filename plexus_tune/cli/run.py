@@ -66,7 +66,8 @@ def run(args) -> int:
         check_batch_flag(options["batch_size"], stats.nodes)
     spec = RunSpec.from_config(campaign_config(args.graph, (args.gpus, 1, 1), layers=args.layers, hidden=args.hidden,
                                                epochs=args.epochs, warmup=args.warmup, options=options))
-    settings = spec.prediction_settings()  # the run's spec, built once: ranked here, trained on the chosen grid
+    settings = spec.ranking_settings(stats.context)  # the run's spec, built once: ranked here (on its graph, as
+    # predict --graph ranks it), trained on the chosen grid
     grids = choose_grids(args.gpus, "all", settings=settings, replication=args.replication)
     if grid is not None and grid not in grids:
         raise UserError(f"grid {args.grid} is not a configuration of {options['algorithm']} on {args.gpus} GPUs; "

@@ -543,8 +543,11 @@ def fit_profile(options: FitOptions, *, progress: Progress | None = None) -> Fit
     quant_records = _quant_records([quant, spmm, [] if collectives is None else collectives])
     if quant_records:
         profile["quant"] = fit_quant_rates(quant_records)
+        concurrent = sorted({int(v["processes"]) for v in profile["quant"].values() if v.get("processes")})
         provenance["quant"] = (f"fit_quant_rates on {len(quant_records)} quant records "
-                               "(plexus-tune calibrate quant; median of bytes / time)")
+                               "(plexus-tune calibrate quant; median of bytes / time"
+                               + (f"; timed by {', '.join(map(str, concurrent))} processes at once" if concurrent else "")
+                               + ")")
     sampling = fit_sampling(_quant_records([quant, spmm, [] if collectives is None else collectives], schema="sampling"))
     if sampling is not None:
         profile["sampling"] = {"call_ms": sampling["call_ms"], "gbps": sampling["gbps"]}

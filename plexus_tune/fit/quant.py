@@ -3,8 +3,9 @@
 Two sources (docs/comm-precision.md, "Calibration"):
 
 * quant records (``plexus-tune calibrate quant``): encode and decode of one tensor in
-  one process; :func:`fit_quant_rates` gives per precision the encode and decode GB/s
-  (the median over records of bytes / time).
+  one process, or in each of several processes at once (``--processes``, as ranks sharing
+  a host's cores); :func:`fit_quant_rates` gives per precision the encode and decode GB/s
+  (the median over records of bytes / time, from the records of the most processes).
 * collective records at a reduced precision (``plexus-tune calibrate collectives
   --comm-precision``), each paired with the FP32 record of the same op, group and size
   timed in the same run; :func:`fit_call_ms` gives the time each process-group call of
@@ -46,20 +47,32 @@ def fit_quant_rates(records) -> dict:
     Time is taken as proportional to the FP32 bytes (t = bytes / rate); each rate is the
     median over the records of bytes / time, so that one slow timing (a page fault, a
     busy core) does not set it, as it would a least-squares fit, which weights the
-    largest tensor most (docs/comm-precision.md, "In the cost model").
+    largest tensor most (docs/comm-precision.md, "In the cost model"). Per precision only
+    the records timed by the most processes at once (``processes``, absent: 1) count: the
+    rate a rank sees when the ranks sharing its host's cores all run the codec.
     """
+    records = [rec for rec in records if rec.get("encode_ms") is not None and rec.get("decode_ms") is not None
+               and rec.get("fp32_bytes")]
+    most: dict = defaultdict(int)
+    for rec in records:
+        p = parse_precision(rec["precision"])
+        most[p] = max(most[p], int(rec.get("processes") or 1))
     rates: dict = defaultdict(lambda: ([], []))
     for rec in records:
-        if rec.get("encode_ms") is None or rec.get("decode_ms") is None or not rec.get("fp32_bytes"):
+        if int(rec.get("processes") or 1) != most[parse_precision(rec["precision"])]:
             continue
         b, enc_s, dec_s = float(rec["fp32_bytes"]), float(rec["encode_ms"]) * 1e-3, float(rec["decode_ms"]) * 1e-3
         if enc_s > 0 and dec_s > 0:
             encode, decode = rates[parse_precision(rec["precision"])]
             encode.append(b / enc_s)
             decode.append(b / dec_s)
-    return {p: {"encode_gbps": float(np.median(encode)) / 1e9, "decode_gbps": float(np.median(decode)) / 1e9,
-                "samples": len(encode)}
-            for p, (encode, decode) in rates.items()}
+    out = {}
+    for p, (encode, decode) in rates.items():
+        out[p] = {"encode_gbps": float(np.median(encode)) / 1e9, "decode_gbps": float(np.median(decode)) / 1e9,
+                  "samples": len(encode)}
+        if most[p] > 1:
+            out[p]["processes"] = most[p]
+    return out
 
 
 def split_precisions(df):

@@ -119,7 +119,7 @@ def workload_of(stats: GraphStats, layers: int, hidden: int):
 def choose_grids(gpus: int, spec: str, *, workload=None, machine=None, settings: dict | None = None,
                  replication: int | None = None) -> list[tuple[int, int, int]]:
     """Grids of a campaign: ``all``, ``top:K`` (best K predicted by ``machine`` at ``settings``, the
-    runs' :meth:`~plexus_tune.measure.identity.RunSpec.prediction_settings`) or a list ``2x2x2,1x4x2``.
+    runs' :meth:`~plexus_tune.measure.identity.RunSpec.ranking_settings`) or a list ``2x2x2,1x4x2``.
 
     The grids are the process grids of ``settings["algorithm"]`` (default plexus-3d):
     every configuration of the family on ``gpus`` ranks (:meth:`plexus_tune.model.family.Family.configurations`);

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from plexus_tune.errors import UserError
 from plexus_tune.graph.generators import parse_spec
 from plexus_tune.measure.records import DTYPE_BYTES, upgrade
@@ -396,6 +398,19 @@ class RunSpec:
             settings["options"] = options
         return settings
 
+    def ranking_settings(self, graph=None) -> dict:
+        """:meth:`prediction_settings` for ranking this run's grids (its G ranks) on ``graph`` (a
+        :class:`~plexus_tune.model.family.GraphContext` or a loaded graph; None: none): the family's options from
+        the graph added (:meth:`plexus_tune.model.family.Family.graph_options`), as ``predict --graph`` ranks them,
+        so that each grid's figure is :meth:`predict` of the run on that grid."""
+        settings = self.prediction_settings()
+        if graph is not None:
+            context = graph if isinstance(graph, GraphContext) else GraphContext(graph)
+            extra = family_of(settings["algorithm"]).graph_options(context, int(np.prod(self.grid)))
+            if extra:
+                settings["options"] = {**settings.get("options", {}), **extra}
+        return settings
+
     def workload(self, base: Workload | None = None) -> Workload:
         """The workload this run trains with the element size of its dtype: ``base``, else its graph as
         measured (N, NNZ, widths; UserError if the spec lacks them)."""
@@ -416,13 +431,12 @@ class RunSpec:
         family's model what ``predict --graph`` reads of it (:meth:`plexus_tune.model.family.Family.run_graph_options`:
         the SUMMA pieces, the partition)."""
         settings = self.prediction_settings()
-        workload = self.workload(workload)
         if graph is not None:
             context = graph if isinstance(graph, GraphContext) else GraphContext(graph)
             extra = family_of(settings["algorithm"]).run_graph_options(context, self.grid)
             if extra:
                 settings["options"] = {**settings.get("options", {}), **extra}
-        return predict_run(workload, machine, self.grid, **settings)
+        return predict_run(self.workload(workload), machine, self.grid, **settings)
 
 
 def prediction_settings(spec: RunSpec) -> dict:

@@ -459,6 +459,8 @@ class QuantRecord(_Record):
     decode_ms: float | None = _f(None, "ms", "cast back or dequantize, min over repeats")
     repeats: int | None = _f(None, doc="timed calls of each")
     threads: int | None = _f(None, "threads", "torch threads")
+    processes: int | None = _f(None, "processes", "processes timing the codec at once on the host (then the "
+                               "median process's mean time per call); absent: 1")
     measured_at: str | None = _f(None, "ISO 8601 UTC", "when")
     machine_info: dict | None = _f(None, doc="environment of the host")
 

@@ -59,7 +59,15 @@ precision in the trainer's all-to-all scheme), M in bytes:
               layer 0: reduce-scatter dF over d, M = u g_d f c_0;
               other layers: all-reduce dF over d, M = u r_o c_i
 
-The W all-gather and dW reduce-scatter are always counted (W split over depth).
+              db all-reduce over d,          M = u c_o
+    last layer, the sharded loss (classes over o, rows over d; FP32):
+              all-reduce row maxima over o,  M = u r_d
+              all-reduce row sums over o,    M = 2 u r_d
+              all-reduce the loss sum over d, M = u
+
+The W all-gather and dW reduce-scatter are always counted (W split over depth). The db
+all-reduce and the loss's reductions are the trainer's; the paper's model (``padded``
+false) leaves them out.
 A profile with ``"padded_sizes": false`` (``perlmutter-paper``) divides exactly
 instead of padding, reproducing the paper's communication model.
 ``comm_x_ms``/``comm_y_ms``/``comm_z_ms`` split the time by grid axis and
@@ -115,6 +123,7 @@ from plexus_tune.model.memory import memory_breakdown
 from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import csr_index_bytes, layer_shapes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
+from plexus_tune.model.volumes import FP32_CLASSES, LOSS_CLASS
 
 #: Keys of every prediction, in report order.
 PREDICTION_KEYS = ("gx", "gy", "gz", *BREAKDOWN_KEYS, "overhead_ms", "total_ms", *OTHER_PARTS,
@@ -199,7 +208,7 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
     quant = zeros()
 
     def add(op, axis, message_bytes, rows, comm_class, messages=1):
-        precision = choice.of(comm_class)
+        precision = "fp32" if comm_class in FP32_CLASSES else choice.of(comm_class)
         g = grids[:, axis]
         t = precision_collective_time_ms(machine, op, g, strides[axis], message_bytes, rows, precision, u, messages)
         comm_axis[axis] += t
@@ -225,6 +234,8 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
         # backward; with fixed features layer 0 computes dW only (no dH, dF, nor its SpMM)
         feature_gradient = not (fixed_features and i == 0)
         add("reduce_scatter", d, w_bytes, s.w_gathered_rows, "gather")
+        if padded:  # the trainer's db all-reduce (the paper's model leaves it out)
+            add("all_reduce", d, u * c_o, 1, "gather")
         if feature_gradient:
             add("all_gather", d, w_bytes, s.w_gathered_rows, "gather")
             add("all_reduce", o, h_bytes, r_d, "aggregation")
@@ -249,6 +260,12 @@ def predict_grids(workload, machine, grids, *, block_rows=None, padded=None,
             overlap_hidden = overlap_hidden + hidden
             comm_axis[o] -= hidden
             comm_kind["all_reduce"] -= hidden
+
+    if padded:  # the trainer's sharded loss (volumes.loss_calls): classes over o, rows over d of the last layer
+        last = shapes[-1]
+        for elements in (last.r_d, 2 * last.r_d):  # row maxima, row sums
+            add("all_reduce", last.outer, u * elements, last.r_d, LOSS_CLASS)
+        add("all_reduce", last.depth, u, 1, LOSS_CLASS)  # the loss sum
 
     clipped = spmm < 0
     bandwidth = machine.memory_bandwidth_gbps

@@ -50,9 +50,13 @@ from plexus_tune.model.other import OTHER_PARTS, other_ms
 from plexus_tune.model.shapes import ceil_div, csr_bytes, csr_index_bytes
 from plexus_tune.model.spmm import predict_spmm_ms, spmm_traffic_bytes
 from plexus_tune.model.volumes import (
+    FP32_CLASSES,
+    VOLUME_CLASSES,
     cagnet_15d_schedule,
     cagnet_summa_schedule,
     check_replication,
+    check_schedule,
+    loss_calls,
     summa_sizes,
     supergcn_schedule,
     UniformExchange,
@@ -146,7 +150,7 @@ def schedule_times(machine: Machine, calls, choice: CommPrecision, u: float) -> 
     batches: dict[str, list] = {}
     stats_of: dict[int, dict] = {}
     for call in calls:
-        precision = "fp32" if call.comm_class == "adjacency" else choice.of(call.comm_class)
+        precision = "fp32" if call.comm_class in FP32_CLASSES else choice.of(call.comm_class)
         g = call.group_size
         if g <= 1 or call.calls == 0:
             continue
@@ -265,7 +269,8 @@ def _finish(machine, workload, grid, times, spmm_ms, floor_bytes, gemm_flops, sh
 def _max_volume(calls, gpus):
     per_rank = np.zeros(gpus)
     for call in calls:
-        per_rank += call.sent_bytes
+        if call.comm_class in VOLUME_CLASSES:
+            per_rank += call.sent_bytes
     return float(per_rank.max()) if gpus else 0.0
 
 
@@ -283,7 +288,8 @@ def cagnet_15d_config(workload, machine, gpus: int, c: int, choice: CommPrecisio
     stage_sets = [range(j * r // c, (j + 1) * r // c) for j in range(c)]
     stages = max(len(k) for k in stage_sets)
     calls = feature_gradient_dropped(cagnet_15d_schedule(n, widths, gpus, c, u), fixed_features)
-    times = schedule_times(machine, calls, choice, u)
+    # the loss: classes whole on every rank, rows split over the R ranks of a process column
+    times = schedule_times(machine, calls + loss_calls(b, (2, 1, gpus), [(0, r, c)], gpus, u), choice, u)
     flops = act = 0.0
     if blocks is not None:
         # per rank (i, j): the blocks (i, k) of its stages; forward A, backward A^T
@@ -340,9 +346,13 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
     calls = cagnet_summa_schedule(n, widths, pr, pc, pl, bytes_per_element=u, a_pieces=a_pieces,
                                   at_pieces=at_pieces, nnz=nnz, schedule=schedule)
     calls = feature_gradient_dropped(calls, fixed_features)
-    times = schedule_times(machine, calls, choice, u)
     sizes = summa_sizes(n, pr, pc, pl)
     q, rb, rf, piece = sizes["q"], sizes["rb"], sizes["rf"], sizes["piece"]
+    # the bundled trainers' loss: classes split over the row (Pc), rows over the column and the fibre;
+    # the paper's schedule counts its own (log_softmax all-gather)
+    bundled = check_schedule(schedule) == "bundled"
+    loss = loss_calls(rf, (1, pc, 1), [(0, pr, pc), (2, pl, pr * pc)], gpus, u) if bundled else []
+    times = schedule_times(machine, calls + loss, choice, u)
     if a_pieces is not None:
         z_piece = float(np.max(a_pieces))
         z_rank = float(np.asarray(a_pieces).reshape(pl, pr, pc, q // pc).sum(axis=3).max())
@@ -473,7 +483,9 @@ def supergcn_config(workload, machine, gpus: int, mode: str, choice: CommPrecisi
         nodes_p = np.full(gpus, float(ceil_div(n, gpus)))
         local_nnz = np.full(gpus, nnz / gpus)
     calls = feature_gradient_dropped(supergcn_schedule(widths, rows, u), fixed_features)
-    times = schedule_times(machine, calls, choice, u)
+    # the loss: classes whole, rows split over all P ranks
+    loss = loss_calls(float(nodes_p.max()), (1, 1, 1), [(0, gpus, 1)], gpus, u)
+    times = schedule_times(machine, calls + loss, choice, u)
     if isinstance(rows, UniformExchange):
         sent = recv = rows.sent()
     else:

@@ -37,7 +37,7 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
                   combination: all-gather of T (rb x d_l blocks) over the row, (Pc-1) rb d_l u
                   (a rank keeps the columns W[:, block y] and b[block y], replicated down the
                   column, so Q = T W needs nothing more; the loss is sharded over the class
-                  columns and its row maxima and sums are uncounted scalars)
+                  columns: :func:`loss_calls`)
         backward  gather: all-reduce of (D_l+1) d_{l+1} over the column, 2 (Pr-1) ceil(./Pr) u;
                   combination: reduce-scatter of dT over the row, (Pc-1) rb d_l u;
                   aggregation and adjacency as forward, with A^T pieces
@@ -62,6 +62,12 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
         forward   aggregation: p sends q rows[p, q] D_l u
         backward  aggregation: q sends p rows[p, q] D_l u
                   gather 2 (P-1) ceil((D_l+1) D_{l+1} / P) u (all-reduce over all ranks)
+
+The sharded loss (every family's trainer, :func:`loss_calls`) adds per epoch, in FP32 and
+outside the volumes (the trainers count only the classes above): over the axis that
+splits the classes, when it is split, all-reduces of the row maxima (r elements, r the
+rank's logit rows) and of the row sums (2 r); over each axis that splits the rows, an
+all-reduce of the rank's loss sum (1 element).
 """
 
 from __future__ import annotations
@@ -76,6 +82,10 @@ from plexus_tune.model.shapes import ceil_div
 
 #: Volume classes: the three precision classes and the sparse pieces.
 VOLUME_CLASSES = ("aggregation", "combination", "gather", "adjacency")
+#: Class of the sharded loss's reductions (:func:`loss_calls`): always FP32, left out of the volumes.
+LOSS_CLASS = "loss"
+#: Classes sent in FP32 at every communication precision.
+FP32_CLASSES = ("adjacency", LOSS_CLASS)
 #: Operations of a schedule.
 SCHEDULE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "point_to_point")
 #: Bytes of a CSR index (int32).
@@ -129,6 +139,30 @@ class UniformExchange:
 
 def _allreduce_sent(elements, g) -> int:
     return 2 * (g - 1) * ceil_div(int(elements), g) if g > 1 else 0
+
+
+def loss_calls(rows, class_group, row_groups, gpus: int, bytes_per_element: int = 4) -> list[CommCall]:
+    """The sharded cross-entropy's reductions of an epoch (``trainer/loss.py``; module docstring).
+
+    ``rows``: the rank's logit rows; ``class_group``: (axis, ranks, stride) of the axis that
+    splits the classes; ``row_groups``: the same for each axis that splits the rows. Per
+    split class axis, all-reduces of ``rows`` (row maxima) and ``2 rows`` (row sums)
+    elements; per split row axis, one of 1 element (the loss sum). Class :data:`LOSS_CLASS`.
+    """
+    u = int(bytes_per_element)
+    rows = float(rows)
+    full = lambda elements, g: np.full(int(gpus), float(_allreduce_sent(elements, g) * u))  # noqa: E731
+    calls: list[CommCall] = []
+    axis, g, stride = (int(v) for v in class_group)
+    if g > 1:
+        for what, elements in (("row maxima", rows), ("row sums", 2 * rows)):
+            calls.append(CommCall(f"loss all-reduce {what}", "all_reduce", LOSS_CLASS, "forward", axis, g, stride,
+                                  elements * u, rows, 1, full(elements, g)))
+    for axis, g, stride in row_groups:
+        if int(g) > 1:
+            calls.append(CommCall("loss all-reduce of the loss sum", "all_reduce", LOSS_CLASS, "forward", int(axis),
+                                  int(g), int(stride), float(u), 1, 1, full(1, int(g))))
+    return calls
 
 
 def csr_piece_bytes(nnz, rows, value_bytes: int) -> np.ndarray:
@@ -408,11 +442,11 @@ def rank_volumes(calls, gpus: int, *, direction: str | None = None) -> dict[str,
     ``direction`` forward or backward keeps only that half."""
     out = {name: np.zeros(int(gpus), dtype=np.float64) for name in VOLUME_CLASSES}
     for call in calls:
-        if direction is None or call.direction == direction:
+        if (direction is None or call.direction == direction) and call.comm_class in out:
             out[call.comm_class] += call.sent_bytes
     return out
 
 
 def total_volume_bytes(calls) -> float:
-    """Bytes all ranks send in an epoch."""
-    return float(sum(np.sum(call.sent_bytes) for call in calls))
+    """Bytes all ranks send in an epoch (the volume classes; the loss's reductions left out)."""
+    return float(sum(np.sum(call.sent_bytes) for call in calls if call.comm_class in VOLUME_CLASSES))
