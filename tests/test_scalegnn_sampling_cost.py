@@ -133,3 +133,14 @@ def test_prefetch_is_in_the_run_identity_and_the_logged_prediction():
 def test_prefetch_needs_the_minibatch_family(run_cli, command, args):
     code, _, err = run_cli([command, "--graph", "rmat:nodes=512,edges=4096,features=16,classes=4,seed=0"] + args)
     assert code == 2 and "--prefetch" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_fixed_overhead_counts_once_per_step():
+    """The profile's epoch_overhead_ms is fitted on full-graph epochs, one training iteration each:
+    a mini-batch epoch of ceil(N / (B Gd)) steps pays it per step."""
+    m = load_machine("emulated-2x4-fitted")
+    assert m.epoch_overhead_ms > 0
+    w = Workload("t", 8192, 65536, (64, 64, 64, 8))
+    for dp, steps in ((1, 4), (2, 2), (4, 1)):
+        p = predict_config(w, m, dp, (8 // dp, 1, 1), 2048, choice=FP32, fixed_features=True)
+        assert p["steps"] == steps and p["overhead_ms"] == pytest.approx(steps * m.epoch_overhead_ms)

@@ -31,7 +31,9 @@ c_o = ceil(h / g_o), z the sampled shard nonzeros):
   features add the rank's whole N / Gx x D_0 / Gz block) and the exposed
   sampling (:func:`sampling_ms`; with prefetch only what exceeds the rest of the step).
 
-An epoch is ceil(N / (B Gd)) steps: every time part is steps x its step time.
+An epoch is ceil(N / (B Gd)) steps: every time part is steps x its step time, and so is the
+profile's fixed overhead (``epoch_overhead_ms``, fitted on full-graph epochs of one training
+iteration each, is that of one iteration).
 """
 
 from __future__ import annotations
@@ -339,7 +341,7 @@ def predict_config(workload, machine: Machine, dp: int, grid, batch: int, *, cho
     out["other_ms"] += out["other_sync_ms"]
     out["step_ms"] = sum(step[k] for k in ("spmm_ms", "gemm_ms", "comm_ms", "quant_ms", "other_ms")) * stretch
     out["oversubscription"] = stretch
-    out["overhead_ms"] = machine.epoch_overhead_ms
+    out["overhead_ms"] = steps * machine.epoch_overhead_ms  # fitted per full-graph epoch: one training iteration
     out["total_ms"] = sum(out[key] for key in TOTAL_PARTS)
     memory = {}
     shards = sampled = 0.0

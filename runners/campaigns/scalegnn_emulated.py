@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from plexus_tune.measure.identity import RunSpec
 from plexus_tune.measure.store import read_runs
 from plexus_tune.measure.table import runs_table
@@ -93,9 +95,13 @@ def main() -> int:
                   f"{t.get('sample_work_ms', 0.0):5.0f} / {m['sampling_ms']:5.0f}, {t.get('sample_ms', 0.0):5.1f} / "
                   f"{m['other_sampling_ms']:5.1f}")
         spread = (rows["obs_epoch_ms_std"] / rows["obs_epoch_ms"]).median()
-        print(f"  Spearman {spearman(rows['pred_total_ms'], rows['obs_epoch_ms']):.3f}, "
-              f"regret {regret(rows['pred_total_ms'].to_numpy(), rows['obs_epoch_ms'].to_numpy()):.3f}; "
-              f"trials' coefficient of variation {spread:.3f} (median over the configurations)")
+        pred, obs = rows["pred_total_ms"].to_numpy(), rows["obs_epoch_ms"].to_numpy()
+        tied = np.isclose(pred, pred.min(), rtol=1e-9, atol=0.0)
+        worst = float(obs[tied].max() / obs.min())
+        ties = (f" ({int(tied.sum())} tied at the predicted best: regret {worst:.3f} if the tie falls on the worst)"
+                if tied.sum() > 1 else "")
+        print(f"  Spearman {spearman(pred, obs):.3f}, regret {regret(pred, obs):.3f}"
+              f"{ties}; trials' coefficient of variation {spread:.3f} (median over the configurations)")
     return 0
 
 
