@@ -63,7 +63,7 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
 
     spmm times x s_spmm; gemm_tflops / s_gemm; collective alphas x s_comm and every beta
     / s_comm (tiers, bandwidth_table, per_span); each precision's codec rates of ``quant``
-    / s_quant and its call_ms x s_quant; elementwise_gbps and optimizer_gbps / s_other,
+    / s_quant and its call_ms x s_comm (predict counts it in comm_ms); elementwise_gbps and optimizer_gbps / s_other,
     sync_us x s_other. Scales
     below :data:`MIN_SCALE` are raised to it.
     """
@@ -75,9 +75,9 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
         out["gemm_tflops"] = float(out["gemm_tflops"]) / s["gemm_ms"]
     if "comm_ms" in s:
         out["collectives"] = scale_collectives(out["collectives"], s["comm_ms"])
-    if "quant_ms" in s and out.get("quant"):
-        out["quant"] = {precision: {k: (float(v) * s["quant_ms"] if k == QUANT_CALL_KEY else
-                                        float(v) / s["quant_ms"] if k in QUANT_RATE_KEYS else v)
+    if ("quant_ms" in s or "comm_ms" in s) and out.get("quant"):
+        out["quant"] = {precision: {k: (float(v) * s.get("comm_ms", 1.0) if k == QUANT_CALL_KEY else
+                                        float(v) / s.get("quant_ms", 1.0) if k in QUANT_RATE_KEYS else v)
                                     for k, v in entry.items()} if isinstance(entry, Mapping) else entry
                         for precision, entry in out["quant"].items()}
     if "other_ms" in s and out.get("elementwise_gbps"):

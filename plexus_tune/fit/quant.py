@@ -15,10 +15,11 @@ Two sources (docs/comm-precision.md, "Calibration"):
       call_ms = max(0, median over the pairs of extra / calls)
 
   with ``net`` the profile's collective model and ``net_P`` the same at precision P in
-  the trainer's scheme (:func:`plexus_tune.model.machine.precision_collective_time_ms`,
-  the one ``predict`` uses), ``codec_P`` the codec time at the fitted rates and ``calls``
+  the trainer's scheme (:func:`plexus_tune.model.machine.precision_wire_time_ms`, the
+  bytes' part of the one ``predict`` uses), ``codec_P`` the codec time at the fitted rates and ``calls``
   the process-group calls of one collective at P (two for an all-reduce). A pair is
-  taken from one calibration run (same ``measured_at``), on all groups at once.
+  taken from one calibration run (same ``measured_at``), on all groups at once. ``predict``
+  books ``calls x call_ms`` as communication, where the trainer's timers count it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from plexus_tune.model.comm_precision import (
     quant_time_ms,
 )
 from plexus_tune.fit.tables import pd_numeric
-from plexus_tune.model.machine import collective_time_ms, precision_collective_time_ms
+from plexus_tune.model.machine import collective_time_ms, precision_wire_time_ms
 
 #: an FP32 record of another size is used for pairing only this close (ratio of sizes)
 PAIR_SIZE_RATIO = 1.25
@@ -150,7 +151,7 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         net = lambda nbytes: float(collective_time_ms(machine, r.op, g, p, nbytes))  # noqa: E731
         t32 = float(part["time_ms"].iloc[nearest]) + net(m) - net(m32)  # the FP32 time at this size
         codec = float(quant_time_ms(codec_rates, precision, r.op, g, m))
-        wire = float(precision_collective_time_ms(machine, r.op, g, p, m, rows, precision))
+        wire = float(precision_wire_time_ms(machine, r.op, g, p, m, rows, precision))
         extra = (float(r.time_ms) - t32) - (wire - net(m)) - codec
         per_call[precision].append(extra / process_group_calls(r.op, precision))
     for precision, values in per_call.items():

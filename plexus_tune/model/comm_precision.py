@@ -396,16 +396,28 @@ def estimated_quant_entry(precision: str, bandwidth_gbps: float) -> dict:
 
 
 def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, message_bytes_fp32, messages=1):
-    """Local time (ms) a reduced precision adds to one collective of ``messages`` calls' worth.
-
-    ``encoded / encode rate + decoded / decode rate`` (:func:`codec_bytes`) plus
-    ``messages x process_group_calls(op) x call_ms``. 0 at fp32, for a group of one rank
-    and where the profile has no entry for ``precision``.
+    """Codec time (ms) a reduced precision adds to one collective, the local work the trainer
+    times as ``quant_ms``: ``encoded / encode rate + decoded / decode rate`` (:func:`codec_bytes`).
+    0 at fp32, for a group of one rank and where the profile has no entry for ``precision``.
+    The per-call time ``call_ms`` is communication (:func:`call_overhead_ms`).
     """
     rates = quant_rates(quant, precision)
     enc, dec = codec_bytes(op, group_size, message_bytes_fp32)
     if rates is None:
         return np.zeros_like(enc)
+    return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3
+
+
+def call_overhead_ms(quant: dict | None, precision: str, op: str, group_size, messages=1):
+    """Time (ms) the process-group calls of a reduced-precision collective add beyond its bytes:
+    ``messages x process_group_calls(op) x call_ms``. The trainer's timers count it in
+    ``comm_ms`` (it passes between the codec's steps), so the model books it there too
+    (docs/comm-precision.md, "In the cost model"). 0 at fp32, for a group of one rank and
+    where the profile has no entry for ``precision``.
+    """
+    rates = quant_rates(quant, precision)
+    g = np.asarray(group_size)
+    if rates is None:
+        return np.zeros(np.broadcast(g, np.asarray(messages)).shape, dtype=np.float64)
     calls = process_group_calls(op, precision) * np.asarray(messages, dtype=np.float64)
-    per_call = np.where(np.asarray(group_size) > 1, calls * rates[2], 0.0)
-    return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3 + per_call
+    return np.where(g > 1, calls * rates[2], 0.0)

@@ -28,7 +28,8 @@ import numpy as np
 from plexus_tune.errors import UserError
 from plexus_tune.paths import check_input_file
 from plexus_tune.model import spmm as spmm_models
-from plexus_tune.model.comm_precision import PRECISION_BITS, estimated_quant_entry, parse_precision, wire_message_bytes
+from plexus_tune.model.comm_precision import (PRECISION_BITS, call_overhead_ms, estimated_quant_entry, parse_precision,
+                                             wire_message_bytes)
 from plexus_tune.model.other import OPTIMIZER_ACCESSES, trainer_optimizer
 from plexus_tune.model.collectives import COLLECTIVE_OPS, Network, check_collectives, profile_number  # noqa: F401
 
@@ -449,8 +450,11 @@ def collective_time_ms(machine: Machine, op: str, group_size, stride, message_by
 
 def precision_collective_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, rows, precision: str,
                                  element_bytes: float = 4.0, messages=1) -> np.ndarray:
-    """Network time (ms) of one collective ``op`` sent at ``precision``, in the scheme the trainer
-    runs (docs/comm-precision.md, "In the cost model"); M' = :func:`wire_message_bytes` (M, rows)::
+    """Communication time (ms) of one collective ``op`` sent at ``precision``, in the scheme the trainer
+    runs (docs/comm-precision.md, "In the cost model"), as the trainer's timers count it: the
+    network time below plus, at a reduced precision, the scheme's per-call time
+    (:func:`~plexus_tune.model.comm_precision.call_overhead_ms`; the codec is ``quant_ms``).
+    M' = :func:`wire_message_bytes` (M, rows)::
 
         fp32                 op on M                      (:func:`collective_time_ms`)
         all_gather           all-gather of M'
@@ -461,6 +465,16 @@ def precision_collective_time_ms(machine: Machine, op: str, group_size, stride, 
     rank, the crossing ranks of a node sharing its link), not as a ring: across nodes it
     moves more bytes over the node link than the ring of the same wire volume. Vectorized.
     """
+    wire = precision_wire_time_ms(machine, op, group_size, stride, message_bytes, rows, precision, element_bytes, messages)
+    if parse_precision(precision) == "fp32":
+        return wire
+    return wire + call_overhead_ms(machine.quant, precision, op, group_size, messages)
+
+
+def precision_wire_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, rows, precision: str,
+                           element_bytes: float = 4.0, messages=1) -> np.ndarray:
+    """The bytes' part of :func:`precision_collective_time_ms`: its schemes on the network,
+    without the per-call time of the reduced-precision scheme (vectorized)."""
     precision = parse_precision(precision)
     if precision == "fp32":
         return collective_time_ms(machine, op, group_size, stride, message_bytes, messages)
