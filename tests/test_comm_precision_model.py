@@ -183,16 +183,20 @@ def test_search_auto_names_the_precision_it_picked(tmp_path):
 
 
 def test_per_call_term_of_quant_time_hand_derived():
-    from plexus_tune.model.comm_precision import process_group_calls
+    from plexus_tune.model.comm_precision import call_overhead_ms, process_group_calls
 
     assert [process_group_calls("all_reduce", p) for p in ("fp32", "bf16", "int2")] == [1, 2, 2]
     assert [process_group_calls(op, "int8") for op in ("all_gather", "reduce_scatter")] == [1, 1]
     quant = {"int8": {"encode_gbps": 1.0, "decode_gbps": 2.0, "call_ms": 0.5}}
-    # all-reduce, g = 4, M = 400 B: codec 400 / 1e9 + 700 / 2e9 s = 750e-6 ms; 3 blocks of 2 calls at 0.5 ms
-    assert float(quant_time_ms(quant, "int8", "all_reduce", 4, 400, 3)) == pytest.approx(3.0 + 750e-6)
-    # all-gather: 100 B encoded, 400 B decoded, one call
-    assert float(quant_time_ms(quant, "int8", "all_gather", 4, 400)) == pytest.approx(0.5 + 300e-9 * 1e3)
+    # all-reduce, g = 4, M = 400 B: codec 400 / 1e9 + 700 / 2e9 s = 750e-6 ms (quant);
+    # 3 blocks of 2 calls at 0.5 ms = 3 ms (communication, where the trainer times it)
+    assert float(quant_time_ms(quant, "int8", "all_reduce", 4, 400, 3)) == pytest.approx(750e-6)
+    assert float(call_overhead_ms(quant, "int8", "all_reduce", 4, 3)) == pytest.approx(3.0)
+    # all-gather: 100 B encoded, 400 B decoded; one call
+    assert float(quant_time_ms(quant, "int8", "all_gather", 4, 400)) == pytest.approx(300e-9 * 1e3)
+    assert float(call_overhead_ms(quant, "int8", "all_gather", 4)) == pytest.approx(0.5)
     assert float(quant_time_ms(quant, "int8", "all_reduce", 1, 400, 3)) == 0.0  # a group of one sends nothing
+    assert float(call_overhead_ms(quant, "int8", "all_reduce", 1, 3)) == 0.0
     with pytest.raises(UserError, match="call_ms"):
         quant_time_ms({"int8": {**quant["int8"], "call_ms": -1}}, "int8", "all_reduce", 4, 400)
 
@@ -353,11 +357,13 @@ def test_family_codec_counts_every_call_and_no_call_time_for_broadcasts_and_exch
     """Codec rates 2 GB/s each way (elementwise 3 GB/s / 1.5 passes) and call_ms 5 ms.
     Four bf16 broadcasts of 400 MB on 4 ranks: per call a rank encodes 100 MB as root or decodes
     300 MB, 400 MB / 2 GB/s = 200 ms; 4 calls -> 800 ms, no call time (a bf16 broadcast makes
-    the FP32 broadcast's calls). Three bf16 all-gathers of 400 MB: 3 x (250 ms + 5 ms).
+    the FP32 broadcast's calls). Three bf16 all-gathers of 400 MB: 3 x 250 ms codec, and
+    3 x 5 ms call time in the communication beside their wire time.
     An exchange of 100 rows of 4,000 B from each of 4 ranks to each other: the busiest rank
     encodes 300 rows and decodes 300 rows, 2.4 MB / 2 GB/s = 1.2 ms, no call time."""
     from plexus_tune.model.comm_precision import parse_comm_precision
     from plexus_tune.model.family_costs import schedule_times
+    from plexus_tune.model.machine import precision_wire_time_ms
     from plexus_tune.model.volumes import CommCall, UniformExchange
 
     machine = _two_tier_machine(elementwise_gbps=3.0, quant={"bf16": {"encode_gbps": 2.0, "decode_gbps": 2.0,
@@ -368,7 +374,10 @@ def test_family_codec_counts_every_call_and_no_call_time_for_broadcasts_and_exch
     broadcast = CommCall(name="layer 0 broadcast", op="broadcast", calls=4, **common)
     assert schedule_times(machine, [broadcast], bf16, 4.0)["quant_ms"] == pytest.approx(800.0, rel=1e-12)
     gather = CommCall(name="layer 0 all-gather", op="all_gather", calls=3, **common)
-    assert schedule_times(machine, [gather], bf16, 4.0)["quant_ms"] == pytest.approx(3 * 255.0, rel=1e-12)
+    gathered = schedule_times(machine, [gather], bf16, 4.0)
+    assert gathered["quant_ms"] == pytest.approx(3 * 250.0, rel=1e-12)  # the codec; the call time is comm
+    assert gathered["comm_ms"] - 3 * float(precision_wire_time_ms(machine, "all_gather", 4, 1, 400e6, 1000, "bf16")) \
+        == pytest.approx(3 * 5.0, rel=1e-9)
     exchange = CommCall(name="layer 0 exchange", op="point_to_point", calls=1, pair_rows=UniformExchange(4, 100.0),
                         row_bytes=4000.0, **{**common, "message_bytes": 0.0})
     assert schedule_times(machine, [exchange], bf16, 4.0)["quant_ms"] == pytest.approx(1.2, rel=1e-12)

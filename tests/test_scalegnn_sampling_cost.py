@@ -137,9 +137,11 @@ def test_prefetch_needs_the_minibatch_family(run_cli, command, args):
 
 def test_the_fixed_overhead_counts_once_per_step():
     """The profile's epoch_overhead_ms is fitted on full-graph epochs, one training iteration each:
-    a mini-batch epoch of ceil(N / (B Gd)) steps pays it per step."""
-    m = load_machine("emulated-2x4-fitted")
-    assert m.epoch_overhead_ms > 0
+    a mini-batch epoch of ceil(N / (B Gd)) steps pays it per step (a shipped profile, its
+    overhead set to 20 ms: a run fit may find none)."""
+    import dataclasses
+
+    m = dataclasses.replace(load_machine("emulated-2x4-fitted"), epoch_overhead_ms=20.0)
     w = Workload("t", 8192, 65536, (64, 64, 64, 8))
     for dp, steps in ((1, 4), (2, 2), (4, 1)):
         p = predict_config(w, m, dp, (8 // dp, 1, 1), 2048, choice=FP32, fixed_features=True)

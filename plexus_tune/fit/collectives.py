@@ -522,13 +522,29 @@ def fit_op_tiers(df, gpus_per_node: int | None, sharing: bool) -> tuple[tuple, d
     return tuple(tiers), report
 
 
+def as_trained(df):
+    """The timings taken as training runs its collectives: where the logs time groups both
+    alone (``alone`` true) and all groups of a shape at once, only the latter. Every family
+    runs all process rows or columns of its grid at once, and on ranks that share a host's
+    cores a latency-bound collective takes 2-5x its time alone, which no term of the
+    network model tells apart within a node (docs/model.md, "Fitting protocol")."""
+    if "alone" not in df:
+        return df
+    alone = df["alone"].fillna(False).astype(bool).to_numpy()
+    if alone.all() or not alone.any():
+        return df
+    return df[~alone].reset_index(drop=True)
+
+
 def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: str = "auto", table: bool = False,
                     gpus_per_node: int | None = None, sharing: bool | None = None) -> CollectiveModel:
     """Fit the collective network model to timings and score every candidate form on held-out data.
 
     df columns: op, group_size, nodes (nodes the group spans; ``nodes_spanned`` also read),
     message_bytes (full buffer), time_ms; optional stride, messages, ranks_per_node,
-    concurrent, gpus_per_node. Rows are placed by :func:`frame_placement` with
+    concurrent, gpus_per_node, alone (for the ring collectives :func:`as_trained` keeps the
+    timings of all groups at once where both kinds are logged; broadcast and point-to-point
+    tiers keep both). Rows are placed by :func:`frame_placement` with
     ``gpus_per_node`` (default: the largest in the column of that name). Rows with a
     group of one rank carry no ring term and are ignored.
 
@@ -547,7 +563,7 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     op_array(np.asarray(df["op"]))
     df = df[np.asarray(df["group_size"], dtype=np.float64) > 1].reset_index(drop=True)
     exchange = np.isin(np.asarray(df["op"]).astype(str), EXCHANGE_OPS)
-    exchange_df, df = df[exchange].reset_index(drop=True), df[~exchange].reset_index(drop=True)
+    exchange_df, df = df[exchange].reset_index(drop=True), as_trained(df[~exchange].reset_index(drop=True))
     if len(df) < 2:
         raise UserError("collective measurements: fewer than 2 all-reduce, all-gather or reduce-scatter rows with group_size > 1; "
                         "measure these collectives on groups of 2 or more ranks")
