@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexus_tune.fit.solvers import nnls_relative
+
 #: fewest records a fit takes (two unknowns, and some to spare)
 MIN_RECORDS = 4
 
@@ -21,16 +23,13 @@ MIN_RECORDS = 4
 def fit_sampling(records) -> dict | None:
     """``{"call_ms", "gbps", "records", "mape"}`` from sampling records (None with fewer than
     :data:`MIN_RECORDS` usable ones, or when no byte rate is found)."""
-    from scipy.optimize import nnls
-
     rows = [(float(r["layouts"]), float(r["work_bytes"]), float(r["time_ms"])) for r in records
             if r.get("layouts") and r.get("work_bytes") and r.get("time_ms") and float(r["time_ms"]) > 0]
     if len(rows) < MIN_RECORDS:
         return None
     a = np.asarray(rows, dtype=np.float64)
     layouts, work, t = a[:, 0], a[:, 1], a[:, 2]
-    design = np.column_stack([layouts / t, work / t])
-    (call_ms, ms_per_byte), _ = nnls(design, np.ones_like(t))
+    call_ms, ms_per_byte = nnls_relative(np.column_stack([layouts, work]), t)
     if ms_per_byte <= 0:
         return None
     predicted = call_ms * layouts + ms_per_byte * work

@@ -112,7 +112,7 @@ def overhead_note(predicted: dict, observed_ms: float | None = None) -> str | No
     if total <= 0 or overhead / total < OVERHEAD_NOTE_SHARE:
         return None
     against = f" against {observed_ms:.2f} ms observed" if observed_ms is not None else ""
-    return (f"note: {overhead / total:.0%} of the prediction is the profile's fixed per-epoch overhead ({overhead:.2f} ms, "
+    return (f"note: {overhead / total:.0%} of the prediction is the profile's fixed overhead ({overhead:.2f} ms per epoch, "
             f"fitted to the runs it was fitted on): its parts alone predict {total - overhead:.2f} ms{against}")
 
 
