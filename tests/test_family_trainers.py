@@ -93,12 +93,21 @@ def split_3d_configs(gpus: int, **common) -> list[TrainConfig]:
     return [normalize_config(TrainConfig(algorithm="cagnet-3d", grid=grid, **common)) for grid in grids]
 
 
-@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 5, 6, 7, 8])
+# G = 5 and 7 are slow: G = 3 trains the same paths at a prime rank count (no cagnet-1.5d,
+# 1 x G and G x 1 for cagnet-2d, 1 x 1 x G for cagnet-3d, uneven blocks of the 37 nodes).
+PRIME_REPEATS = (5, 7)
+
+
+def gpu_counts(counts):
+    return [pytest.param(g, marks=pytest.mark.slow) if g in PRIME_REPEATS else g for g in counts]
+
+
+@pytest.mark.parametrize("gpus", gpu_counts([1, 2, 3, 4, 5, 6, 7, 8]))
 def test_every_family_configuration_equals_serial_pyg(gpus, graph, reference):
     check_against_serial(graph, reference, gpus, family_configs(gpus))
 
 
-@pytest.mark.parametrize("gpus", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("gpus", gpu_counts([2, 3, 4, 5, 6, 7, 8]))
 def test_every_split_3d_grid_equals_serial_pyg(gpus, graph, reference):
     """cagnet-3d (Pl >= 2) on every grid of G ranks: the same losses, logits and model bytes."""
     configs = split_3d_configs(gpus)

@@ -64,10 +64,18 @@ def _minibatch_prediction(row, machine) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log", required=True, nargs="+", help="run logs of the measure commands above")
+    parser.add_argument("--log", required=True, nargs="+", help="run logs of the measure commands above (pooled)")
     parser.add_argument("--machine", help="predict with this profile's current model instead of the logged prediction")
+    parser.add_argument("--replace", action="store_true",
+                        help="a later log's runs replace an earlier log's runs of the same configuration (a re-measurement)")
     args = parser.parse_args()
-    records = read_runs(args.log, warn=False)
+    records = []
+    for path in args.log:
+        later = read_runs(path, warn=False)
+        if args.replace:
+            again = {RunSpec.from_record(r).identity() for r in later}
+            records = [r for r in records if RunSpec.from_record(r).identity() not in again]
+        records += later
     table = runs_table(records)
     table = table[(table["algorithm"] == "scalegnn-4d") & (table["trials"] > 0)].copy()
     if args.machine:
