@@ -32,16 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from plexus_tune.errors import UserError
+from plexus_tune.launch.launchers import make_launcher
+from plexus_tune.measure.campaign import graph_source_text, load_graph_source, load_stats, workload_of
+from plexus_tune.measure.families import cluster_spec, configuration_label, run_family_campaign, untrained_families
+from plexus_tune.model.comm_precision import parse_precision
+from plexus_tune.model.machine import load_machine
+from plexus_tune.report.families import observed_rows, predict_rows, score_rows
 
-from plexus_tune.errors import UserError  # noqa: E402
-from plexus_tune.launch.launchers import make_launcher  # noqa: E402
-from plexus_tune.measure.campaign import graph_source_text, load_graph_source, load_stats, workload_of  # noqa: E402
-from plexus_tune.measure.families import cluster_spec, configuration_label, run_family_campaign, untrained_families  # noqa: E402
-from plexus_tune.model.comm_precision import parse_precision  # noqa: E402
-from plexus_tune.model.machine import load_machine  # noqa: E402
-from plexus_tune.report.families import observed_rows, predict_rows, score_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 GRAPHS = ("rmat:nodes=8192,edges=65536,features=64,classes=8,seed=3",
           "grid2d:nodes=8192,features=64,classes=8,seed=3",
