@@ -123,7 +123,7 @@ def test_torchrun_runner_joins_its_process_set(tmp_path):
     proc = subprocess.run([str(root / "runners" / "examples" / "torchrun_train.sh"), "1", "2", "1x2x1", "--synthetic", SPEC,
                            "--layers", "2", "--hidden", "4", "--epochs", "3", "--warmup", "1", "--check",
                            "--log", str(log)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[:4000] + "\n[...]\n" + proc.stderr[-2000:]  # a rank's own error comes first, torchrun's summary last
     assert proc.stdout.count("grid 1x2x1 (2 ranks, gloo") == 1
     records, _ = read_records(log)
     assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["gpus"] == 2
