@@ -246,35 +246,53 @@ def partition_file(key: str, parts: int, seed: int, root=None) -> Path:
     return cache_root(root) / key / f"metis-v{PARTITION_VERSION}-kway-parts{int(parts)}-seed{int(seed)}.npy"
 
 
-def read_partition(path: Path, nodes: int, parts: int) -> np.ndarray | None:
-    """A cached partition (one part in [0, parts) per node), None when missing; None with one
-    :class:`CorruptCacheWarning` when unreadable or not such a partition."""
+def _read_array(path: Path, check, what: str, *, mmap: bool = False) -> np.ndarray | None:
+    """The array stored at ``path``, None when missing; None with one :class:`CorruptCacheWarning`
+    (naming ``what``) when unreadable or when ``check(array)`` raises ValueError."""
     if not path.is_file():
         return None
     try:
-        part = np.load(path, allow_pickle=False)
-        if part.shape != (nodes,) or part.dtype.kind not in "iu" or (nodes and (part.min() < 0 or part.max() >= parts)):
-            raise ValueError(f"not a partition of {nodes} nodes into {parts} parts")
-        return part.astype(np.int64, copy=False)
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        check(array)
+        return array
     except (OSError, ValueError, EOFError) as exc:
-        warnings.warn(CorruptCacheWarning(f"{path}: corrupt cached partition ignored and recomputed "
+        warnings.warn(CorruptCacheWarning(f"{path}: corrupt {what} "
                                           f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"),
-                      stacklevel=3)
+                      stacklevel=4)
         return None
 
 
-def store_partition(path: Path, part: np.ndarray) -> None:
-    """Write a partition atomically (skipped on a read-only data directory)."""
-    with contextlib.suppress(OSError):
+def _store_array(path: Path, array: np.ndarray) -> bool:
+    """Write ``array`` to ``path`` atomically (a temporary file, then a rename); False where the
+    data directory is read-only."""
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
         try:
-            np.save(tmp, np.asarray(part, dtype=np.int32 if part.size and part.max() < 2**31 else np.int64),
-                    allow_pickle=False)
+            np.save(tmp, array, allow_pickle=False)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+    except OSError:
+        return False
+    return True
+
+
+def read_partition(path: Path, nodes: int, parts: int) -> np.ndarray | None:
+    """A cached partition (one part in [0, parts) per node), None when missing; None with one
+    :class:`CorruptCacheWarning` when unreadable or not such a partition."""
+    def check(part):
+        if part.shape != (nodes,) or part.dtype.kind not in "iu" or (nodes and (part.min() < 0 or part.max() >= parts)):
+            raise ValueError(f"not a partition of {nodes} nodes into {parts} parts")
+
+    part = _read_array(path, check, "cached partition ignored and recomputed")
+    return None if part is None else part.astype(np.int64, copy=False)
+
+
+def store_partition(path: Path, part: np.ndarray) -> None:
+    """Write a partition atomically (skipped on a read-only data directory)."""
+    _store_array(path, np.asarray(part, dtype=np.int32 if part.size and part.max() < 2**31 else np.int64))
 
 
 #: Directory (under the cache root) of the stored inverse permutations.
@@ -292,34 +310,16 @@ def permutation_file(name: str, nodes: int, side: str, root=None) -> Path:
 def read_permutation(path: Path, nodes: int) -> np.ndarray | None:
     """A stored inverse permutation, memory-mapped; None when missing; None with one
     :class:`CorruptCacheWarning` when unreadable or not of ``nodes`` integer ids."""
-    if not path.is_file():
-        return None
-    try:
-        inv = np.load(path, mmap_mode="r", allow_pickle=False)
+    def check(inv):
         if inv.shape != (int(nodes),) or inv.dtype.kind not in "iu":
             raise ValueError(f"not a permutation of {nodes} ids")
-        return inv
-    except (OSError, ValueError, EOFError) as exc:
-        warnings.warn(CorruptCacheWarning(f"{path}: corrupt stored permutation ignored and made again "
-                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"),
-                      stacklevel=3)
-        return None
+
+    return _read_array(path, check, "stored permutation ignored and made again", mmap=True)
 
 
 def store_permutation(path: Path, inv: np.ndarray) -> bool:
     """Write an inverse permutation atomically; False where the data directory is read-only."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
-        try:
-            np.save(tmp, np.asarray(inv), allow_pickle=False)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-    except OSError:
-        return False
-    return True
+    return _store_array(path, np.asarray(inv))
 
 
 def permutation_listing(root=None) -> list[dict]:
