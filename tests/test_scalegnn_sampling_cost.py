@@ -95,6 +95,7 @@ def test_calibrate_sampling_logs_the_kernel_and_fit_writes_the_entry(run_cli, tm
     (["--batch-sizes", "1"], "--batch-sizes"),
     (["--batch-sizes", "5000"], "--batch-sizes"),
     (["--processes", "0"], "--processes"),
+    (["--processes", "100000"], "--processes"),  # more processes than the host's cores hold: refused before any start
 ])
 def test_bad_calibrate_sampling_input_is_one_line_and_exit_2(run_cli, tmp_path, args, needle):
     code, _, err = run_cli(["calibrate", "sampling", "--graph", "rmat:nodes=1024,edges=8192,features=8,classes=4,seed=5",

@@ -11,6 +11,7 @@ from plexus_tune.model.comm_precision import check_backend, parse_precision
 from plexus_tune.model.precision_choice import parse_allowed
 from plexus_tune.errors import UserError
 from plexus_tune.numbers import parse_count
+from plexus_tune.resources import check_local_ranks
 from plexus_tune.measure.bandwidth import bandwidth_benchmark
 from plexus_tune.measure.device import check_backend_devices, resolve_device
 from plexus_tune.measure.campaign import load_graph_source
@@ -77,6 +78,7 @@ def run_sampling(args) -> int:
     _positive(args.gpus, "--gpus")
     _positive(args.repeats, "--repeats")
     _positive(args.processes, "--processes")
+    check_local_ranks(args.processes, where="this host (--processes)")
     check_layers(args.layers)
     check_log("--out", args.out, kinds=SAMPLING_LOG)
     graph = load_graph_source(args.graph)
