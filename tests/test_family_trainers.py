@@ -255,11 +255,12 @@ def test_hand_derived_split_3d_bytes_on_two_cliques():
     reduce-scatter of dT over the row, 16 each: 64. Gather: dW, db all-reduced over the
     column and over the fibre, 2 ceil(X / 2) 4 each, X = 4 x 2 = 8 and 5 x 1 = 5: 2 (32) + 2 (24) = 112.
     Adjacency: rank (i, j, k) owns piece (k, s = j) of block row i (rows 4 i .. 4 i + 3),
-    8 nnz + 4 (rb + 1) bytes, sent once per layer and direction (Pc - 1 = 1): block 0 holds
-    8, 0, 8, 2 nonzeros in pieces {0,1}, {4,5}, {2,3}, {6,7} (its cut edges 6 -> 0, 6 -> 1),
-    block 1 holds 2, 8, 2, 8 (0, 1, 2 -> 4 and 3 -> 5). Rank k Pr Pc + i Pc + j:
-    4 (8 nnz + 20) = 336, 80, 144, 336, 336, 144, 144, 336. (The node order would give rank 1
-    the 8 nonzeros of {2, 3}.)
+    sent once per layer and direction (Pc - 1 = 1): forward as stored, 8 nnz + 4 (rb + 1)
+    bytes, backward its transpose, 8 nnz + 4 (piece + 1) bytes: 2 (16 nnz + 32) per rank.
+    Block 0 holds 8, 0, 8, 2 nonzeros in pieces {0,1}, {4,5}, {2,3}, {6,7} (its cut edges
+    6 -> 0, 6 -> 1), block 1 holds 2, 8, 2, 8 (0, 1, 2 -> 4 and 3 -> 5). Rank k Pr Pc + i Pc + j:
+    320, 64, 128, 320, 320, 128, 128, 320. (The node order would give rank 1 the 8 nonzeros
+    of {2, 3}.)
     """
     graph = two_cliques()
     common = dict(layers=2, hidden=4, epochs=3, warmup=1, lr=0.01, seed=0, collect_outputs=True)
@@ -272,7 +273,7 @@ def test_hand_derived_split_3d_bytes_on_two_cliques():
     assert got["aggregation"].tolist() == [128] * 8
     assert got["combination"].tolist() == [64] * 8
     assert got["gather"].tolist() == [112] * 8
-    assert got["adjacency"].tolist() == [336, 80, 144, 336, 336, 144, 144, 336]
+    assert got["adjacency"].tolist() == [320, 64, 128, 320, 320, 128, 128, 320]
 
 
 def test_family_checks_refuse_bad_settings():

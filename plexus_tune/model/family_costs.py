@@ -339,7 +339,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
                         optimizer=None, schedule: str = "bundled", fixed_features: bool = False) -> dict:
     """Prediction of CAGNET 2D (pl = 1) or split-3D on Pr x Pc x Pl ranks. ``pieces``: (A, A^T)
     piece nonzeros from a graph (:func:`plexus_tune.graph.partition.summa_piece_nnz`): the
-    SpMM time is the busiest block row's sum over its q pieces; else NNZ spread evenly."""
+    SpMM time is the busiest block row's sum over its q pieces; else NNZ spread evenly. Split-3D's
+    backward multiplies the pieces' transposes (N'/(Pl q) x rb each)."""
     n, nnz, widths, u = workload.nodes, workload.nnz, workload.widths, workload.bytes_per_element
     gpus = pr * pc * pl
     a_pieces, at_pieces = pieces if pieces is not None else (None, None)
@@ -368,7 +369,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
             for backward, z in ((False, a_pieces), (True, at_pieces)):
                 if backward and fixed_features and i == 0:
                     continue  # no feature gradient
-                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rb, piece, ceil_div(widths[i], pc), u,
+                rows, common = (piece, rb) if backward and pl > 1 else (rb, piece)
+                t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rows, common, ceil_div(widths[i], pc), u,
                                     backward=backward)
                 per_row += t
                 floor_row += f
@@ -379,7 +381,8 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         d_out = ceil_div(widths[i + 1], pc)
         if a_pieces is None:
             for backward in (False, True) if not (fixed_features and i == 0) else (False,):
-                t, f = _spmm(machine, z_piece, rb, piece, d_in, u, q, backward)
+                rows, common = (piece, rb) if backward and pl > 1 else (rb, piece)
+                t, f = _spmm(machine, z_piece, rows, common, d_in, u, q, backward)
                 spmm += t
                 floor += f
         flops += (4.0 if fixed_features and i == 0 else 6.0) * rf * pc * d_in * d_out

@@ -47,14 +47,16 @@ Families and their process grids (rank = z Gx Gy + x Gy + y, as for Plexus):
     the Pl layers of the mesh runs the 2D SUMMA on its slab of the inner dimension (in
     the split-3D column order, :func:`plexus_tune.graph.partition.split3d_positions`),
     then a reduce-scatter over the fibre (Pl ranks, stride Pr Pc). The backward is its
-    transpose: dT all-gathered over the fibre, the same A pieces broadcast along the row,
-    each rank's partial A^T dT of its slab reduce-scattered over the column. Per layer::
+    transpose: dT all-gathered over the fibre, the transposes of the same A pieces (stored
+    by their owners, piece rows each) broadcast along the row, each rank's partial A^T dT
+    of its slab reduce-scattered over the column. Per layer::
 
         forward   aggregation (Pr-1) rf d_l u + (Pl-1) rf d_l u; adjacency (Pc-1) sum of pieces;
                   combination (Pc-1) rf d_l u
         backward  gather 2 (Pr-1) ceil(X / Pr) u + 2 (Pl-1) ceil(X / Pl) u, X = (D_l+1) d_{l+1};
                   combination (Pc-1) rf d_l u; aggregation (Pl-1) rf d_l u (all-gather) +
-                  (Pr-1) rf d_l u (reduce-scatter of Pr rf rows); adjacency as forward (A's pieces)
+                  (Pr-1) rf d_l u (reduce-scatter of Pr rf rows); adjacency (Pc-1) sum of
+                  the transposed pieces (N'/(Pl q) + 1 index entries each)
 
 ``supergcn`` (P, 1, 1): a partition (:mod:`plexus_tune.graph.partition`); rows[p, q]
     boundary rows p sends q per aggregation (pre, post or hybrid). Per layer::
@@ -266,16 +268,18 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
                               m, piece, q, np.full(gpus, (pr - 1) * rows_owned * d_cols * u, dtype=np.float64)))
     if pc > 1:
         per_col = q // pc
+        # split-3D's backward sends the transposes M_is^T: piece rows each (module docstring)
+        csr_rows = piece if pl > 1 and direction == "backward" else rb
         if isinstance(pieces, float):  # every piece holds the same nonzeros
-            piece_bytes = float(csr_piece_bytes(pieces, rb, u))
+            piece_bytes = float(csr_piece_bytes(pieces, csr_rows, u))
             sent = np.full(gpus, (pc - 1) * per_col * piece_bytes)
             busiest_row = q * piece_bytes
         else:
-            piece_bytes = csr_piece_bytes(pieces, rb, u)  # (pl, pr, q)
+            piece_bytes = csr_piece_bytes(pieces, csr_rows, u)  # (pl, pr, q)
             own = piece_bytes.reshape(pl, pr, pc, per_col).sum(axis=3)  # (pl, pr, pc)
             sent = ((pc - 1) * own).reshape(-1)  # rank = k Pr Pc + i Pc + j
             busiest_row = float(piece_bytes.sum(axis=2).max())
-        calls.append(CommCall(f"layer {layer} broadcast {'A' if what == 'F' or pl > 1 else 'A^T'} pieces", "broadcast",
+        calls.append(CommCall(f"layer {layer} broadcast {'A' if what == 'F' else 'A^T'} pieces", "broadcast",
                               "adjacency", direction, 1, pc, 1, busiest_row / q, 0, q, np.asarray(sent, dtype=np.float64),
                               messages=3.0))
     return calls
@@ -336,7 +340,7 @@ def cagnet_summa_schedule(nodes: int, widths, pr: int, pc: int, pl: int = 1, *, 
     all-reduce replaced; docs/model.md, "CAGNET schedules").
 
     ``a_pieces`` / ``at_pieces``: nonzeros of every piece of A and A^T, shape (Pl, Pr, q)
-    (``at_pieces`` serves 2D only: split-3D broadcasts A's pieces in both directions)
+    (``at_pieces`` serves 2D only: split-3D's backward sends the transposes of A's pieces)
     (:func:`plexus_tune.graph.partition.summa_piece_nnz`), or one number for every piece;
     without them ``nnz`` spread evenly (:func:`uniform_pieces`).
     """

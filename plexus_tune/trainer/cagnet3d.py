@@ -18,8 +18,10 @@ T's blocks all-gathered over the row (``combination``), Z_ij = T_i W_j + b_j.
 Backward, the transpose: dW_j, db_j all-reduced over the column and over the fibre
 (``gather``); dT = dZ W_j^T reduce-scattered over the row (``combination``),
 all-gathered over the fibre (``aggregation``); the same M pieces broadcast along the
-row again, each rank's M_is^T dT_i of its slab's q pieces reduce-scattered over the
-column (``aggregation``), which leaves rank (i, j, k) the gradient of its own inner
+row, now as their transposes M_is^T (stored once by their owners in CSR, a piece-rows x
+rb matrix: a CSR SpMM, where multiplying by the transpose view of a CSR piece costs
+about ten times as much on CPU), each rank's M_is^T dT_i of its slab's q pieces
+reduce-scattered over the column (``aggregation``), which leaves rank (i, j, k) the gradient of its own inner
 positions. The bytes per class are :func:`plexus_tune.model.volumes.cagnet_summa_schedule`'s
 (docs/algorithms.md).
 """
@@ -42,12 +44,15 @@ from plexus_tune.trainer.tensors import csr_bytes, take_block, take_dense, torch
 X_AXIS, Y_AXIS, Z_AXIS = 0, 1, 2
 
 
-def _pieces(shard):
-    """This rank's M piece of every stage of its slab (broadcast along the row by its owner)."""
+def _pieces(shard, transposed: bool = False):
+    """This rank's M piece of every stage of its slab (``transposed``: M_is^T), broadcast along the
+    row by its owner."""
     comm = shard.comm
+    own = shard.own_t if transposed else shard.own
+    rows, cols = (shard.piece_rows, shard.row_block) if transposed else (shard.row_block, shard.piece_rows)
     for s in range(shard.stages):
-        yield s, comm.broadcast_csr(shard.own.get(s), shard.row_block, shard.piece_rows, shard.piece_nnz[s],
-                                    Y_AXIS, s // shard.pieces_per_col, shard.index_dtype)
+        yield s, comm.broadcast_csr(own.get(s), rows, cols, shard.piece_nnz[s], Y_AXIS, s // shard.pieces_per_col,
+                                    shard.index_dtype)
 
 
 class Cagnet3dLayer(torch.autograd.Function):
@@ -77,8 +82,8 @@ class Cagnet3dLayer(torch.autograd.Function):
         dt_block = comm.all_gather(dt.contiguous(), Z_AXIS, comm_class="aggregation")  # rb x d_l, block i
         piece_rows = shard.piece_rows
         partial = torch.empty((shard.stages * piece_rows, d), dtype=dt.dtype, device=dt.device)
-        for s, a_is in _pieces(shard):
-            partial[s * piece_rows:(s + 1) * piece_rows] = shard.spmm(a_is.t(), dt_block, "bwd")
+        for s, at_is in _pieces(shard, transposed=True):
+            partial[s * piece_rows:(s + 1) * piece_rows] = shard.spmm(at_is, dt_block, "bwd")
         dh = comm.reduce_scatter(partial, X_AXIS, comm_class="aggregation")
         return dh, dw, db, None
 
@@ -106,13 +111,14 @@ class Cagnet3dTrainer(FamilyTrainer):
         rows = block(self.i, row_block, n)
         per_col, per_row = q // pc, q // pr
         slab = self.k * q
-        piece_nnz, own = [], {}
+        piece_nnz, own, own_t = [], {}, {}
         for s in range(q):
             part = take_block(matrix, rows, block(slab + s, piece, n_pad))
             piece_nnz.append(int(part.nnz))
             if s // per_col == self.j:
                 own[s] = torch_csr(part, self.dtype, self.device)
-                self.persistent_bytes += csr_bytes(own[s])
+                own_t[s] = torch_csr(part.T.tocsr(), self.dtype, self.device)
+                self.persistent_bytes += csr_bytes(own[s]) + csr_bytes(own_t[s])
         # every piece travels with the index type its owner stores it in (int32 while it fits)
         nnz_max = max(piece_nnz + [0])
         index_dtype = torch.int32 if csr_index_dtype(nnz_max, row_block, piece) == np.int32 else torch.int64
@@ -125,7 +131,7 @@ class Cagnet3dTrainer(FamilyTrainer):
             shard.i, shard.j, shard.k = self.i, self.j, self.k
             shard.stages, shard.pieces_per_col, shard.pieces_per_row = q, per_col, per_row
             shard.piece_rows, shard.row_block, shard.index_dtype = piece, row_block, index_dtype
-            shard.piece_nnz, shard.own = piece_nnz, own
+            shard.piece_nnz, shard.own, shard.own_t = piece_nnz, own, own_t
             shard.width_in, shard.block_in = widths[layer], blocks[layer]
             self.shards.append(shard)
             self.shard_nnz.append(local_nnz)
