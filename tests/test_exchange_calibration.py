@@ -185,11 +185,30 @@ def test_partitioned_exchange_uses_the_point_to_point_tiers():
     p = OWN["point_to_point"]
     assert got == pytest.approx(ms(3 * p["alpha_intra_us"]) + ms(4 * p["alpha_inter_us"])
                                 + ms(0, 3 * rows * w, p["beta_intra_gbps"]) + ms(0, 4 * rows * w * 4, p["beta_inter_gbps"]))
-    # a rank sending more than the others sets the time (SuperGCN's bottleneck)
+    # a rank sending more than the others sets the time (SuperGCN's bottleneck): its last row
+    # crosses when the node's whole inter-node volume has, 4 + 4 + 4 + 6 = 18 pair-rows against
+    # the uniform 16, i.e. 2 rows more at the link's rate (fair sharing, not 4 x its own 6)
     pair = np.full((8, 8), rows)
     pair[0, 5] = 3 * rows
     assert point_to_point_ms(machine, exchange_stats(pair, N, True), w) == pytest.approx(
-        got + ms(0, 2 * rows * w * 4, p["beta_inter_gbps"]))
+        got + ms(0, 2 * rows * w, p["beta_inter_gbps"]))
+
+
+def test_exchange_shares_the_node_link_fairly_among_unequal_senders():
+    """Node 0's ranks send 1, 2, 3 and 4 rows to rank 4 (node 1; nodes of 4), nothing else moves.
+    Under fair sharing the 1-row sender is through after 4 rows have crossed, the 2-row one
+    after 1 + 2 + 2 + 2 = 7, the 3-row one after 9, the 4-row one after the node's 10:
+    shares 4, 3.5, 3 and 2.5. Without sharing each sends alone."""
+    pair = np.zeros((8, 8))
+    pair[:4, 4] = [1.0, 2.0, 3.0, 4.0]
+    stats = exchange_stats(pair, N, True)
+    assert stats["share"][:4].tolist() == pytest.approx([4.0, 3.5, 3.0, 2.5])
+    assert (stats["inter_rows"] * stats["share"])[:4].tolist() == pytest.approx([4.0, 7.0, 9.0, 10.0])
+    assert exchange_stats(pair, N, False)["share"].tolist() == [1.0] * 8
+    machine = machine_of(toy())
+    p = OWN["point_to_point"]
+    w = 1e5
+    assert point_to_point_ms(machine, stats, w) == pytest.approx(ms(p["alpha_inter_us"]) + ms(0, 10 * w, p["beta_inter_gbps"]))
 
 
 def test_family_broadcasts_use_the_broadcast_tiers():

@@ -34,13 +34,14 @@ def tiny_machine(**collectives):
 
 def test_point_to_point_time_hand_derived():
     # 4 ranks on 2 nodes: rank 0 sends 3 rows to 1 (same node) and 2 to 2 (other node),
-    # rank 1 sends 1 row to 3; both ranks of node 0 send across nodes, so they share its link
+    # rank 1 sends 1 row to 3; both ranks of node 0 send across nodes and share its link fairly:
+    # rank 1's row is through when 2 rows have crossed, rank 0's 2 when the node's 3 have
     rows = np.zeros((4, 4))
     rows[0, 1], rows[0, 2], rows[1, 3] = 3, 2, 1
     machine = tiny_machine()
     stats = exchange_stats(rows, 2)
-    t0 = 1e-3 * (1 * 1.0 + 1 * 5.0) + 1e-6 * 1000 * (3 / 10.0 + 2 * 2 / 1.0)
-    t1 = 1e-3 * 5.0 + 1e-6 * 1000 * (1 * 2 / 1.0)
+    t0 = 1e-3 * (1 * 1.0 + 1 * 5.0) + 1e-6 * 1000 * (3 / 10.0 + 3 / 1.0)
+    t1 = 1e-3 * 5.0 + 1e-6 * 1000 * (2 / 1.0)
     assert point_to_point_ms(machine, stats, 1000.0) == pytest.approx(max(t0, t1))
     unshared = exchange_stats(rows, 2, sharing=False)
     assert point_to_point_ms(machine, unshared, 1000.0) == pytest.approx(1e-3 * 6.0 + 1e-6 * 1000 * (0.3 + 2.0))

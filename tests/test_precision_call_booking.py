@@ -57,7 +57,7 @@ def test_emulated_profiles_reproduce_the_calibrated_bf16_to_fp32_ratio(cluster):
     (comm + quant) ratio is within 0.15 of the measured median per op and below 1; within a node
     the bf16 all-reduce is measured slower than FP32 and so predicted."""
     machine = read_machine_file(ROOT / f"models/emulated-{cluster}-fitted.json")
-    log = ROOT / f"measurements/emulated-{cluster}-calibration-2026-11-27-quiet/collectives-bf16.jsonl"
+    log = ROOT / f"measurements/emulated-{cluster}-calibration-2026-11-27-low/collectives-bf16.jsonl"
     times: dict = collections.defaultdict(dict)
     for line in log.read_text().splitlines():
         r = json.loads(line)
@@ -89,7 +89,7 @@ def test_collective_fit_keeps_the_timings_of_all_groups_at_once(cluster):
 
     from plexus_tune.fit.collectives import as_trained
 
-    log = ROOT / f"measurements/emulated-{cluster}-calibration-2026-11-27-quiet/collectives.jsonl"
+    log = ROOT / f"measurements/emulated-{cluster}-calibration-2026-11-27-low/collectives.jsonl"
     df = pd.DataFrame([json.loads(line) for line in log.read_text().splitlines()])
     kept = as_trained(df)
     assert len(kept) == int((~df["alone"].astype(bool)).sum()) and not kept["alone"].any()

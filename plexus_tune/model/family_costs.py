@@ -78,7 +78,14 @@ def _network(machine: Machine) -> Network:
 def exchange_stats(pair_rows, gpus_per_node: int, sharing: bool = True) -> dict[str, np.ndarray]:
     """Per-rank figures of a point-to-point exchange (``pair_rows[p, q]`` rows p sends q):
     rows and messages to ranks of its own node (intra) and of other nodes (inter), the
-    inter-node senders sharing its node (``share``) and the rows it receives."""
+    rows it receives, and ``share``: how many times its own inter-node rows the node's link
+    carries until its last row is through, with every sender of the node starting at once
+    and the link shared fairly (processor sharing)::
+
+        share_p = sum over q of p's node of min(R_q, R_p) / R_p     (R: inter-node rows)
+
+    the number of inter-node senders of the node when they send alike; a rank that sends
+    the most waits for the node's whole inter-node volume. 1 without ``sharing``."""
     n = int(gpus_per_node)
     if isinstance(pair_rows, UniformExchange):
         g, r = pair_rows.parts, float(pair_rows.rows)
@@ -96,11 +103,13 @@ def exchange_stats(pair_rows, gpus_per_node: int, sharing: bool = True) -> dict[
     active = mat > 0
     np.fill_diagonal(active, False)
     inter_active = active & ~same
-    sender = inter_active.any(axis=1).astype(np.float64)
-    per_node = np.bincount(node, weights=sender)
-    share = np.maximum(per_node[node], 1.0) if sharing else np.ones(g)
     off = np.where(active, mat, 0.0)
-    return {"intra_rows": np.where(same, off, 0.0).sum(axis=1), "inter_rows": np.where(~same, off, 0.0).sum(axis=1),
+    inter_rows = np.where(~same, off, 0.0).sum(axis=1)
+    share = np.ones(g)
+    if sharing:
+        carried = np.where(same, np.minimum(inter_rows[None, :], inter_rows[:, None]), 0.0).sum(axis=1)
+        share = np.where(inter_rows > 0, carried / np.maximum(inter_rows, 1e-300), 1.0)
+    return {"intra_rows": np.where(same, off, 0.0).sum(axis=1), "inter_rows": inter_rows,
             "intra_msgs": (active & same).sum(axis=1).astype(np.float64),
             "inter_msgs": inter_active.sum(axis=1).astype(np.float64), "share": share, "recv_rows": off.sum(axis=0)}
 
@@ -113,8 +122,8 @@ def point_to_point_ms(machine: Machine, stats: Mapping, row_bytes: float) -> flo
         T_p = m_intra alpha_intra + R_intra w / beta_intra + m_inter alpha_inter + R_inter w s_p / beta_inter
 
     m and R the messages and rows p sends inside its node and to other nodes, w the row
-    bytes, s_p the ranks of p's node that send across nodes (they share its inter-node
-    bandwidth; 1 without ``sharing``). The exchange takes max_p T_p (SuperGCN's
+    bytes, s_p p's share of its node's link (:func:`exchange_stats`: the node's inter-node
+    senders when they send alike, fair sharing otherwise; 1 without ``sharing``). The exchange takes max_p T_p (SuperGCN's
     bottleneck form), with the point_to_point tiers of the machine's network
     (:meth:`plexus_tune.model.collectives.Network.tiers`).
     """
