@@ -201,7 +201,7 @@ def test_per_call_term_of_quant_time_hand_derived():
         quant_time_ms({"int8": {**quant["int8"], "call_ms": -1}}, "int8", "all_reduce", 4, 400)
 
 
-def _collective_rows(machine, quant, call_ms, stamp, fp32_offset_ms=0.0, offset_ms=0.0):
+def _collective_rows(machine, quant, call_ms, stamp, fp32_offset_ms=0.0, offset_ms=0.0, call_inter_ms=None):
     """Collective timings made by the model itself: FP32 at net(M) (+ an offset), int2 at
     net_int2(M) (the scheme's all-to-all and all-gather of M') + codec + calls x call_ms, for two shapes, three ops and three sizes; every
     timing ``offset_ms`` slower (a slower day)."""
@@ -217,7 +217,8 @@ def _collective_rows(machine, quant, call_ms, stamp, fp32_offset_ms=0.0, offset_
                 rows.append({**base, "comm_precision": "fp32",
                              "time_ms": float(collective_time_ms(machine, op, g, p, m)) + fp32_offset_ms + offset_ms})
                 t = (float(precision_collective_time_ms(machine, op, g, p, m, r, "int2"))
-                     + float(quant_time_ms(quant, "int2", op, g, m)) + process_group_calls(op, "int2") * call_ms + offset_ms)
+                     + float(quant_time_ms(quant, "int2", op, g, m)) + offset_ms
+                     + process_group_calls(op, "int2") * (call_ms if p == 1 or call_inter_ms is None else call_inter_ms))
                 rows.append({**base, "comm_precision": "int2", "rows": r, "cols": 64, "time_ms": t, "quant_ms": 0.1})
     return rows
 
@@ -242,7 +243,30 @@ def test_fit_call_ms_recovers_the_per_call_time_pairing_within_one_run():
     # a scheme faster than the model says is clipped at 0, not negative
     fast = pd.DataFrame(_collective_rows(machine, quant, 0.0, "2026-01-03T00:00:00+00:00", fp32_offset_ms=40.0))
     got, report = fit_call_ms(fast, machine, quant)
-    assert got["int2"]["call_ms"] == 0.0 and report["int2"]["median_ms"] < -10
+    assert got["int2"]["call_ms"] == 0.0 and report["int2"]["intra_median_ms"] < -10
+
+
+def test_fit_call_ms_fits_groups_inside_a_node_and_across_nodes_apart():
+    """Timings made with 2.5 ms per call in the groups of one node (g = 2, stride 1) and 0.5 ms in
+    the groups spanning the 2 x 4 cluster's nodes (stride 4): each placement gets its own, and
+    predict adds each where it belongs (2 calls of an all-reduce)."""
+    import pandas as pd
+
+    from plexus_tune.fit.quant import fit_call_ms
+    from plexus_tune.model.comm_precision import call_overhead_ms
+    from plexus_tune.model.machine import load_machine
+
+    machine = load_machine("models/emulated-2x4-fitted.json")
+    quant = {"int2": {"encode_gbps": 1.5, "decode_gbps": 5.0}}
+    df = pd.DataFrame(_collective_rows(machine, quant, 2.5, "2026-01-01T00:00:00+00:00", call_inter_ms=0.5))
+    got, report = fit_call_ms(df, machine, quant)
+    assert got["int2"]["call_ms"] == pytest.approx(2.5, abs=1e-9)
+    assert got["int2"]["call_inter_ms"] == pytest.approx(0.5, abs=1e-9)
+    assert report["int2"]["intra_pairs"] == report["int2"]["inter_pairs"] == 9
+    assert call_overhead_ms(got, "int2", "all_reduce", 2, 1, True) == pytest.approx(5.0)
+    assert call_overhead_ms(got, "int2", "all_reduce", 2, 1, False) == pytest.approx(1.0)
+    # a profile without call_inter_ms charges call_ms everywhere
+    assert call_overhead_ms({"int2": {**quant["int2"], "call_ms": 2.5}}, "int2", "all_gather", 2, 3, False) == pytest.approx(7.5)
     # without codec rates, the rates come from the records' local times: codec bytes / 0.1 ms
     alone, _ = fit_call_ms(df, machine, None)
     assert alone["int2"]["rates_from"].startswith("local steps") and alone["int2"]["encode_gbps"] > 0

@@ -228,5 +228,8 @@ def _print_other_parts(console, report, profile) -> None:
             + f", overhead {epoch['overhead_ms']:.2f} ms; MAPE {epoch['mape_before']:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
         )
     for precision, calls in (report.get("quant") or {}).items():
-        console.print(f"{precision} collectives: {calls['call_ms']:.3f} ms per process-group call beyond bytes and codec "
-                      f"(median of {calls['pairs']} pairs with FP32, quartiles {calls['q1_ms']:.3f} .. {calls['q3_ms']:.3f} ms)")
+        for tier, key, where in (("intra", "call_ms", "inside a node"), ("inter", "call_inter_ms", "across nodes")):
+            if key in calls:
+                console.print(f"{precision} collectives {where}: {calls[key]:.3f} ms per process-group call beyond bytes "
+                              f"and codec (median of {calls[tier + '_pairs']} pairs with FP32, quartiles "
+                              f"{calls[tier + '_q1_ms']:.3f} .. {calls[tier + '_q3_ms']:.3f} ms)")

@@ -542,9 +542,8 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
 
     df columns: op, group_size, nodes (nodes the group spans; ``nodes_spanned`` also read),
     message_bytes (full buffer), time_ms; optional stride, messages, ranks_per_node,
-    concurrent, gpus_per_node, alone (for the ring collectives :func:`as_trained` keeps the
-    timings of all groups at once where both kinds are logged; broadcast and point-to-point
-    tiers keep both). Rows are placed by :func:`frame_placement` with
+    concurrent, gpus_per_node, alone (:func:`as_trained` keeps the timings of all groups at
+    once where both kinds are logged, for every op). Rows are placed by :func:`frame_placement` with
     ``gpus_per_node`` (default: the largest in the column of that name). Rows with a
     group of one rank carry no ring term and are ignored.
 
@@ -563,7 +562,7 @@ def fit_collectives(df, *, n_splits: int = DEFAULT_SPLITS, seed: int = 0, form: 
     op_array(np.asarray(df["op"]))
     df = df[np.asarray(df["group_size"], dtype=np.float64) > 1].reset_index(drop=True)
     exchange = np.isin(np.asarray(df["op"]).astype(str), EXCHANGE_OPS)
-    exchange_df, df = df[exchange].reset_index(drop=True), as_trained(df[~exchange].reset_index(drop=True))
+    exchange_df, df = as_trained(df[exchange].reset_index(drop=True)), as_trained(df[~exchange].reset_index(drop=True))
     if len(df) < 2:
         raise UserError("collective measurements: fewer than 2 all-reduce, all-gather or reduce-scatter rows with group_size > 1; "
                         "measure these collectives on groups of 2 or more ranks")

@@ -34,7 +34,7 @@ from plexus_tune.fit.sampling import fit_sampling
 from plexus_tune.fit.scoring import DEFAULT_SPLITS, MIN_SPLITS, R2_SEM, mape_percent, min_rows, single_threaded_blas
 from plexus_tune.fit.spmm import SPMM_KINDS, SPMM_PARAMETERS, SpmmModel, check_kind, fit_spmm
 from plexus_tune.fit.tables import COLLECTIVE_COLUMNS, GEMM_COLUMNS, SPMM_COLUMNS, check_frame, load_table, pd_numeric
-from plexus_tune.model.comm_precision import QUANT_CALL_KEY, QUANT_RATE_KEYS
+from plexus_tune.model.comm_precision import QUANT_CALL_INTER_KEY, QUANT_CALL_KEY, QUANT_RATE_KEYS
 from plexus_tune.measure.table import predict_runs, runs_table
 from plexus_tune.measure.store import environment_info, now_utc, read_records, read_runs
 from plexus_tune.model.collectives import BROADCAST_FORMS, scale_collectives
@@ -76,7 +76,7 @@ def apply_epoch_fit(profile: Mapping, epoch: "EpochModel") -> dict:
     if "comm_ms" in s:
         out["collectives"] = scale_collectives(out["collectives"], s["comm_ms"])
     if ("quant_ms" in s or "comm_ms" in s) and out.get("quant"):
-        out["quant"] = {precision: {k: (float(v) * s.get("comm_ms", 1.0) if k == QUANT_CALL_KEY else
+        out["quant"] = {precision: {k: (float(v) * s.get("comm_ms", 1.0) if k in (QUANT_CALL_KEY, QUANT_CALL_INTER_KEY) else
                                         float(v) / s.get("quant_ms", 1.0) if k in QUANT_RATE_KEYS else v)
                                     for k, v in entry.items()} if isinstance(entry, Mapping) else entry
                         for precision, entry in out["quant"].items()}

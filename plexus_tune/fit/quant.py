@@ -12,7 +12,8 @@ Two sources (docs/comm-precision.md, "Calibration"):
   the scheme adds beyond what the model already counts::
 
       extra = (t_P - t_fp32) - (net_P(M) - net(M)) - codec_P(M)
-      call_ms = max(0, median over the pairs of extra / calls)
+      call_ms = max(0, median over the pairs of extra / calls)     (groups inside a node)
+      call_inter_ms = the same over the pairs of groups that span nodes
 
   with ``net`` the profile's collective model and ``net_P`` the same at precision P in
   the trainer's scheme (:func:`plexus_tune.model.machine.precision_wire_time_ms`, the
@@ -29,6 +30,7 @@ from collections import defaultdict
 import numpy as np
 
 from plexus_tune.model.comm_precision import (
+    QUANT_CALL_INTER_KEY,
     QUANT_CALL_KEY,
     codec_bytes,
     parse_precision,
@@ -36,7 +38,7 @@ from plexus_tune.model.comm_precision import (
     quant_time_ms,
 )
 from plexus_tune.fit.tables import pd_numeric
-from plexus_tune.model.machine import collective_time_ms, precision_wire_time_ms
+from plexus_tune.model.machine import collective_time_ms, is_intra_node, precision_wire_time_ms
 
 #: an FP32 record of another size is used for pairing only this close (ratio of sizes)
 PAIR_SIZE_RATIO = 1.25
@@ -153,10 +155,18 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         codec = float(quant_time_ms(codec_rates, precision, r.op, g, m))
         wire = float(precision_wire_time_ms(machine, r.op, g, p, m, rows, precision))
         extra = (float(r.time_ms) - t32) - (wire - net(m)) - codec
-        per_call[precision].append(extra / process_group_calls(r.op, precision))
-    for precision, values in per_call.items():
-        q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))
-        out[precision]["call_ms"] = max(0.0, median)
-        out[precision]["call_samples"] = len(values)
-        report[precision] = {"pairs": len(values), "call_ms": max(0.0, median), "q1_ms": q1, "median_ms": median, "q3_ms": q3}
+        tier = "intra" if bool(is_intra_node(machine, g, p)) else "inter"
+        per_call[(precision, tier)].append(extra / process_group_calls(r.op, precision))
+    for precision in sorted({key[0] for key in per_call}):
+        tiers = {tier: per_call[(precision, tier)] for tier in ("intra", "inter") if per_call.get((precision, tier))}
+        if len(tiers) == 1:  # one placement measured: one value for both
+            tiers = {"intra": next(iter(tiers.values()))}
+        entry = report[precision] = {"pairs": sum(len(v) for v in tiers.values())}
+        for tier, values in tiers.items():
+            q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))
+            key = QUANT_CALL_KEY if tier == "intra" else QUANT_CALL_INTER_KEY
+            out[precision][key] = entry[key] = max(0.0, median)
+            entry.update({f"{tier}_pairs": len(values), f"{tier}_q1_ms": q1, f"{tier}_median_ms": median,
+                          f"{tier}_q3_ms": q3})
+        out[precision]["call_samples"] = entry["pairs"]
     return out, report

@@ -342,15 +342,20 @@ def codec_bytes(op: str, group_size, message_bytes_fp32) -> tuple[np.ndarray, np
 QUANT_RATE_KEYS = ("encode_gbps", "decode_gbps")
 #: optional key of a ``quant`` entry: ms each process-group call of the scheme adds
 QUANT_CALL_KEY = "call_ms"
+#: optional key of a ``quant`` entry: the same for groups that span nodes (default: ``call_ms``)
+QUANT_CALL_INTER_KEY = "call_inter_ms"
 
 
-def quant_rates(quant: dict | None, precision: str) -> tuple[float, float, float] | None:
-    """(encode GB/s, decode GB/s, call ms) of ``precision`` from a profile's ``quant`` entry (None if absent).
+def quant_rates(quant: dict | None, precision: str) -> tuple[float, float, float, float] | None:
+    """(encode GB/s, decode GB/s, call ms, inter-node call ms) of ``precision`` from a profile's
+    ``quant`` entry (None if absent).
 
-    ``quant`` maps a precision to ``{"encode_gbps": .., "decode_gbps": .., "call_ms": ..}``:
-    the codec rates (the casts for bf16/fp16, quantize and dequantize for intX, per rank,
-    one thread) and the time each process-group call of the scheme adds beyond its
-    bytes and its codec (optional, default 0; docs/comm-precision.md, "In the cost model").
+    ``quant`` maps a precision to ``{"encode_gbps": .., "decode_gbps": .., "call_ms": ..,
+    "call_inter_ms": ..}``: the codec rates (the casts for bf16/fp16, quantize and dequantize
+    for intX, per rank, one thread) and the time each process-group call of the scheme adds
+    beyond its bytes and its codec, in a group inside one node and in a group that spans
+    nodes (both optional: default 0, and the inter-node one defaults to ``call_ms``;
+    docs/comm-precision.md, "In the cost model").
     """
     precision = parse_precision(precision)
     entry = (quant or {}).get(precision)
@@ -359,14 +364,17 @@ def quant_rates(quant: dict | None, precision: str) -> tuple[float, float, float
     try:
         rates = tuple(float(entry[k]) for k in QUANT_RATE_KEYS)
         call_ms = float(entry.get(QUANT_CALL_KEY, 0.0))
+        call_inter_ms = float(entry.get(QUANT_CALL_INTER_KEY, call_ms))
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError(f"profile quant entry for {precision} needs positive numbers "
-                        f"{' and '.join(QUANT_RATE_KEYS)} (and optionally {QUANT_CALL_KEY} >= 0)") from None
+                        f"{' and '.join(QUANT_RATE_KEYS)} (and optionally {QUANT_CALL_KEY} and "
+                        f"{QUANT_CALL_INTER_KEY} >= 0)") from None
     if not all(r > 0 for r in rates):
         raise UserError(f"profile quant entry for {precision}: rates must be positive")
-    if not call_ms >= 0:
-        raise UserError(f"profile quant entry for {precision}: {QUANT_CALL_KEY} must be a number >= 0")
-    return rates + (call_ms,)
+    for key, value in ((QUANT_CALL_KEY, call_ms), (QUANT_CALL_INTER_KEY, call_inter_ms)):
+        if not value >= 0:
+            raise UserError(f"profile quant entry for {precision}: {key} must be a number >= 0")
+    return rates + (call_ms, call_inter_ms)
 
 
 def codec_passes(precision: str) -> tuple[float, float]:
@@ -408,9 +416,10 @@ def quant_time_ms(quant: dict | None, precision: str, op: str, group_size, messa
     return (enc / (rates[0] * 1e9) + dec / (rates[1] * 1e9)) * 1e3
 
 
-def call_overhead_ms(quant: dict | None, precision: str, op: str, group_size, messages=1):
+def call_overhead_ms(quant: dict | None, precision: str, op: str, group_size, messages=1, intra=True):
     """Time (ms) the process-group calls of a reduced-precision collective add beyond its bytes:
-    ``messages x process_group_calls(op) x call_ms``. The trainer's timers count it in
+    ``messages x process_group_calls(op) x call_ms``, with ``call_inter_ms`` where the group
+    spans nodes (``intra`` false; vectorized). The trainer's timers count it in
     ``comm_ms`` (it passes between the codec's steps), so the model books it there too
     (docs/comm-precision.md, "In the cost model"). 0 at fp32, for a group of one rank and
     where the profile has no entry for ``precision``.
@@ -420,4 +429,4 @@ def call_overhead_ms(quant: dict | None, precision: str, op: str, group_size, me
     if rates is None:
         return np.zeros(np.broadcast(g, np.asarray(messages)).shape, dtype=np.float64)
     calls = process_group_calls(op, precision) * np.asarray(messages, dtype=np.float64)
-    return np.where(g > 1, calls * rates[2], 0.0)
+    return np.where(g > 1, calls * np.where(intra, rates[2], rates[3]), 0.0)

@@ -468,7 +468,8 @@ def precision_collective_time_ms(machine: Machine, op: str, group_size, stride, 
     wire = precision_wire_time_ms(machine, op, group_size, stride, message_bytes, rows, precision, element_bytes, messages)
     if parse_precision(precision) == "fp32":
         return wire
-    return wire + call_overhead_ms(machine.quant, precision, op, group_size, messages)
+    return wire + call_overhead_ms(machine.quant, precision, op, group_size, messages,
+                                   is_intra_node(machine, group_size, stride))
 
 
 def precision_wire_time_ms(machine: Machine, op: str, group_size, stride, message_bytes, rows, precision: str,

@@ -143,7 +143,10 @@ def report(args) -> int:
         # the per-call cost of each scheme, from its collectives timed beside FP32 ones on the same ranks
         quant, calls = fit_call_ms(load_tables(str(collectives), "collective"), load_machine(profile), quant)
         provenance += f"; call_ms from {collectives} (fit_call_ms, median per call and quartiles: " + "; ".join(
-            f"{p} {c['call_ms']:.2f} ms ({c['q1_ms']:.2f}..{c['q3_ms']:.2f}, {c['pairs']} pairs)" for p, c in calls.items()) + ")"
+            f"{p} {where} {c[key]:.2f} ms ({c[tier + '_q1_ms']:.2f}..{c[tier + '_q3_ms']:.2f}, {c[tier + '_pairs']} pairs)"
+            for p, c in calls.items()
+            for tier, key, where in (("intra", "call_ms", "inside a node"), ("inter", "call_inter_ms", "across nodes"))
+            if key in c) + ")"
         print(provenance)
     quant["provenance"] = provenance + " by runners/campaigns/comm_precision.py"
     profile["quant"] = quant
