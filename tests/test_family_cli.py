@@ -112,3 +112,17 @@ def test_torchrun_runs_a_family(tmp_path):
     records, _ = read_records(log)
     assert len(records) == 1 and records[0]["launcher"] == "torchrun"
     assert records[0]["algorithm"] == "supergcn" and records[0]["check_loss_rel_diff"] < 1e-5
+
+
+def test_train_without_a_graph_trains_the_built_in_example(tmp_path, capsys):
+    """Neither --graph nor --synthetic: the run says so on stderr and trains EXAMPLE_SPEC, the graph
+    the record names (ScaleGNN with Gd = 2, one step checked against PyG)."""
+    from plexus_tune.graph.generators import EXAMPLE_SPEC, parse_spec
+
+    log = tmp_path / "runs.jsonl"
+    assert main(["train", "--algorithm", "scalegnn-4d", "--dp", "2", "--grid", "2x1x1", "--batch-size", "256",
+                 "--layers", "2", "--hidden", "8", "--epochs", "2", "--warmup", "1", "--check", "--log", str(log)]) == 0
+    captured = capsys.readouterr()
+    assert f"training on the built-in example {EXAMPLE_SPEC}" in captured.err and "PASSED" in captured.out
+    (rec,), _ = read_records(log)
+    assert rec["graph_source"].endswith(EXAMPLE_SPEC) and rec["graph_nodes"] == parse_spec(EXAMPLE_SPEC)[1]["nodes"]

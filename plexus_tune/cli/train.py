@@ -17,7 +17,7 @@ from plexus_tune.measure.campaign import check_graph, load_graph_source
 from plexus_tune.graph.sampling import check_batch_size
 from plexus_tune.model.comm_precision import CommPrecision, check_backend, parse_comm_precision
 from plexus_tune.errors import UserError
-from plexus_tune.graph.generators import parse_spec
+from plexus_tune.graph.generators import EXAMPLE_SPEC, parse_spec
 from plexus_tune.trainer.reference import check_verdict
 from plexus_tune.launch import detect_environment
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS, EPOCH_PARTS, FAMILY_COMM_OP_KEYS
@@ -62,11 +62,12 @@ def register(subparsers) -> None:
 
 
 def _add_source_arguments(parser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--graph", metavar="PATH", help="graph file (any format 'plexus-tune graph' reads), or a directory of 2D shard files "
                              "(each rank reads only the files it needs; their permutation is used)")
     source.add_argument("--synthetic", metavar="SPEC",
-                        help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0")
+                        help="generated graph, e.g. rmat:nodes=4096,edges=65536,features=32,classes=8,seed=0 "
+                             f"(without --graph or --synthetic: the built-in example {EXAMPLE_SPEC})")
     parser.add_argument("--grid", metavar="GXxGYxGZ",
                         help="process grid, e.g. 2x2x2 (plexus-3d), PrxPcx1 (cagnet-2d); the other families "
                              "follow from --gpus")
@@ -175,7 +176,8 @@ def _config(args: argparse.Namespace):
     comm_precision = comm_precision_of(args)
     check_backend(args.backend, comm_precision)
     config = TrainConfig(
-        grid=grid, graph=args.graph, synthetic=args.synthetic, gpus=args.gpus, layers=args.layers,
+        grid=grid, graph=args.graph, synthetic=args.synthetic or (None if args.graph else EXAMPLE_SPEC), gpus=args.gpus,
+        layers=args.layers,
         hidden=args.hidden, epochs=args.epochs, warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, permute=args.permute, block_rows=args.block_rows, overlap=args.overlap,
         backend=args.backend, dtype=args.dtype, comm_precision=comm_precision, layer_norm=args.layer_norm,
@@ -321,8 +323,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _launcher(args, config):
     """Started by hand (no torchrun or srun around it): the launcher, the graph checked once here."""
-    if args.synthetic:  # a bad or too large spec fails here, not in every rank
-        parse_spec(args.synthetic)
+    if config.synthetic:  # a bad or too large spec fails here, not in every rank
+        parse_spec(config.synthetic)
+        if not args.synthetic:
+            print(f"plexus-tune train: no --graph or --synthetic given: training on the built-in example {config.synthetic}",
+                  file=sys.stderr)
     launcher = launcher_from_args(args, [config.world_size])
     if args.graph and os.path.exists(args.graph):  # read once here: a truncated or corrupt file fails before any rank starts
         if config.batch_size is not None:
@@ -330,7 +335,7 @@ def _launcher(args, config):
         else:
             check_graph(args.graph)
     elif config.batch_size is not None:
-        check_batch_flag(config.batch_size, int(parse_spec(args.synthetic)[1]["nodes"]))
+        check_batch_flag(config.batch_size, int(parse_spec(config.synthetic)[1]["nodes"]))
     config.extra["progress"] = True
     return launcher
 

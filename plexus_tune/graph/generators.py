@@ -288,6 +288,9 @@ _KIND_KEYS = {
     "grid2d": {"nodes", "features", "classes", "seed", "neighbors", "drop", "long"},
 }
 GENERATORS = tuple(_KIND_KEYS)
+#: The graph ``train`` generates when given neither a file nor a spec: small enough for several
+#: CPU ranks, large enough that every rank of a grid of 8 holds nonzeros.
+EXAMPLE_SPEC = "rmat:nodes=4096,edges=32768,features=32,classes=8,seed=0"
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
