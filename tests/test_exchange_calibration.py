@@ -234,7 +234,15 @@ def test_flat_broadcast_by_hand_and_the_fit_picks_the_form_that_made_the_timings
         ms(1 * b["alpha_intra_us"]) + ms(2 * b["alpha_inter_us"]) + ms(0, m, b["beta_intra_gbps"])
         + ms(0, 2 * m * 2, b["beta_inter_gbps"]))
     assert Network.from_dict(json.loads(json.dumps(net.to_dict())), N) == net
-    for truth, form in ((net, "flat"), (toy(), "ring")):
+    # flat-overlapped: the same sends posted at once, one latency per tier
+    o = {**OWN["broadcast"], "form": "flat-overlapped"}
+    overlapped = toy({**OWN, "broadcast": o})
+    assert float(overlapped.time_ms("broadcast", 8, 1, m)) == pytest.approx(
+        ms(o["alpha_intra_us"]) + ms(o["alpha_inter_us"]) + ms(0, 3 * m, o["beta_intra_gbps"])
+        + ms(0, 4 * m, o["beta_inter_gbps"]))
+    assert float(overlapped.time_ms("broadcast", 2, 1, m)) == pytest.approx(
+        ms(o["alpha_intra_us"]) + ms(0, m, o["beta_intra_gbps"]))  # two ranks: the same as flat
+    for truth, form in ((net, "flat"), (toy(), "ring"), (overlapped, "flat-overlapped")):
         model = fit_collectives(synthetic(truth, seed=2, noise=0.02), n_splits=0, form="two-tier")
         assert model.op_fit["broadcast"]["form"] == form
         assert model.network.tiers("broadcast")["form"] == form

@@ -59,6 +59,8 @@ point to point")::
         (g-1) alpha m + M s / beta                  (intra when k = 1, else inter)
     form ``flat`` (the root sends M to each member, as gloo's broadcast measures):
         (r-1) (alpha_intra m + M / beta_intra) + (g-r) (alpha_inter m + M s / beta_inter)
+    form ``flat-overlapped`` (the same sends posted at once, their latencies overlapping):
+        [r > 1] alpha_intra m + (r-1) M / beta_intra + [g > r] alpha_inter m + (g-r) M s / beta_inter
     point_to_point (every rank sends M / g bytes to each of the g-1 others; r of them
     on its node, s = r (groups sharing its NICs) senders crossing from its node):
         (r-1) alpha_intra m + (r-1) M/g / beta_intra
@@ -89,7 +91,7 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 EXCHANGE_OPS = ("broadcast", "point_to_point")
 ALL_OPS = (*COLLECTIVE_OPS, *EXCHANGE_OPS)
 #: how a broadcast's bytes travel: a pipelined ring, or the root sending to each member
-BROADCAST_FORMS = ("ring", "flat")
+BROADCAST_FORMS = ("ring", "flat", "flat-overlapped")
 #: how the backend runs a reduce-scatter: a ring, or an all-reduce of the whole buffer of
 #: which each rank keeps its block (gloo's reduce_scatter_tensor)
 REDUCE_SCATTER_FORMS = ("ring", "all_reduce")
@@ -232,11 +234,15 @@ def exchange_terms(op, group_size, place: Placement, message_bytes, messages, sh
     s = _shared(place, sharing)
     crossing = g > r
     p2p = ops == "point_to_point"
-    flat = (ops == "broadcast") & (broadcast_form == "flat")
+    flat = (ops == "broadcast") & (broadcast_form in ("flat", "flat-overlapped"))
     per_message = np.where(p2p, m / np.maximum(g, 1.0), m)
     share = np.where(p2p & crossing, r * s, s) if sharing else np.ones(g.shape)
     own = p2p | flat
-    return Terms(np.where(own, (r - 1.0) * msgs, ring.lat_intra), np.where(own, (g - r) * msgs, ring.lat_inter),
+    lat_intra, lat_inter = (r - 1.0) * msgs, (g - r) * msgs
+    if broadcast_form == "flat-overlapped":  # one latency per tier for the broadcasts
+        lat_intra = np.where(p2p, lat_intra, np.minimum(lat_intra, msgs))
+        lat_inter = np.where(p2p, lat_inter, np.minimum(lat_inter, msgs))
+    return Terms(np.where(own, lat_intra, ring.lat_intra), np.where(own, lat_inter, ring.lat_inter),
                  np.where(own, (r - 1.0) * per_message, ring.bytes_intra),
                  np.where(own, (g - r) * per_message * share, ring.bytes_inter))
 
