@@ -105,7 +105,7 @@ class Cagnet15dTrainer(FamilyTrainer):
         self.features = self.input_features(take_dense(data.pg.features, rows, Block(0, d0, d0)))
         self.owns_output = self.j == 0
         classes = self.widths[-1]
-        self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=rows,
+        self._finish(data, [self.features] + self.params_w + self.params_b, out_perm=np.arange(n), rows=rows,
                      cols=Block(0, classes, classes), split=split, class_axis=Z_AXIS, row_axis=X_AXIS,
                      padded_nodes=r * b, padded_widths=self.widths)
 
@@ -182,6 +182,28 @@ def summa(shard, dense, pieces, direction: str):
     return out
 
 
+def summa_layers(trainer: FamilyTrainer, pc: int, local_nnz: int, **layout) -> list[int]:
+    """One :class:`FamilyShard` per layer carrying the SUMMA ``layout`` (stages, pieces, rank
+    coordinates) and the layer's W_j, b_j: the trainer's columns block j of every layer's
+    output, ceil(D / Pc) wide. Returns those block widths, layer 0's input first."""
+    widths = trainer.widths
+    blocks = [ceil_div(w, pc) for w in widths]
+    params_w, params_b = [], []
+    for layer, w in enumerate(trainer.weights):
+        shard = FamilyShard(layer, trainer.comm, trainer.timer)
+        for name, value in layout.items():
+            setattr(shard, name, value)
+        shard.width_in, shard.block_in = widths[layer], blocks[layer]
+        trainer.shards.append(shard)
+        trainer.shard_nnz.append(local_nnz)
+        out_cols = block(trainer.j, blocks[layer + 1], widths[layer + 1])
+        w_local = take_dense(w, Block(0, widths[layer], widths[layer]), out_cols)
+        params_w.append(torch.nn.Parameter(trainer._tensor(w_local)))
+        params_b.append(torch.nn.Parameter(torch.zeros(out_cols.size, dtype=trainer.dtype, device=trainer.device)))
+    trainer.params_w, trainer.params_b = params_w, params_b
+    return blocks
+
+
 class Cagnet2dTrainer(FamilyTrainer):
     """One rank of CAGNET's 2D (SUMMA) algorithm on a Pr x Pc grid (``config.grid[:2]``)."""
 
@@ -214,27 +236,14 @@ class Cagnet2dTrainer(FamilyTrainer):
         nnz_max = max(piece_nnz["fwd"] + piece_nnz["bwd"] + [0])
         index_dtype = torch.int32 if csr_index_dtype(nnz_max, row_block, piece) == np.int32 else torch.int64
         local_nnz = sum(piece_nnz["fwd"][s] for s in a_pieces)
+        blocks = summa_layers(self, pc, local_nnz, i=self.i, j=self.j, stages=q, pieces_per_col=per_col,
+                              pieces_per_row=per_row, piece_rows=piece, row_block=row_block, index_dtype=index_dtype,
+                              piece_nnz=piece_nnz, a_pieces=a_pieces, at_pieces=at_pieces)
         widths = self.widths
-        blocks = [ceil_div(w, pc) for w in widths]
-        params_w, params_b = [], []
-        for layer, w in enumerate(self.weights):
-            shard = FamilyShard(layer, self.comm, self.timer)
-            shard.i, shard.j = self.i, self.j
-            shard.stages, shard.pieces_per_col, shard.pieces_per_row = q, per_col, per_row
-            shard.piece_rows, shard.row_block, shard.index_dtype = piece, row_block, index_dtype
-            shard.piece_nnz, shard.a_pieces, shard.at_pieces = piece_nnz, a_pieces, at_pieces
-            shard.width_in, shard.block_in = widths[layer], blocks[layer]
-            self.shards.append(shard)
-            self.shard_nnz.append(local_nnz)
-            out_cols = block(self.j, blocks[layer + 1], widths[layer + 1])
-            w_local = take_dense(w, Block(0, widths[layer], widths[layer]), out_cols)
-            params_w.append(torch.nn.Parameter(self._tensor(w_local)))
-            params_b.append(torch.nn.Parameter(torch.zeros(out_cols.size, dtype=self.dtype, device=self.device)))
-        self.params_w, self.params_b = params_w, params_b
         in_cols = block(self.j, blocks[0], widths[0])
         self.features = self.input_features(take_dense(data.pg.features, rows, in_cols))
         self.owns_output = True
-        self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=rows,
+        self._finish(data, [self.features] + self.params_w + self.params_b, out_perm=np.arange(n), rows=rows,
                      cols=block(self.j, blocks[-1], widths[-1]), split=split, class_axis=Y_AXIS, row_axis=X_AXIS,
                      padded_nodes=n_pad, padded_widths=[pc * d for d in blocks])
 

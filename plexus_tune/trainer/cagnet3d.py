@@ -33,12 +33,12 @@ import scipy.sparse as sp
 import torch
 
 from plexus_tune.graph.partition import split3d_positions
-from plexus_tune.model.shapes import ceil_div, csr_index_dtype
+from plexus_tune.model.shapes import csr_index_dtype
 from plexus_tune.model.volumes import summa_sizes
-from plexus_tune.trainer.cagnet import combine_backward, combine_forward
+from plexus_tune.trainer.cagnet import combine_backward, combine_forward, summa_layers
 from plexus_tune.trainer.exchange import ExchangeComm
-from plexus_tune.trainer.family import FamilyShard, FamilyTrainer
-from plexus_tune.trainer.layout import Block, block
+from plexus_tune.trainer.family import FamilyTrainer
+from plexus_tune.trainer.layout import block
 from plexus_tune.trainer.tensors import csr_bytes, take_block, take_dense, torch_csr
 
 X_AXIS, Y_AXIS, Z_AXIS = 0, 1, 2
@@ -123,29 +123,16 @@ class Cagnet3dTrainer(FamilyTrainer):
         nnz_max = max(piece_nnz + [0])
         index_dtype = torch.int32 if csr_index_dtype(nnz_max, row_block, piece) == np.int32 else torch.int64
         local_nnz = sum(piece_nnz[s] for s in own)
+        blocks = summa_layers(self, pc, local_nnz, i=self.i, j=self.j, k=self.k, stages=q, pieces_per_col=per_col,
+                              pieces_per_row=per_row, piece_rows=piece, row_block=row_block, index_dtype=index_dtype,
+                              piece_nnz=piece_nnz, own=own, own_t=own_t)
         widths = self.widths
-        blocks = [ceil_div(w, pc) for w in widths]
-        params_w, params_b = [], []
-        for layer, w in enumerate(self.weights):
-            shard = FamilyShard(layer, self.comm, self.timer)
-            shard.i, shard.j, shard.k = self.i, self.j, self.k
-            shard.stages, shard.pieces_per_col, shard.pieces_per_row = q, per_col, per_row
-            shard.piece_rows, shard.row_block, shard.index_dtype = piece, row_block, index_dtype
-            shard.piece_nnz, shard.own, shard.own_t = piece_nnz, own, own_t
-            shard.width_in, shard.block_in = widths[layer], blocks[layer]
-            self.shards.append(shard)
-            self.shard_nnz.append(local_nnz)
-            out_cols = block(self.j, blocks[layer + 1], widths[layer + 1])
-            w_local = take_dense(w, Block(0, widths[layer], widths[layer]), out_cols)
-            params_w.append(torch.nn.Parameter(self._tensor(w_local)))
-            params_b.append(torch.nn.Parameter(torch.zeros(out_cols.size, dtype=self.dtype, device=self.device)))
-        self.params_w, self.params_b = params_w, params_b
         # output rows of every layer (and input rows of the first): [i rb + k rf, +rf)
         mine = block(self.k, rf, n, offset=self.i * row_block)
         in_cols = block(self.j, blocks[0], widths[0])
         self.features = self.input_features(take_dense(data.pg.features, mine, in_cols))
         self.owns_output = True
-        self._finish(data, [self.features] + params_w + params_b, out_perm=np.arange(n), rows=mine,
+        self._finish(data, [self.features] + self.params_w + self.params_b, out_perm=np.arange(n), rows=mine,
                      cols=block(self.j, blocks[-1], widths[-1]), split=split, class_axis=Y_AXIS,
                      row_axis=(X_AXIS, Z_AXIS), padded_nodes=n_pad, padded_widths=[pc * d for d in blocks])
 

@@ -148,6 +148,26 @@ class PhaseTimer:
         return row
 
 
+def axis_groups(grid, offset: int = 0) -> list[tuple[int, list[int]]]:
+    """(axis, member ranks) of every process group along every axis of size > 1 of ``grid``,
+    in the order every rank must create them (axis, then the other coordinates); ranks are
+    :func:`plexus_tune.model.grid.rank_of` plus ``offset``."""
+    out = []
+    for axis in range(3):
+        size = int(grid[axis])
+        if size == 1:
+            continue
+        others = [range(int(grid[a])) for a in range(3) if a != axis]
+        for fixed in itertools.product(*others):
+            members = []
+            for k in range(size):
+                c = list(fixed)
+                c.insert(axis, k)
+                members.append(offset + int(rank_of(c[0], c[1], c[2], grid)))
+            out.append((axis, members))
+    return out
+
+
 class GridComm:
     """The process groups of one grid (one per line along each axis) and timed collectives.
 
@@ -187,21 +207,11 @@ class GridComm:
         self.groups = [None, None, None]
         self.max_gathered_bytes = 0
         self._created = []
-        for axis in range(3):
-            size = self.grid[axis]
-            if size == 1:
-                continue
-            others = [range(self.grid[a]) for a in range(3) if a != axis]
-            for fixed in itertools.product(*others):
-                members = []
-                for k in range(size):
-                    c = list(fixed)
-                    c.insert(axis, k)
-                    members.append(int(rank_of(c[0], c[1], c[2], self.grid)))
-                group = dist.new_group(members, backend=backend)
-                self._created.append(group)
-                if rank in members:
-                    self.groups[axis] = group
+        for axis, members in axis_groups(self.grid):
+            group = dist.new_group(members, backend=backend)
+            self._created.append(group)
+            if rank in members:
+                self.groups[axis] = group
 
     def size(self, axis: int) -> int:
         return self.grid[axis]

@@ -36,7 +36,6 @@ FP32 all-reduce at stride Gx Gy Gz before AdamW steps.
 
 from __future__ import annotations
 
-import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,10 +46,10 @@ import torch
 from plexus_tune.graph.sampling import rescale_factor, sample_vertices, sampled_block
 from plexus_tune.graph.splits import TRAIN, random_split
 from plexus_tune.model.comm_precision import CommPrecision, parse_comm_precision
-from plexus_tune.model.grid import coords_of, layer_roles, rank_of
+from plexus_tune.model.grid import coords_of, layer_roles
 from plexus_tune.model.scalegnn import steps_per_epoch
 from plexus_tune.model.workload import model_widths
-from plexus_tune.trainer.comm import GridComm, PhaseTimer
+from plexus_tune.trainer.comm import GridComm, PhaseTimer, axis_groups
 from plexus_tune.trainer.layout import Block, block
 from plexus_tune.trainer.loop import RankTrainer, _current_rss_bytes, _maybe_fail, make_adamw
 from plexus_tune.trainer.loss import LossShard, ShardedCrossEntropy, accuracy_counts, accuracy_from_counts
@@ -100,21 +99,11 @@ class GroupComm(GridComm):
         self.max_gathered_bytes = 0
         self._created = []
         for d in range(self.dp):  # every rank creates every group, in the same order
-            for axis in range(3):
-                size = self.grid[axis]
-                if size == 1:
-                    continue
-                others = [range(self.grid[a]) for a in range(3) if a != axis]
-                for fixed in itertools.product(*others):
-                    members = []
-                    for k in range(size):
-                        c = list(fixed)
-                        c.insert(axis, k)
-                        members.append(d * g3 + int(rank_of(c[0], c[1], c[2], self.grid)))
-                    group = dist.new_group(members, backend=backend)
-                    self._created.append(group)
-                    if rank in members:
-                        self.groups[axis] = group
+            for axis, members in axis_groups(self.grid, offset=d * g3):
+                group = dist.new_group(members, backend=backend)
+                self._created.append(group)
+                if rank in members:
+                    self.groups[axis] = group
         if self.dp > 1:
             for k in range(g3):
                 members = [d * g3 + k for d in range(self.dp)]
