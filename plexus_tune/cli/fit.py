@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from plexus_tune.cli.options import count, real
 from plexus_tune.fit import profile as fitting
+from plexus_tune.fit.quant import CALL_TIERS
 from plexus_tune.errors import Interrupted, UserError
 from plexus_tune.model.other import check_optimizer
 from plexus_tune.cli.output import ProgressReporter, check_output_file, make_console
@@ -228,7 +229,7 @@ def _print_other_parts(console, report, profile) -> None:
             + f", overhead {epoch['overhead_ms']:.2f} ms; MAPE {epoch['mape_before']:.1f} % before, test R^2 {s.get('test_r2', float('nan')):.3f}, test MAPE {s.get('test_mape', float('nan')):.1f} % after"
         )
     for precision, calls in (report.get("quant") or {}).items():
-        for tier, key, where in (("intra", "call_ms", "inside a node"), ("inter", "call_inter_ms", "across nodes")):
+        for tier, key, where in CALL_TIERS:
             if key in calls:
                 console.print(f"{precision} collectives {where}: {calls[key]:.3f} ms per process-group call beyond bytes "
                               f"and codec (median of {calls[tier + '_pairs']} pairs with FP32, quartiles "

@@ -40,6 +40,9 @@ from plexus_tune.model.comm_precision import (
 from plexus_tune.fit.tables import pd_numeric
 from plexus_tune.model.machine import collective_time_ms, is_intra_node, precision_wire_time_ms
 
+#: The placements the per-call time is fitted for: (tier, its ``quant`` key, words for reports).
+CALL_TIERS = (("intra", QUANT_CALL_KEY, "inside a node"), ("inter", QUANT_CALL_INTER_KEY, "across nodes"))
+
 #: an FP32 record of another size is used for pairing only this close (ratio of sizes)
 PAIR_SIZE_RATIO = 1.25
 
@@ -158,14 +161,14 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         tier = "intra" if bool(is_intra_node(machine, g, p)) else "inter"
         per_call[(precision, tier)].append(extra / process_group_calls(r.op, precision))
     for precision in sorted({key[0] for key in per_call}):
-        tiers = {tier: per_call[(precision, tier)] for tier in ("intra", "inter") if per_call.get((precision, tier))}
+        keys = {tier: key for tier, key, _ in CALL_TIERS}
+        tiers = {tier: per_call[(precision, tier)] for tier in keys if per_call.get((precision, tier))}
         if len(tiers) == 1:  # one placement measured: one value for both
             tiers = {"intra": next(iter(tiers.values()))}
         entry = report[precision] = {"pairs": sum(len(v) for v in tiers.values())}
         for tier, values in tiers.items():
             q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))
-            key = QUANT_CALL_KEY if tier == "intra" else QUANT_CALL_INTER_KEY
-            out[precision][key] = entry[key] = max(0.0, median)
+            out[precision][keys[tier]] = entry[keys[tier]] = max(0.0, median)
             entry.update({f"{tier}_pairs": len(values), f"{tier}_q1_ms": q1, f"{tier}_median_ms": median,
                           f"{tier}_q3_ms": q3})
         out[precision]["call_samples"] = entry["pairs"]

@@ -129,7 +129,7 @@ def report(args) -> int:
     import pandas as pd
 
     from plexus_tune.fit.profile import load_tables
-    from plexus_tune.fit.quant import fit_call_ms, fit_quant_rates
+    from plexus_tune.fit.quant import CALL_TIERS, fit_call_ms, fit_quant_rates
     from plexus_tune.measure.store import read_records
     from plexus_tune.measure.identity import predict_record
     from plexus_tune.model.machine import load_machine
@@ -145,7 +145,7 @@ def report(args) -> int:
         provenance += f"; call_ms from {collectives} (fit_call_ms, median per call and quartiles: " + "; ".join(
             f"{p} {where} {c[key]:.2f} ms ({c[tier + '_q1_ms']:.2f}..{c[tier + '_q3_ms']:.2f}, {c[tier + '_pairs']} pairs)"
             for p, c in calls.items()
-            for tier, key, where in (("intra", "call_ms", "inside a node"), ("inter", "call_inter_ms", "across nodes"))
+            for tier, key, where in CALL_TIERS
             if key in c) + ")"
         print(provenance)
     quant["provenance"] = provenance + " by runners/campaigns/comm_precision.py"
