@@ -343,8 +343,11 @@ def test_latency_one_way_and_round_trip():
     for delays in (forward, backward):
         # Kernel timestamps: the setting plus the veth/bridge path (~10-30 us).
         assert latency_us * 0.95 <= statistics.median(delays) <= latency_us * 1.1 + 40, delays
-    # A UDP ping-pong from Python: 2 x setting plus the software round trip.
-    assert 2 * latency_us * 0.95 <= statistics.median(rtt) <= 2 * latency_us + statistics.median(local) + 400, rtt
+    # A UDP ping-pong from Python: every round trip pays 2 x setting; the
+    # fastest adds no more than the software round trip. (The median is not
+    # bounded above: on a loaded host a Python wake-up can add a millisecond.)
+    assert min(rtt) >= 2 * latency_us * 0.95, rtt
+    assert min(rtt) <= 2 * latency_us + statistics.median(local) + 400, rtt
     assert statistics.median(local) < latency_us
 
 
