@@ -103,3 +103,25 @@ def test_summa_spmm_is_the_busiest_block_rows_pieces(pr, pc):
         t = sum(spmm(z, rb, piece, math.ceil(d / pc), back) for d in widths[:-1] for z in nnz for back in (False, True))
         worst = max(worst, t)
     assert predicted_spmm("cagnet-2d", (pr, pc, 1)) == pytest.approx(worst, rel=1e-9)
+
+
+def test_the_families_that_read_a_graph_are_those_whose_prediction_changes_with_it():
+    """``reads_graph`` (which families ``fit`` and ``validate`` predict from a run's graph) says whether
+    the family's prediction on a graph's own pieces differs from its N/NNZ estimate."""
+    from plexus_tune.model.family import FAMILIES, GraphContext, family_names
+
+    context = GraphContext(GRAPH)
+    seen = set()
+    for name in family_names():
+        family = FAMILIES[name]
+        if family.epoch != "full-graph":
+            continue
+        grid = family.configurations(4)[0]
+        extra = family.run_graph_options(context, grid)
+        assert bool(extra) == family.reads_graph, name
+        if family.reads_graph:
+            with_graph = predict_run_grids(workload(), MACHINE, np.asarray([grid]), algorithm=name, options=extra)
+            estimate = predict_run_grids(workload(), MACHINE, np.asarray([grid]), algorithm=name)
+            assert with_graph["total_ms"][0] != pytest.approx(estimate["total_ms"][0], rel=1e-6), name
+        seen.add(family.reads_graph)
+    assert seen == {True, False}

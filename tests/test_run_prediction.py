@@ -196,3 +196,25 @@ def test_rank_grids_keeps_the_precision_whose_best_fitting_grid_is_fastest_one_g
     assert tight.best_feasible() is None
     with pytest.raises(UserError, match="no grid of 2 GPUs fits"):
         tight.check_fits(2, machine)
+
+
+def test_a_family_run_is_predicted_from_its_graph_as_it_was_logged(tmp_path, capsys):
+    """A SuperGCN run's logged prediction prices its partition of the graph; the runs table that ``fit``,
+    ``validate`` and ``plot`` predict again reads the same graph from the run's ``graph_source``, and
+    without it falls back to the N/NNZ estimate, which differs."""
+    from plexus_tune.measure.table import predict_runs
+
+    machine = profile_with_codec(tmp_path)
+    log = str(tmp_path / "runs.jsonl")
+    assert main(["measure", "--graph", GRAPH, "--gpus", "2", "--algorithm", "supergcn", "--aggregation", "pre",
+                 "--trials", "1", "--machine", machine, "--log", log, *SHAPE]) == 0
+    capsys.readouterr()
+    (record,) = [json.loads(line) for line in open(log)]
+    assert record["status"] == "ok" and record["graph_source"] == f"synthetic:{GRAPH}"
+    table = runs_table(read_runs(log, warn=False))
+    assert list(table["graph_source"]) == [f"synthetic:{GRAPH}"]
+    with_graph = predict_runs(table, machine).iloc[0]
+    estimate = predict_runs(table, machine, graphs=False).iloc[0]
+    for key in (*BREAKDOWN_KEYS, "total_ms"):
+        assert with_graph[f"pred_{key}"] == pytest.approx(record["predicted"][key], rel=1e-12, abs=1e-12), key
+    assert estimate["pred_point_to_point_ms"] != pytest.approx(with_graph["pred_point_to_point_ms"], rel=1e-3)

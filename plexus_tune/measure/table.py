@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 
 from plexus_tune.errors import UserError
+from plexus_tune.graph.io import resolve_graph
 from plexus_tune.measure.identity import (
     IDENTITY_NAMES,
     RunIdentity,
@@ -21,6 +23,7 @@ from plexus_tune.measure.identity import (
 )
 from plexus_tune.measure.records import DTYPE_BYTES, record_type, upgrade
 from plexus_tune.model.breakdown import BREAKDOWN_KEYS
+from plexus_tune.model.family import GraphContext, family_of
 from plexus_tune.model.machine import load_machine
 from plexus_tune.model.prediction import predict_run_grids, prediction_of
 
@@ -76,7 +79,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
 
     Columns (docs/records.md, "Runs table"): the identity (:data:`IDENTITY_NAMES` and
     ``identity``, the :class:`RunIdentity`), ``grid``, ``gpus``, ``bytes_per_element``,
-    the graph (:data:`GRAPH_COLUMNS`); ``trials`` (successful), ``failed`` (failed
+    the graph (:data:`GRAPH_COLUMNS`) and the last trial's ``graph_source``; ``trials`` (successful), ``failed`` (failed
     trials of the identity) and ``last_failure``; ``obs_<key>`` for
     :data:`OBSERVED_KEYS` (median over the successful trials), ``obs_epoch_ms_std``
     (population std), ``obs_epoch_ms_min``, ``obs_epoch_ms_max``; ``pred_<key>`` for
@@ -118,6 +121,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
             "classes": int(rec["classes"]) if rec.get("classes") is not None else int(widths[-1]),
             "widths": widths,
             "timestamp": str(rec.get("timestamp") or ""),
+            "graph_source": str(rec.get("graph_source") or ""),
         })
         for key in OBSERVED_KEYS:
             row[f"obs_{key}"] = _number(rec.get(key))
@@ -147,7 +151,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
             out.update(obs_epoch_ms_std=float(epoch.std()), obs_epoch_ms_min=float(epoch.min()),
                        obs_epoch_ms_max=float(epoch.max()), trials=len(group),
                        pred_feasible=bool(group["pred_feasible"].all()), pred_machine=str(group["pred_machine"].iloc[-1]),
-                       timestamp=str(group["timestamp"].max()))
+                       timestamp=str(group["timestamp"].max()), graph_source=str(group["graph_source"].iloc[-1]))
             out_rows.append(out)
     seen = {r["identity"] for r in out_rows}
     for r in out_rows:
@@ -162,8 +166,8 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
                  "trials": 0, "failed": len(fails), "last_failure": _failure_text(fails[-1]),
                  "timestamp": "", "pred_feasible": True, "pred_machine": ""}
             out_rows.append(r)
-    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "trials", "failed",
-               "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
+    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "graph_source", "trials",
+               "failed", "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
                "pred_feasible", "pred_machine", "timestamp"]
     table = pd.DataFrame(out_rows, columns=columns)
     if len(table):
@@ -176,25 +180,50 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     return table
 
 
-def predict_runs(table, machine):
+def run_graph_context(graph_source) -> GraphContext | None:
+    """The :class:`GraphContext` of a logged run's ``graph_source`` (a file path, or ``synthetic:SPEC``):
+    None where the run names none or its file is no longer there."""
+    if not isinstance(graph_source, str) or not graph_source:
+        return None
+    if graph_source.startswith("synthetic:"):
+        return GraphContext(resolve_graph(("synthetic", graph_source.split(":", 1)[1])))
+    if not os.path.isfile(graph_source):
+        return None
+    return GraphContext(resolve_graph(graph_source, pattern_only=True))
+
+
+def predict_runs(table, machine, *, graphs: bool = True):
     """The runs table (successful runs) with ``machine``'s predictions instead of the logged ones.
 
     Every row is predicted at every setting of its identity (:meth:`RunSpec.predict` of
     :meth:`RunSpec.from_row`; rows sharing a workload and settings at once): ``pred_<key>`` of :data:`PREDICTED_KEYS`,
     ``pred_feasible``, ``pred_machine``. The values equal :meth:`RunSpec.predict` of each row.
+    With ``graphs``, a run of a family whose model reads the graph (:attr:`Family.reads_graph`) is predicted
+    from its graph (:func:`run_graph_context`, loaded once per graph), as the families' validation and
+    ``predict --graph`` price it; where the graph is not at hand, from N and NNZ.
     """
     if table is None or len(table) == 0 or "trials" not in table or not (table["trials"] > 0).any():
         raise UserError("no successful trainer runs in the log; run 'plexus-tune measure' first")
     machine = load_machine(machine)
     df = table[table["trials"] > 0].copy()
     groups: dict = {}
+    contexts: dict = {}
+    values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
     for index, row in df.iterrows():
         spec = RunSpec.from_row(row)
+        if graphs and family_of(spec.prediction_settings()["algorithm"]).reads_graph:
+            source = row.get("graph_source")
+            if source not in contexts:
+                contexts[source] = run_graph_context(source)
+            if contexts[source] is not None:
+                one = spec.predict(machine, graph=contexts[source])
+                for key in (*PREDICTED_KEYS, "feasible"):
+                    values[key][index] = one[key]
+                continue
         workload, grid, settings = spec.workload(), spec.grid, spec.prediction_settings()
         # a family's own options (a dict) as sorted pairs, so that the settings form a key
         key = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v) for k, v in settings.items()))
         groups.setdefault((workload, key), []).append((index, grid))
-    values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
     for (workload, settings), members in groups.items():
         settings = {k: dict(v) if k == "options" else v for k, v in settings}
         pred = predict_run_grids(workload, machine, [grid for _, grid in members], **settings)

@@ -136,6 +136,12 @@ class Family:
         """Model options computed from a graph (its partition or pieces); none by default."""
         return {}
 
+    @property
+    def reads_graph(self) -> bool:
+        """Its model reads a run's graph (it overrides :meth:`graph_options`): a logged run of it is predicted
+        from the graph's pieces or partition, as ``predict --graph`` ranks it."""
+        return type(self).graph_options is not Family.graph_options
+
     def run_graph_options(self, context: GraphContext, grid) -> dict:
         """Model options of one run on ``grid`` computed from its graph: :meth:`graph_options` of its ranks.
         (Plexus 3D has none here: its logged prediction prices the shards from N and NNZ, as ``validate`` and
