@@ -125,3 +125,41 @@ def test_the_families_that_read_a_graph_are_those_whose_prediction_changes_with_
             assert with_graph["total_ms"][0] != pytest.approx(estimate["total_ms"][0], rel=1e-6), name
         seen.add(family.reads_graph)
     assert seen == {True, False}
+
+
+def test_calibration_pieces_are_the_trainers_own_spmm_shapes():
+    """``calibrate spmm --family-pieces`` times the shapes the families' models price: every SpMM operand
+    of the partitioned trainer's ranks (RankPlan, all three modes, both directions, every layer's width)
+    is among them, and ``limit`` draws a subset of them."""
+    from plexus_tune.measure.spmm import family_piece_shapes
+
+    parts = 4
+    widths = workload().widths
+    shapes = {tuple(s.values()) for s in family_piece_shapes(GRAPH, widths, parts, limit=10**6)}
+    plan = partition_exchange(GRAPH.adjacency, parts, seed=0)
+    normalized = sp.csr_matrix(gcn_normalize(GRAPH.adjacency))
+    expected = set()
+    for mode in ("pre", "post", "hybrid"):
+        for p in range(parts):
+            rp = RankPlan(normalized, plan, mode, p, torch.float32, "cpu")
+            mats = [rp.local, rp.local_t, *rp.receives_t.values()] + [m for _, m in rp.receives.values()]
+            mats += [m for _, m in list(rp.sends.values()) + list(rp.sends_t.values()) if m is not None]
+            for m in mats:
+                if min(m._nnz(), *m.shape) > 1:
+                    expected |= {(m._nnz(), m.shape[0], m.shape[1], d) for d in widths[:-1]}
+    assert expected and expected <= shapes
+    assert len(shapes) > len(expected)  # CAGNET's pieces too
+    few = family_piece_shapes(GRAPH, widths, parts, limit=7, seed=3)
+    assert len(few) == 7 and {tuple(s.values()) for s in few} <= shapes
+
+
+def test_family_pieces_need_a_graph_on_the_cpu(tmp_path, capsys):
+    from plexus_tune.cli import main
+
+    out = tmp_path / "spmm.jsonl"
+    for extra in (["--sweep"], ["--graph", "rmat:nodes=64,edges=256,features=4,classes=2", "--gpus", "2",
+                                "--device", "cuda"]):
+        assert main(["calibrate", "spmm", *extra, "--family-pieces", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--family-pieces" in err[0]
+    assert not out.exists()

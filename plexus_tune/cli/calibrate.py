@@ -17,7 +17,7 @@ from plexus_tune.measure.device import check_backend_devices, resolve_device
 from plexus_tune.measure.campaign import load_graph_source
 from plexus_tune.measure.codec import run_quant_benchmark
 from plexus_tune.measure.collectives import COLLECTIVE_MODES, calibrate_collectives, collective_shapes, parse_sizes
-from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, spmm_sweep, sweep_shapes
+from plexus_tune.measure.spmm import SWEEP_STRUCTURES, calibrate_graph_shards, family_pieces, spmm_sweep, sweep_shapes
 from plexus_tune.measure.spmm_device import device_graph_shards, device_spmm_sweep
 from plexus_tune.measure.store import BANDWIDTH_LOG, COLLECTIVE_LOG, QUANT_LOG, SAMPLING_LOG, SPMM_LOG, append_records, environment_info, record_type
 from plexus_tune.measure.sampling import run_sampling_benchmark
@@ -152,6 +152,10 @@ def _register_spmm(sub) -> None:
     spmm.add_argument("--layers", type=count(1), default=3, help="with --graph: GCN layers (default 3)")
     spmm.add_argument("--hidden", type=count(1), default=128, help="with --graph: hidden width (default 128)")
     spmm.add_argument("--all-shards", action="store_true", help="with --graph: time every distinct shard, not only the largest")
+    spmm.add_argument("--family-pieces", action="store_true",
+                      help="with --graph: also time the local SpMM shapes that CAGNET's and SuperGCN's models price on "
+                           "the graph at every configuration of G (block rows, stage chunks, SUMMA and partition "
+                           "pieces; random operands of each shape, at most --count of them)")
     spmm.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1, as one rank of a local run)")
     spmm.add_argument("--repeats", type=count(1), default=5, help="timed samples (of >= 2 ms) per shape and pass; the minimum is kept (default 5)")
     spmm.add_argument("--passes", type=count(1), default=1, help="with --sweep: interleaved passes over all shapes, each in a fresh random order (default 1; 10 or more on a host whose speed drifts)")
@@ -406,6 +410,10 @@ def run_spmm(args) -> int:
         raise UserError("--structure shapes the sweep; a graph's shards have the graph's own structure: leave it out with --graph")
     if args.all_shards and args.device.strip().lower() != "cpu":
         raise UserError("--all-shards is timed on the CPU only; leave it out with --device cuda")
+    if args.family_pieces and (args.sweep or args.device.strip().lower() != "cpu"):
+        raise UserError("--family-pieces times a graph's pieces on the CPU: give it with --graph, without --device cuda")
+    if args.family_pieces:
+        settings["pieces"] = _positive(args.count, "--count")
     check_log("--out", args.out, kinds=SPMM_LOG, inputs=[args.graph])
     device = _device(args.device)
     configure_compute_process(threads)
@@ -439,8 +447,9 @@ def _spmm_sweep(args, device, repeats, progress, *, count, passes, **limits) -> 
                       progress=_counter(progress, what, len(shapes) * passes))
 
 
-def _graph_shards(args, device, repeats, progress, *, gpus, layers, hidden) -> list[dict]:
-    """The records of --graph: the shards of every grid of G and every layer, on the CPU or the device."""
+def _graph_shards(args, device, repeats, progress, *, gpus, layers, hidden, pieces=0) -> list[dict]:
+    """The records of --graph: the shards of every grid of G and every layer, on the CPU or the device;
+    with ``pieces``, up to that many of the other families' piece shapes after them."""
     graph = load_graph_source(args.graph)
     widths = model_widths(graph.num_features, graph.num_classes, layers, hidden)
     grids = enumerate_grids(gpus)
@@ -448,5 +457,9 @@ def _graph_shards(args, device, repeats, progress, *, gpus, layers, hidden) -> l
     if device.type != "cpu":
         return device_graph_shards(graph.normalized_adjacency(), widths, gpus, device, grids=grids, seed=args.seed,
                                    graph_name=graph.name, min_samples=max(10, repeats), progress=counter)
-    return calibrate_graph_shards(graph.normalized_adjacency(), widths, gpus, grids=grids, seed=args.seed,
-                                  repeats=repeats, all_shards=args.all_shards, graph_name=graph.name, progress=counter)
+    records = calibrate_graph_shards(graph.normalized_adjacency(), widths, gpus, grids=grids, seed=args.seed,
+                                     repeats=repeats, all_shards=args.all_shards, graph_name=graph.name, progress=counter)
+    if pieces:
+        records += family_pieces(graph, widths, gpus, limit=pieces, seed=args.seed, repeats=repeats,
+                                 progress=lambda total: _counter(progress, f"{total} family piece shapes", total))
+    return records

@@ -21,6 +21,7 @@ from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, now_utc
 from plexus_tune.measure.timing import time_call
 from plexus_tune.model.grid import enumerate_grids, format_grid
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
+from plexus_tune.model.spmm import SpmmKind
 from plexus_tune.resources import check_device_memory, check_memory
 
 
@@ -390,4 +391,71 @@ def calibrate_graph_shards(
                 records.append({"schema": GEMM_SCHEMA, **base, "product": name, "rows": shape[0], "inner": shape[1], "cols": shape[2], "time_ms": t})
             if progress is not None:
                 progress()
+    return records
+
+
+class _ShapeRecorder(SpmmKind):
+    """An SpMM model that prices every SpMM at 1 ms and keeps the shapes it was asked for."""
+
+    name = "shape-recorder"
+    directional = True
+
+    def __init__(self):
+        self.shapes: list[tuple[np.ndarray, ...]] = []
+
+    def predict(self, nnz, rows, common, dense_cols, structure=None, backward: bool = False):
+        arrays = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (nnz, rows, common, dense_cols)))
+        self.shapes.append(tuple(a.ravel() for a in arrays))
+        return np.ones(arrays[0].shape)
+
+
+def family_piece_shapes(graph, widths, gpus: int, *, limit: int = 300, seed: int = 0) -> list[dict]:
+    """The distinct local SpMM shapes (nnz, rows, common, dense_cols) that the model of every full-graph
+    family reading the graph (:attr:`~plexus_tune.model.family.Family.reads_graph`: CAGNET's block rows,
+    stage chunks and SUMMA pieces, SuperGCN's partition pieces) prices on ``graph`` at each of its
+    configurations and variants of G = ``gpus``; at most ``limit`` of them, drawn with ``seed`` where more.
+
+    The shapes are the ones the families' predictions evaluate (a recording SpMM model stands in for the
+    profile's), so a profile fitted on their timings covers the small pieces the 3D shards never reach."""
+    from dataclasses import replace
+
+    from plexus_tune.model.family import FAMILIES, GraphContext, family_names
+    from plexus_tune.model.machine import load_machine
+    from plexus_tune.model.prediction import predict_run_grids
+    from plexus_tune.model.workload import Workload
+
+    recorder = _ShapeRecorder()
+    machine = replace(load_machine("cpu-gloo-2core"), spmm=recorder, memory_bandwidth_gbps=None)
+    context = GraphContext(graph)
+    workload = Workload("pieces", int(graph.num_nodes), int(graph.normalized_adjacency().nnz), tuple(int(w) for w in widths))
+    for name in family_names():
+        family = FAMILIES[name]
+        if not family.reads_graph:
+            continue
+        extra = family.graph_options(context, gpus)
+        for variant in family.variants():
+            grids = family.configurations(gpus, **{k: v for k, v in variant.items() if k in family.choices})
+            for grid in grids:
+                predict_run_grids(workload, machine, np.asarray([grid]), algorithm=name,
+                                  options={**variant, **extra})
+    if not recorder.shapes:
+        return []
+    table = np.rint(np.concatenate([np.stack(s, axis=1) for s in recorder.shapes])).astype(np.int64)
+    table = table[(table[:, 0] > 1) & (table[:, 1] > 1) & (table[:, 2] > 1)]  # calls not made carry unit shapes
+    table = np.unique(table, axis=0)
+    if len(table) > limit:
+        table = table[np.sort(np.random.default_rng(seed).choice(len(table), limit, replace=False))]
+    return [dict(nnz=int(a), rows=int(b), common=int(c), dense_cols=int(d)) for a, b, c, d in table]
+
+
+def family_pieces(graph, widths, gpus: int, *, limit: int = 500, seed: int = 0, repeats: int = 5,
+                  progress=None) -> list[dict]:
+    """SpMM records (``source`` ``family-pieces``) of random CSR operands of each of
+    :func:`family_piece_shapes` (up to ``limit``): the kernel on the local shapes the CAGNET and
+    SuperGCN models price. ``progress(total)`` returns the per-shape callback."""
+    shapes = family_piece_shapes(graph, widths, gpus, limit=limit, seed=seed)
+    records = spmm_sweep(shapes, seed=seed, repeats=repeats,
+                         progress=progress(len(shapes)) if progress is not None and shapes else None)
+    for r in records:
+        r.update(source="family-pieces", graph=graph.name, graph_nodes=int(graph.num_nodes), gpus=int(gpus))
     return records
