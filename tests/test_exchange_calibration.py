@@ -266,9 +266,12 @@ def test_emulated_profiles_carry_measured_exchange_tiers_near_the_links_tc_rate(
     assert set(dict(machine.network.op_tiers)) == {"broadcast", "point_to_point"}
     assert "op_tiers.broadcast" in data["provenance"]["collectives"]
     assert "op_tiers.point_to_point" in data["provenance"]["collectives"]
+    # the calibration's concurrent exchanges and broadcasts load every rank of a node at once: a form
+    # with NIC sharing fits the link's rate, one without it the rate of one of the node's flows
+    flows = 1 if machine.network.sharing else spec.ranks_per_node
     for op, fitted in data["fit"]["collectives"]["op_tiers"].items():
         # measured on the tbf-shaped node links: the fitted inter-node bandwidth is the link's rate
         # within a factor of 1.5 (noise of a shared 2-core host), the unshaped intra-node one above it
-        assert spec.inter_gbps / 1.5 < fitted["beta_inter_gbps"] < 1.5 * spec.inter_gbps, op
+        assert spec.inter_gbps / 1.5 < flows * fitted["beta_inter_gbps"] < 1.5 * spec.inter_gbps, (op, flows)
         assert fitted["beta_intra_gbps"] > 2 * spec.inter_gbps, op
         assert fitted["rows"] >= 2 * 7  # at least two shapes at every one of the 7 message sizes

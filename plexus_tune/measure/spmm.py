@@ -11,6 +11,7 @@ Records: schemas spmm and gemm of :mod:`plexus_tune.measure.records` (docs/recor
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,9 +20,13 @@ from plexus_tune.graph import double_permute
 from plexus_tune.graph.structure import operand_structure
 from plexus_tune.measure.store import GEMM_SCHEMA, SPMM_SCHEMA, now_utc
 from plexus_tune.measure.timing import time_call
+from plexus_tune.model.family import FAMILIES, GraphContext, family_names
 from plexus_tune.model.grid import enumerate_grids, format_grid
+from plexus_tune.model.machine import load_machine
+from plexus_tune.model.prediction import predict_run_grids
 from plexus_tune.model.shapes import csr_index_dtype, layer_shapes
 from plexus_tune.model.spmm import SpmmKind
+from plexus_tune.model.workload import Workload
 from plexus_tune.resources import check_device_memory, check_memory
 
 
@@ -417,13 +422,6 @@ def family_piece_shapes(graph, widths, gpus: int, *, limit: int = 300, seed: int
 
     The shapes are the ones the families' predictions evaluate (a recording SpMM model stands in for the
     profile's), so a profile fitted on their timings covers the small pieces the 3D shards never reach."""
-    from dataclasses import replace
-
-    from plexus_tune.model.family import FAMILIES, GraphContext, family_names
-    from plexus_tune.model.machine import load_machine
-    from plexus_tune.model.prediction import predict_run_grids
-    from plexus_tune.model.workload import Workload
-
     recorder = _ShapeRecorder()
     machine = replace(load_machine("cpu-gloo-2core"), spmm=recorder, memory_bandwidth_gbps=None)
     context = GraphContext(graph)
