@@ -200,7 +200,7 @@ def test_rank_grids_keeps_the_precision_whose_best_fitting_grid_is_fastest_one_g
 
 def test_a_family_run_is_predicted_from_its_graph_as_it_was_logged(tmp_path, capsys):
     """A SuperGCN run's logged prediction prices its partition of the graph; the runs table that ``fit``,
-    ``validate`` and ``plot`` predict again reads the same graph from the run's ``graph_source``, and
+    ``validate`` and ``plot`` predict again reads the same graph from the run's graph source, and
     without it falls back to the N/NNZ estimate, which differs."""
     from plexus_tune.measure.table import predict_runs
 
@@ -212,7 +212,7 @@ def test_a_family_run_is_predicted_from_its_graph_as_it_was_logged(tmp_path, cap
     (record,) = [json.loads(line) for line in open(log)]
     assert record["status"] == "ok" and record["graph_source"] == f"synthetic:{GRAPH}"
     table = runs_table(read_runs(log, warn=False))
-    assert list(table["graph_source"]) == [f"synthetic:{GRAPH}"]
+    assert list(table["graph"]) == [f"synthetic:{GRAPH}"]  # the run's graph source, its identity
     with_graph = predict_runs(table, machine).iloc[0]
     estimate = predict_runs(table, machine, graphs=False).iloc[0]
     for key in (*BREAKDOWN_KEYS, "total_ms"):

@@ -160,8 +160,8 @@ def fit_call_ms(collective_df, machine, quant: dict | None = None) -> tuple[dict
         extra = (float(r.time_ms) - t32) - (wire - net(m)) - codec
         tier = "intra" if bool(is_intra_node(machine, g, p)) else "inter"
         per_call[(precision, tier)].append(extra / process_group_calls(r.op, precision))
+    keys = {tier: key for tier, key, _ in CALL_TIERS}
     for precision in sorted({key[0] for key in per_call}):
-        keys = {tier: key for tier, key, _ in CALL_TIERS}
         tiers = {tier: per_call[(precision, tier)] for tier in keys if per_call.get((precision, tier))}
         if len(tiers) == 1:  # one placement measured: one value for both
             tiers = {"intra": next(iter(tiers.values()))}

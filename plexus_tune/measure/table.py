@@ -79,7 +79,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
 
     Columns (docs/records.md, "Runs table"): the identity (:data:`IDENTITY_NAMES` and
     ``identity``, the :class:`RunIdentity`), ``grid``, ``gpus``, ``bytes_per_element``,
-    the graph (:data:`GRAPH_COLUMNS`) and the last trial's ``graph_source``; ``trials`` (successful), ``failed`` (failed
+    the graph (:data:`GRAPH_COLUMNS`); ``trials`` (successful), ``failed`` (failed
     trials of the identity) and ``last_failure``; ``obs_<key>`` for
     :data:`OBSERVED_KEYS` (median over the successful trials), ``obs_epoch_ms_std``
     (population std), ``obs_epoch_ms_min``, ``obs_epoch_ms_max``; ``pred_<key>`` for
@@ -121,7 +121,6 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
             "classes": int(rec["classes"]) if rec.get("classes") is not None else int(widths[-1]),
             "widths": widths,
             "timestamp": str(rec.get("timestamp") or ""),
-            "graph_source": str(rec.get("graph_source") or ""),
         })
         for key in OBSERVED_KEYS:
             row[f"obs_{key}"] = _number(rec.get(key))
@@ -151,7 +150,7 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
             out.update(obs_epoch_ms_std=float(epoch.std()), obs_epoch_ms_min=float(epoch.min()),
                        obs_epoch_ms_max=float(epoch.max()), trials=len(group),
                        pred_feasible=bool(group["pred_feasible"].all()), pred_machine=str(group["pred_machine"].iloc[-1]),
-                       timestamp=str(group["timestamp"].max()), graph_source=str(group["graph_source"].iloc[-1]))
+                       timestamp=str(group["timestamp"].max()))
             out_rows.append(out)
     seen = {r["identity"] for r in out_rows}
     for r in out_rows:
@@ -166,8 +165,8 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
                  "trials": 0, "failed": len(fails), "last_failure": _failure_text(fails[-1]),
                  "timestamp": "", "pred_feasible": True, "pred_machine": ""}
             out_rows.append(r)
-    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "graph_source", "trials",
-               "failed", "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
+    columns = [*IDENTITY_NAMES, "identity", "grid", "gpus", "bytes_per_element", *GRAPH_COLUMNS, "trials", "failed",
+               "last_failure", *obs, "obs_epoch_ms_std", "obs_epoch_ms_min", "obs_epoch_ms_max", *pred,
                "pred_feasible", "pred_machine", "timestamp"]
     table = pd.DataFrame(out_rows, columns=columns)
     if len(table):
@@ -180,16 +179,14 @@ def runs_table(records: Iterable[Mapping], *, include_failed: bool = False):
     return table
 
 
-def run_graph_context(graph_source) -> GraphContext | None:
-    """The :class:`GraphContext` of a logged run's ``graph_source`` (a file path, or ``synthetic:SPEC``):
-    None where the run names none or its file is no longer there."""
-    if not isinstance(graph_source, str) or not graph_source:
+def run_graph_context(spec: RunSpec) -> GraphContext | None:
+    """The :class:`GraphContext` of a run's graph (:attr:`RunSpec.graph`, the logged source: a file, or a
+    synthetic spec generated again): None where it is neither, or its file is no longer there."""
+    if spec.synthetic is not None:
+        return GraphContext(resolve_graph(("synthetic", spec.synthetic)))
+    if not spec.graph or not os.path.isfile(spec.graph):
         return None
-    if graph_source.startswith("synthetic:"):
-        return GraphContext(resolve_graph(("synthetic", graph_source.split(":", 1)[1])))
-    if not os.path.isfile(graph_source):
-        return None
-    return GraphContext(resolve_graph(graph_source, pattern_only=True))
+    return GraphContext(resolve_graph(spec.graph, pattern_only=True))
 
 
 def predict_runs(table, machine, *, graphs: bool = True):
@@ -211,16 +208,16 @@ def predict_runs(table, machine, *, graphs: bool = True):
     values = {key: {} for key in (*PREDICTED_KEYS, "feasible")}
     for index, row in df.iterrows():
         spec = RunSpec.from_row(row)
-        if graphs and family_of(spec.prediction_settings()["algorithm"]).reads_graph:
-            source = row.get("graph_source")
-            if source not in contexts:
-                contexts[source] = run_graph_context(source)
-            if contexts[source] is not None:
-                one = spec.predict(machine, graph=contexts[source])
+        settings = spec.prediction_settings()
+        if graphs and family_of(settings["algorithm"]).reads_graph:
+            if spec.graph not in contexts:
+                contexts[spec.graph] = run_graph_context(spec)
+            if contexts[spec.graph] is not None:
+                one = spec.predict(machine, graph=contexts[spec.graph])
                 for key in (*PREDICTED_KEYS, "feasible"):
                     values[key][index] = one[key]
                 continue
-        workload, grid, settings = spec.workload(), spec.grid, spec.prediction_settings()
+        workload, grid = spec.workload(), spec.grid
         # a family's own options (a dict) as sorted pairs, so that the settings form a key
         key = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v) for k, v in settings.items()))
         groups.setdefault((workload, key), []).append((index, grid))

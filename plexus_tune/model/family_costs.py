@@ -57,6 +57,7 @@ from plexus_tune.model.volumes import (
     check_replication,
     check_schedule,
     loss_calls,
+    summa_piece_shape,
     summa_sizes,
     supergcn_schedule,
     UniformExchange,
@@ -378,7 +379,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
             for backward, z in ((False, a_pieces), (True, at_pieces)):
                 if backward and fixed_features and i == 0:
                     continue  # no feature gradient
-                rows, common = (piece, rb) if backward and pl > 1 else (rb, piece)
+                rows, common = summa_piece_shape(sizes, pl, backward)
                 t, f = _pieces_spmm(machine, np.asarray(z, dtype=np.float64), rows, common, ceil_div(widths[i], pc), u,
                                     backward=backward)
                 per_row += t
@@ -390,7 +391,7 @@ def cagnet_summa_config(workload, machine, pr: int, pc: int, pl: int, choice: Co
         d_out = ceil_div(widths[i + 1], pc)
         if a_pieces is None:
             for backward in (False, True) if not (fixed_features and i == 0) else (False,):
-                rows, common = (piece, rb) if backward and pl > 1 else (rb, piece)
+                rows, common = summa_piece_shape(sizes, pl, backward)
                 t, f = _spmm(machine, z_piece, rows, common, d_in, u, q, backward)
                 spmm += t
                 floor += f

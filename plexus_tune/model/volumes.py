@@ -234,6 +234,13 @@ def summa_sizes(nodes: int, pr: int, pc: int, pl: int = 1) -> dict:
     return {"q": q, "n_pad": n_pad, "rb": rb, "rf": rb // pl, "piece": n_pad // (pl * q)}
 
 
+def summa_piece_shape(sizes: dict, pl: int, backward: bool) -> tuple[int, int]:
+    """(rows, common) of the piece a rank multiplies at one SUMMA stage (``sizes``: :func:`summa_sizes`):
+    rb x piece; split-3D's backward multiplies the stored transposes, piece x rb."""
+    rb, piece = sizes["rb"], sizes["piece"]
+    return (piece, rb) if backward and pl > 1 else (rb, piece)
+
+
 def uniform_pieces(nnz: int, pr: int, pc: int, pl: int = 1) -> float:
     """Nonzeros of every A piece when they are spread evenly: NNZ / (Pr Pl q)."""
     q = math.lcm(int(pr), int(pc))
@@ -269,7 +276,7 @@ def _summa_calls(layer, direction, what, gpus, pr, pc, pl, sizes, d_cols, u, pie
     if pc > 1:
         per_col = q // pc
         # split-3D's backward sends the transposes M_is^T: piece rows each (module docstring)
-        csr_rows = piece if pl > 1 and direction == "backward" else rb
+        csr_rows = summa_piece_shape(sizes, pl, direction == "backward")[0]
         if isinstance(pieces, float):  # every piece holds the same nonzeros
             piece_bytes = float(csr_piece_bytes(pieces, csr_rows, u))
             sent = np.full(gpus, (pc - 1) * per_col * piece_bytes)
