@@ -1,6 +1,11 @@
-"""Errors that the command line reports as one line with exit code 2."""
+"""Errors that the command line reports as one line with exit code 2, and Ctrl-C held across
+steps that must finish together."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import threading
 
 
 class UserError(Exception):
@@ -34,6 +39,61 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, kept: str):
         super().__init__(kept)
         self.kept = kept
+
+
+class HeldSignals:
+    """Signals held by :func:`signals_deferred`: ``pending`` (numbers, in arrival order) and the
+    handlers in effect before the hold (``previous``)."""
+
+    def __init__(self, previous: dict, pending: list[int]):
+        self.previous = previous
+        self.pending = pending
+
+    @contextlib.contextmanager
+    def released(self):
+        """Inside the block the signals act as before the hold; any held so far are delivered first."""
+        hold = {signum: signal.signal(signum, handler) for signum, handler in self.previous.items()}
+        try:
+            pending = list(dict.fromkeys(self.pending))
+            self.pending.clear()
+            for signum in pending:
+                signal.raise_signal(signum)
+            yield
+        finally:
+            for signum, handler in hold.items():
+                signal.signal(signum, handler)
+
+    def releasing(self, fn):
+        """``fn`` that runs with the signals released (:meth:`released`)."""
+        def call(*args, **kwargs):
+            with self.released():
+                return fn(*args, **kwargs)
+        return call
+
+
+@contextlib.contextmanager
+def signals_deferred(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Hold ``signums`` (Ctrl-C, SIGTERM) in the block and deliver each once as it ends; yields
+    the :class:`HeldSignals`, whose ``released()`` lets them through in a part of the block.
+
+    For steps that must finish together (start a process and record it; a study's
+    bookkeeping between trials). Off the main thread, or for a signal whose handler was not
+    set from Python, nothing is held.
+    """
+    previous: dict = {}
+    pending: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for signum in signums:
+            if signal.getsignal(signum) is not None:
+                previous[signum] = signal.signal(signum, lambda number, _frame: pending.append(number))
+    held = HeldSignals(previous, pending)
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in list(dict.fromkeys(pending)):
+            signal.raise_signal(signum)
 
 
 class SkippedLinesWarning(UserWarning):

@@ -78,3 +78,55 @@ def test_detect_environment_torchrun_slurm_and_none():
     assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
     assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}) is None
     assert detect_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "4294967291"}) is None
+
+
+@pytest.mark.parametrize("how", ["signal", "raise"])
+def test_interrupt_while_starting_the_ranks_stops_every_started_rank(monkeypatch, how):
+    """Ctrl-C, or an error, while rank 1 is being started: no rank outlives the launch. A rank
+    left behind waits in the rendezvous for a peer that never comes (its own Ctrl-C unseen
+    inside the C++ wait) and holds the fork server's pipes, on which the command's exit waits."""
+    import plexus_tune.launch.local as local
+
+    real_context = local._context
+    made = []
+
+    def context(preload):
+        ctx = real_context(preload)
+
+        def process(*args, **kwargs):
+            if made:  # rank 1
+                if how == "raise":
+                    raise KeyboardInterrupt
+                signal.raise_signal(signal.SIGINT)  # as Ctrl-C: held until every started rank is recorded
+            proc = ctx.Process(*args, **kwargs)
+            made.append(proc)
+            return proc
+
+        class Context:
+            Process = staticmethod(process)
+
+            def __getattr__(self, name):
+                return getattr(ctx, name)
+
+        return Context()
+
+    monkeypatch.setattr(local, "_context", context)
+    with pytest.raises(KeyboardInterrupt):
+        launch_local(_sum_ranks, 2, args=(1.0,), timeout_s=300)
+    assert len(made) == (1 if how == "raise" else 2)
+    for proc in made:
+        proc.join(10)
+        assert not proc.is_alive(), f"{proc.name} outlived the interrupted launch"
+
+
+def test_signals_deferred_delivers_once_at_the_end():
+    from plexus_tune.launch.local import signals_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            reached.append("end of block")  # not interrupted inside
+    assert reached == ["end of block"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -305,3 +305,38 @@ def test_run_study_resumes_and_its_best_is_never_below_the_exhaustive_optimum(tm
         driver.StudyOptions(name, "epoch", 0)
     with pytest.raises(UserError, match="study name is empty"):
         driver.StudyOptions(" ", "epoch", 5)
+
+
+def test_ctrl_c_between_trials_leaves_no_heartbeat_thread(tmp_path, monkeypatch):
+    """Ctrl-C just as Optuna starts a trial's heartbeat thread (between trials, outside the
+    objective) is held until the objective runs: the trial fails as interrupted, the thread is
+    joined, and nothing keeps the command from exiting (a live non-daemon thread would)."""
+    import signal
+    import threading
+
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    real_start = HeartbeatThread.start
+    starts = []
+
+    def start(self):
+        real_start(self)
+        starts.append(self)
+        if len(starts) == 2:  # the second trial: Ctrl-C as its heartbeat thread has started
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(HeartbeatThread, "start", start)
+    storage = open_storage(f"sqlite:///{tmp_path / 'db.sqlite'}", heartbeat_interval=60, grace_period=120)
+    study = optuna.create_study(storage=storage, direction="minimize")
+    calls = []
+
+    def objective(trial):
+        calls.append(trial.number)
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_search(study, objective, 5)
+    assert calls == [0]  # the held Ctrl-C ends trial 1 as its objective starts
+    assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+    assert not any(t._thread.is_alive() for t in starts)
+    assert not [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]

@@ -33,10 +33,13 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 from plexus_tune.allocator import configure_compute_process
+from plexus_tune.errors import signals_deferred
 
 DEFAULT_TIMEOUT_S = 1800.0
 KILL_GRACE_S = 3.0
 FAILURE_GRACE_S = 1.5
+#: the longest a command's exit waits for its fork server and resource tracker to stop
+SERVER_STOP_WAIT_S = 10.0
 _PEER_ERROR_WORDS = ("connection", "gloo", "nccl", "socket", "broken pipe", "timed out", "timeout",
                      "peer", "distbackenderror", "process group")
 
@@ -238,6 +241,7 @@ def _describe_exit(code: int | None) -> str:
 
 
 def _stop_all(procs, grace_s: float = KILL_GRACE_S) -> None:
+    procs = [proc for proc in procs if proc.pid is not None]  # started ones only
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
@@ -277,13 +281,20 @@ def _stop_fork_server() -> None:
     command (docs/cli.md, Ending a command)."""
     from multiprocessing import forkserver, resource_tracker
 
-    for server in (forkserver._forkserver, resource_tracker._resource_tracker):  # the fork server, then its tracker
-        stop = getattr(server, "_stop", None)  # the standard library's own shutdown (3.9+)
-        if stop is not None:
-            try:
-                stop()
-            except (OSError, ChildProcessError):
-                pass
+    def stop_servers() -> None:
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):  # the fork server, then its tracker
+            stop = getattr(server, "_stop", None)  # the standard library's own shutdown (3.9+)
+            if stop is not None:
+                try:
+                    stop()
+                except (OSError, ChildProcessError):
+                    pass
+
+    # bounded: a server waits for every process forked from it, and one the command lost track of
+    # ends only when the command does (end_with_launcher), so an unbounded wait here would never end
+    waiter = threading.Thread(target=stop_servers, name="plexus-tune-stop-fork-server", daemon=True)
+    waiter.start()
+    waiter.join(SERVER_STOP_WAIT_S)
 
 
 def default_threads_per_rank(world_size: int) -> int:
@@ -314,26 +325,30 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     port = free_port()
     procs, conns = [], []
     env_extra = {**os.environ, **(env or {})}
-    for rank in range(world_size):
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_child_main,
-            args=(child_conn, fn, rank, world_size, tuple(args), backend, port, timeout_s, threads, env_extra, os.getpid()),
-            name=f"plexus-rank{rank}",
-            daemon=False,
-        )
-        proc.start()
-        child_conn.close()
-        procs.append(proc)
-        conns.append(parent_conn)
-
     results: list[Any] = [None] * world_size
     done = [False] * world_size  # finished: result received or failure recorded
     failures: list[tuple[int, RankFailure]] = []  # (order seen, failure)
-    deadline = time.monotonic() + timeout_s
     grace_until = None
     timed_out = False
     try:
+        # every rank that exists is known to ``procs`` before Ctrl-C or an error can end the launch, so
+        # it is stopped with the rest, not left in the rendezvous (where a rank does not see its own
+        # Ctrl-C) holding the fork server's pipes
+        with signals_deferred():
+            for rank in range(world_size):
+                parent_conn, child_conn = ctx.Pipe(duplex=False)
+                conns.append(parent_conn)
+                proc = ctx.Process(
+                    target=_child_main,
+                    args=(child_conn, fn, rank, world_size, tuple(args), backend, port, timeout_s, threads,
+                          env_extra, os.getpid()),
+                    name=f"plexus-rank{rank}",
+                    daemon=False,
+                )
+                procs.append(proc)
+                proc.start()
+                child_conn.close()
+        deadline = time.monotonic() + timeout_s
         while not all(done):
             now = time.monotonic()
             if grace_until is not None and now >= grace_until:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from collections.abc import Iterable, Sequence
 import numpy as np
-from plexus_tune.errors import UserError
+from plexus_tune.errors import UserError, signals_deferred
 from plexus_tune.model.grid import enumerate_grids
 from plexus_tune.measure.records import upgrade_trial_attrs
 from plexus_tune.paths import check_creatable, default_studies_path
@@ -352,8 +352,11 @@ def run_search(study, objective: Objective, n_trials_total: int, *, callbacks=No
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
         stop = optuna.study.MaxTrialsCallback(int(n_trials_total), states=states)
         before = {t.number for t in study.get_trials(deepcopy=False, states=states)}
-        study.optimize(objective, n_trials=remaining, callbacks=[*(callbacks or []), stop],
-                       show_progress_bar=show_progress, catch=())
+        # Ctrl-C reaches a trial's objective only: Optuna's bookkeeping between trials (a heartbeat
+        # thread started, a trial told) is not cut in half, which could leave its thread running
+        with signals_deferred() as held:
+            study.optimize(held.releasing(objective), n_trials=remaining, callbacks=[*(callbacks or []), stop],
+                           show_progress_bar=show_progress, catch=())
         remaining = sum(1 for t in study.get_trials(deepcopy=False) if t.number not in before
                         and t.state in states)
     return remaining
