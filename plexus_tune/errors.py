@@ -54,14 +54,18 @@ class HeldSignals:
         """Inside the block the signals act as before the hold; any held so far are delivered first."""
         hold = {signum: signal.signal(signum, handler) for signum, handler in self.previous.items()}
         try:
-            pending = list(dict.fromkeys(self.pending))
-            self.pending.clear()
-            for signum in pending:
-                signal.raise_signal(signum)
+            self.deliver()
             yield
         finally:
             for signum, handler in hold.items():
                 signal.signal(signum, handler)
+
+    def deliver(self) -> None:
+        """Raise each held signal once, in arrival order, under the handlers in effect now."""
+        pending = list(dict.fromkeys(self.pending))
+        self.pending.clear()
+        for signum in pending:
+            signal.raise_signal(signum)
 
     def releasing(self, fn):
         """``fn`` that runs with the signals released (:meth:`released`)."""
@@ -92,8 +96,7 @@ def signals_deferred(signums=(signal.SIGINT, signal.SIGTERM)):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in list(dict.fromkeys(pending)):
-            signal.raise_signal(signum)
+        held.deliver()
 
 
 class SkippedLinesWarning(UserWarning):
