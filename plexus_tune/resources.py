@@ -136,12 +136,15 @@ class WorkerPool:
     def terminate(self) -> None:
         """Cancel what has not started and stop the workers without waiting for their tasks."""
         processes = list(getattr(self._pool, "_processes", {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             if process.is_alive():
                 process.terminate()
         for process in processes:
             process.join(5)
+        if manager is not None:  # it closes its wake-up pipe as it ends: done before the interpreter's exit
+            manager.join(5)      # writes to that pipe, not while (EBADF, printed as an ignored exception)
 
     def __enter__(self) -> "WorkerPool":
         return self
